@@ -1,0 +1,7 @@
+"""Exceptions of the evaluators."""
+
+from skpub.errors import SkpubError
+
+
+class EvaluatorError(SkpubError):
+    """An evaluator received a record it cannot hold, or its state is damaged."""

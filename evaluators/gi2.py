@@ -1,0 +1,162 @@
+"""GI^2, the Grid-Inverted-Index for boolean range subscriptions (PS2Stream section IV-C).
+
+The evaluator's cells (blocks of ``block x block`` fine cells) each hold an
+inverted index ``keyword -> [entries]``. A subscription is appended, in every
+index cell its rectangle ∩ partition overlaps, to the list of the least
+frequent keyword of each of its DNF clauses (so an OR expression has one
+entry per clause). An object looks up only its own index cell and only the
+lists of its own terms, then checks the exact rectangle and expression.
+
+Deletion is lazy (PS2Stream IV-C): an unsubscribed id goes into a set and its
+entries are dropped when a scan meets them; when deleted ids exceed half the
+live ones, the whole index is compacted so memory stays O(live entries).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from router.grid import CellBox
+from skpub.records import ObjectRecord, RangeSubscription
+from skpub.text import Vocabulary
+
+_ROW = 1 << 20
+COMPACT_MIN_DELETED = 1024
+
+Entry = tuple
+"""``(sub_id, xmin, ymin, xmax, ymax, dnf, multi_clause)``."""
+
+
+class GI2Index:
+    """The GI^2 index of one evaluator.
+
+    Parameters
+    ----------
+    block : int
+        Fine cells per side of one index cell.
+    vocabulary : Vocabulary
+        Picks each clause's least frequent keyword.
+    """
+
+    def __init__(self, block: int, vocabulary: Vocabulary) -> None:
+        self.block = block
+        self.vocabulary = vocabulary
+        self.cells: dict[int, dict[str, list[Entry]]] = {}
+        self.entry_counts: dict[str, int] = {}
+        self.deleted: set[str] = set()
+
+    def __len__(self) -> int:
+        """Number of live subscriptions."""
+        return len(self.entry_counts) - len(self.deleted)
+
+    def _cell_keys(self, box: CellBox) -> Iterator[int]:
+        b = self.block
+        for gy in range(box[1] // b, box[3] // b + 1):
+            for gx in range(box[0] // b, box[2] // b + 1):
+                yield gy * _ROW + gx
+
+    def insert(self, sub: RangeSubscription, box: CellBox) -> None:
+        """Index ``sub`` over the fine-cell box ``box`` (rectangle ∩ partition).
+
+        Cost O(index cells in box x clauses).
+        """
+        r = sub.rect
+        entry = (sub.id, r.xmin, r.ymin, r.xmax, r.ymax, sub.dnf, len(sub.dnf) > 1)
+        keywords = self.vocabulary.summary_keywords(sub.dnf)
+        count = 0
+        for key in self._cell_keys(box):
+            lists = self.cells.get(key)
+            if lists is None:
+                lists = self.cells[key] = {}
+            for kw in keywords:
+                lst = lists.get(kw)
+                if lst is None:
+                    lists[kw] = [entry]
+                else:
+                    lst.append(entry)
+                count += 1
+        self.entry_counts[sub.id] = count
+
+    def delete(self, sub_id: str) -> None:
+        """Mark ``sub_id`` deleted; its entries go at the next scan or compaction."""
+        if sub_id in self.entry_counts:
+            self.deleted.add(sub_id)
+            if len(self.deleted) > COMPACT_MIN_DELETED and 2 * len(self.deleted) > len(self.entry_counts):
+                self.compact()
+
+    def compact(self) -> None:
+        """Drop every deleted entry now; O(total entries)."""
+        dead = self.deleted
+        for key in list(self.cells):
+            lists = self.cells[key]
+            for kw in list(lists):
+                kept = [e for e in lists[kw] if e[0] not in dead]
+                if kept:
+                    lists[kw] = kept
+                else:
+                    del lists[kw]
+            if not lists:
+                del self.cells[key]
+        for sub_id in dead:
+            del self.entry_counts[sub_id]
+        self.deleted = set()
+
+    def _purge(self, lists: dict[str, list[Entry]], kw: str) -> None:
+        kept = []
+        counts, dead = self.entry_counts, self.deleted
+        for e in lists[kw]:
+            sid = e[0]
+            if sid in dead:
+                left = counts[sid] - 1
+                if left:
+                    counts[sid] = left
+                else:
+                    del counts[sid]
+                    dead.discard(sid)
+            else:
+                kept.append(e)
+        if kept:
+            lists[kw] = kept
+        else:
+            del lists[kw]
+
+    def match_one(self, obj: ObjectRecord, cx: int, cy: int) -> tuple[list[str], int]:
+        """Return the ids of the subscriptions ``obj`` matches, and the candidates examined.
+
+        ``(cx, cy)`` is the object's fine cell. The candidate count is ``q_l``
+        of Tornado equation 1: the subscriptions there that share a keyword
+        with the object. Cost O(terms + candidates).
+        """
+        b = self.block
+        lists = self.cells.get((cy // b) * _ROW + cx // b)
+        if not lists:
+            return [], 0
+        x, y, terms = obj.x, obj.y, obj.term_set
+        dead = self.deleted
+        matched: list[str] = []
+        seen: set[str] | None = None
+        examined = 0
+        stale: list[str] = []
+        for t in terms:
+            lst = lists.get(t)
+            if lst is None:
+                continue
+            examined += len(lst)
+            for sid, xmin, ymin, xmax, ymax, dnf, multi in lst:
+                if dead and sid in dead:
+                    stale.append(t)
+                    continue
+                if not (xmin <= x <= xmax and ymin <= y <= ymax):
+                    continue
+                if multi:
+                    if seen is None:
+                        seen = set()
+                    if sid in seen or not any(c <= terms for c in dnf):
+                        continue
+                    seen.add(sid)
+                elif not dnf[0] <= terms:
+                    continue
+                matched.append(sid)
+        for t in set(stale):
+            self._purge(lists, t)
+        return matched, examined

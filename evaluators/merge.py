@@ -1,0 +1,32 @@
+"""The merger: one ordered, duplicate-free delivery stream per micro-batch.
+
+An object is owned by one evaluator, so a (subscription, object) pair is
+matched once; the merger still removes duplicates, because replication and
+migration (DESIGN "Adaptivity") can create them, and orders deliveries by
+object stream position, then subscription id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from evaluators.evaluator import Delivery
+
+
+def merge_deliveries(parts: Iterable[Iterable[Delivery]]) -> list[dict]:
+    """Merge per-evaluator deliveries ``(pos, sub, obj)`` into output lines.
+
+    Returns
+    -------
+    list of dict
+        ``{"sub", "obj", "event": "match"}`` in (position, subscription) order,
+        each pair once. O(d log d) for d deliveries.
+    """
+    ordered = sorted(d for part in parts for d in part)
+    out = []
+    seen: set[tuple[str, str]] = set()
+    for _, sub, obj in ordered:
+        if (sub, obj) not in seen:
+            seen.add((sub, obj))
+            out.append({"sub": sub, "obj": obj, "event": "match"})
+    return out

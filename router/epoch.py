@@ -1,0 +1,122 @@
+"""Routing epochs: immutable, versioned routing tables (DESIGN "Adaptivity").
+
+Epoch ``n`` is in force from micro-batch ``from_batch`` until the next
+epoch's ``from_batch``. Epochs are published as JSON files
+``epoch-<n>.json`` in an epoch directory (inside the checkpoint for Spark) and
+never changed, so a replayed micro-batch routes exactly as its first attempt:
+a router picks the epoch by the batch id alone.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from router.agrid import AGrid
+from router.errors import EpochError
+from router.grid import FineGrid
+from router.partitioning import Partitioning
+from router.table import RoutingTable
+from router.uniform import UniformGrid
+from skpub.geometry import Rect
+from skpub.storage import atomic_write_text
+
+
+@dataclass(frozen=True)
+class RoutingEpoch:
+    """Routing table ``table`` in force from micro-batch ``from_batch`` on."""
+
+    number: int
+    from_batch: int
+    table: RoutingTable
+
+    def to_json(self) -> dict:
+        """Return the JSON form stored in the epoch directory."""
+        grid = self.table.grid
+        return {
+            "number": self.number,
+            "from_batch": self.from_batch,
+            "kind": self.table.kind,
+            "space": grid.space.as_list(),
+            "grid_size": grid.size,
+            "boxes": self.table.partitioning.boxes.tolist(),
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict) -> RoutingEpoch:
+        """Rebuild an epoch from :meth:`to_json` output.
+
+        Raises
+        ------
+        EpochError
+            If the JSON is not an epoch.
+        """
+        try:
+            grid = FineGrid(Rect(*raw["space"]), int(raw["grid_size"]))
+            boxes = np.array(raw["boxes"], dtype=np.int32)
+            if raw["kind"] == "uniform":
+                table: RoutingTable = UniformGrid(grid, len(boxes))
+            elif raw["kind"] == "agrid":
+                table = AGrid(grid, Partitioning(grid.size, boxes))
+            else:
+                raise EpochError(f"unknown routing table kind {raw['kind']!r}")
+            return cls(int(raw["number"]), int(raw["from_batch"]), table)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise EpochError(f"damaged epoch: {exc}") from exc
+
+
+class EpochLog:
+    """The published epochs of one deployment, in a directory."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+
+    def publish(self, epoch: RoutingEpoch) -> None:
+        """Write ``epoch`` atomically; an epoch number is written once and never changed.
+
+        Raises
+        ------
+        EpochError
+            If an epoch with that number but other content exists.
+        """
+        path = self.directory / f"epoch-{epoch.number:06d}.json"
+        text = json.dumps(epoch.to_json())
+        if path.exists():
+            if path.read_text(encoding="utf-8") != text:
+                raise EpochError(f"epoch {epoch.number} already published with other content")
+            return
+        atomic_write_text(path, text)
+
+    def numbers(self) -> list[int]:
+        """Return the published epoch numbers, ascending."""
+        return sorted(int(p.stem.split("-")[1]) for p in self.directory.glob("epoch-*.json"))
+
+    def for_batch(self, batch_id: int) -> RoutingEpoch:
+        """Return the epoch in force for micro-batch ``batch_id``.
+
+        Raises
+        ------
+        EpochError
+            If no published epoch starts at or before ``batch_id``.
+        """
+        chosen = None
+        for number in self.numbers():
+            epoch = _load(str(self.directory / f"epoch-{number:06d}.json"))
+            if epoch.from_batch <= batch_id:
+                chosen = epoch
+        if chosen is None:
+            raise EpochError(f"no routing epoch in {self.directory} for batch {batch_id}")
+        return chosen
+
+
+@lru_cache(maxsize=16)
+def _load(path: str) -> RoutingEpoch:
+    """Load one epoch file; cached because published epochs never change."""
+    try:
+        return RoutingEpoch.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
+    except (OSError, ValueError) as exc:
+        raise EpochError(f"cannot read epoch {path}: {exc}") from exc

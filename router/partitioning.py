@@ -1,0 +1,188 @@
+"""Partitions: non-overlapping rectangles of fine cells that tile the grid.
+
+Partition ``p`` is evaluator ``p``'s spatial range (Tornado section 3.1). Two
+constructions:
+
+- :func:`cost_partitioning`, Tornado section 4.1: a priority queue of
+  partitions ordered by cost; the costliest is split where the larger half's
+  cost is smallest, until there are ``n`` partitions.
+- :func:`uniform_partitioning`, the Uni-Space-Rout baseline of Tornado
+  section 5.1: equal spatial ranges whatever the load.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from router.errors import RoutingError
+from router.grid import CellBox
+
+
+@dataclass(frozen=True)
+class Partitioning:
+    """A tiling of the ``size x size`` fine grid by ``n`` cell rectangles.
+
+    Attributes
+    ----------
+    size : int
+        Fine-grid cells per side.
+    boxes : ndarray, shape (n, 4), int32
+        Inclusive cell boxes ``[cx0, cy0, cx1, cy1]``; row ``p`` is partition ``p``.
+    owner : ndarray, shape (size, size), int32
+        ``owner[cy, cx]`` is the partition holding cell ``(cx, cy)`` (derived).
+
+    Raises
+    ------
+    RoutingError
+        If the boxes leave a cell uncovered or cover one twice.
+    """
+
+    size: int
+    boxes: np.ndarray
+    owner: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        boxes = np.asarray(self.boxes, dtype=np.int32).reshape(-1, 4)
+        owner = np.full((self.size, self.size), -1, dtype=np.int32)
+        area = 0
+        for p, (x0, y0, x1, y1) in enumerate(boxes.tolist()):
+            if not (0 <= x0 <= x1 < self.size and 0 <= y0 <= y1 < self.size):
+                raise RoutingError(f"partition {p} box {(x0, y0, x1, y1)} is outside the grid")
+            owner[y0 : y1 + 1, x0 : x1 + 1] = p
+            area += (x1 - x0 + 1) * (y1 - y0 + 1)
+        if area != self.size * self.size or (owner < 0).any():
+            raise RoutingError("partitions must tile the fine grid exactly once")
+        boxes.flags.writeable = False
+        owner.flags.writeable = False
+        object.__setattr__(self, "boxes", boxes)
+        object.__setattr__(self, "owner", owner)
+
+    @property
+    def count(self) -> int:
+        """Number of partitions."""
+        return len(self.boxes)
+
+    def box(self, p: int) -> CellBox:
+        """Return partition ``p``'s inclusive cell box."""
+        x0, y0, x1, y1 = self.boxes[p].tolist()
+        return x0, y0, x1, y1
+
+
+def _box_cost(prefix: np.ndarray, box: CellBox) -> float:
+    x0, y0, x1, y1 = box
+    return float(prefix[y1 + 1, x1 + 1] - prefix[y0, x1 + 1] - prefix[y1 + 1, x0] + prefix[y0, x0])
+
+
+def best_split(costs: np.ndarray, box: CellBox) -> tuple[CellBox, CellBox] | None:
+    """Split ``box`` where the costlier half is cheapest (Tornado section 4.1).
+
+    Tries every vertical and horizontal cut in O(width + height) after one
+    pass over the box's cells; ties go to the cut nearest the middle of the
+    longer side, which keeps zero-cost regions square.
+
+    Parameters
+    ----------
+    costs : ndarray, shape (size, size), float64
+        Per-cell cost ``cost(FG[i][j])`` (Tornado equation 1), indexed ``[cy, cx]``.
+    box : CellBox
+        The partition to split.
+
+    Returns
+    -------
+    (CellBox, CellBox) or None
+        The two halves, or None for a single cell.
+    """
+    x0, y0, x1, y1 = box
+    block = costs[y0 : y1 + 1, x0 : x1 + 1]
+    candidates = []
+    for axis, lo, hi in ((0, x0, x1), (1, y0, y1)):
+        if hi == lo:
+            continue
+        line = block.sum(axis=0) if axis == 0 else block.sum(axis=1)
+        left = np.cumsum(line)[:-1]
+        worst = np.maximum(left, line.sum() - left)
+        middle = (len(line) - 2) / 2
+        order = np.lexsort((np.abs(np.arange(len(worst)) - middle), worst))
+        k = int(order[0])
+        candidates.append((float(worst[k]), -(hi - lo), axis, lo + k))
+    if not candidates:
+        return None
+    _, _, axis, cut = min(candidates)
+    if axis == 0:
+        return (x0, y0, cut, y1), (cut + 1, y0, x1, y1)
+    return (x0, y0, x1, cut), (x0, cut + 1, x1, y1)
+
+
+def cost_partitioning(costs: np.ndarray, n: int) -> Partitioning:
+    """Partition the fine grid into ``n`` rectangles of balanced cost (Tornado section 4.1).
+
+    Parameters
+    ----------
+    costs : ndarray, shape (size, size), float64, non-negative
+        Per-cell cost from a workload sample, indexed ``[cy, cx]``.
+    n : int
+        Number of partitions (evaluators).
+
+    Returns
+    -------
+    Partitioning
+        Complexity O(n log n + n * size) plus one O(size^2) prefix sum.
+
+    Raises
+    ------
+    RoutingError
+        If ``n`` exceeds the number of cells.
+    """
+    size = costs.shape[0]
+    if n > size * size:
+        raise RoutingError(f"cannot cut {size}x{size} cells into {n} partitions")
+    prefix = np.zeros((size + 1, size + 1))
+    prefix[1:, 1:] = np.cumsum(np.cumsum(costs, axis=0), axis=1)
+    heap: list[tuple[float, int, int, CellBox]] = []
+    seq = 0
+
+    def push(box: CellBox) -> None:
+        nonlocal seq
+        area = (box[2] - box[0] + 1) * (box[3] - box[1] + 1)
+        heapq.heappush(heap, (-_box_cost(prefix, box), -area, seq, box))
+        seq += 1
+
+    push((0, 0, size - 1, size - 1))
+    done: list[CellBox] = []
+    while heap and len(heap) + len(done) < n:
+        box = heapq.heappop(heap)[3]
+        halves = best_split(costs, box)
+        if halves is None:
+            done.append(box)
+            continue
+        push(halves[0])
+        push(halves[1])
+    boxes = sorted(done + [item[3] for item in heap], key=lambda b: (b[1], b[0]))
+    return Partitioning(size, np.array(boxes, dtype=np.int32))
+
+
+def grid_shape(n: int) -> tuple[int, int]:
+    """Return ``(columns, rows)`` with ``columns * rows == n``, as square as possible."""
+    rows = max(r for r in range(1, math.isqrt(n) + 1) if n % r == 0)
+    return n // rows, rows
+
+
+def uniform_partitioning(size: int, n: int) -> Partitioning:
+    """Cut the grid into ``n`` equal spatial ranges (Uni-Space-Rout, Tornado section 5.1).
+
+    Raises
+    ------
+    RoutingError
+        If the grid has fewer cells per side than the partition layout needs.
+    """
+    cols, rows = grid_shape(n)
+    if cols > size or rows > size:
+        raise RoutingError(f"a {size}x{size} grid cannot hold {cols}x{rows} uniform partitions")
+    xs = [size * i // cols for i in range(cols + 1)]
+    ys = [size * j // rows for j in range(rows + 1)]
+    boxes = [(xs[i], ys[j], xs[i + 1] - 1, ys[j + 1] - 1) for j in range(rows) for i in range(cols)]
+    return Partitioning(size, np.array(boxes, dtype=np.int32))

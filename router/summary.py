@@ -1,0 +1,54 @@
+"""Textual summaries per evaluator (Tornado section 3.1).
+
+Each evaluator's summary holds one keyword per subscription clause, the
+clause's least frequent (every matching object must contain it). An object is
+forwarded to its owner evaluator only if one of its terms is in that
+evaluator's summary; otherwise no subscription there can match it.
+
+Keywords are reference-counted, so a keyword leaves a summary exactly when
+its last subscription at that evaluator is unsubscribed. Tornado has the
+evaluators report expired keywords to the routing units periodically; here
+the routing unit already sees every unsubscribe (it routes them), so it
+expires keywords at once and no keyword lingers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class TextualSummaries:
+    """Keyword reference counts per evaluator: ``counts[e][keyword] -> int``."""
+
+    def __init__(self, evaluators: int) -> None:
+        self.counts: list[dict[str, int]] = [{} for _ in range(evaluators)]
+
+    def add(self, evaluator: int, keywords: Iterable[str]) -> None:
+        """Count one more subscription clause keyword at ``evaluator``."""
+        summary = self.counts[evaluator]
+        for kw in keywords:
+            summary[kw] = summary.get(kw, 0) + 1
+
+    def remove(self, evaluator: int, keywords: Iterable[str]) -> list[str]:
+        """Count one fewer; return the keywords that expired (count reached zero)."""
+        summary = self.counts[evaluator]
+        expired = []
+        for kw in keywords:
+            left = summary[kw] - 1
+            if left:
+                summary[kw] = left
+            else:
+                del summary[kw]
+                expired.append(kw)
+        return expired
+
+    def admits(self, evaluator: int, terms: frozenset[str]) -> bool:
+        """Return whether an object with ``terms`` can match a subscription at ``evaluator``."""
+        summary = self.counts[evaluator]
+        if len(terms) <= len(summary):
+            return any(t in summary for t in terms)
+        return any(k in terms for k in summary)
+
+    def size(self, evaluator: int) -> int:
+        """Number of distinct keywords in ``evaluator``'s summary."""
+        return len(self.counts[evaluator])

@@ -1,0 +1,147 @@
+"""Deployment configuration: space, window, evaluators, router and grids.
+
+A deployment is read from a JSON file (``--config FILE``) whose keys are the
+fields of :class:`Deployment`; command-line flags override the file. Example::
+
+    {"space": [-180, -90, 180, 90], "window": {"kind": "count", "size": 100000},
+     "evaluators": 8, "router": "agrid", "grid_size": 1000,
+     "vocabulary": "vocabulary.json"}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from skpub.errors import ConfigError
+from skpub.geometry import Rect
+
+ROUTERS = ("agrid", "uniform")
+WINDOW_KINDS = ("none", "count", "seconds")
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The deployment window (SEMANTICS section 4).
+
+    ``kind`` is ``none``, ``count`` (``size`` = W objects) or ``seconds``
+    (``size`` = T seconds). Range subscriptions do not depend on it.
+    """
+
+    kind: str = "none"
+    size: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in WINDOW_KINDS:
+            raise ConfigError(f"window kind must be one of {WINDOW_KINDS}, got {self.kind!r}")
+        if self.kind != "none" and not (math.isfinite(self.size) and self.size > 0):
+            raise ConfigError(f"window size must be a positive number, got {self.size!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """Everything that shapes routing and evaluation.
+
+    Attributes
+    ----------
+    space : Rect
+        The data space, in coordinate units (degrees for GeoNames).
+    window : Window
+        The window of SEMANTICS section 4.
+    evaluators : int
+        Number of evaluators (partitions of the initial A-Grid), >= 1.
+    router : str
+        ``agrid`` (Tornado A-Grid with cost-based partitioning) or ``uniform``
+        (Uni-Space-Rout: equal spatial partitions, Tornado section 5.1).
+    grid_size : int
+        Fine grid cells per side (Tornado section 3.1); default 1000 x 1000.
+    index_block : int
+        Fine cells per side of one GI^2 index cell inside an evaluator.
+    batch_size : int
+        Records per micro-batch (the Spark trigger size and the local batch).
+    vocabulary : str or None
+        Path of the vocabulary file (``{"N": n, "df": {...}}``), or None.
+    sample_size : int
+        Records read from the stream head to compute the initial partitioning
+        (Tornado section 4.1).
+    """
+
+    space: Rect = field(default_factory=lambda: Rect(-180.0, -90.0, 180.0, 90.0))
+    window: Window = field(default_factory=Window)
+    evaluators: int = 4
+    router: str = "agrid"
+    grid_size: int = 1000
+    index_block: int = 4
+    batch_size: int = 100_000
+    vocabulary: str | None = None
+    sample_size: int = 50_000
+
+    def __post_init__(self) -> None:
+        s = self.space
+        if not all(math.isfinite(v) for v in s.as_list()) or s.xmin >= s.xmax or s.ymin >= s.ymax:
+            raise ConfigError(f"space must be a finite non-empty rectangle, got {s.as_list()}")
+        if self.router not in ROUTERS:
+            raise ConfigError(f"router must be one of {ROUTERS}, got {self.router!r}")
+        for name in ("evaluators", "grid_size", "index_block", "batch_size", "sample_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.evaluators > self.grid_size * self.grid_size:
+            raise ConfigError("more evaluators than fine-grid cells")
+
+    def replace(self, **changes: Any) -> Deployment:
+        """Return a copy with ``changes`` applied (None values are ignored)."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the JSON form read back by :func:`deployment_from_json`."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["space"] = self.space.as_list()
+        out["window"] = {"kind": self.window.kind, "size": self.window.size}
+        return out
+
+
+def deployment_from_json(raw: dict[str, Any]) -> Deployment:
+    """Build a :class:`Deployment` from its JSON form.
+
+    Raises
+    ------
+    ConfigError
+        On an unknown key or an invalid value.
+    """
+    known = {f.name for f in dataclasses.fields(Deployment)}
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigError(f"unknown configuration keys: {sorted(unknown)}")
+    values = dict(raw)
+    try:
+        if "space" in values:
+            values["space"] = Rect(*(float(v) for v in values["space"]))
+        if "window" in values:
+            values["window"] = Window(str(values["window"]["kind"]), float(values["window"].get("size", 0)))
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ConfigError(f"bad space or window: {exc}") from exc
+    return Deployment(**values)
+
+
+def load_deployment(path: str | Path | None) -> Deployment:
+    """Read a deployment JSON file; ``None`` gives the defaults.
+
+    Raises
+    ------
+    ConfigError
+        If the file cannot be read or is invalid.
+    """
+    if path is None:
+        return Deployment()
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read configuration {path}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"configuration {path} must be a JSON object")
+    return deployment_from_json(raw)

@@ -1,0 +1,77 @@
+"""The local engine: the whole pipeline embedded in one process.
+
+Micro-batches of ``deployment.batch_size`` lines go through the same
+:class:`router.dispatch.Router`, :class:`evaluators.evaluator.Evaluator` and
+sink as the Spark engine. Evaluators run one after the other; each one's
+thread CPU time is measured, so ``max(evaluator time) + routing time`` gives
+the parallel time of a batch (DESIGN "Measuring load honestly").
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+from pathlib import Path
+
+from evaluators.evaluator import Evaluator
+from router.dispatch import Router, Routed
+from router.epoch import RoutingEpoch
+from router.initial import initial_table
+from skpub.config import Deployment
+from skpub.engines.sink import write_batch
+from skpub.inputs import iter_batches, iter_lines
+from skpub.output import prepare
+from skpub.summary import BatchReport, RunObserver
+from skpub.text import Vocabulary
+
+
+def load_vocabulary(deployment: Deployment) -> Vocabulary:
+    """Return the deployment's vocabulary, or the empty one when it names none."""
+    return Vocabulary.load(deployment.vocabulary) if deployment.vocabulary else Vocabulary()
+
+
+def run_local(input_path: str | Path, output_dir: str | Path, deployment: Deployment, observer: RunObserver):
+    """Run the stream at ``input_path`` through the local engine into ``output_dir``.
+
+    Returns
+    -------
+    skpub.summary.RunSummary
+
+    Raises
+    ------
+    skpub.errors.InputError
+        If the input is missing or empty.
+    """
+    vocabulary = load_vocabulary(deployment)
+    root = prepare(output_dir)
+    sample = islice(iter_lines(input_path), deployment.sample_size)
+    epoch = RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample))
+    router = Router(deployment, vocabulary)
+    evaluators = [Evaluator(e, deployment, vocabulary) for e in range(deployment.evaluators)]
+    for batch_id, lines in enumerate(iter_batches(input_path, deployment.batch_size)):
+        routed = router.route_many(lines, batch_id, epoch)
+        per_evaluator: list[list[Routed]] = [[] for _ in evaluators]
+        for row in routed.rows:
+            per_evaluator[row.evaluator].append(row)
+        results = [ev.apply_many(rows, batch_id) for ev, rows in zip(evaluators, per_evaluator, strict=True)]
+        report = BatchReport(
+            batch_id,
+            records=len(lines),
+            objects=routed.objects,
+            forwarded=routed.forwarded,
+            routing_seconds=routed.routing_seconds,
+            epoch=epoch.number,
+        )
+        statistics = [
+            r.stats.to_json(r.evaluator, batch_id, r.cpu_seconds, ev.subscriptions)
+            for r, ev in zip(results, evaluators, strict=True)
+        ]
+        write_batch(
+            root,
+            batch_id,
+            (r.deliveries for r in results),
+            (d for r in results for d in r.dead_letters),
+            statistics,
+            report,
+        )
+        observer.on_batch(report)
+    return observer.finish()

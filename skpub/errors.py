@@ -1,0 +1,30 @@
+"""Exceptions raised by the skpub kernel and application shell.
+
+Every exception the project raises derives from :class:`SkpubError`, so a
+caller can catch the whole family at once. Invalid *input records* never raise:
+they become dead letters (``skpub.records.DeadLetter``).
+"""
+
+
+class SkpubError(Exception):
+    """Root of every skpub exception."""
+
+
+class ConfigError(SkpubError):
+    """A deployment configuration is invalid (bad value, unknown key)."""
+
+
+class ExpressionError(SkpubError):
+    """A boolean keyword expression does not parse (dead-letter ``bad_expr``)."""
+
+
+class InputError(SkpubError):
+    """An input path is missing, empty or unreadable."""
+
+
+class JavaNotFoundError(SkpubError):
+    """The Spark engine needs a Java runtime (17 or newer) and none was found."""
+
+
+class CheckpointError(SkpubError):
+    """A checkpoint directory belongs to another deployment or is damaged."""

@@ -1,0 +1,56 @@
+"""Prometheus metrics of a run (``--metrics-port``).
+
+Metrics live in an explicit registry (never the global one), use the
+``skpub_`` prefix and base units, and carry no high-cardinality labels:
+``reason`` has the dead-letter codes, ``evaluator`` the evaluator indices.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+ROUTING_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    """The metrics one run exports; update them with :meth:`observe_batch`."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.objects = Counter("skpub_objects", "Valid objects ingested", registry=r)
+        self.forwarded = Counter(
+            "skpub_objects_forwarded", "Objects forwarded to an evaluator (passed the textual summary)", registry=r
+        )
+        self.deliveries = Counter("skpub_deliveries", "Deliveries written", registry=r)
+        self.dead_letters = Counter("skpub_dead_letters", "Rejected records", ["reason"], registry=r)
+        self.batches = Counter("skpub_batches", "Micro-batches completed", registry=r)
+        self.evaluator_cost = Counter(
+            "skpub_evaluator_cost", "Candidate subscriptions examined (Tornado eq. 1)", ["evaluator"], registry=r
+        )
+        self.evaluator_cpu = Counter(
+            "skpub_evaluator_cpu_seconds", "Evaluator thread CPU time", ["evaluator"], registry=r
+        )
+        self.routing_seconds = Histogram(
+            "skpub_batch_routing_seconds", "Routing time per micro-batch", buckets=ROUTING_BUCKETS, registry=r
+        )
+        self.epoch = Gauge("skpub_routing_epoch", "Routing epoch in force", registry=r)
+
+    def observe_batch(self, report) -> None:  # noqa: ANN001 - skpub.summary.BatchReport
+        """Account one :class:`skpub.summary.BatchReport`."""
+        self.objects.inc(report.objects)
+        self.forwarded.inc(report.forwarded)
+        self.deliveries.inc(report.deliveries)
+        for reason, count in report.dead_letters.items():
+            self.dead_letters.labels(reason=reason).inc(count)
+        for e, cost in report.evaluator_cost.items():
+            self.evaluator_cost.labels(evaluator=str(e)).inc(cost)
+        for e, cpu in report.evaluator_cpu.items():
+            self.evaluator_cpu.labels(evaluator=str(e)).inc(cpu)
+        self.routing_seconds.observe(report.routing_seconds)
+        self.epoch.set(report.epoch)
+        self.batches.inc()
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> None:
+        """Serve ``/metrics`` over HTTP on ``addr:port`` from a daemon thread."""
+        start_http_server(port, addr=addr, registry=self.registry)

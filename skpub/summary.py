@@ -1,0 +1,135 @@
+"""Progress and the end-of-run summary.
+
+Engines hand one :class:`BatchReport` per micro-batch to a
+:class:`RunObserver`, which prints progress, updates metrics and builds the
+:class:`RunSummary` printed at the end.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from skpub.metrics import Metrics
+
+
+@dataclass
+class BatchReport:
+    """Counters of one micro-batch; evaluator maps are keyed by evaluator index."""
+
+    batch_id: int
+    records: int = 0
+    objects: int = 0
+    forwarded: int = 0
+    deliveries: int = 0
+    dead_letters: Counter = field(default_factory=Counter)
+    routing_seconds: float = 0.0
+    evaluator_cost: dict[int, int] = field(default_factory=dict)
+    evaluator_cpu: dict[int, float] = field(default_factory=dict)
+    epoch: int = 0
+
+
+@dataclass
+class RunSummary:
+    """Totals of a run. Seconds are wall-clock unless named ``cpu``."""
+
+    engine: str
+    router: str
+    evaluators: int
+    batches: int = 0
+    records: int = 0
+    objects: int = 0
+    forwarded: int = 0
+    deliveries: int = 0
+    dead_letters: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+    routing_seconds: float = 0.0
+    evaluator_cost: list[int] = field(default_factory=list)
+    evaluator_cpu: list[float] = field(default_factory=list)
+
+    @property
+    def objects_per_second(self) -> float:
+        """Valid objects per wall-clock second."""
+        return self.objects / self.seconds if self.seconds > 0 else 0.0
+
+    @staticmethod
+    def imbalance(loads: list[float]) -> float:
+        """``max / mean`` of per-evaluator loads (1.0 is perfect balance)."""
+        mean = sum(loads) / len(loads) if loads else 0.0
+        return max(loads) / mean if mean > 0 else 1.0
+
+    def format(self) -> str:
+        """Return the human-readable summary printed at the end of ``skpub run``."""
+        dead = ", ".join(f"{r}={n}" for r, n in sorted(self.dead_letters.items())) or "none"
+        cost, cpu = self.evaluator_cost, self.evaluator_cpu
+        lines = [
+            f"skpub run summary ({self.engine} engine, {self.router} router, {self.evaluators} evaluators)",
+            f"  batches           {self.batches}",
+            f"  records           {self.records}",
+            f"  objects           {self.objects} ({self.objects_per_second:,.0f} objects/s over {self.seconds:.1f} s)",
+            f"  forwarded         {self.forwarded} (objects that passed a textual summary)",
+            f"  deliveries        {self.deliveries}",
+            f"  dead letters      {sum(self.dead_letters.values())} ({dead})",
+            f"  routing time      {self.routing_seconds:.2f} s",
+            f"  evaluator cost    max {max(cost, default=0)} / mean {sum(cost) / max(len(cost), 1):.1f}"
+            f" = {self.imbalance([float(c) for c in cost]):.2f}",
+            f"  evaluator cpu     max {max(cpu, default=0):.2f} s / mean {sum(cpu) / max(len(cpu), 1):.2f} s"
+            f" = {self.imbalance(cpu):.2f}",
+        ]
+        return "\n".join(lines)
+
+
+class RunObserver:
+    """Collects batch reports: progress lines, metrics, the summary."""
+
+    def __init__(
+        self,
+        summary: RunSummary,
+        metrics: Metrics | None = None,
+        stream: TextIO | None = sys.stderr,
+        every_seconds: float = 5.0,
+    ) -> None:
+        self.summary = summary
+        self.metrics = metrics
+        self.stream = stream
+        self.every_seconds = every_seconds
+        self.started = time.perf_counter()
+        self._last_print = float("-inf")
+        summary.evaluator_cost = [0] * summary.evaluators
+        summary.evaluator_cpu = [0.0] * summary.evaluators
+
+    def on_batch(self, report: BatchReport) -> None:
+        """Account one micro-batch; print a progress line at most every ``every_seconds``."""
+        s = self.summary
+        s.batches += 1
+        s.records += report.records
+        s.objects += report.objects
+        s.forwarded += report.forwarded
+        s.deliveries += report.deliveries
+        s.dead_letters.update(report.dead_letters)
+        s.routing_seconds += report.routing_seconds
+        for e, c in report.evaluator_cost.items():
+            s.evaluator_cost[e] += c
+        for e, c in report.evaluator_cpu.items():
+            s.evaluator_cpu[e] += c
+        s.seconds = time.perf_counter() - self.started
+        if self.metrics:
+            self.metrics.observe_batch(report)
+        now = time.perf_counter()
+        if self.stream and now - self._last_print >= self.every_seconds:
+            self._last_print = now
+            print(
+                f"[skpub] batch {report.batch_id}: {s.records} records, {s.objects} objects "
+                f"({s.objects_per_second:,.0f}/s), {s.deliveries} deliveries, "
+                f"{sum(s.dead_letters.values())} dead letters",
+                file=self.stream,
+                flush=True,
+            )
+
+    def finish(self) -> RunSummary:
+        """Close the run and return its summary."""
+        self.summary.seconds = time.perf_counter() - self.started
+        return self.summary

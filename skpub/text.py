@@ -1,0 +1,202 @@
+"""Text: term normalization, tokenization, boolean expressions and the vocabulary.
+
+Implements ``docs/SEMANTICS.md`` section 2 (terms) and section 3.1 (the AND/OR
+expression grammar). A boolean expression is kept in disjunctive normal form
+(DNF): a tuple of clauses, each a frozenset of terms that must all be present.
+This is the form GI^2 indexes (PS2Stream section IV-C: one inverted list entry
+per conjunctive clause, on its least frequent keyword).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from skpub.errors import ConfigError, ExpressionError
+
+TOKEN_RE = re.compile(r"\w+")
+EXPR_TOKEN_RE = re.compile(r"\(|\)|[^\s()]+")
+MAX_DNF_CLAUSES = 256
+
+DNF = tuple[frozenset[str], ...]
+
+
+@lru_cache(maxsize=1 << 20)
+def normalize_term(term: str) -> str:
+    """Normalize one term: NFKC, then casefold, then NFKC again (SEMANTICS section 2).
+
+    Cached: workloads repeat terms heavily, and normalization dominates parsing.
+    """
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", term).casefold())
+
+
+def tokenize(text: str) -> list[str]:
+    """Split ``text`` into ``\\w+`` tokens and normalize each; empty terms are dropped."""
+    return [t for t in (normalize_term(tok) for tok in TOKEN_RE.findall(text)) if t]
+
+
+def normalize_terms(terms: Iterable[str]) -> list[str]:
+    """Normalize each element of a ``terms`` list as one term (not split); drop empty ones."""
+    return [t for t in (normalize_term(term) for term in terms) if t]
+
+
+def parse_expression(expr: str) -> DNF:
+    """Parse an AND/OR keyword expression into disjunctive normal form.
+
+    Grammar (SEMANTICS section 3.1): ``expr := conj (OR conj)*``,
+    ``conj := atom (AND atom)*``, ``atom := TERM | "(" expr ")"``. The words AND
+    and OR are operators in any letter case; every other run of non-space,
+    non-parenthesis characters is one operand, normalized as a term.
+
+    Returns
+    -------
+    tuple of frozenset of str
+        The clauses of the DNF, deduplicated; an object matches iff its term set
+        contains every term of at least one clause. Empty when the expression has
+        no operand (the caller reports ``empty_keywords``).
+
+    Raises
+    ------
+    ExpressionError
+        If the expression does not parse (two operands side by side, a dangling
+        operator, unbalanced parentheses, an operand that normalizes to nothing)
+        or its DNF would exceed ``MAX_DNF_CLAUSES`` clauses.
+    """
+    tokens = EXPR_TOKEN_RE.findall(expr)
+    if not tokens:
+        return ()
+    parser = _ExprParser(tokens)
+    dnf = parser.parse_or()
+    if parser.pos != len(tokens):
+        raise ExpressionError(f"unexpected {tokens[parser.pos]!r} at token {parser.pos + 1}")
+    return _minimize(dnf)
+
+
+@dataclass
+class _ExprParser:
+    tokens: list[str]
+    pos: int = 0
+
+    def _peek(self) -> str | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def _is_op(self, word: str) -> bool:
+        tok = self._peek()
+        return tok is not None and tok.upper() == word
+
+    def parse_or(self) -> list[frozenset[str]]:
+        clauses = self.parse_and()
+        while self._is_op("OR"):
+            self.pos += 1
+            clauses = clauses + self.parse_and()
+            _check_size(clauses)
+        return clauses
+
+    def parse_and(self) -> list[frozenset[str]]:
+        clauses = self.parse_atom()
+        while self._is_op("AND"):
+            self.pos += 1
+            right = self.parse_atom()
+            clauses = [a | b for a in clauses for b in right]
+            _check_size(clauses)
+        return clauses
+
+    def parse_atom(self) -> list[frozenset[str]]:
+        tok = self._peek()
+        if tok is None:
+            raise ExpressionError("expression ends where an operand was expected")
+        if tok == "(":
+            self.pos += 1
+            inner = self.parse_or()
+            if self._peek() != ")":
+                raise ExpressionError("missing closing parenthesis")
+            self.pos += 1
+            return inner
+        if tok == ")" or tok.upper() in ("AND", "OR"):
+            raise ExpressionError(f"unexpected {tok!r} at token {self.pos + 1}")
+        self.pos += 1
+        term = normalize_term(tok)
+        if not term:
+            raise ExpressionError(f"operand {tok!r} normalizes to an empty term")
+        return [frozenset((term,))]
+
+
+def _check_size(clauses: list[frozenset[str]]) -> None:
+    if len(clauses) > MAX_DNF_CLAUSES:
+        raise ExpressionError(f"expression expands to more than {MAX_DNF_CLAUSES} AND-clauses")
+
+
+def _minimize(clauses: list[frozenset[str]]) -> DNF:
+    """Drop duplicate clauses and clauses that contain another clause (absorption)."""
+    unique = sorted(set(clauses), key=lambda c: (len(c), sorted(c)))
+    kept: list[frozenset[str]] = []
+    for clause in unique:
+        if not any(k <= clause for k in kept):
+            kept.append(clause)
+    return tuple(kept)
+
+
+def dnf_matches(dnf: DNF, terms: frozenset[str]) -> bool:
+    """Return whether the term set satisfies the DNF (some clause is a subset)."""
+    return any(clause <= terms for clause in dnf)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """Document frequencies of terms (SEMANTICS section 3.2).
+
+    ``n_documents`` is ``N``; ``df`` maps a normalized term to its document
+    frequency. A term missing from ``df`` has ``df = 1``. An empty vocabulary
+    (no file) ranks terms by a deterministic fallback: longer terms first, then
+    lexicographic (longer terms are rarer in natural text).
+    """
+
+    n_documents: int = 0
+    df: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Vocabulary:
+        """Read ``{"N": n, "df": {term: df}}`` from a JSON file.
+
+        Raises
+        ------
+        ConfigError
+            If the file is missing or not of that shape.
+        """
+        try:
+            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+            n = int(raw["N"])
+            df = {normalize_term(str(t)): int(v) for t, v in raw["df"].items()}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"vocabulary file {path}: {exc}") from exc
+        return cls(n, df)
+
+    def frequency(self, term: str) -> int:
+        """Document frequency of ``term`` (1 when unknown)."""
+        return self.df.get(term, 1)
+
+    def idf(self, term: str) -> float:
+        """``ln(N / df(t))``, or 1 for every term when there is no vocabulary."""
+        if not self.n_documents:
+            return 1.0
+        return math.log(self.n_documents / self.frequency(term))
+
+    def least_frequent(self, terms: Iterable[str]) -> str:
+        """Return the least frequent term (ties: longest, then lexicographically first).
+
+        Raises
+        ------
+        ValueError
+            If ``terms`` is empty.
+        """
+        return min(terms, key=lambda t: (self.df.get(t, 1), -len(t), t))
+
+    def summary_keywords(self, dnf: DNF) -> frozenset[str]:
+        """One keyword per DNF clause, its least frequent (Tornado section 3.1)."""
+        return frozenset(self.least_frequent(clause) for clause in dnf)
