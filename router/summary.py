@@ -44,10 +44,7 @@ class TextualSummaries:
 
     def admits(self, evaluator: int, terms: frozenset[str]) -> bool:
         """Return whether an object with ``terms`` can match a subscription at ``evaluator``."""
-        summary = self.counts[evaluator]
-        if len(terms) <= len(summary):
-            return any(t in summary for t in terms)
-        return any(k in terms for k in summary)
+        return not self.counts[evaluator].keys().isdisjoint(terms)
 
     def size(self, evaluator: int) -> int:
         """Number of distinct keywords in ``evaluator``'s summary."""

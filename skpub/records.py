@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from skpub.errors import ExpressionError
 from skpub.geometry import Rect
 from skpub.text import DNF, normalize_terms, parse_expression, tokenize
@@ -164,10 +166,7 @@ def parse_line(line: str, pos: int, space: Rect) -> Record | DeadLetter:
         reason of SEMANTICS section 1.
     """
     try:
-        try:
-            raw = json.loads(line)
-        except ValueError as exc:
-            raise _Reject("malformed_json", f"not JSON: {exc}") from None
+        raw = _loads(line)
         if not isinstance(raw, dict):
             raise _Reject("malformed_json", f"a record must be a JSON object, got {type(raw).__name__}")
         rtype = _required(raw, "type")
@@ -177,6 +176,22 @@ def parse_line(line: str, pos: int, space: Rect) -> Record | DeadLetter:
         return parser(raw, pos, space)
     except _Reject as rej:
         return DeadLetter(pos, line, rej.reason, rej.message)
+
+
+def _loads(line: str) -> Any:
+    """Parse JSON as :func:`json.loads` does, with orjson as the fast path.
+
+    orjson rejects a few inputs that the standard library accepts (``NaN``,
+    integers beyond 64 bits, lone surrogate escapes); those retry with
+    :func:`json.loads`, so the accepted set is exactly the standard one.
+    """
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        try:
+            return json.loads(line)
+        except ValueError as exc:
+            raise _Reject("malformed_json", f"not JSON: {exc}") from None
 
 
 def _required(raw: dict[str, Any], name: str) -> Any:
@@ -212,28 +227,33 @@ def _point(raw: dict[str, Any], space: Rect, xname: str, yname: str, x: Any, y: 
     return px, py
 
 
-def _string_list(name: str, value: Any) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+def _normalized_list(name: str, value: Any) -> list[str]:
+    """Validate a JSON list of strings and normalize each element as one term."""
+    if not isinstance(value, list):
         raise _Reject("wrong_field", f"{name!r} must be a list of strings")
-    return value
+    try:
+        return normalize_terms(value)
+    except TypeError:
+        raise _Reject("wrong_field", f"{name!r} must be a list of strings") from None
 
 
-def _exactly_one(raw: dict[str, Any], names: tuple[str, str]) -> str:
-    present = [n for n in names if n in raw]
-    if not present:
-        raise _Reject("missing_field", f"one of {names[0]!r} or {names[1]!r} is required")
-    if len(present) == 2:
-        raise _Reject("wrong_field", f"give either {names[0]!r} or {names[1]!r}, not both")
-    return present[0]
+def _exactly_one(raw: dict[str, Any], first: str, second: str) -> str:
+    if first in raw:
+        if second in raw:
+            raise _Reject("wrong_field", f"give either {first!r} or {second!r}, not both")
+        return first
+    if second not in raw:
+        raise _Reject("missing_field", f"one of {first!r} or {second!r} is required")
+    return second
 
 
 def _parse_object(raw: dict[str, Any], pos: int, space: Rect) -> ObjectRecord:
     oid = _identifier(raw)
     x, y = _required(raw, "x"), _required(raw, "y")
-    source = _exactly_one(raw, ("terms", "text"))
+    source = _exactly_one(raw, "terms", "text")
     px, py = _point(raw, space, "x", "y", x, y)
     if source == "terms":
-        terms = normalize_terms(_string_list("terms", raw["terms"]))
+        terms = _normalized_list("terms", raw["terms"])
     else:
         if not isinstance(raw["text"], str):
             raise _Reject("wrong_field", "'text' must be a string")
@@ -273,9 +293,9 @@ def _parse_range(raw: dict[str, Any], pos: int, sid: str) -> RangeSubscription:
     xmin, ymin, xmax, ymax = (_number(raw, f"rect[{i}]", v) for i, v in enumerate(rect))
     if xmin > xmax or ymin > ymax:
         raise _Reject("bad_rect", f"rect {rect} has xmin > xmax or ymin > ymax")
-    source = _exactly_one(raw, ("keywords", "expr"))
+    source = _exactly_one(raw, "keywords", "expr")
     if source == "keywords":
-        keywords = normalize_terms(_string_list("keywords", raw["keywords"]))
+        keywords = _normalized_list("keywords", raw["keywords"])
         dnf: DNF = (frozenset(keywords),) if keywords else ()
     else:
         if not isinstance(raw["expr"], str):
@@ -293,10 +313,10 @@ def _parse_topk(raw: dict[str, Any], pos: int, sid: str, x: float, y: float, k: 
     alpha = raw.get("alpha")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
         raise _Reject("bad_alpha", f"'alpha' must be a number in [0, 1], got {alpha!r}")
-    source = _exactly_one(raw, ("keywords", "weights"))
+    source = _exactly_one(raw, "keywords", "weights")
     weights: dict[str, float] = {}
     if source == "keywords":
-        for term in normalize_terms(_string_list("keywords", raw["keywords"])):
+        for term in _normalized_list("keywords", raw["keywords"]):
             weights[term] = 1.0
     else:
         given = raw["weights"]
@@ -312,7 +332,7 @@ def _parse_topk(raw: dict[str, Any], pos: int, sid: str, x: float, y: float, k: 
 
 
 def _parse_knn(raw: dict[str, Any], pos: int, sid: str, x: float, y: float, k: int) -> KnnSubscription:
-    keywords = frozenset(normalize_terms(_string_list("keywords", _required(raw, "keywords"))))
+    keywords = frozenset(_normalized_list("keywords", _required(raw, "keywords")))
     match = raw.get("match", "any")
     origin = raw.get("from", "window")
     if match not in ("any", "all"):

@@ -15,7 +15,6 @@ import re
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
 
 from skpub.errors import ConfigError, ExpressionError
@@ -27,23 +26,53 @@ MAX_DNF_CLAUSES = 256
 DNF = tuple[frozenset[str], ...]
 
 
-@lru_cache(maxsize=1 << 20)
+_NORMALIZED: dict[str, str] = {}
+MAX_CACHED_TERMS = 1 << 21
+
+
 def normalize_term(term: str) -> str:
     """Normalize one term: NFKC, then casefold, then NFKC again (SEMANTICS section 2).
 
-    Cached: workloads repeat terms heavily, and normalization dominates parsing.
+    Memoized in a plain dict (up to ``MAX_CACHED_TERMS`` entries): workloads
+    repeat terms heavily and normalization dominates parsing. For ASCII the
+    result is ``term.lower()`` (NFKC leaves ASCII unchanged and casefold is
+    lower there), which :func:`normalize_terms` uses as a fast path.
     """
-    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", term).casefold())
+    norm = _NORMALIZED.get(term)
+    if norm is None:
+        norm = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", term).casefold())
+        if len(_NORMALIZED) < MAX_CACHED_TERMS:
+            _NORMALIZED[term] = norm
+    return norm
 
 
 def tokenize(text: str) -> list[str]:
     """Split ``text`` into ``\\w+`` tokens and normalize each; empty terms are dropped."""
-    return [t for t in (normalize_term(tok) for tok in TOKEN_RE.findall(text)) if t]
+    return normalize_terms(TOKEN_RE.findall(text))
 
 
 def normalize_terms(terms: Iterable[str]) -> list[str]:
-    """Normalize each element of a ``terms`` list as one term (not split); drop empty ones."""
-    return [t for t in (normalize_term(term) for term in terms) if t]
+    """Normalize each element of a ``terms`` list as one term (not split); drop empty ones.
+
+    Raises
+    ------
+    TypeError
+        If an element is not a string.
+    """
+    cache = _NORMALIZED
+    out = []
+    for term in terms:
+        if not isinstance(term, str):
+            raise TypeError(f"term {term!r} is not a string")
+        if term.isascii():
+            norm = term.lower()
+        else:
+            norm = cache.get(term)
+            if norm is None:
+                norm = normalize_term(term)
+        if norm:
+            out.append(norm)
+    return out
 
 
 def parse_expression(expr: str) -> DNF:
@@ -164,6 +193,9 @@ class Vocabulary:
     def load(cls, path: str | Path) -> Vocabulary:
         """Read ``{"N": n, "df": {term: df}}`` from a JSON file.
 
+        Terms must already be normalized (as :func:`normalize_term` does) and
+        ``df`` values integers; terms with ``df = 1`` may be left out.
+
         Raises
         ------
         ConfigError
@@ -172,7 +204,9 @@ class Vocabulary:
         try:
             raw = json.loads(Path(path).read_text(encoding="utf-8"))
             n = int(raw["N"])
-            df = {normalize_term(str(t)): int(v) for t, v in raw["df"].items()}
+            df = raw["df"]
+            if not isinstance(df, dict):
+                raise TypeError("'df' must be an object {term: df}")
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(f"vocabulary file {path}: {exc}") from exc
         return cls(n, df)
@@ -195,8 +229,11 @@ class Vocabulary:
         ValueError
             If ``terms`` is empty.
         """
-        return min(terms, key=lambda t: (self.df.get(t, 1), -len(t), t))
+        df = self.df
+        return min(terms, key=lambda t: (df.get(t, 1), -len(t), t))
 
     def summary_keywords(self, dnf: DNF) -> frozenset[str]:
         """One keyword per DNF clause, its least frequent (Tornado section 3.1)."""
+        if len(dnf) == 1 and len(dnf[0]) == 1:
+            return dnf[0]
         return frozenset(self.least_frequent(clause) for clause in dnf)

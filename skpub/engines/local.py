@@ -9,6 +9,7 @@ the parallel time of a batch (DESIGN "Measuring load honestly").
 
 from __future__ import annotations
 
+import gc
 from itertools import islice
 from pathlib import Path
 
@@ -47,6 +48,7 @@ def run_local(input_path: str | Path, output_dir: str | Path, deployment: Deploy
     epoch = RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample))
     router = Router(deployment, vocabulary)
     evaluators = [Evaluator(e, deployment, vocabulary) for e in range(deployment.evaluators)]
+    gc.freeze()
     for batch_id, lines in enumerate(iter_batches(input_path, deployment.batch_size)):
         routed = router.route_many(lines, batch_id, epoch)
         per_evaluator: list[list[Routed]] = [[] for _ in evaluators]

@@ -1,0 +1,121 @@
+"""The Spark stateful processor that hosts one evaluator per grouping key.
+
+Used as ``groupBy("evaluator").transformWithStateInPandas(EvaluatorProcessor(...))``
+on the RocksDB state store (DESIGN "The Spark engine"). State per evaluator:
+
+- ``blocks``: a MapState ``block (bigint) -> data (binary)`` with the
+  evaluator's state blocks (:mod:`evaluators.evaluator`); a micro-batch
+  rewrites only the blocks it changed;
+- ``version``: a ValueState with the last micro-batch applied.
+
+The hot :class:`~evaluators.evaluator.Evaluator` (with its GI^2 index) is
+cached in this importable module, keyed by (deployment id, evaluator), and
+used only when its version equals the state store's; otherwise (another
+worker served the key last time, or the batch is a replay after a failure
+rolled the state back) it is rebuilt from the blocks. ``init()`` only
+declares state: it also runs on the driver.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from functools import lru_cache
+
+import pandas as pd
+from pyspark import TaskContext
+from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
+
+from evaluators.evaluator import Evaluator
+from router.wire import from_columns
+from skpub.config import Deployment, deployment_from_json
+from skpub.text import Vocabulary
+
+OUTPUT_DDL = (
+    "kind string, evaluator int, pos bigint, sub string, obj string, "
+    "line string, reason string, message string, payload string"
+)
+_CACHE: dict[tuple[str, int], tuple[int, Evaluator]] = {}
+
+
+@lru_cache(maxsize=4)
+def _deployment(text: str) -> Deployment:
+    return deployment_from_json(json.loads(text))
+
+
+@lru_cache(maxsize=4)
+def _vocabulary(path: str | None) -> Vocabulary:
+    return Vocabulary.load(path) if path else Vocabulary()
+
+
+def current_batch_id() -> int:
+    """Return the micro-batch id of the running Spark task."""
+    return int(TaskContext.get().getLocalProperty("streaming.sql.batchId"))
+
+
+class EvaluatorProcessor(StatefulProcessor):
+    """Runs :class:`~evaluators.evaluator.Evaluator` for each grouping key.
+
+    Parameters
+    ----------
+    deployment_id : str
+        Identifies the deployment (its checkpoint) in the executor-side cache.
+    deployment_json : str
+        The deployment, as JSON (picklable and cheap to ship).
+    evaluator_keys : list of int
+        ``evaluator_keys[e]`` is the grouping-key value of evaluator ``e``.
+    """
+
+    def __init__(self, deployment_id: str, deployment_json: str, evaluator_keys: list[int]) -> None:
+        self.deployment_id = deployment_id
+        self.deployment_json = deployment_json
+        self.index_of_key = {k: e for e, k in enumerate(evaluator_keys)}
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        """Declare the state variables (runs on executors and on the driver)."""
+        self.blocks = handle.getMapState("blocks", "block bigint", "data binary")
+        self.version = handle.getValueState("version", "batch bigint")
+
+    def _evaluator(self, e: int) -> Evaluator:
+        version = self.version.get()[0] if self.version.exists() else -1
+        cached = _CACHE.get((self.deployment_id, e))
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        deployment = _deployment(self.deployment_json)
+        blocks = {int(k[0]): bytes(v[0]) for k, v in self.blocks.iterator()} if version >= 0 else {}
+        return Evaluator.restore(e, deployment, _vocabulary(deployment.vocabulary), blocks)
+
+    def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:  # noqa: ANN001, N802, N803
+        """Apply one micro-batch's rows for evaluator ``key`` and emit its outputs."""
+        batch_id = current_batch_id()
+        e = self.index_of_key[int(key[0])]
+        evaluator = self._evaluator(e)
+        frame = pd.concat(list(rows), ignore_index=True)
+        columns = {name: frame[name].tolist() for name in frame.columns}
+        result = evaluator.apply_many(from_columns(columns, e), batch_id)
+        for block, data in evaluator.take_dirty_blocks().items():
+            if data is None:
+                self.blocks.removeKey((block,))
+            else:
+                self.blocks.updateValue((block,), (data,))
+        self.version.update((batch_id,))
+        _CACHE[(self.deployment_id, e)] = (batch_id, evaluator)
+        stats = result.stats.to_json(e, batch_id, result.cpu_seconds, evaluator.subscriptions)
+        out = {name: [] for name in ("kind", "evaluator", "pos", "sub", "obj", "line", "reason", "message", "payload")}
+
+        def emit(kind, pos=None, sub=None, obj=None, line=None, reason=None, message=None, payload=None):  # noqa: ANN001, ANN202
+            for name, value in (
+                ("kind", kind), ("evaluator", e), ("pos", pos), ("sub", sub), ("obj", obj),
+                ("line", line), ("reason", reason), ("message", message), ("payload", payload),
+            ):  # fmt: skip
+                out[name].append(value)
+
+        for pos, sub, obj in result.deliveries:
+            emit("delivery", pos=pos, sub=sub, obj=obj)
+        for dead in result.dead_letters:
+            emit("dead_letter", pos=dead.pos, line=dead.line, reason=dead.reason, message=dead.message)
+        emit("statistics", payload=json.dumps(stats))
+        yield pd.DataFrame(out).astype({"evaluator": "int32", "pos": "Int64"})
+
+    def close(self) -> None:
+        """Nothing to release: the evaluator stays cached for the next micro-batch."""

@@ -1,0 +1,1 @@
+"""Workload generators and simulations (GeoNames and, later, skew variants)."""

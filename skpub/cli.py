@@ -1,0 +1,119 @@
+"""The ``skpub`` command line.
+
+``skpub run`` runs a stream through an engine and writes the output layout of
+SEMANTICS section 5; with no ``--input`` it generates and runs the GeoNames
+default workload. ``skpub workload geonames`` writes a replayable workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from skpub.config import ROUTERS, load_deployment
+from skpub.errors import SkpubError
+from skpub.metrics import Metrics
+from skpub.summary import RunObserver, RunSummary
+
+
+def _workload_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--seed", type=int, default=7, help="random seed of the workload (default 7)")
+    parser.add_argument("--live", type=int, default=10_000, help="live subscriptions (default 10000)")
+    parser.add_argument("--objects", type=int, default=None, help="objects to emit (default: all ~235k)")
+    parser.add_argument(
+        "--keyword-percentile",
+        type=float,
+        default=99.0,
+        help="keywords come from terms below this frequency percentile (default 99)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of the ``skpub`` command."""
+    parser = argparse.ArgumentParser(prog="skpub", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a stream through an engine")
+    run.add_argument("--engine", choices=("spark", "local"), default="spark", help="default: spark")
+    run.add_argument("--input", help="JSON-lines file or directory (default: the GeoNames workload)")
+    run.add_argument("--output", default="out", help="output directory (default: out)")
+    run.add_argument("--evaluators", type=int, help="number of evaluators (default 4)")
+    run.add_argument("--router", choices=ROUTERS, help="routing table (default agrid)")
+    run.add_argument("--config", help="deployment JSON file")
+    run.add_argument("--batch-size", type=int, help="records per micro-batch (default 100000)")
+    run.add_argument("--vocabulary", help="vocabulary JSON file {N, df}")
+    run.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    run.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    run.add_argument("--checkpoint", help="Spark checkpoint directory (default OUTPUT/_checkpoint)")
+    run.add_argument("--quiet", action="store_true", help="no progress lines")
+    _workload_args(run)
+
+    workload = sub.add_parser("workload", help="write a replayable workload")
+    wsub = workload.add_subparsers(dest="workload", required=True)
+    geonames = wsub.add_parser("geonames", help="GeoNames places with sampled range subscriptions")
+    geonames.add_argument("--output", required=True, help="directory for stream.jsonl and vocabulary.json")
+    _workload_args(geonames)
+    return parser
+
+
+def _spec(args: argparse.Namespace):
+    from sims.geonames import WorkloadSpec
+
+    return WorkloadSpec(
+        seed=args.seed, live=args.live, objects=args.objects, keyword_percentile=args.keyword_percentile
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    deployment = load_deployment(args.config).replace(
+        evaluators=args.evaluators, router=args.router, batch_size=args.batch_size, vocabulary=args.vocabulary
+    )
+    output = Path(args.output)
+    input_path = args.input
+    if input_path is None:
+        from sims.geonames import write_workload
+
+        print("[skpub] no --input: generating the GeoNames default workload", file=sys.stderr, flush=True)
+        input_path, vocabulary = write_workload(_spec(args), output / "_workload")
+        deployment = deployment.replace(vocabulary=deployment.vocabulary or str(vocabulary))
+    metrics = Metrics()
+    if args.metrics_port is not None:
+        metrics.serve(args.metrics_port)
+        print(f"[skpub] metrics on http://127.0.0.1:{args.metrics_port}/metrics", file=sys.stderr, flush=True)
+    summary = RunSummary(args.engine, deployment.router, deployment.evaluators)
+    observer = RunObserver(summary, metrics, stream=None if args.quiet else sys.stderr)
+    if args.engine == "local":
+        from skpub.engines.local import run_local
+
+        result = run_local(input_path, output, deployment, observer)
+    else:
+        from skpub.engines.spark import run_spark
+
+        checkpoint = Path(args.checkpoint) if args.checkpoint else output / "_checkpoint"
+        result = run_spark(input_path, output, deployment, observer, master=args.master, checkpoint=checkpoint)
+    print(result.format())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``skpub`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        from sims.geonames import write_workload
+
+        stream, vocabulary = write_workload(_spec(args), args.output)
+        print(f"wrote {stream} and {vocabulary}")
+        return 0
+    except SkpubError as exc:
+        print(f"skpub: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("skpub: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""The Spark engine: Structured Streaming with executor-resident evaluators.
+
+Query shape (DESIGN "The Spark engine")::
+
+    text file source (one staged chunk per micro-batch)
+      -> coalesce(1).mapInArrow(RouterTask)       routing unit, epoch by batch id
+      -> groupBy(evaluator).transformWithStateInPandas(EvaluatorProcessor)
+                                                  RocksDB state, hot index cache
+      -> foreachBatch(Sink)                       idempotent per batch id
+
+The checkpoint directory holds everything a restart needs: the staged input
+chunks (``source/``), the routing epochs (``epochs/``), the router state after
+each micro-batch (``router/``), the evaluator grouping keys and the deployment
+(``manifest.json``), and Spark's own query checkpoint (``query/``). A run
+killed at any point and started again with the same arguments resumes from
+the last committed micro-batch and ends with exactly the same output.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+
+import pyarrow as pa
+
+from router.dispatch import Router
+from router.epoch import EpochLog, RoutingEpoch
+from router.initial import initial_table
+from router.wire import COLUMNS, ddl, to_columns
+from skpub.config import Deployment
+from skpub.engines.local import load_vocabulary
+from skpub.engines.sink import write_batch
+from skpub.errors import CheckpointError, JavaNotFoundError
+from skpub.inputs import input_files, iter_batches, iter_lines
+from skpub.output import STREAMS, prepare
+from skpub.records import DeadLetter
+from skpub.storage import atomic_write_bytes, atomic_write_text
+from skpub.summary import BatchReport, RunObserver, RunSummary
+
+ROUTER_STATE_KEPT = 3
+
+
+def require_java() -> str:
+    """Return the ``java`` executable Spark will use.
+
+    Raises
+    ------
+    JavaNotFoundError
+        If neither ``JAVA_HOME`` nor ``PATH`` provides one.
+    """
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not java or not Path(java).exists():
+        raise JavaNotFoundError(
+            "the Spark engine needs Java 17 or newer and none was found: install it "
+            "(e.g. 'apt-get install openjdk-17-jre-headless') or set JAVA_HOME; "
+            "or run without Spark: skpub run --engine local"
+        )
+    return java
+
+
+def spark_session(master: str, evaluators: int, app_name: str = "skpub"):  # noqa: ANN201
+    """Return a SparkSession configured for skpub's stateful streaming query."""
+    require_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    return (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.sql.streaming.stateStore.providerClass",
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+        .config("spark.sql.shuffle.partitions", str(evaluators))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.driver.memory", "4g")
+        .config("spark.log.level", "ERROR")
+        .getOrCreate()
+    )  # fmt: skip
+
+
+class Checkpoint:
+    """The layout of a Spark run's checkpoint directory."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).absolute()
+        self.source = self.root / "source"
+        self.epochs = self.root / "epochs"
+        self.router = self.root / "router"
+        self.query = self.root / "query"
+        self.manifest = self.root / "manifest.json"
+
+    @property
+    def deployment_id(self) -> str:
+        """A short stable id of this checkpoint (keys executor-side caches)."""
+        return hashlib.sha1(str(self.root).encode()).hexdigest()[:12]
+
+    def router_state(self, batch_id: int) -> Path:
+        """Router state after micro-batch ``batch_id``."""
+        return self.router / f"state-{batch_id:08d}.pkl"
+
+    def router_report(self, batch_id: int) -> Path:
+        """Router counters of micro-batch ``batch_id``."""
+        return self.router / f"report-{batch_id:08d}.json"
+
+
+def _input_fingerprint(input_path: str | Path) -> list:
+    return [[str(f.absolute()), f.stat().st_size, f.stat().st_mtime_ns] for f in input_files(input_path)]
+
+
+def stage_input(input_path: str | Path, checkpoint: Checkpoint, batch_size: int) -> int:
+    """Copy the input into ``batch_size``-line chunks, one per micro-batch; return their count.
+
+    Chunk ``i`` gets modification time ``base + i`` seconds, so the file source
+    (one file per trigger) takes them in stream order.
+    """
+    checkpoint.source.mkdir(parents=True, exist_ok=True)
+    chunks = 0
+    base = 1_000_000_000
+    for chunks, lines in enumerate(iter_batches(input_path, batch_size), start=1):
+        path = checkpoint.source / f"chunk-{chunks - 1:08d}.jsonl"
+        atomic_write_text(path, "\n".join(lines) + "\n")
+        os.utime(path, (base + chunks, base + chunks))
+    return chunks
+
+
+def evaluator_keys(spark, evaluators: int) -> list[int]:  # noqa: ANN001
+    """Return one grouping-key value per evaluator, each hashed by Spark to its own partition.
+
+    Spark places a key in shuffle partition ``pmod(hash(key), n)``; small
+    consecutive ids collide (DESIGN), so search for values that cover every
+    partition once.
+    """
+    rows = (
+        spark.range(0, 64 * evaluators + 64)
+        .selectExpr("cast(id as int) as k", f"pmod(hash(cast(id as int)), {evaluators}) as p")
+        .collect()
+    )
+    keys: dict[int, int] = {}
+    for row in rows:
+        keys.setdefault(row.p, row.k)
+    return [keys[p] for p in range(evaluators)]
+
+
+class RouterTask:
+    """The ``mapInArrow`` function: one routing unit per micro-batch.
+
+    Reads every line of the batch (one partition after ``coalesce(1)``), puts
+    them in stream order (file, block, line), picks the epoch in force for the
+    batch id, routes them from the router state after the previous batch, and
+    saves the new state and its counters under the batch id.
+    """
+
+    def __init__(self, checkpoint_root: str, deployment_json: str, keys: list[int]) -> None:
+        self.checkpoint_root = checkpoint_root
+        self.deployment_json = deployment_json
+        self.keys = keys
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from evaluators.spark_processor import _deployment, _vocabulary, current_batch_id
+
+        batch_id = current_batch_id()
+        table = pa.Table.from_batches(list(batches))
+        lines = _ordered_lines(table)
+        checkpoint = Checkpoint(self.checkpoint_root)
+        deployment = _deployment(self.deployment_json)
+        vocabulary = _vocabulary(deployment.vocabulary)
+        router = _router_before(checkpoint, deployment, vocabulary, batch_id)
+        epoch = EpochLog(checkpoint.epochs).for_batch(batch_id)
+        routed = router.route_many(lines, batch_id, epoch)
+        atomic_write_bytes(checkpoint.router_state(batch_id), router.state_bytes())
+        report = {
+            "records": len(lines),
+            "objects": routed.objects,
+            "forwarded": routed.forwarded,
+            "routing_seconds": routed.routing_seconds,
+            "epoch": epoch.number,
+        }
+        atomic_write_text(checkpoint.router_report(batch_id), json.dumps(report))
+        _ROUTERS[checkpoint.deployment_id] = (batch_id, router)
+        columns = to_columns(routed.rows, self.keys)
+        yield pa.RecordBatch.from_pydict(columns, schema=_wire_schema())
+
+
+_ROUTERS: dict[str, tuple[int, Router]] = {}
+
+
+_ARROW_TYPES = {
+    "int": pa.int32(),
+    "bigint": pa.int64(),
+    "tinyint": pa.int8(),
+    "double": pa.float64(),
+    "string": pa.string(),
+    "array<string>": pa.list_(pa.string()),
+    "array<double>": pa.list_(pa.float64()),
+}
+
+
+def _wire_schema() -> pa.Schema:
+    """The Arrow schema of :data:`router.wire.COLUMNS`."""
+    return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in COLUMNS])
+
+
+def _ordered_lines(table: pa.Table) -> list[str]:
+    values = table.column("value").to_pylist()
+    files = table.column("file_path").to_pylist()
+    starts = table.column("file_block_start").to_pylist()
+    order = sorted(range(len(values)), key=lambda i: (files[i], starts[i], i))
+    return [values[i] for i in order]
+
+
+def _router_before(checkpoint: Checkpoint, deployment: Deployment, vocabulary, batch_id: int) -> Router:  # noqa: ANN001
+    """Return the router state after micro-batch ``batch_id - 1`` (cached, else from its file)."""
+    cached = _ROUTERS.get(checkpoint.deployment_id)
+    if cached is not None and cached[0] == batch_id - 1:
+        return cached[1]
+    previous = sorted(p for p in checkpoint.router.glob("state-*.pkl") if int(p.stem[6:]) < batch_id)
+    if not previous:
+        return Router(deployment, vocabulary)
+    last = previous[-1]
+    if int(last.stem[6:]) != batch_id - 1:
+        raise CheckpointError(f"router state for batch {batch_id - 1} is missing from {checkpoint.router}")
+    return Router.from_state(deployment, vocabulary, last.read_bytes())
+
+
+class Sink:
+    """The ``foreachBatch`` sink: writes one micro-batch's outputs, idempotent per batch id."""
+
+    def __init__(self, output: Path, checkpoint: Checkpoint, observer: RunObserver) -> None:
+        self.output = output
+        self.checkpoint = checkpoint
+        self.observer = observer
+
+    def __call__(self, frame, batch_id: int) -> None:  # noqa: ANN001
+        table = frame.toArrow()
+        cols = {name: table.column(name).to_pylist() for name in table.column_names}
+        deliveries, dead, statistics = [], [], []
+        for i, kind in enumerate(cols["kind"]):
+            if kind == "delivery":
+                deliveries.append((cols["pos"][i], cols["sub"][i], cols["obj"][i]))
+            elif kind == "dead_letter":
+                dead.append(DeadLetter(cols["pos"][i], cols["line"][i], cols["reason"][i], cols["message"][i]))
+            else:
+                statistics.append(json.loads(cols["payload"][i]))
+        statistics.sort(key=lambda row: row["evaluator"])
+        routing = json.loads(self.checkpoint.router_report(batch_id).read_text())
+        report = BatchReport(batch_id, **routing)
+        write_batch(self.output, batch_id, [deliveries], dead, statistics, report)
+        for old in self.checkpoint.router.glob("state-*.pkl"):
+            if int(old.stem[6:]) < batch_id - ROUTER_STATE_KEPT:
+                old.unlink(missing_ok=True)
+        self.observer.on_batch(report)
+
+
+def _open_checkpoint(
+    checkpoint: Checkpoint, input_path: str | Path, deployment: Deployment, output: Path, spark
+) -> dict:  # noqa: ANN001
+    """Create the checkpoint for a new run, or check that it belongs to this run."""
+    wanted = {"deployment": deployment.to_json(), "input": _input_fingerprint(input_path)}
+    if checkpoint.manifest.exists():
+        manifest = json.loads(checkpoint.manifest.read_text())
+        if {k: manifest[k] for k in wanted} != json.loads(json.dumps(wanted)):
+            raise CheckpointError(
+                f"checkpoint {checkpoint.root} was made for another input or deployment; "
+                "remove it or pass another --checkpoint"
+            )
+        return manifest
+    if checkpoint.root.exists():
+        shutil.rmtree(checkpoint.root)
+    for stream in STREAMS:
+        shutil.rmtree(output / stream, ignore_errors=True)
+    vocabulary = load_vocabulary(deployment)
+    sample = islice(iter_lines(input_path), deployment.sample_size)
+    table = initial_table(deployment, vocabulary, sample)
+    EpochLog(checkpoint.epochs).publish(RoutingEpoch(0, 0, table))
+    chunks = stage_input(input_path, checkpoint, deployment.batch_size)
+    manifest = {**wanted, "evaluator_keys": evaluator_keys(spark, deployment.evaluators), "chunks": chunks}
+    checkpoint.router.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(checkpoint.manifest, json.dumps(manifest))
+    return manifest
+
+
+def run_spark(
+    input_path: str | Path,
+    output_dir: str | Path,
+    deployment: Deployment,
+    observer: RunObserver,
+    master: str = "local[2]",
+    checkpoint: str | Path | None = None,
+) -> RunSummary:
+    """Run the stream at ``input_path`` through the Spark engine into ``output_dir``.
+
+    Processes every input line available now (``Trigger.AvailableNow``), one
+    micro-batch per ``deployment.batch_size`` lines, then stops. Restarting
+    with the same checkpoint resumes after the last committed micro-batch.
+
+    Raises
+    ------
+    JavaNotFoundError
+        If no Java runtime is available.
+    CheckpointError
+        If ``checkpoint`` belongs to another input or deployment.
+    skpub.errors.InputError
+        If the input is missing or empty.
+    """
+    from evaluators.spark_processor import OUTPUT_DDL, EvaluatorProcessor
+
+    output = prepare(output_dir).absolute()
+    ckpt = Checkpoint(checkpoint or output / "_checkpoint")
+    input_files(input_path)
+    spark = spark_session(master, deployment.evaluators)
+    try:
+        manifest = _open_checkpoint(ckpt, input_path, deployment, output, spark)
+        prepare(output)
+        deployment_json = json.dumps(deployment.to_json())
+        keys = manifest["evaluator_keys"]
+        lines = (
+            spark.readStream.format("text")
+            .option("maxFilesPerTrigger", 1)
+            .load(str(ckpt.source))
+            .selectExpr("value", "_metadata.file_path as file_path", "_metadata.file_block_start as file_block_start")
+        )
+        routed = lines.coalesce(1).mapInArrow(RouterTask(str(ckpt.root), deployment_json, keys), ddl())
+        outputs = routed.groupBy("evaluator").transformWithStateInPandas(
+            EvaluatorProcessor(ckpt.deployment_id, deployment_json, keys),
+            OUTPUT_DDL,
+            "Append",
+            "None",
+        )
+        gc.freeze()
+        query = (
+            outputs.writeStream.foreachBatch(Sink(output, ckpt, observer))
+            .option("checkpointLocation", str(ckpt.query))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+    finally:
+        spark.stop()
+    return observer.finish()
