@@ -145,6 +145,7 @@ class GI2Index:
             for sid, xmin, ymin, xmax, ymax, dnf, multi in lst:
                 if dead and sid in dead:
                     stale.append(t)
+                    examined -= 1
                     continue
                 if not (xmin <= x <= xmax and ymin <= y <= ymax):
                     continue

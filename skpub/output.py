@@ -40,9 +40,17 @@ def read_stream(root: str | Path, stream: str) -> list[dict]:
     return rows
 
 
-def prepare(root: str | Path) -> Path:
-    """Create the output directory and its stream folders; return its path."""
+def prepare(root: str | Path, fresh: bool = False) -> Path:
+    """Create the output directory and its stream folders; return its path.
+
+    With ``fresh``, part files of an earlier run are removed first, so a new
+    run's output is never mixed with an old one's.
+    """
     root = Path(root)
     for stream in STREAMS:
-        (root / stream).mkdir(parents=True, exist_ok=True)
+        folder = root / stream
+        if fresh:
+            for part in folder.glob("*.jsonl"):
+                part.unlink()
+        folder.mkdir(parents=True, exist_ok=True)
     return root

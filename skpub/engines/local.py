@@ -43,7 +43,7 @@ def run_local(input_path: str | Path, output_dir: str | Path, deployment: Deploy
         If the input is missing or empty.
     """
     vocabulary = load_vocabulary(deployment)
-    root = prepare(output_dir)
+    root = prepare(output_dir, fresh=True)
     sample = islice(iter_lines(input_path), deployment.sample_size)
     epoch = RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample))
     router = Router(deployment, vocabulary)

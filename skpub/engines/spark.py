@@ -39,7 +39,7 @@ from skpub.engines.local import load_vocabulary
 from skpub.engines.sink import write_batch
 from skpub.errors import CheckpointError, JavaNotFoundError
 from skpub.inputs import input_files, iter_batches, iter_lines
-from skpub.output import STREAMS, prepare
+from skpub.output import prepare
 from skpub.records import DeadLetter
 from skpub.storage import atomic_write_bytes, atomic_write_text
 from skpub.summary import BatchReport, RunObserver, RunSummary
@@ -278,8 +278,7 @@ def _open_checkpoint(
         return manifest
     if checkpoint.root.exists():
         shutil.rmtree(checkpoint.root)
-    for stream in STREAMS:
-        shutil.rmtree(output / stream, ignore_errors=True)
+    prepare(output, fresh=True)
     vocabulary = load_vocabulary(deployment)
     sample = islice(iter_lines(input_path), deployment.sample_size)
     table = initial_table(deployment, vocabulary, sample)
@@ -322,7 +321,6 @@ def run_spark(
     spark = spark_session(master, deployment.evaluators)
     try:
         manifest = _open_checkpoint(ckpt, input_path, deployment, output, spark)
-        prepare(output)
         deployment_json = json.dumps(deployment.to_json())
         keys = manifest["evaluator_keys"]
         lines = (

@@ -1,0 +1,69 @@
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from evaluators import gi2
+from evaluators.gi2 import GI2Index
+from router.grid import FineGrid
+from skpub.geometry import Rect
+from skpub.records import ObjectRecord, RangeSubscription
+from skpub.text import Vocabulary, dnf_matches, parse_expression
+
+SPACE = Rect(0.0, 0.0, 100.0, 100.0)
+WORDS = ["a", "b", "c", "d"]
+
+
+def make_object(i, x, y, terms):
+    return ObjectRecord(i, f"o{i}", x, y, tuple(terms), frozenset(terms))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.integers(1, 40))
+def test_gi2_matches_brute_force_with_lazy_deletion(seed, block, size):
+    rng = np.random.default_rng(seed)
+    grid = FineGrid(SPACE, size)
+    index = GI2Index(block, Vocabulary(10, {"a": 9, "b": 5}))
+    live: dict[str, RangeSubscription] = {}
+    for step in range(200):
+        u = rng.random()
+        if u < 0.3:
+            x0, x1 = sorted(rng.uniform(-10, 110, 2))
+            y0, y1 = sorted(rng.uniform(-10, 110, 2))
+            words = list(rng.choice(WORDS, size=int(rng.integers(1, 4)), replace=False))
+            expr = " OR ".join(words) if rng.random() < 0.5 else " AND ".join(words)
+            sub = RangeSubscription(step, f"s{step}", Rect(x0, y0, x1, y1), parse_expression(expr))
+            index.insert(sub, grid.cell_box(sub.rect))
+            live[sub.id] = sub
+        elif u < 0.45 and live:
+            sid = list(live)[int(rng.integers(len(live)))]
+            index.delete(sid)
+            del live[sid]
+        else:
+            x, y = rng.uniform(0, 100, 2)
+            terms = set(rng.choice(WORDS, size=int(rng.integers(0, 4)), replace=False))
+            obj = make_object(step, x, y, terms)
+            cx, cy = grid.cell_of(x, y)
+            matched, _ = index.match_one(obj, cx, cy)
+            expected = {
+                s.id for s in live.values() if s.rect.contains_point(x, y) and dnf_matches(s.dnf, obj.term_set)
+            }
+            assert sorted(matched) == sorted(expected)
+    assert len(index) == len(live)
+
+
+def test_compaction_frees_deleted_entries(monkeypatch):
+    monkeypatch.setattr(gi2, "COMPACT_MIN_DELETED", 4)
+    grid = FineGrid(SPACE, 10)
+    index = GI2Index(1, Vocabulary())
+    for i in range(20):
+        sub = RangeSubscription(i, f"s{i}", Rect(0, 0, 100, 100), parse_expression("a"))
+        index.insert(sub, grid.cell_box(sub.rect))
+    for i in range(15):
+        index.delete(f"s{i}")
+    assert len(index) == 5
+    assert len(index.deleted) < 15
+    entries = sum(len(lst) for lists in index.cells.values() for lst in lists.values())
+    assert entries < 20 * 100
+    matched, examined = index.match_one(make_object(99, 50, 50, ["a"]), 5, 5)
+    assert sorted(matched) == [f"s{i}" for i in range(15, 20)]
+    assert examined == 5

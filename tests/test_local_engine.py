@@ -1,0 +1,69 @@
+import pytest
+
+from router.wire import from_columns, to_columns
+from router.dispatch import Router
+from router.epoch import RoutingEpoch
+from router.initial import initial_table
+from skpub.engines.local import run_local
+from skpub.oracle import replay
+from skpub.output import read_stream
+from skpub.summary import RunObserver, RunSummary
+from skpub.text import Vocabulary
+from tests.workloads import canonical, deployment, random_workload, write_lines
+
+
+def run(tmp_path, lines, dep):
+    source = tmp_path / "in.jsonl"
+    write_lines(source, lines)
+    out = tmp_path / "out"
+    summary = run_local(source, out, dep, RunObserver(RunSummary("local", dep.router, dep.evaluators), stream=None))
+    return out, summary
+
+
+@pytest.mark.parametrize("router", ["agrid", "uniform"])
+@pytest.mark.parametrize("evaluators", [1, 3, 8])
+@pytest.mark.parametrize("batch_size", [1, 7, 5000])
+def test_local_engine_equals_oracle(tmp_path, router, evaluators, batch_size):
+    lines = random_workload(seed=evaluators * 31 + batch_size, n=500)
+    dep = deployment(evaluators=evaluators, router=router, batch_size=batch_size)
+    out, summary = run(tmp_path, lines, dep)
+    expected = replay(lines, dep)
+    deliveries = read_stream(out, "deliveries")
+    assert len(expected.deliveries) > 50
+    assert canonical(deliveries) == canonical(expected.deliveries)
+    assert canonical(read_stream(out, "dead_letters")) == canonical(expected.dead_letters)
+    assert summary.deliveries == len(expected.deliveries)
+    assert sum(summary.dead_letters.values()) == len(expected.dead_letters)
+
+
+def test_rerun_into_the_same_output_replaces_it(tmp_path):
+    dep = deployment(batch_size=10)
+    run(tmp_path, random_workload(seed=1, n=300), dep)
+    lines = random_workload(seed=2, n=100, invalid=False)
+    out, _ = run(tmp_path, lines, dep)
+    assert canonical(read_stream(out, "deliveries")) == canonical(replay(lines, dep).deliveries)
+
+
+def test_statistics_account_every_forwarded_object(tmp_path):
+    dep = deployment(evaluators=3, batch_size=100)
+    out, summary = run(tmp_path, random_workload(seed=5, n=400), dep)
+    stats = read_stream(out, "statistics")
+    assert {row["evaluator"] for row in stats} == {0, 1, 2}
+    assert sum(row["objects"] for row in stats) == summary.forwarded
+    for row in stats:
+        assert sum(row["rows"].values()) == sum(row["columns"].values()) == sum(row["cells"].values()) == row["cost"]
+    assert summary.forwarded < summary.objects
+
+
+def test_wire_format_round_trips_routed_rows():
+    dep = deployment(evaluators=3)
+    lines = random_workload(seed=9, n=200)
+    vocabulary = Vocabulary()
+    epoch = RoutingEpoch(0, 0, initial_table(dep, vocabulary, lines))
+    routed = Router(dep, vocabulary).route_many(lines, 4, epoch)
+    keys = [101, 202, 303]
+    for e in range(3):
+        mine = [row for row in routed.rows if row.evaluator == e]
+        cols = to_columns(mine, keys)
+        assert set(cols["evaluator"]) <= {keys[e]}
+        assert from_columns(cols, e) == mine

@@ -1,0 +1,64 @@
+import json
+
+import pytest
+
+from skpub.geometry import Rect
+from skpub.oracle import replay
+from skpub.records import REASONS, DeadLetter, ObjectRecord, RangeSubscription, parse_line
+from tests.workloads import INVALID_LINES, SPACE, deployment
+
+
+@pytest.mark.parametrize(("line", "reason"), INVALID_LINES)
+def test_invalid_line_becomes_dead_letter_with_reason(line, reason):
+    record = parse_line(line, 0, SPACE)
+    if reason in ("unknown_id", "unsupported_kind"):
+        assert not isinstance(record, DeadLetter)
+        result = replay([line], deployment())
+        assert [d["reason"] for d in result.dead_letters] == [reason]
+        assert result.dead_letters[0]["line"] == line
+    else:
+        assert isinstance(record, DeadLetter)
+        assert (record.reason, record.line) == (reason, line)
+        assert record.message
+
+
+def test_every_reason_is_exercised_by_the_test_workload():
+    covered = {reason for _, reason in INVALID_LINES} | {"duplicate_id"}
+    assert covered == set(REASONS)
+
+
+def test_valid_object_and_subscription_parse():
+    obj = parse_line(json.dumps({"type": "object", "id": "o", "x": 0, "y": 100, "text": "Jazz jazz BAR"}), 7, SPACE)
+    assert isinstance(obj, ObjectRecord)
+    assert (obj.pos, obj.terms, obj.term_set) == (7, ("jazz", "jazz", "bar"), frozenset({"jazz", "bar"}))
+    sub = parse_line(
+        json.dumps({"type": "subscribe", "id": "s", "kind": "range", "rect": [-10, 5, 200, 5], "expr": "A or b"}), 1, SPACE
+    )
+    assert isinstance(sub, RangeSubscription)
+    assert sub.rect == Rect(-10, 5, 200, 5)
+    assert set(sub.dnf) == {frozenset({"a"}), frozenset({"b"})}
+
+
+def test_duplicates_and_unknown_ids_follow_stream_order():
+    lines = [
+        '{"type": "unsubscribe", "id": "s"}',
+        '{"type": "subscribe", "id": "s", "kind": "range", "rect": [0, 0, 1, 1], "keywords": ["a"]}',
+        '{"type": "unsubscribe", "id": "s"}',
+        '{"type": "unsubscribe", "id": "s"}',
+        '{"type": "subscribe", "id": "s", "kind": "range", "rect": [0, 0, 1, 1], "keywords": ["a"]}',
+        '{"type": "snapshot", "id": "m"}',
+        '{"type": "snapshot", "id": "m"}',
+    ]
+    reasons = [d["reason"] for d in replay(lines, deployment()).dead_letters]
+    assert reasons == ["unknown_id", "unknown_id", "duplicate_id", "duplicate_id"]
+
+
+def test_rejected_subscription_does_not_reserve_its_id():
+    lines = [
+        '{"type": "subscribe", "id": "s", "kind": "range", "rect": [5, 0, 1, 1], "keywords": ["a"]}',
+        '{"type": "subscribe", "id": "s", "kind": "range", "rect": [0, 0, 1, 1], "keywords": ["a"]}',
+        '{"type": "object", "id": "o", "x": 1, "y": 1, "terms": ["A"]}',
+    ]
+    result = replay(lines, deployment())
+    assert [d["reason"] for d in result.dead_letters] == ["bad_rect"]
+    assert result.deliveries == [{"sub": "s", "obj": "o", "event": "match"}]

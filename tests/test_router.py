@@ -1,0 +1,122 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.agrid import AGrid
+from router.errors import RoutingError
+from router.grid import FineGrid
+from router.partitioning import Partitioning, cost_partitioning, uniform_partitioning
+from router.summary import TextualSummaries
+from router.uniform import UniformGrid
+from skpub.geometry import Rect
+
+SPACE = Rect(0.0, 0.0, 100.0, 100.0)
+
+
+def brute_force(partitioning: Partitioning, box) -> set[int]:
+    x0, y0, x1, y1 = box
+    return set(np.unique(partitioning.owner[y0 : y1 + 1, x0 : x1 + 1]).tolist())
+
+
+@st.composite
+def partitionings(draw, max_size=40):
+    size = draw(st.integers(1, max_size))
+    n = draw(st.integers(1, min(64, size * size)))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    costs = rng.pareto(1.0, size=(size, size)) * (rng.random((size, size)) < draw(st.floats(0.05, 1.0)))
+    return cost_partitioning(costs, n)
+
+
+@st.composite
+def boxes(draw, size):
+    x0, x1 = sorted(draw(st.lists(st.integers(0, size - 1), min_size=2, max_size=2)))
+    y0, y1 = sorted(draw(st.lists(st.integers(0, size - 1), min_size=2, max_size=2)))
+    return x0, y0, x1, y1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_neighbor_search_returns_exactly_the_overlapped_partitions(data):
+    partitioning = data.draw(partitionings())
+    agrid = AGrid(FineGrid(SPACE, partitioning.size), partitioning)
+    box = data.draw(boxes(partitioning.size))
+    found, pops = agrid.neighbor_search(box)
+    assert len(found) == len(set(found))
+    assert set(found) == brute_force(partitioning, box)
+    assert pops <= 2 * len(found) + 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 64), st.data())
+def test_uniform_router_returns_exactly_the_overlapped_partitions(n, data):
+    size = data.draw(st.integers(n, 70))
+    table = UniformGrid(FineGrid(SPACE, size), n)
+    box = data.draw(boxes(size))
+    found = table.route_cells(box)
+    assert len(found) == len(set(found))
+    assert set(found) == brute_force(table.partitioning, box)
+
+
+def test_cells_visited_grow_with_partitions_not_grid_size():
+    """Lemma 1: the same layout on a 50x finer grid pops exactly as many cells."""
+    rng = np.random.default_rng(3)
+    coarse = cost_partitioning(rng.random((40, 40)), 64)
+    fine_boxes = [(x0 * 50, y0 * 50, x1 * 50 + 49, y1 * 50 + 49) for x0, y0, x1, y1 in coarse.boxes.tolist()]
+    fine = Partitioning(2000, np.array(fine_boxes))
+    small, large = AGrid(FineGrid(SPACE, 40), coarse), AGrid(FineGrid(SPACE, 2000), fine)
+    for box in [(0, 0, 39, 39), (3, 5, 20, 17), (10, 10, 10, 10), (0, 20, 39, 21)]:
+        scaled = (box[0] * 50, box[1] * 50, box[2] * 50 + 49, box[3] * 50 + 49)
+        found_small, pops_small = small.neighbor_search(box)
+        found_large, pops_large = large.neighbor_search(scaled)
+        assert set(found_small) == set(found_large)
+        assert pops_small == pops_large <= 2 * len(found_small) + 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.floats(0, 100), st.floats(0, 100), st.floats(-20, 120), st.floats(-20, 120), st.floats(0, 60), st.floats(0, 60),
+    st.integers(1, 300),
+)
+def test_point_in_rect_always_falls_in_rect_cells(x, y, rx, ry, w, h, size):
+    grid = FineGrid(SPACE, size)
+    rect = Rect(rx, ry, rx + w, ry + h)
+    if not rect.contains_point(x, y):
+        return
+    cx, cy = grid.cell_of(x, y)
+    x0, y0, x1, y1 = grid.cell_box(rect)
+    assert x0 <= cx <= x1 and y0 <= cy <= y1
+    vx, vy = grid.cells_of(np.array([x]), np.array([y]))
+    assert (vx[0], vy[0]) == (cx, cy)
+
+
+def test_cost_partitioning_balances_skewed_costs():
+    rng = np.random.default_rng(0)
+    costs = np.zeros((100, 100))
+    costs[rng.integers(0, 20, 5000), rng.integers(0, 30, 5000)] += 1
+    costs[rng.integers(0, 100, 500), rng.integers(0, 100, 500)] += 1
+    part = cost_partitioning(costs, 8)
+    loads = [costs[y0 : y1 + 1, x0 : x1 + 1].sum() for x0, y0, x1, y1 in part.boxes.tolist()]
+    uniform = uniform_partitioning(100, 8)
+    uniform_loads = [costs[y0 : y1 + 1, x0 : x1 + 1].sum() for x0, y0, x1, y1 in uniform.boxes.tolist()]
+    assert max(loads) / np.mean(loads) < 1.5
+    assert max(uniform_loads) / np.mean(uniform_loads) > 3
+
+
+def test_partitions_must_tile_the_grid():
+    with pytest.raises(RoutingError):
+        Partitioning(4, np.array([[0, 0, 3, 1], [0, 1, 3, 3]]))
+    with pytest.raises(RoutingError):
+        Partitioning(4, np.array([[0, 0, 3, 1]]))
+
+
+def test_textual_summary_expires_keywords_with_their_last_subscription():
+    summaries = TextualSummaries(2)
+    summaries.add(0, {"jazz", "sushi"})
+    summaries.add(0, {"jazz"})
+    assert summaries.admits(0, frozenset({"jazz", "x"}))
+    assert not summaries.admits(1, frozenset({"jazz"}))
+    assert summaries.remove(0, {"jazz", "sushi"}) == ["sushi"]
+    assert summaries.remove(0, {"jazz"}) == ["jazz"]
+    assert not summaries.admits(0, frozenset({"jazz", "sushi"}))

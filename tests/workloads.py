@@ -1,0 +1,118 @@
+"""Seeded random workloads for differential tests.
+
+Coordinates and rectangle corners are drawn from a lattice that includes
+every fine-cell border of the test grid, so points and rectangles sit on cell
+and partition borders often; terms come from a tiny vocabulary so matches are
+frequent; every dead-letter reason of SEMANTICS section 1 appears.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from skpub.config import Deployment
+from skpub.geometry import Rect
+
+SPACE = Rect(0.0, 0.0, 100.0, 100.0)
+TERMS = ["sushi", "ramen", "jazz", "Café", "bar", "CAFÉ", "noodle"]
+
+INVALID_LINES = [
+    ("not json at all", "malformed_json"),
+    ("[1, 2, 3]", "malformed_json"),
+    ('{"id": "x"}', "missing_field"),
+    ('{"type": "tweet", "id": "x"}', "unknown_type"),
+    ('{"type": "object", "x": 1, "y": 1, "terms": ["a"]}', "missing_field"),
+    ('{"type": "object", "id": "bad1", "x": "1", "y": 1, "terms": ["a"]}', "wrong_field"),
+    ('{"type": "object", "id": "bad2", "x": 1, "y": 1, "terms": "a"}', "wrong_field"),
+    ('{"type": "object", "id": "bad3", "x": NaN, "y": 1, "terms": ["a"]}', "non_finite"),
+    ('{"type": "object", "id": "bad4", "x": 1, "y": Infinity, "text": "a"}', "non_finite"),
+    ('{"type": "object", "id": "bad5", "x": 100.5, "y": 1, "text": "a"}', "out_of_space"),
+    ('{"type": "object", "id": "bad6", "x": 1, "y": 1}', "missing_field"),
+    ('{"type": "subscribe", "id": "bs1", "kind": "range", "rect": [5, 5, 1, 9], "keywords": ["a"]}', "bad_rect"),
+    ('{"type": "subscribe", "id": "bs2", "kind": "polygon", "rect": [0, 0, 1, 1], "keywords": ["a"]}', "unknown_kind"),
+    ('{"type": "subscribe", "id": "bs3", "kind": "range", "rect": [0, 0, 1, 1], "keywords": []}', "empty_keywords"),
+    ('{"type": "subscribe", "id": "bs4", "kind": "range", "rect": [0, 0, 1, 1], "expr": ""}', "empty_keywords"),
+    ('{"type": "subscribe", "id": "bs5", "kind": "range", "rect": [0, 0, 1, 1], "expr": "a b"}', "bad_expr"),
+    ('{"type": "subscribe", "id": "bs6", "kind": "range", "rect": [0, 0, 1, 1], "expr": "(a OR"}', "bad_expr"),
+    ('{"type": "subscribe", "id": "bs7", "kind": "range", "rect": [0, 0, 1], "keywords": ["a"]}', "wrong_field"),
+    ('{"type": "subscribe", "id": "bs8", "kind": "knn", "point": [1, 1], "keywords": ["a"], "k": 0}', "bad_k"),
+    ('{"type": "subscribe", "id": "bs9", "kind": "topk", "point": [1, 1], "keywords": ["a"], "k": 2}', "bad_alpha"),
+    ('{"type": "subscribe", "id": "bs10", "kind": "topk", "point": [1, 1], "keywords": ["a"], "k": 2, "alpha": 1.5}', "bad_alpha"),
+    ('{"type": "subscribe", "id": "bs11", "kind": "knn", "point": [101, 1], "keywords": ["a"], "k": 2}', "out_of_space"),
+    ('{"type": "subscribe", "id": "bs12", "kind": "knn", "point": [1, 1], "keywords": ["a"], "k": 2, "match": "most"}', "wrong_field"),
+    ('{"type": "subscribe", "id": "bs13", "kind": "knn", "point": [1, 1], "keywords": ["a"], "k": 2}', "unsupported_kind"),
+    ('{"type": "unsubscribe", "id": "never-subscribed"}', "unknown_id"),
+    ('{"type": "snapshot"}', "missing_field"),
+]
+
+
+def deployment(evaluators: int = 4, router: str = "agrid", batch_size: int = 50, grid_size: int = 20) -> Deployment:
+    """A small deployment over :data:`SPACE` whose cells are 5 x 5 units."""
+    return Deployment(
+        space=SPACE, evaluators=evaluators, router=router, batch_size=batch_size, grid_size=grid_size,
+        index_block=2, sample_size=200,
+    )  # fmt: skip
+
+
+def _coordinate(rng: np.random.Generator) -> float:
+    if rng.random() < 0.5:
+        return float(rng.integers(0, 21) * 5.0)
+    return float(np.round(rng.uniform(0, 100), 2))
+
+
+def _expression(rng: np.random.Generator) -> dict:
+    k = int(rng.integers(1, 4))
+    words = [TERMS[i] for i in rng.choice(len(TERMS), size=k, replace=False)]
+    form = rng.random()
+    if form < 0.4 or k == 1:
+        return {"keywords": words}
+    if k == 2:
+        return {"expr": f"{words[0]} or {words[1]}" if form < 0.7 else f"{words[0]} AND {words[1]}"}
+    return {"expr": f"({words[0]} OR {words[1]}) and {words[2]}" if form < 0.7 else f"{words[0]} OR {words[1]} AND {words[2]}"}
+
+
+def random_workload(seed: int, n: int = 600, invalid: bool = True) -> list[str]:
+    """Return ``n`` valid-or-invalid JSON lines: objects, range subscriptions, unsubscribes, duplicates."""
+    rng = np.random.default_rng(seed)
+    lines: list[str] = []
+    active: list[str] = []
+    objects = subs = 0
+    for _ in range(n):
+        u = rng.random()
+        if u < 0.25:
+            x0, x1 = sorted((_coordinate(rng), _coordinate(rng)))
+            y0, y1 = sorted((_coordinate(rng), _coordinate(rng)))
+            if rng.random() < 0.1:
+                x0, x1 = x0 - 50, x1 + 30
+            sid = f"s{subs}"
+            subs += 1
+            lines.append(json.dumps({"type": "subscribe", "id": sid, "kind": "range", "rect": [x0, y0, x1, y1], **_expression(rng)}))
+            active.append(sid)
+        elif u < 0.32 and active:
+            lines.append(json.dumps({"type": "unsubscribe", "id": active.pop(int(rng.integers(len(active))))}))
+        else:
+            k = int(rng.integers(0, 4))
+            words = [TERMS[i] for i in rng.choice(len(TERMS), size=k, replace=False)]
+            record = {"type": "object", "id": f"o{objects}", "x": _coordinate(rng), "y": _coordinate(rng)}
+            record.update({"text": " ".join(words)} if rng.random() < 0.3 else {"terms": words})
+            objects += 1
+            lines.append(json.dumps(record))
+    if invalid:
+        for line, _ in INVALID_LINES:
+            lines.insert(int(rng.integers(len(lines) + 1)), line)
+        for dup in ('{"type": "object", "id": "o1", "x": 1, "y": 1, "text": "sushi"}',
+                    '{"type": "subscribe", "id": "s0", "kind": "range", "rect": [0, 0, 100, 100], "keywords": ["sushi"]}'):
+            lines.insert(int(rng.integers(len(lines) // 2, len(lines) + 1)), dup)
+    return lines
+
+
+def write_lines(path, lines: list[str]) -> None:
+    """Write ``lines`` as a JSON-lines file."""
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def canonical(rows: list[dict]) -> list[tuple]:
+    """Order-free comparison form of output rows (duplicates kept, so they show)."""
+    return sorted(tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in row.items())) for row in rows)
