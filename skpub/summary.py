@@ -101,6 +101,10 @@ class RunObserver:
         summary.evaluator_cost = [0] * summary.evaluators
         summary.evaluator_cpu = [0.0] * summary.evaluators
 
+    def start(self) -> None:
+        """Restart the run clock: throughput counts from here (after setup)."""
+        self.started = time.perf_counter()
+
     def on_batch(self, report: BatchReport) -> None:
         """Account one micro-batch; print a progress line at most every ``every_seconds``."""
         s = self.summary

@@ -49,6 +49,7 @@ def run_local(input_path: str | Path, output_dir: str | Path, deployment: Deploy
     router = Router(deployment, vocabulary)
     evaluators = [Evaluator(e, deployment, vocabulary) for e in range(deployment.evaluators)]
     gc.freeze()
+    observer.start()
     for batch_id, lines in enumerate(iter_batches(input_path, deployment.batch_size)):
         routed = router.route_many(lines, batch_id, epoch)
         per_evaluator: list[list[Routed]] = [[] for _ in evaluators]

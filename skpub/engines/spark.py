@@ -297,12 +297,19 @@ def run_spark(
     observer: RunObserver,
     master: str = "local[2]",
     checkpoint: str | Path | None = None,
+    spark=None,  # noqa: ANN001
 ) -> RunSummary:
     """Run the stream at ``input_path`` through the Spark engine into ``output_dir``.
 
     Processes every input line available now (``Trigger.AvailableNow``), one
     micro-batch per ``deployment.batch_size`` lines, then stops. Restarting
     with the same checkpoint resumes after the last committed micro-batch.
+
+    Parameters
+    ----------
+    spark : SparkSession, optional
+        A session to use (and leave running); by default one is started on
+        ``master`` and stopped at the end.
 
     Raises
     ------
@@ -318,7 +325,10 @@ def run_spark(
     output = prepare(output_dir).absolute()
     ckpt = Checkpoint(checkpoint or output / "_checkpoint")
     input_files(input_path)
-    spark = spark_session(master, deployment.evaluators)
+    own_session = spark is None
+    if own_session:
+        spark = spark_session(master, deployment.evaluators)
+    spark.conf.set("spark.sql.shuffle.partitions", str(deployment.evaluators))
     try:
         manifest = _open_checkpoint(ckpt, input_path, deployment, output, spark)
         deployment_json = json.dumps(deployment.to_json())
@@ -337,6 +347,7 @@ def run_spark(
             "None",
         )
         gc.freeze()
+        observer.start()
         query = (
             outputs.writeStream.foreachBatch(Sink(output, ckpt, observer))
             .option("checkpointLocation", str(ckpt.query))
@@ -345,5 +356,6 @@ def run_spark(
         )
         query.awaitTermination()
     finally:
-        spark.stop()
+        if own_session:
+            spark.stop()
     return observer.finish()

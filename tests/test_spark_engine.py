@@ -1,0 +1,132 @@
+"""The Spark engine against the oracle: local[2], restarts, and separate executor JVMs."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sims.geonames import WorkloadSpec, write_workload
+from skpub.config import Deployment
+from skpub.engines.spark import run_spark
+from skpub.inputs import iter_lines
+from skpub.oracle import replay
+from skpub.output import read_stream
+from skpub.summary import RunObserver, RunSummary
+from tests.workloads import canonical, deployment, random_workload, write_lines
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def run(spark, tmp_path, lines, dep, name="run"):
+    source = tmp_path / f"{name}.jsonl"
+    write_lines(source, lines)
+    out = tmp_path / name
+    observer = RunObserver(RunSummary("spark", dep.router, dep.evaluators), stream=None)
+    summary = run_spark(source, out, dep, observer, spark=spark)
+    return out, summary
+
+
+def assert_equals_oracle(out, lines, dep):
+    expected = replay(lines, dep)
+    assert canonical(read_stream(out, "deliveries")) == canonical(expected.deliveries)
+    assert canonical(read_stream(out, "dead_letters")) == canonical(expected.dead_letters)
+    return expected
+
+
+@pytest.mark.parametrize(
+    ("router", "evaluators", "batch_size"), [("agrid", 4, 150), ("uniform", 3, 400), ("agrid", 1, 10_000)]
+)
+def test_spark_engine_equals_oracle(spark, tmp_path, router, evaluators, batch_size):
+    lines = random_workload(seed=evaluators + batch_size, n=550)
+    dep = deployment(evaluators=evaluators, router=router, batch_size=batch_size)
+    out, summary = run(spark, tmp_path, lines, dep)
+    expected = assert_equals_oracle(out, lines, dep)
+    assert len(expected.deliveries) > 50
+    assert summary.batches == -(-len(lines) // batch_size)
+    stats = read_stream(out, "statistics")
+    assert {row["evaluator"] for row in stats} <= set(range(evaluators))
+
+
+def test_spark_engine_on_a_geonames_sample_equals_oracle(spark, tmp_path):
+    stream, vocabulary = write_workload(WorkloadSpec(seed=11, live=400, objects=6000), tmp_path / "wl")
+    lines = list(iter_lines(stream))
+    dep = Deployment(evaluators=4, batch_size=3000, vocabulary=str(vocabulary), sample_size=2000)
+    out, summary = run(spark, tmp_path, lines, dep, name="geo")
+    expected = assert_equals_oracle(out, lines, dep)
+    assert summary.objects == 6000
+    assert len(expected.deliveries) > 0
+
+
+def test_rerun_on_a_finished_checkpoint_changes_nothing(spark, tmp_path):
+    lines = random_workload(seed=21, n=300)
+    dep = deployment(batch_size=100)
+    out, _ = run(spark, tmp_path, lines, dep)
+    out, summary = run(spark, tmp_path, lines, dep)
+    assert summary.batches == 0
+    assert_equals_oracle(out, lines, dep)
+
+
+def _cli(args, **kwargs):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "skpub.cli", "run", "--engine", "spark", *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs,
+    )  # fmt: skip
+
+
+def _wait_for_parts(folder, count, proc, timeout_seconds=240):
+    deadline = time.monotonic() + timeout_seconds
+    while time.monotonic() < deadline:
+        if len(list(folder.glob("part-*.jsonl"))) >= count:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"run ended before it could be killed:\n{proc.stdout.read()}")
+        time.sleep(0.2)
+    pytest.fail("run made no progress")
+
+
+@pytest.mark.integration
+def test_killed_run_restarts_from_checkpoint_with_exact_output(tmp_path):
+    """SIGKILL the driver (and its JVM) mid-stream, restart: none lost, none twice."""
+    lines = random_workload(seed=33, n=1200)
+    source = tmp_path / "in.jsonl"
+    write_lines(source, lines)
+    out = tmp_path / "out"
+    args = ["--input", str(source), "--output", str(out), "--evaluators", "3", "--batch-size", "100", "--quiet"]
+    (tmp_path / "dep.json").write_text(
+        '{"space": [0, 0, 100, 100], "grid_size": 20, "index_block": 2, "sample_size": 200}'
+    )
+    args += ["--config", str(tmp_path / "dep.json")]
+    proc = _cli(args, start_new_session=True)
+    _wait_for_parts(out / "statistics", 3, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = len(list((out / "statistics").glob("part-*.jsonl")))
+    assert done < 13, "the run finished before the kill; nothing was tested"
+    rerun = _cli(args)
+    output, _ = rerun.communicate(timeout=600)
+    assert rerun.returncode == 0, output
+    dep = deployment(evaluators=3, batch_size=100)
+    assert_equals_oracle(out, lines, dep)
+
+
+@pytest.mark.integration
+def test_local_cluster_with_separate_executor_jvms_equals_oracle(tmp_path):
+    lines = random_workload(seed=44, n=500)
+    source = tmp_path / "in.jsonl"
+    write_lines(source, lines)
+    (tmp_path / "dep.json").write_text(
+        '{"space": [0, 0, 100, 100], "grid_size": 20, "index_block": 2, "sample_size": 200}'
+    )
+    out = tmp_path / "out"
+    proc = _cli([
+        "--input", str(source), "--output", str(out), "--evaluators", "2", "--batch-size", "250",
+        "--config", str(tmp_path / "dep.json"), "--master", "local-cluster[2,1,1024]",
+    ])  # fmt: skip
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output
+    assert "spark engine" in output
+    assert_equals_oracle(out, lines, deployment(evaluators=2, batch_size=250))
