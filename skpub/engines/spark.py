@@ -116,7 +116,15 @@ class Checkpoint:
 
 
 def _input_fingerprint(input_path: str | Path) -> list:
-    return [[str(f.absolute()), f.stat().st_size, f.stat().st_mtime_ns] for f in input_files(input_path)]
+    """Name, size and SHA-256 of every input file: a restart must read the same stream."""
+    out = []
+    for f in input_files(input_path):
+        digest = hashlib.sha256()
+        with f.open("rb") as fh:
+            while chunk := fh.read(1 << 22):
+                digest.update(chunk)
+        out.append([f.name, f.stat().st_size, digest.hexdigest()])
+    return out
 
 
 def stage_input(input_path: str | Path, checkpoint: Checkpoint, batch_size: int) -> int:
