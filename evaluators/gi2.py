@@ -46,7 +46,7 @@ class GI2Index:
         self.deleted: set[str] = set()
 
     def __len__(self) -> int:
-        """Number of live subscriptions."""
+        """Return the number of live subscriptions."""
         return len(self.entry_counts) - len(self.deleted)
 
     def _cell_keys(self, box: CellBox) -> Iterator[int]:

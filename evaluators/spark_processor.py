@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from functools import lru_cache
 
 import pandas as pd
 from pyspark import TaskContext
@@ -28,24 +27,14 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from evaluators.evaluator import Evaluator
 from router.wire import from_columns
-from skpub.config import Deployment, deployment_from_json
-from skpub.text import Vocabulary
+from skpub.config import deployment_from_text
+from skpub.text import load_vocabulary
 
 OUTPUT_DDL = (
     "kind string, evaluator int, pos bigint, sub string, obj string, "
     "line string, reason string, message string, payload string"
 )
 _CACHE: dict[tuple[str, int], tuple[int, Evaluator]] = {}
-
-
-@lru_cache(maxsize=4)
-def _deployment(text: str) -> Deployment:
-    return deployment_from_json(json.loads(text))
-
-
-@lru_cache(maxsize=4)
-def _vocabulary(path: str | None) -> Vocabulary:
-    return Vocabulary.load(path) if path else Vocabulary()
 
 
 def current_batch_id() -> int:
@@ -81,9 +70,9 @@ class EvaluatorProcessor(StatefulProcessor):
         cached = _CACHE.get((self.deployment_id, e))
         if cached is not None and cached[0] == version:
             return cached[1]
-        deployment = _deployment(self.deployment_json)
+        deployment = deployment_from_text(self.deployment_json)
         blocks = {int(k[0]): bytes(v[0]) for k, v in self.blocks.iterator()} if version >= 0 else {}
-        return Evaluator.restore(e, deployment, _vocabulary(deployment.vocabulary), blocks)
+        return Evaluator.restore(e, deployment, load_vocabulary(deployment.vocabulary), blocks)
 
     def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:  # noqa: ANN001, N802, N803
         """Apply one micro-batch's rows for evaluator ``key`` and emit its outputs."""

@@ -44,9 +44,7 @@ def sample_cell_costs(lines: Iterable[str], grid: FineGrid, vocabulary: Vocabula
             for kw in vocabulary.summary_keywords(record.dnf):
                 by_keyword.setdefault(kw, []).append(record.rect)
     for obj in objects:
-        q = sum(
-            1 for t in obj.term_set for r in by_keyword.get(t, ()) if r.contains_point(obj.x, obj.y)
-        )
+        q = sum(1 for t in obj.term_set for r in by_keyword.get(t, ()) if r.contains_point(obj.x, obj.y))
         cx, cy = grid.cell_of(obj.x, obj.y)
         costs[cy, cx] += 1 + q
     return costs

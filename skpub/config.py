@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,12 @@ def deployment_from_json(raw: dict[str, Any]) -> Deployment:
     except (TypeError, ValueError, KeyError) as exc:
         raise ConfigError(f"bad space or window: {exc}") from exc
     return Deployment(**values)
+
+
+@lru_cache(maxsize=4)
+def deployment_from_text(text: str) -> Deployment:
+    """Parse a deployment from its JSON text, cached per process (executors ship it as text)."""
+    return deployment_from_json(json.loads(text))
 
 
 def load_deployment(path: str | Path | None) -> Deployment:

@@ -27,10 +27,7 @@ class Rect:
     def intersects(self, other: Rect) -> bool:
         """Return whether the two closed rectangles share at least one point."""
         return (
-            self.xmin <= other.xmax
-            and other.xmin <= self.xmax
-            and self.ymin <= other.ymax
-            and other.ymin <= self.ymax
+            self.xmin <= other.xmax and other.xmin <= self.xmax and self.ymin <= other.ymax and other.ymin <= self.ymax
         )
 
     @property

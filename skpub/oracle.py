@@ -60,9 +60,7 @@ class _RangeTable:
     def matches(self, obj: ObjectRecord) -> list[str]:
         r = self.rects[: len(self.ids)]
         hits = np.flatnonzero((r[:, 0] <= obj.x) & (obj.x <= r[:, 2]) & (r[:, 1] <= obj.y) & (obj.y <= r[:, 3]))
-        return [
-            self.ids[i] for i in hits if self.alive[i] and dnf_matches(self.dnfs[i], obj.term_set)
-        ]
+        return [self.ids[i] for i in hits if self.alive[i] and dnf_matches(self.dnfs[i], obj.term_set)]
 
 
 def replay(lines: Iterable[str], deployment: Deployment) -> OracleResult:

@@ -15,6 +15,7 @@ import re
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from skpub.errors import ConfigError, ExpressionError
@@ -47,7 +48,7 @@ def normalize_term(term: str) -> str:
 
 
 def tokenize(text: str) -> list[str]:
-    """Split ``text`` into ``\\w+`` tokens and normalize each; empty terms are dropped."""
+    r"""Split ``text`` into ``\w+`` tokens and normalize each; empty terms are dropped."""
     return normalize_terms(TOKEN_RE.findall(text))
 
 
@@ -237,3 +238,17 @@ class Vocabulary:
         if len(dnf) == 1 and len(dnf[0]) == 1:
             return dnf[0]
         return frozenset(self.least_frequent(clause) for clause in dnf)
+
+
+@lru_cache(maxsize=4)
+def load_vocabulary(path: str | None) -> Vocabulary:
+    """Return the vocabulary at ``path`` (the empty one for None), cached per process.
+
+    Executors call this once per worker process, not once per micro-batch.
+
+    Raises
+    ------
+    ConfigError
+        If the file is missing or not a vocabulary.
+    """
+    return Vocabulary.load(path) if path else Vocabulary()

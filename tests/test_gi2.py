@@ -44,9 +44,7 @@ def test_gi2_matches_brute_force_with_lazy_deletion(seed, block, size):
             obj = make_object(step, x, y, terms)
             cx, cy = grid.cell_of(x, y)
             matched, _ = index.match_one(obj, cx, cy)
-            expected = {
-                s.id for s in live.values() if s.rect.contains_point(x, y) and dnf_matches(s.dnf, obj.term_set)
-            }
+            expected = {s.id for s in live.values() if s.rect.contains_point(x, y) and dnf_matches(s.dnf, obj.term_set)}
             assert sorted(matched) == sorted(expected)
     assert len(index) == len(live)
 

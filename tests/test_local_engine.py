@@ -1,9 +1,9 @@
 import pytest
 
-from router.wire import from_columns, to_columns
 from router.dispatch import Router
 from router.epoch import RoutingEpoch
 from router.initial import initial_table
+from router.wire import from_columns, to_columns
 from skpub.engines.local import run_local
 from skpub.oracle import replay
 from skpub.output import read_stream

@@ -32,7 +32,9 @@ def test_valid_object_and_subscription_parse():
     assert isinstance(obj, ObjectRecord)
     assert (obj.pos, obj.terms, obj.term_set) == (7, ("jazz", "jazz", "bar"), frozenset({"jazz", "bar"}))
     sub = parse_line(
-        json.dumps({"type": "subscribe", "id": "s", "kind": "range", "rect": [-10, 5, 200, 5], "expr": "A or b"}), 1, SPACE
+        json.dumps({"type": "subscribe", "id": "s", "kind": "range", "rect": [-10, 5, 200, 5], "expr": "A or b"}),
+        1,
+        SPACE,
     )
     assert isinstance(sub, RangeSubscription)
     assert sub.rect == Rect(-10, 5, 200, 5)

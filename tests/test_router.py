@@ -76,7 +76,12 @@ def test_cells_visited_grow_with_partitions_not_grid_size():
 
 @settings(max_examples=200, deadline=None)
 @given(
-    st.floats(0, 100), st.floats(0, 100), st.floats(-20, 120), st.floats(-20, 120), st.floats(0, 60), st.floats(0, 60),
+    st.floats(0, 100),
+    st.floats(0, 100),
+    st.floats(-20, 120),
+    st.floats(-20, 120),
+    st.floats(0, 60),
+    st.floats(0, 60),
     st.integers(1, 300),
 )
 def test_point_in_rect_always_falls_in_rect_cells(x, y, rx, ry, w, h, size):

@@ -39,10 +39,22 @@ INVALID_LINES = [
     ('{"type": "subscribe", "id": "bs7", "kind": "range", "rect": [0, 0, 1], "keywords": ["a"]}', "wrong_field"),
     ('{"type": "subscribe", "id": "bs8", "kind": "knn", "point": [1, 1], "keywords": ["a"], "k": 0}', "bad_k"),
     ('{"type": "subscribe", "id": "bs9", "kind": "topk", "point": [1, 1], "keywords": ["a"], "k": 2}', "bad_alpha"),
-    ('{"type": "subscribe", "id": "bs10", "kind": "topk", "point": [1, 1], "keywords": ["a"], "k": 2, "alpha": 1.5}', "bad_alpha"),
-    ('{"type": "subscribe", "id": "bs11", "kind": "knn", "point": [101, 1], "keywords": ["a"], "k": 2}', "out_of_space"),
-    ('{"type": "subscribe", "id": "bs12", "kind": "knn", "point": [1, 1], "keywords": ["a"], "k": 2, "match": "most"}', "wrong_field"),
-    ('{"type": "subscribe", "id": "bs13", "kind": "knn", "point": [1, 1], "keywords": ["a"], "k": 2}', "unsupported_kind"),
+    (
+        '{"type": "subscribe", "id": "bs10", "kind": "topk", "point": [1, 1], "keywords": ["a"], "k": 2, "alpha": 1.5}',
+        "bad_alpha",
+    ),
+    (
+        '{"type": "subscribe", "id": "bs11", "kind": "knn", "point": [101, 1], "keywords": ["a"], "k": 2}',
+        "out_of_space",
+    ),
+    (
+        '{"type": "subscribe", "id": "bs12", "kind": "knn", "point": [1, 1], "keywords": ["a"], "k": 2, "match": 1}',
+        "wrong_field",
+    ),
+    (
+        '{"type": "subscribe", "id": "bs13", "kind": "knn", "point": [1, 1], "keywords": ["a"], "k": 2}',
+        "unsupported_kind",
+    ),
     ('{"type": "unsubscribe", "id": "never-subscribed"}', "unknown_id"),
     ('{"type": "snapshot"}', "missing_field"),
 ]
@@ -70,7 +82,11 @@ def _expression(rng: np.random.Generator) -> dict:
         return {"keywords": words}
     if k == 2:
         return {"expr": f"{words[0]} or {words[1]}" if form < 0.7 else f"{words[0]} AND {words[1]}"}
-    return {"expr": f"({words[0]} OR {words[1]}) and {words[2]}" if form < 0.7 else f"{words[0]} OR {words[1]} AND {words[2]}"}
+    return {
+        "expr": f"({words[0]} OR {words[1]}) and {words[2]}"
+        if form < 0.7
+        else f"{words[0]} OR {words[1]} AND {words[2]}"
+    }
 
 
 def random_workload(seed: int, n: int = 600, invalid: bool = True) -> list[str]:
@@ -88,7 +104,11 @@ def random_workload(seed: int, n: int = 600, invalid: bool = True) -> list[str]:
                 x0, x1 = x0 - 50, x1 + 30
             sid = f"s{subs}"
             subs += 1
-            lines.append(json.dumps({"type": "subscribe", "id": sid, "kind": "range", "rect": [x0, y0, x1, y1], **_expression(rng)}))
+            lines.append(
+                json.dumps(
+                    {"type": "subscribe", "id": sid, "kind": "range", "rect": [x0, y0, x1, y1], **_expression(rng)}
+                )
+            )
             active.append(sid)
         elif u < 0.32 and active:
             lines.append(json.dumps({"type": "unsubscribe", "id": active.pop(int(rng.integers(len(active))))}))
@@ -102,8 +122,10 @@ def random_workload(seed: int, n: int = 600, invalid: bool = True) -> list[str]:
     if invalid:
         for line, _ in INVALID_LINES:
             lines.insert(int(rng.integers(len(lines) + 1)), line)
-        for dup in ('{"type": "object", "id": "o1", "x": 1, "y": 1, "text": "sushi"}',
-                    '{"type": "subscribe", "id": "s0", "kind": "range", "rect": [0, 0, 100, 100], "keywords": ["sushi"]}'):
+        for dup in (
+            '{"type": "object", "id": "o1", "x": 1, "y": 1, "text": "sushi"}',
+            '{"type": "subscribe", "id": "s0", "kind": "range", "rect": [0, 0, 100, 100], "keywords": ["sushi"]}',
+        ):
             lines.insert(int(rng.integers(len(lines) // 2, len(lines) + 1)), dup)
     return lines
 

@@ -14,7 +14,7 @@ from itertools import islice
 from pathlib import Path
 
 from evaluators.evaluator import Evaluator
-from router.dispatch import Router, Routed
+from router.dispatch import Routed, Router
 from router.epoch import RoutingEpoch
 from router.initial import initial_table
 from skpub.config import Deployment
@@ -22,12 +22,7 @@ from skpub.engines.sink import write_batch
 from skpub.inputs import iter_batches, iter_lines
 from skpub.output import prepare
 from skpub.summary import BatchReport, RunObserver
-from skpub.text import Vocabulary
-
-
-def load_vocabulary(deployment: Deployment) -> Vocabulary:
-    """Return the deployment's vocabulary, or the empty one when it names none."""
-    return Vocabulary.load(deployment.vocabulary) if deployment.vocabulary else Vocabulary()
+from skpub.text import load_vocabulary
 
 
 def run_local(input_path: str | Path, output_dir: str | Path, deployment: Deployment, observer: RunObserver):
@@ -42,7 +37,7 @@ def run_local(input_path: str | Path, output_dir: str | Path, deployment: Deploy
     skpub.errors.InputError
         If the input is missing or empty.
     """
-    vocabulary = load_vocabulary(deployment)
+    vocabulary = load_vocabulary(deployment.vocabulary)
     root = prepare(output_dir, fresh=True)
     sample = islice(iter_lines(input_path), deployment.sample_size)
     epoch = RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample))

@@ -34,8 +34,7 @@ from router.dispatch import Router
 from router.epoch import EpochLog, RoutingEpoch
 from router.initial import initial_table
 from router.wire import COLUMNS, ddl, to_columns
-from skpub.config import Deployment
-from skpub.engines.local import load_vocabulary
+from skpub.config import Deployment, deployment_from_text
 from skpub.engines.sink import write_batch
 from skpub.errors import CheckpointError, JavaNotFoundError
 from skpub.inputs import input_files, iter_batches, iter_lines
@@ -43,6 +42,7 @@ from skpub.output import prepare
 from skpub.records import DeadLetter
 from skpub.storage import atomic_write_bytes, atomic_write_text
 from skpub.summary import BatchReport, RunObserver, RunSummary
+from skpub.text import load_vocabulary
 
 ROUTER_STATE_KEPT = 3
 
@@ -176,14 +176,15 @@ class RouterTask:
         self.keys = keys
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from evaluators.spark_processor import _deployment, _vocabulary, current_batch_id
+        """Route the micro-batch's lines; yield the routed rows in the wire format."""
+        from evaluators.spark_processor import current_batch_id
 
         batch_id = current_batch_id()
         table = pa.Table.from_batches(list(batches))
         lines = _ordered_lines(table)
         checkpoint = Checkpoint(self.checkpoint_root)
-        deployment = _deployment(self.deployment_json)
-        vocabulary = _vocabulary(deployment.vocabulary)
+        deployment = deployment_from_text(self.deployment_json)
+        vocabulary = load_vocabulary(deployment.vocabulary)
         router = _router_before(checkpoint, deployment, vocabulary, batch_id)
         epoch = EpochLog(checkpoint.epochs).for_batch(batch_id)
         routed = router.route_many(lines, batch_id, epoch)
@@ -216,7 +217,7 @@ _ARROW_TYPES = {
 
 
 def _wire_schema() -> pa.Schema:
-    """The Arrow schema of :data:`router.wire.COLUMNS`."""
+    """Return the Arrow schema of :data:`router.wire.COLUMNS`."""
     return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in COLUMNS])
 
 
@@ -251,6 +252,7 @@ class Sink:
         self.observer = observer
 
     def __call__(self, frame, batch_id: int) -> None:  # noqa: ANN001
+        """Collect the micro-batch's evaluator outputs and write them under ``batch_id``."""
         table = frame.toArrow()
         cols = {name: table.column(name).to_pylist() for name in table.column_names}
         deliveries, dead, statistics = [], [], []
@@ -287,7 +289,7 @@ def _open_checkpoint(
     if checkpoint.root.exists():
         shutil.rmtree(checkpoint.root)
     prepare(output, fresh=True)
-    vocabulary = load_vocabulary(deployment)
+    vocabulary = load_vocabulary(deployment.vocabulary)
     sample = islice(iter_lines(input_path), deployment.sample_size)
     table = initial_table(deployment, vocabulary, sample)
     EpochLog(checkpoint.epochs).publish(RoutingEpoch(0, 0, table))

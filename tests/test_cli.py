@@ -1,0 +1,69 @@
+import json
+
+from sims.geonames import WorkloadSpec, generate
+from skpub.cli import main
+from skpub.oracle import replay
+from skpub.output import read_stream
+from tests.workloads import canonical, deployment, random_workload, write_lines
+
+
+def test_run_local_writes_outputs_and_prints_summary(tmp_path, capsys):
+    lines = random_workload(seed=3, n=400)
+    write_lines(tmp_path / "in.jsonl", lines)
+    (tmp_path / "dep.json").write_text(json.dumps(deployment(evaluators=3, batch_size=64).to_json()))
+    code = main([
+        "run", "--engine", "local", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out"),
+        "--config", str(tmp_path / "dep.json"), "--router", "uniform",
+    ])  # fmt: skip
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "uniform router, 3 evaluators" in captured.out
+    assert "objects/s" in captured.out and "dead letters" in captured.out
+    assert "[skpub] batch" in captured.err
+    expected = replay(lines, deployment(evaluators=3, batch_size=64))
+    assert canonical(read_stream(tmp_path / "out", "deliveries")) == canonical(expected.deliveries)
+
+
+def test_missing_input_is_a_clear_error(tmp_path, capsys):
+    code = main(["run", "--engine", "local", "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o")])
+    assert code == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_bad_config_is_a_clear_error(tmp_path, capsys):
+    (tmp_path / "dep.json").write_text('{"evaluators": 0}')
+    code = main(["run", "--engine", "local", "--input", str(tmp_path), "--config", str(tmp_path / "dep.json")])
+    assert code == 2
+    assert "evaluators must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_spark_without_java_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("JAVA_HOME", str(tmp_path / "no-java"))
+    code = main(["run", "--engine", "spark", "--output", str(tmp_path / "o")])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "needs Java 17" in err and "--engine local" in err
+
+
+def test_geonames_workload_is_reproducible_by_seed(tmp_path):
+    spec = WorkloadSpec(seed=5, live=50, objects=300)
+    first, second = list(generate(spec)), list(generate(spec))
+    assert first == second
+    assert first != list(generate(WorkloadSpec(seed=6, live=50, objects=300)))
+    records = [json.loads(line) for line in first]
+    kinds = {r["type"] for r in records}
+    assert kinds == {"object", "subscribe", "unsubscribe"}
+    subs = [r for r in records if r["type"] == "subscribe"]
+    assert any("expr" in s for s in subs) and any("keywords" in s for s in subs)
+    for s in subs:
+        w, h = s["rect"][2] - s["rect"][0], s["rect"][3] - s["rect"][1]
+        assert 0.0001 * 360 <= w <= 0.015 * 360 and 0.0001 * 180 <= h <= 0.015 * 180
+    assert sum(r["type"] == "object" for r in records) == 300
+
+
+def test_workload_command_writes_stream_and_vocabulary(tmp_path, capsys):
+    code = main(["workload", "geonames", "--output", str(tmp_path), "--objects", "200", "--live", "20"])
+    assert code == 0
+    vocab = json.loads((tmp_path / "vocabulary.json").read_text())
+    assert vocab["N"] > 200_000 and all(df > 1 for df in vocab["df"].values())
+    assert sum(1 for _ in (tmp_path / "stream.jsonl").open()) >= 220

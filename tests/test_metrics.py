@@ -1,0 +1,90 @@
+"""Metrics: read back from the registry, and scraped by a real Prometheus server."""
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from skpub.engines.local import run_local
+from skpub.metrics import Metrics
+from skpub.summary import RunObserver, RunSummary
+from tests.workloads import deployment, random_workload, write_lines
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_with_metrics(tmp_path, metrics):
+    lines = random_workload(seed=8, n=400)
+    write_lines(tmp_path / "in.jsonl", lines)
+    dep = deployment(evaluators=3, batch_size=50)
+    observer = RunObserver(RunSummary("local", "agrid", 3), metrics, stream=None)
+    return run_local(tmp_path / "in.jsonl", tmp_path / "out", dep, observer)
+
+
+def sample_values(metrics: Metrics) -> dict:
+    from prometheus_client import generate_latest
+
+    values = {}
+    for family in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for sample in family.samples:
+            values[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return values
+
+
+def test_metrics_count_what_the_summary_counts(tmp_path):
+    metrics = Metrics()
+    summary = run_with_metrics(tmp_path, metrics)
+    values = sample_values(metrics)
+    assert values[("skpub_objects_total", ())] == summary.objects
+    assert values[("skpub_deliveries_total", ())] == summary.deliveries
+    assert values[("skpub_batches_total", ())] == summary.batches
+    for reason, count in summary.dead_letters.items():
+        assert values[("skpub_dead_letters_total", (("reason", reason),))] == count
+    assert sum(v for (name, _), v in values.items() if name == "skpub_evaluator_cost_total") == sum(
+        summary.evaluator_cost
+    )
+    assert values[("skpub_batch_routing_seconds_count", ())] == summary.batches
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus server (.ci/run installs it)")
+def test_real_prometheus_scrapes_the_metrics_endpoint(tmp_path):
+    metrics = Metrics()
+    port, prom_port = free_port(), free_port()
+    metrics.serve(port)
+    summary = run_with_metrics(tmp_path, metrics)
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n"
+        f"  - job_name: skpub\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+    )
+    server = subprocess.Popen(
+        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{prom_port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{prom_port}/api/v1/query?query=skpub_objects_total"
+        deadline, value = time.monotonic() + 60, None
+        while time.monotonic() < deadline and value is None:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    result = json.load(resp)["data"]["result"]
+                value = float(result[0]["value"][1]) if result else None
+            except OSError:
+                pass
+            if value is None:
+                time.sleep(0.5)
+        assert value == summary.objects
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
