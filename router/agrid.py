@@ -1,28 +1,45 @@
 """The Augmented Grid (A-Grid) with neighbor-based range routing (Tornado section 3.1).
 
 Each fine cell stores its partition; the partitions map (PM) stores each
-partition's cell box. To route a range R, start from R's corner cell and
-follow, from each partition's *dominant cell* (its first cell inside R, here
-the min-x/min-y one), two shortcuts: to the cell just right of the partition
-on the dominant cell's row and to the cell just above it on the dominant
-cell's column (Algorithm 1). Every partition is expanded once and pushes at
-most two cells, so routing costs O(N_p) for N_p overlapped partitions,
-independent of the grid size (Lemma 1).
+partition's cell box. To route a range R, start from the partition of R's
+corner cell and follow, from each partition's *dominant cell* (its first cell
+inside R, here the min-x/min-y one), two shortcuts: to the cell just right of
+the partition on the dominant cell's row and to the cell just above it on the
+dominant cell's column (Algorithm 1). Every partition is expanded once and
+looks up at most two cells, so routing costs O(N_p) for N_p overlapped
+partitions, independent of the grid size (Lemma 1).
+
+Where the dominant cell is the partition's own corner (the partition does
+not stick out of R on that side) the shortcut target is fixed, so it is
+precomputed per partition; only partitions on R's lower and left borders
+read the grid.
 """
 
 from __future__ import annotations
 
-from router.grid import CellBox
+from router.grid import CellBox, FineGrid
+from router.partitioning import Partitioning
 from router.table import RoutingTable
 
 
 class AGrid(RoutingTable):
-    """Tornado's A-Grid over a cost-balanced partitioning."""
+    """Tornado's A-Grid over a cost-balanced partitioning.
+
+    Not thread-safe: a routing unit is single-threaded (it reuses one
+    visited-flag array across queries).
+    """
 
     kind = "agrid"
 
+    def __init__(self, grid: FineGrid, partitioning: Partitioning) -> None:
+        super().__init__(grid, partitioning)
+        owner, last = self._owner, grid.size - 1
+        self._right = [owner.item(y0, x1 + 1) if x1 < last else -1 for x0, y0, x1, y1 in self._boxes]
+        self._up = [owner.item(y1 + 1, x0) if y1 < last else -1 for x0, y0, x1, y1 in self._boxes]
+        self._seen = [False] * partitioning.count
+
     def route_cells(self, box: CellBox) -> list[int]:
-        """Neighbor-based search (Tornado Algorithm 1); O(N_p) partitions visited.
+        """Neighbor-based search (Tornado Algorithm 1); O(N_p).
 
         Parameters
         ----------
@@ -32,29 +49,32 @@ class AGrid(RoutingTable):
         Returns
         -------
         list of int
-            The overlapped partitions, in visiting order.
+            The overlapped partitions, each once, in visiting order.
         """
         return self.neighbor_search(box)[0]
 
     def neighbor_search(self, box: CellBox) -> tuple[list[int], int]:
-        """Run Algorithm 1 and return ``(partitions, cells popped)``; pops <= 2 N_p + 1."""
+        """Run Algorithm 1 and return ``(partitions, shortcut cells followed)``; cells <= 2 N_p + 1."""
         rx0, ry0, rx1, ry1 = box
-        owner, boxes = self._owner, self._boxes
-        result: list[int] = []
-        visited: set[int] = set()
-        stack = [(rx0, ry0)]
-        pops = 0
-        while stack:
-            cx, cy = stack.pop()
-            pops += 1
-            p = owner.item(cy, cx)
-            if p in visited:
-                continue
-            visited.add(p)
-            result.append(p)
+        owner_item, boxes, right, up, seen = self._owner.item, self._boxes, self._right, self._up, self._seen
+        first = owner_item(ry0, rx0)
+        result = [first]
+        seen[first] = True
+        cells = 1
+        for p in result:
             x0, y0, x1, y1 = boxes[p]
             if y1 < ry1:
-                stack.append((x0 if x0 > rx0 else rx0, y1 + 1))
+                q = up[p] if x0 >= rx0 else owner_item(y1 + 1, rx0)
+                cells += 1
+                if not seen[q]:
+                    seen[q] = True
+                    result.append(q)
             if x1 < rx1:
-                stack.append((x1 + 1, y0 if y0 > ry0 else ry0))
-        return result, pops
+                q = right[p] if y0 >= ry0 else owner_item(ry0, x1 + 1)
+                cells += 1
+                if not seen[q]:
+                    seen[q] = True
+                    result.append(q)
+        for p in result:
+            seen[p] = False
+        return result, cells
