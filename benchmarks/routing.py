@@ -73,7 +73,9 @@ def main() -> None:
     costs = density(grid, xs, ys)
 
     print("## Range routing time per query (microseconds), fine grid 1000 x 1000\n")
-    print("| partitions | query side | A-Grid | grid scan | R-tree | uniform router | R-tree / A-Grid | scan / A-Grid |")
+    print(
+        "| partitions | query side | A-Grid | grid scan | R-tree | uniform router | R-tree / A-Grid | scan / A-Grid |"
+    )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in (16, 64, 256, 1024, 4096):
         agrid = AGrid(grid, cost_partitioning(costs, n))

@@ -28,6 +28,7 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 from evaluators.evaluator import Evaluator
 from router.wire import from_columns
 from skpub.config import deployment_from_text
+from skpub.runtime import tune_gc
 from skpub.text import load_vocabulary
 
 OUTPUT_DDL = (
@@ -76,6 +77,7 @@ class EvaluatorProcessor(StatefulProcessor):
 
     def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:  # noqa: ANN001, N802, N803
         """Apply one micro-batch's rows for evaluator ``key`` and emit its outputs."""
+        tune_gc()
         batch_id = current_batch_id()
         e = self.index_of_key[int(key[0])]
         evaluator = self._evaluator(e)

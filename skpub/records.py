@@ -251,7 +251,10 @@ def _parse_object(raw: dict[str, Any], pos: int, space: Rect) -> ObjectRecord:
     oid = _identifier(raw)
     x, y = _required(raw, "x"), _required(raw, "y")
     source = _exactly_one(raw, "terms", "text")
-    px, py = _point(raw, space, "x", "y", x, y)
+    if type(x) is float and type(y) is float and space.xmin <= x <= space.xmax and space.ymin <= y <= space.ymax:
+        px, py = x, y
+    else:
+        px, py = _point(raw, space, "x", "y", x, y)
     if source == "terms":
         terms = _normalized_list("terms", raw["terms"])
     else:

@@ -28,6 +28,7 @@ DNF = tuple[frozenset[str], ...]
 
 
 _NORMALIZED: dict[str, str] = {}
+_SEPARATOR = "\x00"
 MAX_CACHED_TERMS = 1 << 21
 
 
@@ -55,22 +56,23 @@ def tokenize(text: str) -> list[str]:
 def normalize_terms(terms: Iterable[str]) -> list[str]:
     """Normalize each element of a ``terms`` list as one term (not split); drop empty ones.
 
+    An all-ASCII list is lowered in one C-level pass (NFKC leaves ASCII as it
+    is and casefold is lower there); other lists go term by term through the
+    memo of :func:`normalize_term`.
+
     Raises
     ------
     TypeError
         If an element is not a string.
     """
+    terms = list(terms)
+    joined = _SEPARATOR.join(terms)
+    if joined.isascii() and joined.count(_SEPARATOR) == len(terms) - 1:
+        return [t for t in joined.lower().split(_SEPARATOR) if t] if terms else []
     cache = _NORMALIZED
     out = []
     for term in terms:
-        if not isinstance(term, str):
-            raise TypeError(f"term {term!r} is not a string")
-        if term.isascii():
-            norm = term.lower()
-        else:
-            norm = cache.get(term)
-            if norm is None:
-                norm = normalize_term(term)
+        norm = term.lower() if term.isascii() else cache.get(term) or normalize_term(term)
         if norm:
             out.append(norm)
     return out

@@ -9,7 +9,6 @@ the parallel time of a batch (DESIGN "Measuring load honestly").
 
 from __future__ import annotations
 
-import gc
 from itertools import islice
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from skpub.config import Deployment
 from skpub.engines.sink import write_batch
 from skpub.inputs import iter_batches, iter_lines
 from skpub.output import prepare
+from skpub.runtime import tune_gc
 from skpub.summary import BatchReport, RunObserver
 from skpub.text import load_vocabulary
 
@@ -43,7 +43,7 @@ def run_local(input_path: str | Path, output_dir: str | Path, deployment: Deploy
     epoch = RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample))
     router = Router(deployment, vocabulary)
     evaluators = [Evaluator(e, deployment, vocabulary) for e in range(deployment.evaluators)]
-    gc.freeze()
+    tune_gc()
     observer.start()
     for batch_id, lines in enumerate(iter_batches(input_path, deployment.batch_size)):
         routed = router.route_many(lines, batch_id, epoch)

@@ -18,7 +18,6 @@ the last committed micro-batch and ends with exactly the same output.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import os
@@ -40,6 +39,7 @@ from skpub.errors import CheckpointError, JavaNotFoundError
 from skpub.inputs import input_files, iter_batches, iter_lines
 from skpub.output import prepare
 from skpub.records import DeadLetter
+from skpub.runtime import tune_gc
 from skpub.storage import atomic_write_bytes, atomic_write_text
 from skpub.summary import BatchReport, RunObserver, RunSummary
 from skpub.text import load_vocabulary
@@ -179,6 +179,7 @@ class RouterTask:
         """Route the micro-batch's lines; yield the routed rows in the wire format."""
         from evaluators.spark_processor import current_batch_id
 
+        tune_gc()
         batch_id = current_batch_id()
         table = pa.Table.from_batches(list(batches))
         lines = _ordered_lines(table)
@@ -356,7 +357,7 @@ def run_spark(
             "Append",
             "None",
         )
-        gc.freeze()
+        tune_gc()
         observer.start()
         query = (
             outputs.writeStream.foreachBatch(Sink(output, ckpt, observer))

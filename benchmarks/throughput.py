@@ -1,0 +1,118 @@
+"""Benchmark (b): end-to-end throughput on the GeoNames default workload.
+
+For 10k and 100k live subscriptions it runs the local engine and the Spark
+engine (``local[2]``, micro-batches of 100k records) with the A-Grid and the
+uniform router, and checks that every run delivers exactly the same matches.
+It reports objects/s (processing, setup excluded), per-evaluator CPU time
+max/mean, and the simulated parallel time ``sum over batches of max
+evaluator CPU + routing`` (DESIGN "Measuring load honestly").
+
+It also measures evaluator matching alone: every GeoNames object matched
+against one GI^2 index holding the live subscriptions at the end of the
+stream, on one core.
+
+Run: python -m benchmarks.throughput [--live 10000 100000] [--engines local spark]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from evaluators.gi2 import GI2Index
+from router.grid import FineGrid
+from sims.geonames import WorkloadSpec, write_workload
+from skpub.config import Deployment
+from skpub.engines.local import run_local
+from skpub.inputs import iter_lines
+from skpub.output import read_stream
+from skpub.records import ObjectRecord, RangeSubscription, Unsubscribe, parse_line
+from skpub.summary import RunObserver, RunSummary
+from skpub.text import load_vocabulary
+
+
+def matching_rate(stream: Path, deployment: Deployment) -> tuple[float, int, int]:
+    """Return (objects/s, objects, live subscriptions) of GI^2 matching on one core."""
+    vocabulary = load_vocabulary(deployment.vocabulary)
+    grid = FineGrid(deployment.space, deployment.grid_size)
+    index = GI2Index(deployment.index_block, vocabulary)
+    objects = []
+    for pos, line in enumerate(iter_lines(stream)):
+        record = parse_line(line, pos, deployment.space)
+        if isinstance(record, RangeSubscription):
+            index.insert(record, grid.cell_box(record.rect))
+        elif isinstance(record, Unsubscribe):
+            index.delete(record.id)
+        elif isinstance(record, ObjectRecord):
+            objects.append((record, *grid.cell_of(record.x, record.y)))
+    match_one = index.match_one
+    start = time.thread_time()
+    for obj, cx, cy in objects:
+        match_one(obj, cx, cy)
+    return len(objects) / (time.thread_time() - start), len(objects), len(index)
+
+
+def simulated_parallel_seconds(out: Path, summary: RunSummary) -> float:
+    per_batch: dict[int, float] = defaultdict(float)
+    for row in read_stream(out, "statistics"):
+        per_batch[row["batch"]] = max(per_batch[row["batch"]], row["cpu_seconds"])
+    return sum(per_batch.values()) + summary.routing_seconds
+
+
+def run_one(engine: str, router: str, stream: Path, deployment: Deployment, root: Path) -> tuple[RunSummary, Path]:
+    dep = deployment.replace(router=router)
+    out = root / f"{engine}-{router}"
+    observer = RunObserver(RunSummary(engine, router, dep.evaluators), stream=None)
+    if engine == "local":
+        return run_local(stream, out, dep, observer), out
+    from skpub.engines.spark import run_spark
+
+    return run_spark(stream, out, dep, observer, checkpoint=out / "_checkpoint_fresh"), out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--live", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--engines", nargs="+", default=["local", "spark"])
+    parser.add_argument("--evaluators", type=int, default=8)
+    parser.add_argument("--workdir", default="bench-out")
+    args = parser.parse_args()
+    root = Path(args.workdir)
+    print("| live subs | engine | router | objects/s | wall s | deliveries | eval CPU max/mean s | "
+          "balance | simulated parallel s | uniform / A-Grid parallel |")  # fmt: skip
+    print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    rates = []
+    for live in args.live:
+        stream, vocabulary = write_workload(WorkloadSpec(live=live), root / f"workload-{live}")
+        dep = Deployment(evaluators=args.evaluators, vocabulary=str(vocabulary))
+        rates.append((live, *matching_rate(stream, dep)))
+        deliveries = set()
+        for engine in args.engines:
+            parallel = {}
+            for router in ("agrid", "uniform"):
+                summary, out = run_one(engine, router, stream, dep, root / f"run-{live}")
+                for shutil_dir in (out / "_checkpoint_fresh",):
+                    import shutil
+
+                    shutil.rmtree(shutil_dir, ignore_errors=True)
+                deliveries.add(summary.deliveries)
+                cpu = summary.evaluator_cpu
+                parallel[router] = simulated_parallel_seconds(out, summary)
+                ratio = f"{parallel['uniform'] / parallel['agrid']:.2f}" if router == "uniform" else ""
+                print(
+                    f"| {live} | {engine} | {router} | {summary.objects_per_second:,.0f} | {summary.seconds:.1f} "
+                    f"| {summary.deliveries} | {max(cpu):.2f} / {sum(cpu) / len(cpu):.2f} "
+                    f"| {summary.imbalance(cpu):.2f} | {parallel[router]:.2f} | {ratio} |",
+                    flush=True,
+                )
+        assert len(deliveries) == 1, f"runs disagree on deliveries: {deliveries}"
+    print("\n| live subs (end of stream) | objects matched | GI^2 matching objects/s on one core |")
+    print("|---:|---:|---:|")
+    for live, rate, n, held in rates:
+        print(f"| {held} (target {live}) | {n} | {rate:,.0f} |")
+
+
+if __name__ == "__main__":
+    main()
