@@ -26,5 +26,9 @@ class JavaNotFoundError(SkpubError):
     """The Spark engine needs a Java runtime (17 or newer) and none was found."""
 
 
+class EngineError(SkpubError):
+    """An engine failed while processing (the Spark query stopped with an error)."""
+
+
 class CheckpointError(SkpubError):
     """A checkpoint directory belongs to another deployment or is damaged."""

@@ -49,11 +49,18 @@ class RunSummary:
     routing_seconds: float = 0.0
     evaluator_cost: list[int] = field(default_factory=list)
     evaluator_cpu: list[float] = field(default_factory=list)
+    steady_objects: int = 0
+    steady_seconds: float = 0.0
 
     @property
     def objects_per_second(self) -> float:
-        """Valid objects per wall-clock second."""
+        """Valid objects per wall-clock second of processing (setup excluded)."""
         return self.objects / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def steady_objects_per_second(self) -> float:
+        """Objects per second after the first micro-batch (which pays the engine's warm-up)."""
+        return self.steady_objects / self.steady_seconds if self.steady_seconds > 0 else 0.0
 
     @staticmethod
     def imbalance(loads: list[float]) -> float:
@@ -69,7 +76,8 @@ class RunSummary:
             f"skpub run summary ({self.engine} engine, {self.router} router, {self.evaluators} evaluators)",
             f"  batches           {self.batches}",
             f"  records           {self.records}",
-            f"  objects           {self.objects} ({self.objects_per_second:,.0f} objects/s over {self.seconds:.1f} s)",
+            f"  objects           {self.objects} ({self.objects_per_second:,.0f} objects/s over {self.seconds:.1f} s;"
+            f" {self.steady_objects_per_second:,.0f}/s after the first batch)",
             f"  forwarded         {self.forwarded} (objects that passed a textual summary)",
             f"  deliveries        {self.deliveries}",
             f"  dead letters      {sum(self.dead_letters.values())} ({dead})",
@@ -96,14 +104,14 @@ class RunObserver:
         self.metrics = metrics
         self.stream = stream
         self.every_seconds = every_seconds
-        self.started = time.perf_counter()
+        self.started = self._last_batch = time.perf_counter()
         self._last_print = float("-inf")
         summary.evaluator_cost = [0] * summary.evaluators
         summary.evaluator_cpu = [0.0] * summary.evaluators
 
     def start(self) -> None:
         """Restart the run clock: throughput counts from here (after setup)."""
-        self.started = time.perf_counter()
+        self.started = self._last_batch = time.perf_counter()
 
     def on_batch(self, report: BatchReport) -> None:
         """Account one micro-batch; print a progress line at most every ``every_seconds``."""
@@ -119,10 +127,14 @@ class RunObserver:
             s.evaluator_cost[e] += c
         for e, c in report.evaluator_cpu.items():
             s.evaluator_cpu[e] += c
-        s.seconds = time.perf_counter() - self.started
+        now = time.perf_counter()
+        if s.batches > 1:
+            s.steady_objects += report.objects
+            s.steady_seconds += now - self._last_batch
+        self._last_batch = now
+        s.seconds = now - self.started
         if self.metrics:
             self.metrics.observe_batch(report)
-        now = time.perf_counter()
         if self.stream and now - self._last_print >= self.every_seconds:
             self._last_print = now
             print(

@@ -35,7 +35,7 @@ from router.initial import initial_table
 from router.wire import COLUMNS, ddl, to_columns
 from skpub.config import Deployment, deployment_from_text
 from skpub.engines.sink import write_batch
-from skpub.errors import CheckpointError, JavaNotFoundError
+from skpub.errors import CheckpointError, EngineError, JavaNotFoundError
 from skpub.inputs import input_files, iter_batches, iter_lines
 from skpub.output import prepare
 from skpub.records import DeadLetter
@@ -223,10 +223,13 @@ def _wire_schema() -> pa.Schema:
 
 
 def _ordered_lines(table: pa.Table) -> list[str]:
+    """Return the lines in stream order: by file, then block, then position in the block."""
     values = table.column("value").to_pylist()
-    files = table.column("file_path").to_pylist()
-    starts = table.column("file_block_start").to_pylist()
-    order = sorted(range(len(values)), key=lambda i: (files[i], starts[i], i))
+    files, starts = table.column("file_path"), table.column("file_block_start")
+    if len(values) < 2 or (len(files.unique()) == 1 and len(starts.unique()) == 1):
+        return values
+    files_list, starts_list = files.to_pylist(), starts.to_pylist()
+    order = sorted(range(len(values)), key=lambda i: (files_list[i], starts_list[i], i))
     return [values[i] for i in order]
 
 
@@ -328,9 +331,13 @@ def run_spark(
         If no Java runtime is available.
     CheckpointError
         If ``checkpoint`` belongs to another input or deployment.
+    EngineError
+        If the streaming query fails.
     skpub.errors.InputError
         If the input is missing or empty.
     """
+    from pyspark.errors import StreamingQueryException
+
     from evaluators.spark_processor import OUTPUT_DDL, EvaluatorProcessor
 
     output = prepare(output_dir).absolute()
@@ -365,7 +372,10 @@ def run_spark(
             .trigger(availableNow=True)
             .start()
         )
-        query.awaitTermination()
+        try:
+            query.awaitTermination()
+        except StreamingQueryException as exc:
+            raise EngineError(f"the Spark query failed: {str(exc).strip().splitlines()[0]}") from exc
     finally:
         if own_session:
             spark.stop()
