@@ -17,6 +17,7 @@ Run: python -m benchmarks.throughput [--live 10000 100000] [--engines local spar
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -93,10 +94,7 @@ def main() -> None:
             parallel = {}
             for router in ("agrid", "uniform"):
                 summary, out = run_one(engine, router, stream, dep, root / f"run-{live}")
-                for shutil_dir in (out / "_checkpoint_fresh",):
-                    import shutil
-
-                    shutil.rmtree(shutil_dir, ignore_errors=True)
+                shutil.rmtree(out / "_checkpoint_fresh", ignore_errors=True)
                 deliveries.add(summary.deliveries)
                 cpu = summary.evaluator_cpu
                 parallel[router] = simulated_parallel_seconds(out, summary)

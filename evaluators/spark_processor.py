@@ -9,7 +9,7 @@ on the RocksDB state store (DESIGN "The Spark engine"). State per evaluator:
 - ``version``: a ValueState with the last micro-batch applied.
 
 The hot :class:`~evaluators.evaluator.Evaluator` (with its GI^2 index) is
-cached in this importable module, keyed by (deployment id, evaluator), and
+cached in this importable module, keyed by (run id, evaluator), and
 used only when its version equals the state store's; otherwise (another
 worker served the key last time, or the batch is a replay after a failure
 rolled the state back) it is rebuilt from the blocks. ``init()`` only
@@ -25,7 +25,7 @@ import pandas as pd
 from pyspark import TaskContext
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
-from evaluators.evaluator import Evaluator
+from evaluators.evaluator import Evaluator, EvaluatorBatch
 from router.wire import from_columns
 from skpub.config import deployment_from_text
 from skpub.runtime import tune_gc
@@ -43,21 +43,47 @@ def current_batch_id() -> int:
     return int(TaskContext.get().getLocalProperty("streaming.sql.batchId"))
 
 
+def output_frame(evaluator: int, result: EvaluatorBatch, statistics: str) -> pd.DataFrame:
+    """Return one evaluator's micro-batch outputs as rows of :data:`OUTPUT_DDL`.
+
+    One row per delivery (``kind = "delivery"``), per passed-through dead
+    letter (``"dead_letter"``) and one ``"statistics"`` row with the JSON of
+    the batch's cell costs.
+    """
+    deliveries, dead = result.deliveries, result.dead_letters
+    n_d, n_x = len(deliveries), len(dead)
+    none_d, none_x = [None] * n_d, [None] * n_x
+    return pd.DataFrame(
+        {
+            "kind": ["delivery"] * n_d + ["dead_letter"] * n_x + ["statistics"],
+            "evaluator": [evaluator] * (n_d + n_x + 1),
+            "pos": [d[0] for d in deliveries] + [x.pos for x in dead] + [None],
+            "sub": [d[1] for d in deliveries] + none_x + [None],
+            "obj": [d[2] for d in deliveries] + none_x + [None],
+            "line": none_d + [x.line for x in dead] + [None],
+            "reason": none_d + [x.reason for x in dead] + [None],
+            "message": none_d + [x.message for x in dead] + [None],
+            "payload": none_d + none_x + [statistics],
+        }
+    ).astype({"evaluator": "int32", "pos": "Int64"})
+
+
 class EvaluatorProcessor(StatefulProcessor):
     """Runs :class:`~evaluators.evaluator.Evaluator` for each grouping key.
 
     Parameters
     ----------
-    deployment_id : str
-        Identifies the deployment (its checkpoint) in the executor-side cache.
+    run_id : str
+        Identifies the run (its checkpoint, made anew by each fresh start) in
+        the executor-side cache.
     deployment_json : str
         The deployment, as JSON (picklable and cheap to ship).
     evaluator_keys : list of int
         ``evaluator_keys[e]`` is the grouping-key value of evaluator ``e``.
     """
 
-    def __init__(self, deployment_id: str, deployment_json: str, evaluator_keys: list[int]) -> None:
-        self.deployment_id = deployment_id
+    def __init__(self, run_id: str, deployment_json: str, evaluator_keys: list[int]) -> None:
+        self.run_id = run_id
         self.deployment_json = deployment_json
         self.index_of_key = {k: e for e, k in enumerate(evaluator_keys)}
 
@@ -68,7 +94,7 @@ class EvaluatorProcessor(StatefulProcessor):
 
     def _evaluator(self, e: int) -> Evaluator:
         version = self.version.get()[0] if self.version.exists() else -1
-        cached = _CACHE.get((self.deployment_id, e))
+        cached = _CACHE.get((self.run_id, e))
         if cached is not None and cached[0] == version:
             return cached[1]
         deployment = deployment_from_text(self.deployment_json)
@@ -90,23 +116,9 @@ class EvaluatorProcessor(StatefulProcessor):
             else:
                 self.blocks.updateValue((block,), (data,))
         self.version.update((batch_id,))
-        _CACHE[(self.deployment_id, e)] = (batch_id, evaluator)
+        _CACHE[(self.run_id, e)] = (batch_id, evaluator)
         stats = result.stats.to_json(e, batch_id, result.cpu_seconds, evaluator.subscriptions)
-        out = {name: [] for name in ("kind", "evaluator", "pos", "sub", "obj", "line", "reason", "message", "payload")}
-
-        def emit(kind, pos=None, sub=None, obj=None, line=None, reason=None, message=None, payload=None):  # noqa: ANN001, ANN202
-            for name, value in (
-                ("kind", kind), ("evaluator", e), ("pos", pos), ("sub", sub), ("obj", obj),
-                ("line", line), ("reason", reason), ("message", message), ("payload", payload),
-            ):  # fmt: skip
-                out[name].append(value)
-
-        for pos, sub, obj in result.deliveries:
-            emit("delivery", pos=pos, sub=sub, obj=obj)
-        for dead in result.dead_letters:
-            emit("dead_letter", pos=dead.pos, line=dead.line, reason=dead.reason, message=dead.message)
-        emit("statistics", payload=json.dumps(stats))
-        yield pd.DataFrame(out).astype({"evaluator": "int32", "pos": "Int64"})
+        yield output_frame(e, result, json.dumps(stats))
 
     def close(self) -> None:
         """Nothing to release: the evaluator stays cached for the next micro-batch."""

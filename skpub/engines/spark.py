@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import sys
+import uuid
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
@@ -101,11 +102,6 @@ class Checkpoint:
         self.query = self.root / "query"
         self.manifest = self.root / "manifest.json"
 
-    @property
-    def deployment_id(self) -> str:
-        """A short stable id of this checkpoint (keys executor-side caches)."""
-        return hashlib.sha1(str(self.root).encode()).hexdigest()[:12]
-
     def router_state(self, batch_id: int) -> Path:
         """Router state after micro-batch ``batch_id``."""
         return self.router / f"state-{batch_id:08d}.pkl"
@@ -170,8 +166,9 @@ class RouterTask:
     saves the new state and its counters under the batch id.
     """
 
-    def __init__(self, checkpoint_root: str, deployment_json: str, keys: list[int]) -> None:
+    def __init__(self, checkpoint_root: str, run_id: str, deployment_json: str, keys: list[int]) -> None:
         self.checkpoint_root = checkpoint_root
+        self.run_id = run_id
         self.deployment_json = deployment_json
         self.keys = keys
 
@@ -186,7 +183,7 @@ class RouterTask:
         checkpoint = Checkpoint(self.checkpoint_root)
         deployment = deployment_from_text(self.deployment_json)
         vocabulary = load_vocabulary(deployment.vocabulary)
-        router = _router_before(checkpoint, deployment, vocabulary, batch_id)
+        router = _router_before(checkpoint, self.run_id, deployment, vocabulary, batch_id)
         epoch = EpochLog(checkpoint.epochs).for_batch(batch_id)
         routed = router.route_many(lines, batch_id, epoch)
         atomic_write_bytes(checkpoint.router_state(batch_id), router.state_bytes())
@@ -198,7 +195,7 @@ class RouterTask:
             "epoch": epoch.number,
         }
         atomic_write_text(checkpoint.router_report(batch_id), json.dumps(report))
-        _ROUTERS[checkpoint.deployment_id] = (batch_id, router)
+        _ROUTERS[self.run_id] = (batch_id, router)
         columns = to_columns(routed.rows, self.keys)
         yield pa.RecordBatch.from_pydict(columns, schema=_wire_schema())
 
@@ -233,9 +230,9 @@ def _ordered_lines(table: pa.Table) -> list[str]:
     return [values[i] for i in order]
 
 
-def _router_before(checkpoint: Checkpoint, deployment: Deployment, vocabulary, batch_id: int) -> Router:  # noqa: ANN001
+def _router_before(checkpoint: Checkpoint, run_id: str, deployment: Deployment, vocabulary, batch_id: int) -> Router:  # noqa: ANN001
     """Return the router state after micro-batch ``batch_id - 1`` (cached, else from its file)."""
-    cached = _ROUTERS.get(checkpoint.deployment_id)
+    cached = _ROUTERS.get(run_id)
     if cached is not None and cached[0] == batch_id - 1:
         return cached[1]
     previous = sorted(p for p in checkpoint.router.glob("state-*.pkl") if int(p.stem[6:]) < batch_id)
@@ -298,7 +295,12 @@ def _open_checkpoint(
     table = initial_table(deployment, vocabulary, sample)
     EpochLog(checkpoint.epochs).publish(RoutingEpoch(0, 0, table))
     chunks = stage_input(input_path, checkpoint, deployment.batch_size)
-    manifest = {**wanted, "evaluator_keys": evaluator_keys(spark, deployment.evaluators), "chunks": chunks}
+    manifest = {
+        **wanted,
+        "run_id": uuid.uuid4().hex,
+        "evaluator_keys": evaluator_keys(spark, deployment.evaluators),
+        "chunks": chunks,
+    }
     checkpoint.router.mkdir(parents=True, exist_ok=True)
     atomic_write_text(checkpoint.manifest, json.dumps(manifest))
     return manifest
@@ -357,9 +359,10 @@ def run_spark(
             .load(str(ckpt.source))
             .selectExpr("value", "_metadata.file_path as file_path", "_metadata.file_block_start as file_block_start")
         )
-        routed = lines.coalesce(1).mapInArrow(RouterTask(str(ckpt.root), deployment_json, keys), ddl())
+        run_id = manifest["run_id"]
+        routed = lines.coalesce(1).mapInArrow(RouterTask(str(ckpt.root), run_id, deployment_json, keys), ddl())
         outputs = routed.groupBy("evaluator").transformWithStateInPandas(
-            EvaluatorProcessor(ckpt.deployment_id, deployment_json, keys),
+            EvaluatorProcessor(run_id, deployment_json, keys),
             OUTPUT_DDL,
             "Append",
             "None",
