@@ -65,12 +65,13 @@ def simulated_parallel_seconds(out: Path, summary: RunSummary) -> float:
 def run_one(engine: str, router: str, stream: Path, deployment: Deployment, root: Path) -> tuple[RunSummary, Path]:
     dep = deployment.replace(router=router)
     out = root / f"{engine}-{router}"
+    shutil.rmtree(out, ignore_errors=True)
     observer = RunObserver(RunSummary(engine, router, dep.evaluators), stream=None)
     if engine == "local":
         return run_local(stream, out, dep, observer), out
     from skpub.engines.spark import run_spark
 
-    return run_spark(stream, out, dep, observer, checkpoint=out / "_checkpoint_fresh"), out
+    return run_spark(stream, out, dep, observer), out
 
 
 def main() -> None:
@@ -94,7 +95,6 @@ def main() -> None:
             parallel = {}
             for router in ("agrid", "uniform"):
                 summary, out = run_one(engine, router, stream, dep, root / f"run-{live}")
-                shutil.rmtree(out / "_checkpoint_fresh", ignore_errors=True)
                 deliveries.add(summary.deliveries)
                 cpu = summary.evaluator_cpu
                 parallel[router] = simulated_parallel_seconds(out, summary)

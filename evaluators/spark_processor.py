@@ -93,8 +93,14 @@ class EvaluatorProcessor(StatefulProcessor):
         self.version = handle.getValueState("version", "batch bigint")
 
     def _evaluator(self, e: int) -> Evaluator:
+        """Return evaluator ``e`` as of the state store's version.
+
+        The cache entry is taken out while the batch is applied (it mutates
+        the evaluator) and put back only after success, so a failed attempt
+        never leaves a half-applied evaluator behind for its retry.
+        """
         version = self.version.get()[0] if self.version.exists() else -1
-        cached = _CACHE.get((self.run_id, e))
+        cached = _CACHE.pop((self.run_id, e), None)
         if cached is not None and cached[0] == version:
             return cached[1]
         deployment = deployment_from_text(self.deployment_json)

@@ -3,8 +3,12 @@
 The sample (the head of the stream) is replayed through a cost model: every
 object costs 1 in its fine cell (parsing and routing) plus ``q_l``, the number
 of sample subscriptions that cover it and share its keyword (Tornado
-equation 1). :func:`router.partitioning.cost_partitioning` then cuts the grid
-so that the costliest partition is as cheap as possible.
+equation 1). Every subscription costs 1 spread evenly over the fine cells it
+covers (registering it) plus one unit per GI^2 index cell it covers (one
+index entry each) -- Tornado keeps query counts per cell beside the object
+costs for the same reason, and a stream that starts with registrations gives
+a sample with no objects at all. :func:`router.partitioning.cost_partitioning`
+then cuts the grid so that the costliest partition is as cheap as possible.
 """
 
 from __future__ import annotations
@@ -24,7 +28,32 @@ from skpub.records import ObjectRecord, RangeSubscription, parse_line
 from skpub.text import Vocabulary
 
 
-def sample_cell_costs(lines: Iterable[str], grid: FineGrid, vocabulary: Vocabulary) -> np.ndarray:
+def subscription_costs(boxes: np.ndarray, size: int, index_block: int) -> np.ndarray:
+    """Spread each subscription's registration cost over the cells it covers.
+
+    Parameters
+    ----------
+    boxes : ndarray, shape (n, 4), int64
+        Inclusive cell boxes ``[cx0, cy0, cx1, cy1]``.
+
+    Returns
+    -------
+    ndarray, shape (size, size), float64
+        Per cell, indexed ``[cy, cx]``: ``1 / cells + 1 / index_block**2`` for
+        every subscription covering it. O(n + size^2) (a 2-D difference array).
+    """
+    diff = np.zeros((size + 1, size + 1))
+    if len(boxes):
+        x0, y0, x1, y1 = (boxes[:, i] for i in range(4))
+        weight = 1.0 / ((x1 - x0 + 1) * (y1 - y0 + 1)) + 1.0 / index_block**2
+        np.add.at(diff, (y0, x0), weight)
+        np.add.at(diff, (y0, x1 + 1), -weight)
+        np.add.at(diff, (y1 + 1, x0), -weight)
+        np.add.at(diff, (y1 + 1, x1 + 1), weight)
+    return np.cumsum(np.cumsum(diff, axis=0), axis=1)[:size, :size]
+
+
+def sample_cell_costs(lines: Iterable[str], grid: FineGrid, vocabulary: Vocabulary, index_block: int) -> np.ndarray:
     """Estimate per-cell cost from a sample of input lines.
 
     Returns
@@ -33,16 +62,18 @@ def sample_cell_costs(lines: Iterable[str], grid: FineGrid, vocabulary: Vocabula
         Cost per fine cell, indexed ``[cy, cx]``. Invalid lines are ignored
         (they cost nothing to evaluate). O(objects x matching subscriptions).
     """
-    costs = np.zeros((grid.size, grid.size))
     by_keyword: dict[str, list[Rect]] = {}
     objects: list[ObjectRecord] = []
+    boxes = []
     for pos, line in enumerate(lines):
         record = parse_line(line, pos, grid.space)
         if isinstance(record, ObjectRecord):
             objects.append(record)
         elif isinstance(record, RangeSubscription):
+            boxes.append(grid.cell_box(record.rect))
             for kw in vocabulary.summary_keywords(record.dnf):
                 by_keyword.setdefault(kw, []).append(record.rect)
+    costs = subscription_costs(np.array(boxes, dtype=np.int64).reshape(-1, 4), grid.size, index_block)
     for obj in objects:
         q = sum(1 for t in obj.term_set for r in by_keyword.get(t, ()) if r.contains_point(obj.x, obj.y))
         cx, cy = grid.cell_of(obj.x, obj.y)
@@ -59,5 +90,5 @@ def initial_table(deployment: Deployment, vocabulary: Vocabulary, sample: Iterab
     grid = FineGrid(deployment.space, deployment.grid_size)
     if deployment.router == "uniform":
         return UniformGrid(grid, deployment.evaluators)
-    costs = sample_cell_costs(sample, grid, vocabulary)
+    costs = sample_cell_costs(sample, grid, vocabulary, deployment.index_block)
     return AGrid(grid, cost_partitioning(costs, deployment.evaluators))

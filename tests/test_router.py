@@ -125,3 +125,36 @@ def test_textual_summary_expires_keywords_with_their_last_subscription():
     assert summaries.remove(0, {"jazz", "sushi"}) == ["sushi"]
     assert summaries.remove(0, {"jazz"}) == ["jazz"]
     assert not summaries.admits(0, frozenset({"jazz", "sushi"}))
+
+
+def test_subscription_costs_spread_one_unit_plus_index_entries():
+    from router.initial import subscription_costs
+
+    boxes = np.array([[0, 0, 3, 1], [2, 1, 2, 1]])
+    costs = subscription_costs(boxes, 6, index_block=2)
+    assert costs.shape == (6, 6)
+    assert costs[5, 5] == 0
+    assert np.isclose(costs.sum(), 2 + (8 + 1) / 4)
+    assert np.isclose(costs[1, 2], 1 / 8 + 1 / 4 + 1 + 1 / 4)
+
+
+def test_initial_partitioning_balances_a_sample_of_subscriptions_only():
+    import json
+
+    from router.initial import initial_table
+    from skpub.config import Deployment
+    from skpub.text import Vocabulary
+
+    rng = np.random.default_rng(4)
+    lines = []
+    for i in range(2000):
+        x, y = (rng.normal(20, 3), rng.normal(20, 3)) if i % 4 else (rng.uniform(0, 100), rng.uniform(0, 100))
+        rect = [x - 0.5, y - 0.5, x + 0.5, y + 0.5]
+        lines.append(json.dumps({"type": "subscribe", "id": f"s{i}", "kind": "range", "rect": rect, "keywords": ["a"]}))
+    dep = Deployment(space=SPACE, evaluators=8, grid_size=100)
+    table = initial_table(dep, Vocabulary(), lines)
+    counts = np.bincount(
+        [table.route_one((r[0] + r[2]) / 2, (r[1] + r[3]) / 2) for r in (json.loads(l)["rect"] for l in lines)],
+        minlength=8,
+    )
+    assert counts.max() / counts.mean() < 1.6

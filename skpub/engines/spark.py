@@ -231,8 +231,12 @@ def _ordered_lines(table: pa.Table) -> list[str]:
 
 
 def _router_before(checkpoint: Checkpoint, run_id: str, deployment: Deployment, vocabulary, batch_id: int) -> Router:  # noqa: ANN001
-    """Return the router state after micro-batch ``batch_id - 1`` (cached, else from its file)."""
-    cached = _ROUTERS.get(run_id)
+    """Return the router state after micro-batch ``batch_id - 1`` (cached, else from its file).
+
+    The cache entry is taken out: routing mutates the router, so an attempt
+    that fails midway must not leave a half-applied router for its retry.
+    """
+    cached = _ROUTERS.pop(run_id, None)
     if cached is not None and cached[0] == batch_id - 1:
         return cached[1]
     previous = sorted(p for p in checkpoint.router.glob("state-*.pkl") if int(p.stem[6:]) < batch_id)
