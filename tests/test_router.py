@@ -154,7 +154,7 @@ def test_initial_partitioning_balances_a_sample_of_subscriptions_only():
     dep = Deployment(space=SPACE, evaluators=8, grid_size=100)
     table = initial_table(dep, Vocabulary(), lines)
     counts = np.bincount(
-        [table.route_one((r[0] + r[2]) / 2, (r[1] + r[3]) / 2) for r in (json.loads(l)["rect"] for l in lines)],
+        [table.route_one((r[0] + r[2]) / 2, (r[1] + r[3]) / 2) for r in (json.loads(line)["rect"] for line in lines)],
         minlength=8,
     )
     assert counts.max() / counts.mean() < 1.6
