@@ -125,7 +125,8 @@ class GI2Index:
 
         ``(cx, cy)`` is the object's fine cell. The candidate count is ``q_l``
         of Tornado equation 1: the subscriptions there that share a keyword
-        with the object. Cost O(terms + candidates).
+        with the object. Cost O(min(terms, cell keywords) + candidates): the
+        object's terms and the cell's keywords are intersected in C first.
         """
         b = self.block
         lists = self.cells.get((cy // b) * _ROW + cx // b)
@@ -137,10 +138,8 @@ class GI2Index:
         seen: set[str] | None = None
         examined = 0
         stale: list[str] = []
-        for t in terms:
-            lst = lists.get(t)
-            if lst is None:
-                continue
+        for t in lists.keys() & terms:
+            lst = lists[t]
             examined += len(lst)
             for sid, xmin, ymin, xmax, ymax, dnf, multi in lst:
                 if dead and sid in dead:
