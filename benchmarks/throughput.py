@@ -29,8 +29,8 @@ from skpub.config import Deployment
 from skpub.engines.local import run_local
 from skpub.inputs import iter_lines
 from skpub.output import read_stream
-from skpub.runtime import tune_gc
 from skpub.records import ObjectRecord, RangeSubscription, Unsubscribe, parse_line
+from skpub.runtime import tune_gc
 from skpub.summary import RunObserver, RunSummary
 from skpub.text import load_vocabulary
 
