@@ -78,8 +78,13 @@ def _run(args: argparse.Namespace) -> int:
     if input_path is None:
         from sims.geonames import write_workload
 
-        print("[skpub] no --input: generating the GeoNames default workload", file=sys.stderr, flush=True)
+        print(
+            "[skpub] no --input: generating the GeoNames default workload (about 30 s the first time)",
+            file=sys.stderr,
+            flush=True,
+        )
         input_path, vocabulary = write_workload(_spec(args), output / "_workload")
+        print(f"[skpub] workload: {input_path}", file=sys.stderr, flush=True)
         deployment = deployment.replace(vocabulary=deployment.vocabulary or str(vocabulary))
     metrics = Metrics()
     if args.metrics_port is not None:

@@ -109,6 +109,11 @@ class RunObserver:
         summary.evaluator_cost = [0] * summary.evaluators
         summary.evaluator_cpu = [0.0] * summary.evaluators
 
+    def note(self, text: str) -> None:
+        """Print one progress line about the run's setup (nothing when quiet)."""
+        if self.stream:
+            print(f"[skpub] {text}", file=self.stream, flush=True)
+
     def start(self) -> None:
         """Restart the run clock: throughput counts from here (after setup)."""
         self.started = self._last_batch = time.perf_counter()

@@ -279,7 +279,7 @@ class Sink:
 
 
 def _open_checkpoint(
-    checkpoint: Checkpoint, input_path: str | Path, deployment: Deployment, output: Path, spark
+    checkpoint: Checkpoint, input_path: str | Path, deployment: Deployment, output: Path, spark, observer: RunObserver
 ) -> dict:  # noqa: ANN001
     """Create the checkpoint for a new run, or check that it belongs to this run."""
     wanted = {"deployment": deployment.to_json(), "input": _input_fingerprint(input_path)}
@@ -290,6 +290,7 @@ def _open_checkpoint(
                 f"checkpoint {checkpoint.root} was made for another input or deployment; "
                 "remove it or pass another --checkpoint"
             )
+        observer.note(f"resuming from checkpoint {checkpoint.root}")
         return manifest
     if checkpoint.root.exists():
         shutil.rmtree(checkpoint.root)
@@ -299,6 +300,7 @@ def _open_checkpoint(
     table = initial_table(deployment, vocabulary, sample)
     EpochLog(checkpoint.epochs).publish(RoutingEpoch(0, 0, table))
     chunks = stage_input(input_path, checkpoint, deployment.batch_size)
+    observer.note(f"staged the input as {chunks} micro-batches of up to {deployment.batch_size} records")
     manifest = {
         **wanted,
         "run_id": uuid.uuid4().hex,
@@ -351,10 +353,11 @@ def run_spark(
     input_files(input_path)
     own_session = spark is None
     if own_session:
+        observer.note(f"starting Spark on {master}")
         spark = spark_session(master, deployment.evaluators)
     spark.conf.set("spark.sql.shuffle.partitions", str(deployment.evaluators))
     try:
-        manifest = _open_checkpoint(ckpt, input_path, deployment, output, spark)
+        manifest = _open_checkpoint(ckpt, input_path, deployment, output, spark, observer)
         deployment_json = json.dumps(deployment.to_json())
         keys = manifest["evaluator_keys"]
         lines = (
@@ -372,6 +375,7 @@ def run_spark(
             "None",
         )
         tune_gc()
+        observer.note("running; the first micro-batch pays Spark's warm-up")
         observer.start()
         query = (
             outputs.writeStream.foreachBatch(Sink(output, ckpt, observer))
