@@ -13,15 +13,15 @@ order, one :class:`Routed` row per (record, evaluator):
 - an unsubscribe goes to the evaluators that hold the subscription;
 - a dead letter goes to one evaluator, which passes it to the dead-letter sink.
 
-Its state (the :class:`~skpub.registry.IdRegistry` and the
-:class:`~router.summary.TextualSummaries`) changes only through
-:meth:`Router.route_many`, and :meth:`Router.state_bytes` snapshots it so a
-replayed micro-batch starts from the same state.
+Its state is the :class:`~skpub.registry.IdRegistry`, whose active
+placements also determine the :class:`~router.summary.TextualSummaries`
+(rebuilt from them when a router is built from a registry). It changes only
+through :meth:`Router.route_many`; an engine persists the registry (or its
+per-batch journal) so a replayed micro-batch starts from the same state.
 """
 
 from __future__ import annotations
 
-import pickle
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -81,27 +81,14 @@ class Placement:
 class Router:
     """A routing unit with its id registry and textual summaries."""
 
-    def __init__(
-        self,
-        deployment: Deployment,
-        vocabulary: Vocabulary,
-        registry: IdRegistry | None = None,
-        summaries: TextualSummaries | None = None,
-    ) -> None:
+    def __init__(self, deployment: Deployment, vocabulary: Vocabulary, registry: IdRegistry | None = None) -> None:
         self.deployment = deployment
         self.vocabulary = vocabulary
-        self.registry = registry or IdRegistry()
-        self.summaries = summaries or TextualSummaries(deployment.evaluators)
-
-    def state_bytes(self) -> bytes:
-        """Snapshot of the mutable state (registry and summaries), picklable bytes."""
-        return pickle.dumps((self.registry, self.summaries), protocol=pickle.HIGHEST_PROTOCOL)
-
-    @classmethod
-    def from_state(cls, deployment: Deployment, vocabulary: Vocabulary, state: bytes) -> Router:
-        """Rebuild a router from :meth:`state_bytes`."""
-        registry, summaries = pickle.loads(state)
-        return cls(deployment, vocabulary, registry, summaries)
+        self.registry = registry if registry is not None else IdRegistry()
+        self.summaries = TextualSummaries(deployment.evaluators)
+        for placement in self.registry.active.values():
+            for e in placement.evaluators:
+                self.summaries.add(e, placement.keywords)
 
     def route_many(self, lines: Sequence[str], batch_id: int, epoch: RoutingEpoch) -> RoutedBatch:
         """Route one micro-batch of raw lines, in stream order.

@@ -13,6 +13,8 @@ table, see ``docs/SEMANTICS.md``), so it is neither lost nor silently ignored.
 
 from __future__ import annotations
 
+import pickle
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +29,9 @@ from skpub.records import (
 
 SUPPORTED_SUBSCRIPTIONS = (RangeSubscription,)
 
+Change = tuple[str, str, Any]
+"""One accepted change: ``(type, id, placement)`` with type object, subscribe, unsubscribe or snapshot."""
+
 
 @dataclass
 class IdRegistry:
@@ -34,12 +39,45 @@ class IdRegistry:
 
     Memory is O(ids ever accepted): SEMANTICS requires ids to be unique for the
     whole stream.
+
+    With ``journal`` a list, every accepted change is also appended there, so
+    an engine can persist one micro-batch's changes (O(batch)) instead of the
+    whole registry (O(stream)); :meth:`replay` applies them again.
     """
 
     object_ids: set[str] = field(default_factory=set)
     subscription_ids: set[str] = field(default_factory=set)
     snapshot_ids: set[str] = field(default_factory=set)
     active: dict[str, Any] = field(default_factory=dict)
+    journal: list[Change] | None = None
+
+    def snapshot_bytes(self) -> bytes:
+        """Return the registry (without its journal) as picklable bytes."""
+        state = (self.object_ids, self.subscription_ids, self.snapshot_ids, self.active)
+        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @classmethod
+    def from_snapshot(cls, data: bytes) -> IdRegistry:
+        """Rebuild a registry from :meth:`snapshot_bytes`."""
+        return cls(*pickle.loads(data))
+
+    def take_journal(self) -> list[Change]:
+        """Return the changes journaled since the last call and start a new journal."""
+        changes, self.journal = self.journal or [], []
+        return changes
+
+    def replay(self, changes: Iterable[Change]) -> None:
+        """Apply journaled changes, in order (not journaled again)."""
+        for rtype, rid, placement in changes:
+            if rtype == "object":
+                self.object_ids.add(rid)
+            elif rtype == "subscribe":
+                self.subscription_ids.add(rid)
+                self.active[rid] = placement
+            elif rtype == "unsubscribe":
+                del self.active[rid]
+            else:
+                self.snapshot_ids.add(rid)
 
     def rejection(self, record: Record, line: str) -> DeadLetter | None:
         """Return the dead letter for ``record`` if the stream so far rejects it, else None.
@@ -64,13 +102,20 @@ class IdRegistry:
 
     def accept(self, record: Record, placement: Any = None) -> Any:
         """Record an accepted record; for an unsubscribe, return the placement it ends."""
+        ended = None
         if isinstance(record, ObjectRecord):
             self.object_ids.add(record.id)
+            rtype = "object"
         elif isinstance(record, Unsubscribe):
-            return self.active.pop(record.id)
+            ended = self.active.pop(record.id)
+            rtype = "unsubscribe"
         elif isinstance(record, SnapshotMarker):
             self.snapshot_ids.add(record.id)
+            rtype = "snapshot"
         else:
             self.subscription_ids.add(record.id)
             self.active[record.id] = placement
-        return None
+            rtype = "subscribe"
+        if self.journal is not None:
+            self.journal.append((rtype, record.id, placement))
+        return ended

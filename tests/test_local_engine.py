@@ -67,3 +67,22 @@ def test_wire_format_round_trips_routed_rows():
         cols = to_columns(mine, keys)
         assert set(cols["evaluator"]) <= {keys[e]}
         assert from_columns(cols, e) == mine
+
+
+def test_registry_journal_replays_to_the_same_router_state():
+    from skpub.registry import IdRegistry
+
+    dep = deployment(evaluators=4)
+    vocabulary = Vocabulary()
+    lines = random_workload(seed=12, n=400)
+    epoch = RoutingEpoch(0, 0, initial_table(dep, vocabulary, lines))
+    journaled = Router(dep, vocabulary, IdRegistry(journal=[]))
+    replica = IdRegistry()
+    for batch_id, start in enumerate(range(0, len(lines), 50)):
+        journaled.route_many(lines[start : start + 50], batch_id, epoch)
+        replica.replay(journaled.registry.take_journal())
+        snapshot = IdRegistry.from_snapshot(replica.snapshot_bytes())
+        rebuilt = Router(dep, vocabulary, snapshot)
+        assert snapshot.active == journaled.registry.active
+        assert snapshot.object_ids == journaled.registry.object_ids
+        assert rebuilt.summaries.counts == journaled.summaries.counts

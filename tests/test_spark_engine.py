@@ -90,27 +90,35 @@ def _wait_for_parts(folder, count, proc, timeout_seconds=240):
 
 @pytest.mark.integration
 def test_killed_run_restarts_from_checkpoint_with_exact_output(tmp_path):
-    """SIGKILL the driver (and its JVM) mid-stream, restart: none lost, none twice."""
+    """SIGKILL the driver (and its JVM) mid-stream, restart: none lost, none twice.
+
+    The kill comes after the router's first registry snapshot (batch 15), so
+    the restart rebuilds the registry from a snapshot plus later deltas.
+    """
     lines = random_workload(seed=33, n=1200)
     source = tmp_path / "in.jsonl"
     write_lines(source, lines)
     out = tmp_path / "out"
-    args = ["--input", str(source), "--output", str(out), "--evaluators", "3", "--batch-size", "100", "--quiet"]
+    args = ["--input", str(source), "--output", str(out), "--evaluators", "3", "--batch-size", "40", "--quiet"]
     (tmp_path / "dep.json").write_text(
         '{"space": [0, 0, 100, 100], "grid_size": 20, "index_block": 2, "sample_size": 200}'
     )
     args += ["--config", str(tmp_path / "dep.json")]
     proc = _cli(args, start_new_session=True)
-    _wait_for_parts(out / "statistics", 3, proc)
+    _wait_for_parts(out / "statistics", 18, proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    batches = -(-len(lines) // 40)
     done = len(list((out / "statistics").glob("part-*.jsonl")))
-    assert done < 13, "the run finished before the kill; nothing was tested"
+    assert done < batches, "the run finished before the kill; nothing was tested"
+    assert (out / "_checkpoint" / "router" / "snapshot-00000015.pkl").exists()
     rerun = _cli(args)
     output, _ = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, output
-    dep = deployment(evaluators=3, batch_size=100)
+    dep = deployment(evaluators=3, batch_size=40)
     assert_equals_oracle(out, lines, dep)
+    deltas = list((out / "_checkpoint" / "router").glob("delta-*.pkl"))
+    assert 0 < len(deltas) <= 16, "registry deltas before the last snapshot must be pruned"
 
 
 @pytest.mark.integration

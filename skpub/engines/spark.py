@@ -9,8 +9,10 @@ Query shape (DESIGN "The Spark engine")::
       -> foreachBatch(Sink)                       idempotent per batch id
 
 The checkpoint directory holds everything a restart needs: the staged input
-chunks (``source/``), the routing epochs (``epochs/``), the router state after
-each micro-batch (``router/``), the evaluator grouping keys and the deployment
+chunks (``source/``), the routing epochs (``epochs/``), the router's id
+registry (``router/``: each micro-batch's changes, and a full snapshot every
+``ROUTER_SNAPSHOT_EVERY`` batches, so a batch writes O(batch) bytes, not
+O(stream)), the evaluator grouping keys and the deployment
 (``manifest.json``), and Spark's own query checkpoint (``query/``). A run
 killed at any point and started again with the same arguments resumes from
 the last committed micro-batch and ends with exactly the same output.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import sys
 import uuid
@@ -40,12 +43,13 @@ from skpub.errors import CheckpointError, EngineError, JavaNotFoundError
 from skpub.inputs import input_files, iter_batches, iter_lines
 from skpub.output import prepare
 from skpub.records import DeadLetter
+from skpub.registry import IdRegistry
 from skpub.runtime import tune_gc
 from skpub.storage import atomic_write_bytes, atomic_write_text
 from skpub.summary import BatchReport, RunObserver, RunSummary
 from skpub.text import load_vocabulary
 
-ROUTER_STATE_KEPT = 3
+ROUTER_SNAPSHOT_EVERY = 16
 
 
 def require_java() -> str:
@@ -102,9 +106,17 @@ class Checkpoint:
         self.query = self.root / "query"
         self.manifest = self.root / "manifest.json"
 
-    def router_state(self, batch_id: int) -> Path:
-        """Router state after micro-batch ``batch_id``."""
-        return self.router / f"state-{batch_id:08d}.pkl"
+    def router_delta(self, batch_id: int) -> Path:
+        """Return the file of the id registry's changes in micro-batch ``batch_id``."""
+        return self.router / f"delta-{batch_id:08d}.pkl"
+
+    def router_snapshot(self, batch_id: int) -> Path:
+        """Return the file of the whole id registry after micro-batch ``batch_id``."""
+        return self.router / f"snapshot-{batch_id:08d}.pkl"
+
+    def router_files(self, kind: str) -> dict[int, Path]:
+        """Batch id -> file, for ``kind`` ``delta`` or ``snapshot``."""
+        return {int(p.stem.split("-")[1]): p for p in self.router.glob(f"{kind}-*.pkl")}
 
     def router_report(self, batch_id: int) -> Path:
         """Router counters of micro-batch ``batch_id``."""
@@ -163,7 +175,8 @@ class RouterTask:
     Reads every line of the batch (one partition after ``coalesce(1)``), puts
     them in stream order (file, block, line), picks the epoch in force for the
     batch id, routes them from the router state after the previous batch, and
-    saves the new state and its counters under the batch id.
+    saves the id registry's changes (and every ``ROUTER_SNAPSHOT_EVERY``
+    batches the whole registry) and the counters under the batch id.
     """
 
     def __init__(self, checkpoint_root: str, run_id: str, deployment_json: str, keys: list[int]) -> None:
@@ -186,7 +199,10 @@ class RouterTask:
         router = _router_before(checkpoint, self.run_id, deployment, vocabulary, batch_id)
         epoch = EpochLog(checkpoint.epochs).for_batch(batch_id)
         routed = router.route_many(lines, batch_id, epoch)
-        atomic_write_bytes(checkpoint.router_state(batch_id), router.state_bytes())
+        changes = router.registry.take_journal()
+        atomic_write_bytes(checkpoint.router_delta(batch_id), pickle.dumps(changes, protocol=pickle.HIGHEST_PROTOCOL))
+        if batch_id % ROUTER_SNAPSHOT_EVERY == ROUTER_SNAPSHOT_EVERY - 1:
+            atomic_write_bytes(checkpoint.router_snapshot(batch_id), router.registry.snapshot_bytes())
         report = {
             "records": len(lines),
             "objects": routed.objects,
@@ -231,7 +247,11 @@ def _ordered_lines(table: pa.Table) -> list[str]:
 
 
 def _router_before(checkpoint: Checkpoint, run_id: str, deployment: Deployment, vocabulary, batch_id: int) -> Router:  # noqa: ANN001
-    """Return the router state after micro-batch ``batch_id - 1`` (cached, else from its file).
+    """Return the router state after micro-batch ``batch_id - 1``.
+
+    From the executor cache when it holds exactly that state, else rebuilt
+    from the newest registry snapshot before ``batch_id`` plus the deltas
+    after it (summaries are derived from the registry's placements).
 
     The cache entry is taken out: routing mutates the router, so an attempt
     that fails midway must not leave a half-applied router for its retry.
@@ -239,13 +259,16 @@ def _router_before(checkpoint: Checkpoint, run_id: str, deployment: Deployment, 
     cached = _ROUTERS.pop(run_id, None)
     if cached is not None and cached[0] == batch_id - 1:
         return cached[1]
-    previous = sorted(p for p in checkpoint.router.glob("state-*.pkl") if int(p.stem[6:]) < batch_id)
-    if not previous:
-        return Router(deployment, vocabulary)
-    last = previous[-1]
-    if int(last.stem[6:]) != batch_id - 1:
-        raise CheckpointError(f"router state for batch {batch_id - 1} is missing from {checkpoint.router}")
-    return Router.from_state(deployment, vocabulary, last.read_bytes())
+    snapshots = [b for b in checkpoint.router_files("snapshot") if b < batch_id]
+    base = max(snapshots, default=-1)
+    registry = IdRegistry.from_snapshot(checkpoint.router_snapshot(base).read_bytes()) if base >= 0 else IdRegistry()
+    deltas = checkpoint.router_files("delta")
+    for b in range(base + 1, batch_id):
+        if b not in deltas:
+            raise CheckpointError(f"router changes of batch {b} are missing from {checkpoint.router}")
+        registry.replay(pickle.loads(deltas[b].read_bytes()))
+    registry.journal = []
+    return Router(deployment, vocabulary, registry)
 
 
 class Sink:
@@ -272,10 +295,23 @@ class Sink:
         routing = json.loads(self.checkpoint.router_report(batch_id).read_text())
         report = BatchReport(batch_id, **routing)
         write_batch(self.output, batch_id, [deliveries], dead, statistics, report)
-        for old in self.checkpoint.router.glob("state-*.pkl"):
-            if int(old.stem[6:]) < batch_id - ROUTER_STATE_KEPT:
-                old.unlink(missing_ok=True)
+        self._prune_router_files(batch_id)
         self.observer.on_batch(report)
+
+    def _prune_router_files(self, batch_id: int) -> None:
+        """Drop registry files no restart can need once ``batch_id`` is written.
+
+        A replay of ``batch_id`` itself needs the newest snapshot before it and
+        every delta after that snapshot; everything older goes.
+        """
+        snapshots = self.checkpoint.router_files("snapshot")
+        keep = max((b for b in snapshots if b < batch_id), default=-1)
+        for b, path in snapshots.items():
+            if b < keep:
+                path.unlink(missing_ok=True)
+        for b, path in self.checkpoint.router_files("delta").items():
+            if b <= keep:
+                path.unlink(missing_ok=True)
 
 
 def _open_checkpoint(
