@@ -59,19 +59,24 @@ def test_uniform_router_returns_exactly_the_overlapped_partitions(n, data):
     assert set(found) == brute_force(table.partitioning, box)
 
 
-def test_cells_visited_grow_with_partitions_not_grid_size():
-    """Lemma 1: the same layout on a 50x finer grid pops exactly as many cells."""
-    rng = np.random.default_rng(3)
-    coarse = cost_partitioning(rng.random((40, 40)), 64)
-    fine_boxes = [(x0 * 50, y0 * 50, x1 * 50 + 49, y1 * 50 + 49) for x0, y0, x1, y1 in coarse.boxes.tolist()]
-    fine = Partitioning(2000, np.array(fine_boxes))
-    small, large = AGrid(FineGrid(SPACE, 40), coarse), AGrid(FineGrid(SPACE, 2000), fine)
-    for box in [(0, 0, 39, 39), (3, 5, 20, 17), (10, 10, 10, 10), (0, 20, 39, 21)]:
-        scaled = (box[0] * 50, box[1] * 50, box[2] * 50 + 49, box[3] * 50 + 49)
-        found_small, pops_small = small.neighbor_search(box)
-        found_large, pops_large = large.neighbor_search(scaled)
-        assert set(found_small) == set(found_large)
-        assert pops_small == pops_large <= 2 * len(found_small) + 1
+@settings(max_examples=100, deadline=None)
+@given(st.data(), st.integers(2, 60))
+def test_cells_visited_grow_with_partitions_not_grid_size(data, factor):
+    """Lemma 1: the same layout on a grid ``factor`` times finer visits exactly as many cells."""
+    coarse = data.draw(partitionings(max_size=30))
+    size = coarse.size
+    fine_boxes = [
+        (x0 * factor, y0 * factor, (x1 + 1) * factor - 1, (y1 + 1) * factor - 1)
+        for x0, y0, x1, y1 in coarse.boxes.tolist()
+    ]
+    fine = Partitioning(size * factor, np.array(fine_boxes))
+    small, large = AGrid(FineGrid(SPACE, size), coarse), AGrid(FineGrid(SPACE, size * factor), fine)
+    box = data.draw(boxes(size))
+    scaled = (box[0] * factor, box[1] * factor, (box[2] + 1) * factor - 1, (box[3] + 1) * factor - 1)
+    found_small, cells_small = small.neighbor_search(box)
+    found_large, cells_large = large.neighbor_search(scaled)
+    assert set(found_small) == set(found_large)
+    assert cells_small == cells_large <= 2 * len(found_small) + 1
 
 
 @settings(max_examples=200, deadline=None)
