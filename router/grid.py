@@ -58,12 +58,6 @@ class FineGrid:
         cx1, cy1 = self.cell_of(rect.xmax, rect.ymax)
         return cx0, cy0, cx1, cy1
 
-    def cell_rect(self, cx: int, cy: int) -> Rect:
-        """Return the spatial extent of cell ``(cx, cy)``, in coordinate units."""
-        s = self.space
-        w, h = s.width / self.size, s.height / self.size
-        return Rect(s.xmin + cx * w, s.ymin + cy * h, s.xmin + (cx + 1) * w, s.ymin + (cy + 1) * h)
-
 
 def intersect_boxes(a: CellBox, b: CellBox) -> CellBox | None:
     """Return the intersection of two inclusive cell boxes, or None if disjoint."""

@@ -45,7 +45,3 @@ class TextualSummaries:
     def admits(self, evaluator: int, terms: frozenset[str]) -> bool:
         """Return whether an object with ``terms`` can match a subscription at ``evaluator``."""
         return not self.counts[evaluator].keys().isdisjoint(terms)
-
-    def size(self, evaluator: int) -> int:
-        """Return the number of distinct keywords in ``evaluator``'s summary."""
-        return len(self.counts[evaluator])

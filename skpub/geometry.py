@@ -7,7 +7,6 @@ GeoNames workload). Rectangles are closed on every side
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 
@@ -24,12 +23,6 @@ class Rect:
         """Return whether the point ``(x, y)`` lies in the closed rectangle."""
         return self.xmin <= x <= self.xmax and self.ymin <= y <= self.ymax
 
-    def intersects(self, other: Rect) -> bool:
-        """Return whether the two closed rectangles share at least one point."""
-        return (
-            self.xmin <= other.xmax and other.xmin <= self.xmax and self.ymin <= other.ymax and other.ymin <= self.ymax
-        )
-
     @property
     def width(self) -> float:
         """Extent along x, in space units."""
@@ -39,11 +32,6 @@ class Rect:
     def height(self) -> float:
         """Extent along y, in space units."""
         return self.ymax - self.ymin
-
-    @property
-    def diagonal(self) -> float:
-        """Length of the diagonal (``MaxDist`` of SEMANTICS section 2), in space units."""
-        return math.hypot(self.width, self.height)
 
     def as_list(self) -> list[float]:
         """Return ``[xmin, ymin, xmax, ymax]``, the JSON form."""

@@ -10,7 +10,6 @@ per conjunctive clause, on its least frequent keyword).
 from __future__ import annotations
 
 import json
-import math
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -184,7 +183,8 @@ class Vocabulary:
     """Document frequencies of terms (SEMANTICS section 3.2).
 
     ``n_documents`` is ``N``; ``df`` maps a normalized term to its document
-    frequency. A term missing from ``df`` has ``df = 1``. An empty vocabulary
+    frequency. A term missing from ``df`` has ``df = 1``. Range routing uses
+    it to pick each clause's least frequent keyword. An empty vocabulary
     (no file) ranks terms by a deterministic fallback: longer terms first, then
     lexicographic (longer terms are rarer in natural text).
     """
@@ -217,12 +217,6 @@ class Vocabulary:
     def frequency(self, term: str) -> int:
         """Document frequency of ``term`` (1 when unknown)."""
         return self.df.get(term, 1)
-
-    def idf(self, term: str) -> float:
-        """``ln(N / df(t))``, or 1 for every term when there is no vocabulary."""
-        if not self.n_documents:
-            return 1.0
-        return math.log(self.n_documents / self.frequency(term))
 
     def least_frequent(self, terms: Iterable[str]) -> str:
         """Return the least frequent term (ties: longest, then lexicographically first).

@@ -43,6 +43,7 @@ def test_neighbor_search_returns_exactly_the_overlapped_partitions(data):
     agrid = AGrid(FineGrid(SPACE, partitioning.size), partitioning)
     box = data.draw(boxes(partitioning.size))
     found, pops = agrid.neighbor_search(box)
+    assert agrid.route_cells(box) == found
     assert len(found) == len(set(found))
     assert set(found) == brute_force(partitioning, box)
     assert pops <= 2 * len(found) + 1
@@ -99,6 +100,10 @@ def test_point_in_rect_always_falls_in_rect_cells(x, y, rx, ry, w, h, size):
     assert x0 <= cx <= x1 and y0 <= cy <= y1
     vx, vy = grid.cells_of(np.array([x]), np.array([y]))
     assert (vx[0], vy[0]) == (cx, cy)
+    table = UniformGrid(grid, 4) if size >= 2 else None
+    if table is not None:
+        assert table.route_one(x, y) in table.route_range(rect)
+        assert table.route_many(np.array([x]), np.array([y]))[0] == table.route_one(x, y)
 
 
 def test_cost_partitioning_balances_skewed_costs():
