@@ -7,7 +7,12 @@ Metrics live in an explicit registry (never the global one), use the
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+if TYPE_CHECKING:
+    from skpub.summary import BatchReport
 
 ROUTING_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -36,7 +41,7 @@ class Metrics:
         )
         self.epoch = Gauge("skpub_routing_epoch", "Routing epoch in force", registry=r)
 
-    def observe_batch(self, report) -> None:  # noqa: ANN001 - skpub.summary.BatchReport
+    def observe_batch(self, report: BatchReport) -> None:
         """Account one :class:`skpub.summary.BatchReport`."""
         self.objects.inc(report.objects)
         self.forwarded.inc(report.forwarded)

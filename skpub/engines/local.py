@@ -21,11 +21,13 @@ from skpub.engines.sink import write_batch
 from skpub.inputs import iter_batches, iter_lines
 from skpub.output import prepare
 from skpub.runtime import tune_gc
-from skpub.summary import BatchReport, RunObserver
+from skpub.summary import BatchReport, RunObserver, RunSummary
 from skpub.text import load_vocabulary
 
 
-def run_local(input_path: str | Path, output_dir: str | Path, deployment: Deployment, observer: RunObserver):
+def run_local(
+    input_path: str | Path, output_dir: str | Path, deployment: Deployment, observer: RunObserver
+) -> RunSummary:
     """Run the stream at ``input_path`` through the local engine into ``output_dir``.
 
     Returns
