@@ -13,10 +13,11 @@ and rebuilt from them after a restart.
 
 from __future__ import annotations
 
-import pickle
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+import orjson
 
 from evaluators.errors import EvaluatorError
 from evaluators.gi2 import GI2Index
@@ -24,10 +25,12 @@ from evaluators.stats import CellCostStats
 from router.dispatch import Routed
 from router.grid import CellBox
 from skpub.config import Deployment
+from skpub.geometry import Rect
 from skpub.records import DeadLetter, ObjectRecord, RangeSubscription, Unsubscribe
 from skpub.text import Vocabulary
 
 STATE_BLOCK = 25
+BLOCK_FORMAT = 1
 _BLOCK_ROW = 1 << 20
 
 Delivery = tuple[int, str, str]
@@ -75,33 +78,35 @@ class Evaluator:
             Deliveries ``(pos, sub, obj)``, passed-through dead letters, the
             batch's cell costs and this evaluator's thread CPU time, seconds.
 
-        Raises
-        ------
-        EvaluatorError
-            If a row is not for this evaluator or of an unknown record type.
+            A row that fails (a bug: not for this evaluator, an unknown record
+            type, an unexpected exception) becomes an ``internal_error`` dead
+            letter whose ``line`` names the record (evaluators never see the
+            raw line), and the batch goes on.
         """
         start = time.thread_time()
         out = EvaluatorBatch(self.evaluator_id)
         deliveries, stats, size = out.deliveries, out.stats, self.grid_size
         match_one = self.index.match_one
         for row in rows:
-            if row.evaluator != self.evaluator_id:
-                raise EvaluatorError(f"row for evaluator {row.evaluator} reached {self.evaluator_id}")
             record = row.record
-            if isinstance(record, ObjectRecord):
-                cx, cy = row.cells[0], row.cells[1]
-                matched, examined = match_one(record, cx, cy)
-                stats.add(cy * size + cx, cx, cy, examined)
-                for sid in matched:
-                    deliveries.append((record.pos, sid, record.id))
-            elif isinstance(record, RangeSubscription):
-                self._insert(record, row.cells)
-            elif isinstance(record, Unsubscribe):
-                self._delete(record.id)
-            elif isinstance(record, DeadLetter):
-                out.dead_letters.append(record)
-            else:
-                raise EvaluatorError(f"evaluator cannot apply {type(record).__name__}")
+            try:
+                if row.evaluator != self.evaluator_id:
+                    raise EvaluatorError(f"row for evaluator {row.evaluator} reached {self.evaluator_id}")
+                if isinstance(record, ObjectRecord):
+                    cx, cy = row.cells[0], row.cells[1]
+                    matched, examined = match_one(record, cx, cy)
+                    stats.add(cy * size + cx, cx, cy, examined)
+                    deliveries.extend((record.pos, sid, record.id) for sid in matched)
+                elif isinstance(record, RangeSubscription):
+                    self._insert(record, row.cells)
+                elif isinstance(record, Unsubscribe):
+                    self._delete(record.id)
+                elif isinstance(record, DeadLetter):
+                    out.dead_letters.append(record)
+                else:
+                    raise EvaluatorError(f"evaluator cannot apply {type(record).__name__}")
+            except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
+                out.dead_letters.append(DeadLetter.internal_error(record.pos, _describe(record), exc))
         out.cpu_seconds = time.thread_time() - start
         return out
 
@@ -125,10 +130,7 @@ class Evaluator:
 
     def take_dirty_blocks(self) -> dict[int, bytes | None]:
         """Return the blocks changed since the last call, serialized; None for a removed block."""
-        out = {
-            key: pickle.dumps(self.blocks[key], protocol=pickle.HIGHEST_PROTOCOL) if key in self.blocks else None
-            for key in self.dirty
-        }
+        out = {key: encode_block(self.blocks[key]) if key in self.blocks else None for key in self.dirty}
         self.dirty = set()
         return out
 
@@ -140,12 +142,67 @@ class Evaluator:
         vocabulary: Vocabulary,
         blocks: Mapping[int, bytes],
     ) -> Evaluator:
-        """Rebuild an evaluator (and its GI^2 index) from serialized state blocks."""
+        """Rebuild an evaluator (and its GI^2 index) from serialized state blocks.
+
+        Raises
+        ------
+        EvaluatorError
+            If a block is not a state block of :data:`BLOCK_FORMAT`.
+        """
         ev = cls(evaluator_id, deployment, vocabulary)
         for key, data in blocks.items():
-            block = pickle.loads(data)
+            block = decode_block(data)
             ev.blocks[key] = block
             for sid, (sub, box) in block.items():
                 ev.home[sid] = key
                 ev.index.insert(sub, box)
         return ev
+
+
+def _describe(record: object) -> str:
+    """Return the ``line`` of an evaluator's internal-error dead letter: the record's type and id as JSON."""
+    return orjson.dumps({"record": type(record).__name__, "id": getattr(record, "id", None)}).decode()
+
+
+def encode_block(block: Mapping[str, tuple[RangeSubscription, CellBox]]) -> bytes:
+    """Serialize one state block as a versioned JSON document (never pickle: state must not execute on load).
+
+    Each subscription is ``[id, pos, [xmin, ymin, xmax, ymax], [[clause terms], ...], [cx0, cy0, cx1, cy1]]``.
+    """
+    subs = [
+        [sub.id, sub.pos, sub.rect.as_list(), [sorted(clause) for clause in sub.dnf], list(box)]
+        for sub, box in block.values()
+    ]
+    return orjson.dumps({"format": BLOCK_FORMAT, "subscriptions": subs})
+
+
+def decode_block(data: bytes) -> dict[str, tuple[RangeSubscription, CellBox]]:
+    """Rebuild a state block from :func:`encode_block` output.
+
+    Raises
+    ------
+    EvaluatorError
+        If ``data`` is not such a document of this format version.
+    """
+    try:
+        doc = orjson.loads(data)
+        if doc.get("format") != BLOCK_FORMAT:
+            raise ValueError(f"format {doc.get('format')!r}, this skpub reads format {BLOCK_FORMAT}")
+        block = {}
+        for sid, pos, rect, dnf, box in doc["subscriptions"]:
+            if not isinstance(sid, str) or type(pos) is not int:
+                raise TypeError("a subscription id is a string and its position an integer")
+            clauses = tuple(frozenset(_strings(clause)) for clause in dnf)
+            cells = tuple(int(c) for c in box)
+            if len(cells) != 4 or not clauses:
+                raise ValueError("a cell box has 4 cells and a subscription at least one clause")
+            block[sid] = (RangeSubscription(pos, sid, Rect(*(float(v) for v in rect)), clauses), cells)
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise EvaluatorError(f"damaged evaluator state block: {exc}") from None
+    return block
+
+
+def _strings(values: list) -> list[str]:
+    if not all(isinstance(v, str) for v in values):
+        raise TypeError("clause terms must be strings")
+    return values

@@ -20,13 +20,14 @@ def merge_deliveries(parts: Iterable[Iterable[Delivery]]) -> list[dict]:
     -------
     list of dict
         ``{"sub", "obj", "event": "match"}`` in (position, subscription) order,
-        each pair once. O(d log d) for d deliveries.
+        each (object position, subscription) pair once: an object id that
+        recurs after the id horizon is a new object and matches again
+        (SEMANTICS section 1). O(d log d) for d deliveries.
     """
-    ordered = sorted(d for part in parts for d in part)
     out = []
-    seen: set[tuple[str, str]] = set()
-    for _, sub, obj in ordered:
-        if (sub, obj) not in seen:
-            seen.add((sub, obj))
+    last = None
+    for pos, sub, obj in sorted(d for part in parts for d in part):
+        if (pos, sub) != last:
+            last = (pos, sub)
             out.append({"sub": sub, "obj": obj, "event": "match"})
     return out

@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from router.epoch import RoutingEpoch
 from router.grid import CellBox, intersect_boxes
 from router.summary import TextualSummaries
+from router.table import RoutingTable
 from skpub.config import Deployment
+from skpub.decode import line_text
 from skpub.records import (
     DeadLetter,
     ObjectRecord,
@@ -77,6 +79,24 @@ class Placement:
     evaluators: tuple[int, ...]
     keywords: frozenset[str]
 
+    def to_json(self) -> list:
+        """Return ``[evaluators, sorted keywords]``, the durable form."""
+        return [list(self.evaluators), sorted(self.keywords)]
+
+    @classmethod
+    def from_json(cls, raw: list) -> Placement:
+        """Rebuild a placement from :meth:`to_json`.
+
+        Raises
+        ------
+        TypeError, ValueError
+            If ``raw`` is not of that shape.
+        """
+        evaluators, keywords = raw
+        if not all(type(e) is int for e in evaluators) or not all(type(k) is str for k in keywords):
+            raise TypeError("a placement is [[evaluator ints], [keyword strings]]")
+        return cls(tuple(evaluators), frozenset(keywords))
+
 
 class Router:
     """A routing unit with its id registry and textual summaries."""
@@ -84,19 +104,19 @@ class Router:
     def __init__(self, deployment: Deployment, vocabulary: Vocabulary, registry: IdRegistry | None = None) -> None:
         self.deployment = deployment
         self.vocabulary = vocabulary
-        self.registry = registry if registry is not None else IdRegistry()
+        self.registry = registry if registry is not None else IdRegistry(deployment.object_id_horizon)
         self.summaries = TextualSummaries(deployment.evaluators)
         for placement in self.registry.active.values():
             for e in placement.evaluators:
                 self.summaries.add(e, placement.keywords)
 
-    def route_many(self, lines: Sequence[str], batch_id: int, epoch: RoutingEpoch) -> RoutedBatch:
+    def route_many(self, lines: Sequence[bytes], batch_id: int, epoch: RoutingEpoch) -> RoutedBatch:
         """Route one micro-batch of raw lines, in stream order.
 
         Parameters
         ----------
-        lines : sequence of str
-            The batch's lines in stream order, without terminators.
+        lines : sequence of bytes
+            The batch's lines in stream order, as read, without terminators.
         batch_id : int
             Micro-batch id; positions are ``stream_position(batch_id, i)``.
         epoch : RoutingEpoch
@@ -105,44 +125,55 @@ class Router:
         Returns
         -------
         RoutedBatch
-            Cost O(len(lines)) plus O(N_p) per range subscription.
+            Cost O(len(lines)) plus O(N_p) per range subscription. Never
+            raises for a line: one that fails unexpectedly becomes an
+            ``internal_error`` dead letter and the batch goes on.
         """
         start = time.perf_counter()
-        table = epoch.table
-        grid, space = table.grid, self.deployment.space
-        registry, summaries, n = self.registry, self.summaries, self.deployment.evaluators
         out = RoutedBatch(batch_id)
-        rows = out.rows
+        n = self.deployment.evaluators
         for i, line in enumerate(lines):
             pos = stream_position(batch_id, i)
-            record = parse_line(line, pos, space)
-            if not isinstance(record, DeadLetter):
-                record = registry.rejection(record, line) or record
-            if isinstance(record, ObjectRecord):
-                registry.accept(record)
-                out.objects += 1
-                cx, cy = grid.cell_of(record.x, record.y)
-                evaluator = table.owner_of_cell(cx, cy)
-                if summaries.admits(evaluator, record.term_set):
-                    rows.append(Routed(evaluator, record, (cx, cy, cx, cy)))
-                    out.forwarded += 1
-            elif isinstance(record, RangeSubscription):
-                box = grid.cell_box(record.rect)
-                evaluators = table.route_cells(box)
-                keywords = self.vocabulary.summary_keywords(record.dnf)
-                for e in evaluators:
-                    summaries.add(e, keywords)
-                    rows.append(Routed(e, record, intersect_boxes(box, table.partitioning.box(e))))
-                registry.accept(record, Placement(tuple(evaluators), keywords))
-            elif isinstance(record, Unsubscribe):
-                placement = registry.accept(record)
-                for e in placement.evaluators:
-                    summaries.remove(e, placement.keywords)
-                    rows.append(Routed(e, record))
-            elif isinstance(record, SnapshotMarker):
-                registry.accept(record)
-            else:
-                rows.append(Routed(i % n, record))
+            try:
+                self._route_one(line, pos, epoch.table, out)
+            except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
+                out.rows.append(Routed(pos % n, DeadLetter.internal_error(pos, line, exc)))
                 out.dead_letters += 1
         out.routing_seconds = time.perf_counter() - start
         return out
+
+    def _route_one(self, line: bytes, pos: int, table: RoutingTable, out: RoutedBatch) -> None:
+        """Parse, validate and route one line into ``out``; state changes only once routing succeeded."""
+        deployment, registry, summaries = self.deployment, self.registry, self.summaries
+        record = parse_line(line, pos, deployment.space, deployment.max_record_bytes)
+        if not isinstance(record, DeadLetter):
+            rejection = registry.rejection(record)
+            if rejection is not None:
+                record = DeadLetter(pos, line_text(line), *rejection)
+        if isinstance(record, ObjectRecord):
+            cx, cy = table.grid.cell_of(record.x, record.y)
+            evaluator = table.owner_of_cell(cx, cy)
+            registry.accept(record)
+            out.objects += 1
+            if summaries.admits(evaluator, record.term_set):
+                out.rows.append(Routed(evaluator, record, (cx, cy, cx, cy)))
+                out.forwarded += 1
+        elif isinstance(record, RangeSubscription):
+            box = table.grid.cell_box(record.rect)
+            evaluators = table.route_cells(box)
+            keywords = self.vocabulary.summary_keywords(record.dnf)
+            rows = [Routed(e, record, intersect_boxes(box, table.partitioning.box(e))) for e in evaluators]
+            registry.accept(record, Placement(tuple(evaluators), keywords))
+            for e in evaluators:
+                summaries.add(e, keywords)
+            out.rows.extend(rows)
+        elif isinstance(record, Unsubscribe):
+            placement = registry.accept(record)
+            for e in placement.evaluators:
+                summaries.remove(e, placement.keywords)
+                out.rows.append(Routed(e, record))
+        elif isinstance(record, SnapshotMarker):
+            registry.accept(record)
+        else:
+            out.rows.append(Routed(pos % deployment.evaluators, record))
+            out.dead_letters += 1

@@ -4,7 +4,8 @@ The space is cut into ``size x size`` equal cells. Cell ``(cx, cy)`` has id
 ``cy * size + cx``. The same floating-point formula maps points and rectangle
 corners to cells, and it is monotone, so a point inside a closed rectangle
 always falls in a cell of the rectangle's cell range: routing by cells never
-loses a match on a cell or partition border.
+loses a match on a cell or partition border. Values beyond the space (a
+rectangle may reach any finite coordinate) clamp to the border cells.
 """
 
 from __future__ import annotations
@@ -27,8 +28,14 @@ class FineGrid:
     size: int
 
     def _index(self, v: float, lo: float, extent: float) -> int:
+        # Clamp before scaling: a rectangle may reach +-1.7e308 (SEMANTICS
+        # section 1), where the scaled value would overflow to inf.
+        if v <= lo:
+            return 0
+        if v >= lo + extent:
+            return self.size - 1
         i = int((v - lo) / extent * self.size // 1)
-        return 0 if i < 0 else (self.size - 1 if i >= self.size else i)
+        return self.size - 1 if i >= self.size else i
 
     def cell_of(self, x: float, y: float) -> tuple[int, int]:
         """Return the cell ``(cx, cy)`` holding the point; O(1)."""

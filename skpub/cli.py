@@ -13,7 +13,9 @@ from pathlib import Path
 
 from skpub.config import ROUTERS, load_deployment
 from skpub.errors import SkpubError
+from skpub.inputs import skipped_entries
 from skpub.metrics import Metrics
+from skpub.output import WORKLOAD_DIR, check_output
 from skpub.summary import RunObserver, RunSummary
 
 
@@ -36,7 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a stream through an engine")
     run.add_argument("--engine", choices=("spark", "local"), default="spark", help="default: spark")
-    run.add_argument("--input", help="JSON-lines file or directory (default: the GeoNames workload)")
+    run.add_argument(
+        "--input",
+        help="JSON-lines file, directory of *.jsonl, or - for standard input (default: the GeoNames workload)",
+    )
     run.add_argument("--output", default="out", help="output directory (default: out)")
     run.add_argument("--evaluators", type=int, help="number of evaluators (default 4)")
     run.add_argument("--router", choices=ROUTERS, help="routing table (default agrid)")
@@ -46,6 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     run.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     run.add_argument("--checkpoint", help="Spark checkpoint directory (default OUTPUT/_checkpoint)")
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace skpub's own finished output (never files skpub did not write)",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress lines")
     _workload_args(run)
 
@@ -74,6 +84,11 @@ def _run(args: argparse.Namespace) -> int:
 
         require_java()
     output = Path(args.output)
+    check_output(output, args.overwrite)
+    metrics = Metrics()
+    if args.metrics_port is not None:
+        metrics.serve(args.metrics_port)
+        print(f"[skpub] metrics on http://127.0.0.1:{args.metrics_port}/metrics", file=sys.stderr, flush=True)
     input_path = args.input
     if input_path is None:
         from sims.geonames import write_workload
@@ -83,24 +98,26 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        input_path, vocabulary = write_workload(_spec(args), output / "_workload")
+        input_path, vocabulary = write_workload(_spec(args), output / WORKLOAD_DIR)
         print(f"[skpub] workload: {input_path}", file=sys.stderr, flush=True)
         deployment = deployment.replace(vocabulary=deployment.vocabulary or str(vocabulary))
-    metrics = Metrics()
-    if args.metrics_port is not None:
-        metrics.serve(args.metrics_port)
-        print(f"[skpub] metrics on http://127.0.0.1:{args.metrics_port}/metrics", file=sys.stderr, flush=True)
     summary = RunSummary(args.engine, deployment.router, deployment.evaluators)
+    summary.skipped_inputs = skipped_entries(input_path)
     observer = RunObserver(summary, metrics, stream=None if args.quiet else sys.stderr)
+    if summary.skipped_inputs:
+        observer.note(f"input: skipping {len(summary.skipped_inputs)} entries that are not *.jsonl files")
     if args.engine == "local":
         from skpub.engines.local import run_local
 
-        result = run_local(input_path, output, deployment, observer)
+        result = run_local(input_path, output, deployment, observer, overwrite=args.overwrite)
     else:
         from skpub.engines.spark import run_spark
 
-        checkpoint = Path(args.checkpoint) if args.checkpoint else output / "_checkpoint"
-        result = run_spark(input_path, output, deployment, observer, master=args.master, checkpoint=checkpoint)
+        checkpoint = Path(args.checkpoint) if args.checkpoint else None
+        result = run_spark(
+            input_path, output, deployment, observer, master=args.master, checkpoint=checkpoint,
+            overwrite=args.overwrite,
+        )  # fmt: skip
     print(result.format())
     return 0
 

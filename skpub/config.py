@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -22,6 +23,18 @@ from skpub.errors import ConfigError
 from skpub.geometry import Rect
 
 ROUTERS = ("agrid", "uniform")
+INTEGER_FIELDS = (
+    "evaluators", "grid_size", "index_block", "batch_size", "sample_size", "max_record_bytes", "object_id_horizon",
+)  # fmt: skip
+GRID_BYTES_PER_CELL = 48
+EVALUATOR_BYTES = 64 * 1024
+
+
+def physical_memory() -> int:
+    """Bytes of physical memory of this machine (``sysconf``)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 WINDOW_KINDS = ("none", "count", "seconds")
 
 
@@ -69,6 +82,13 @@ class Deployment:
     sample_size : int
         Records read from the stream head to compute the initial partitioning
         (Tornado section 4.1).
+    max_record_bytes : int
+        Input lines longer than this many bytes are ``too_large`` dead letters
+        (SEMANTICS section 1); default 1 MiB.
+    object_id_horizon : int
+        Object ids are unique among the most recent this many accepted
+        objects; the routing unit's memory for object ids is bounded by it
+        (SEMANTICS section 1); default 1,000,000.
     """
 
     space: Rect = field(default_factory=lambda: Rect(-180.0, -90.0, 180.0, 90.0))
@@ -80,6 +100,8 @@ class Deployment:
     batch_size: int = 100_000
     vocabulary: str | None = None
     sample_size: int = 50_000
+    max_record_bytes: int = 1 << 20
+    object_id_horizon: int = 1_000_000
 
     def __post_init__(self) -> None:
         s = self.space
@@ -87,12 +109,31 @@ class Deployment:
             raise ConfigError(f"space must be a finite non-empty rectangle, got {s.as_list()}")
         if self.router not in ROUTERS:
             raise ConfigError(f"router must be one of {ROUTERS}, got {self.router!r}")
-        for name in ("evaluators", "grid_size", "index_block", "batch_size", "sample_size"):
+        for name in INTEGER_FIELDS:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
         if self.evaluators > self.grid_size * self.grid_size:
             raise ConfigError("more evaluators than fine-grid cells")
+        need, have = self.memory_estimate(), physical_memory()
+        if need > have // 2:
+            raise ConfigError(
+                f"grid_size={self.grid_size} and evaluators={self.evaluators} need about {need / 2**30:.1f} GiB "
+                f"for routing tables alone, more than half of this machine's {have / 2**30:.1f} GiB; "
+                "choose a smaller grid_size or fewer evaluators"
+            )
+
+    def memory_estimate(self) -> int:
+        """Bytes the routing tables of this deployment take at least, before any record arrives.
+
+        The fine grid's per-cell arrays (cost estimate, summed-area tables and
+        the owner map: about ``GRID_BYTES_PER_CELL`` bytes per cell, Tornado
+        section 4.1) plus per-evaluator structures (textual summaries,
+        evaluator cores, statistics: about ``EVALUATOR_BYTES`` each). Checked
+        before anything is allocated, so an impossible deployment is refused
+        with a sentence instead of dying of memory.
+        """
+        return GRID_BYTES_PER_CELL * (self.grid_size + 1) ** 2 + EVALUATOR_BYTES * self.evaluators
 
     def replace(self, **changes: Any) -> Deployment:
         """Return a copy with ``changes`` applied (None values are ignored)."""

@@ -32,3 +32,11 @@ class EngineError(SkpubError):
 
 class CheckpointError(SkpubError):
     """A checkpoint directory belongs to another deployment or is damaged."""
+
+
+class OutputError(SkpubError):
+    """An output directory holds files skpub did not write, holds a finished run, or cannot be written."""
+
+
+class MetricsError(SkpubError):
+    """The metrics endpoint cannot be served (port out of range or in use)."""

@@ -1,17 +1,33 @@
-"""Reading input streams: a JSON-lines file or a directory of them.
+r"""Reading input streams: a JSON-lines file, a directory of them, or standard input.
 
-A directory is read in file-name order (files whose names start with ``.`` or
-``_`` are skipped, as Spark's file source does); this order is the stream
-order of SEMANTICS section 1.
+Lines are read as bytes (SEMANTICS section 1, "Reading lines"): a record ends
+at ``\n`` only, one ``\r`` right before it is dropped, a UTF-8 byte-order
+mark at the start of a file is skipped, and nothing is decoded here, so a line
+that is not UTF-8 reaches the parser as it was and becomes a dead letter.
+
+A directory is read in file-name order; only its ``*.jsonl`` files are input
+(names starting with ``.`` or ``_`` are skipped, as Spark's file source does);
+every other entry is reported by :func:`skipped_entries` so the run's summary
+can name it. This order is the stream order of SEMANTICS section 1.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
+from typing import BinaryIO
 
 from skpub.errors import InputError
+
+STDIN = "-"
+BOM = b"\xef\xbb\xbf"
+INPUT_SUFFIX = ".jsonl"
+
+
+def _is_input(entry: Path) -> bool:
+    return entry.is_file() and entry.suffix == INPUT_SUFFIX and not entry.name.startswith((".", "_"))
 
 
 def input_files(path: str | Path) -> list[Path]:
@@ -20,29 +36,79 @@ def input_files(path: str | Path) -> list[Path]:
     Raises
     ------
     InputError
-        If the path does not exist or a directory holds no input file.
+        If the path does not exist, or is a directory holding no ``*.jsonl`` file.
     """
     p = Path(path)
     if p.is_file():
         return [p]
     if not p.is_dir():
         raise InputError(f"input {p} does not exist")
-    files = sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith((".", "_")))
+    files = sorted(f for f in p.iterdir() if _is_input(f))
     if not files:
-        raise InputError(f"input directory {p} holds no file")
+        raise InputError(f"input directory {p} holds no *{INPUT_SUFFIX} file")
     return files
 
 
-def iter_lines(path: str | Path) -> Iterator[str]:
-    """Yield every line of the input in stream order, without its line terminator."""
+def skipped_entries(path: str | Path) -> list[str]:
+    """Return the names in an input directory that are not read (not ``*.jsonl``), sorted; [] for a file."""
+    p = Path(path)
+    if str(path) == STDIN or not p.is_dir():
+        return []
+    return sorted(e.name for e in p.iterdir() if not _is_input(e) and not e.name.startswith((".", "_")))
+
+
+def read_records(fh: BinaryIO) -> Iterator[bytes]:
+    r"""Yield the records of one binary stream: split at ``\n``, one ``\r`` before it dropped, BOM skipped."""
+    first = True
+    for line in fh:
+        if first:
+            first = False
+            if line.startswith(BOM):
+                line = line[len(BOM) :]
+        if line.endswith(b"\n"):
+            line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+        yield line
+
+
+def iter_lines(path: str | Path) -> Iterator[bytes]:
+    """Yield every record of the input in stream order, as bytes without the terminator.
+
+    ``path`` is a file, a directory (its ``*.jsonl`` files in name order) or
+    ``"-"`` for standard input.
+
+    Raises
+    ------
+    InputError
+        As :func:`input_files`.
+    """
+    if str(path) == STDIN:
+        yield from read_records(sys.stdin.buffer)
+        return
     for f in input_files(path):
-        with f.open("r", encoding="utf-8", errors="surrogateescape", newline="") as fh:
-            for line in fh:
-                yield line.rstrip("\r\n")
+        with f.open("rb") as fh:
+            yield from read_records(fh)
 
 
-def iter_batches(path: str | Path, batch_size: int) -> Iterator[list[str]]:
-    """Yield the input's lines in micro-batches of at most ``batch_size`` lines."""
-    lines = iter_lines(path)
+def batches(lines: Iterator[bytes], batch_size: int) -> Iterator[list[bytes]]:
+    """Group ``lines`` into micro-batches of at most ``batch_size`` lines."""
     while batch := list(islice(lines, batch_size)):
         yield batch
+
+
+SAMPLE_BYTES = 64 << 20
+"""Most bytes of input kept in memory as the partitioning sample, whatever ``sample_size`` says."""
+
+
+def take_sample(lines: Iterator[bytes], max_lines: int, max_bytes: int = SAMPLE_BYTES) -> list[bytes]:
+    """Take the stream head as the sample of Tornado section 4.1: up to ``max_lines`` lines and ``max_bytes`` bytes.
+
+    The lines taken are consumed from ``lines``; the caller replays them before the rest.
+    """
+    sample: list[bytes] = []
+    size = 0
+    for line in lines:
+        sample.append(line)
+        size += len(line)
+        if len(sample) >= max_lines or size >= max_bytes:
+            break
+    return sample

@@ -3,6 +3,8 @@
 Metrics live in an explicit registry (never the global one), use the
 ``skpub_`` prefix and base units, and carry no high-cardinality labels:
 ``reason`` has the dead-letter codes, ``evaluator`` the evaluator indices.
+``skpub_dead_letters_total{reason="internal_error"}`` counts records the
+engine failed on (a bug; the run went on): alert on it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from skpub.errors import MetricsError
 
 if TYPE_CHECKING:
     from skpub.summary import BatchReport
@@ -57,5 +61,16 @@ class Metrics:
         self.batches.inc()
 
     def serve(self, port: int, addr: str = "127.0.0.1") -> None:
-        """Serve ``/metrics`` over HTTP on ``addr:port`` from a daemon thread."""
-        start_http_server(port, addr=addr, registry=self.registry)
+        """Serve ``/metrics`` over HTTP on ``addr:port`` from a daemon thread.
+
+        Raises
+        ------
+        MetricsError
+            If ``port`` is outside 1-65535 or cannot be bound (in use, not permitted).
+        """
+        if not 1 <= port <= 65535:
+            raise MetricsError(f"metrics port {port} is outside 1-65535")
+        try:
+            start_http_server(port, addr=addr, registry=self.registry)
+        except OSError as exc:
+            raise MetricsError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}") from None

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from skpub.config import Deployment
+from skpub.decode import line_text
 from skpub.records import (
     DeadLetter,
     ObjectRecord,
@@ -63,16 +64,21 @@ class _RangeTable:
         return [self.ids[i] for i in hits if self.alive[i] and dnf_matches(self.dnfs[i], obj.term_set)]
 
 
-def replay(lines: Iterable[str], deployment: Deployment) -> OracleResult:
-    """Replay a stream of JSON lines and return exactly what SEMANTICS says it delivers."""
+def replay(lines: Iterable[bytes | str], deployment: Deployment) -> OracleResult:
+    """Replay a stream of input lines and return exactly what SEMANTICS says it delivers.
+
+    ``lines`` are records without terminators, as bytes (as read) or str
+    (taken as their UTF-8 encoding).
+    """
     result = OracleResult()
-    registry = IdRegistry()
+    registry = IdRegistry(deployment.object_id_horizon)
     table = _RangeTable()
     for pos, line in enumerate(lines):
-        record = parse_line(line, pos, deployment.space)
+        record = parse_line(line, pos, deployment.space, deployment.max_record_bytes)
         if not isinstance(record, DeadLetter):
-            rejection = registry.rejection(record, line)
-            record = rejection or record
+            rejection = registry.rejection(record)
+            if rejection is not None:
+                record = DeadLetter(pos, line_text(line) if isinstance(line, bytes) else line, *rejection)
         if isinstance(record, DeadLetter):
             result.dead_letters.append(record.to_json())
         elif isinstance(record, ObjectRecord):

@@ -1,21 +1,40 @@
-"""The output directory layout of SEMANTICS section 5.
+"""The output directory layout of SEMANTICS section 5, and who may touch it.
 
 ``DIR/deliveries``, ``DIR/snapshots``, ``DIR/dead_letters`` and
 ``DIR/statistics`` each hold JSON-lines part files ``part-<batch>.jsonl``, one
 per micro-batch that had something to write. A part is written atomically and
 named by batch id, so a replayed batch replaces its first attempt: sinks are
-idempotent per batch id.
+idempotent per batch id. ``DIR/_SUCCESS`` is written last, once the whole
+input was processed; output without it is partial.
+
+skpub never destroys what it did not write. :func:`inspect_output` lists
+every entry of ``DIR`` outside skpub's own layout (:data:`LAYOUT`: the stream
+folders and their part files, ``_SUCCESS``, the run marker, the default
+workload and checkpoint folders); a directory holding any is refused. Only
+skpub's own part files are ever removed, never through a symbolic link.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
-from skpub.storage import atomic_write_text
+import orjson
+
+from skpub.checkpoint import CHECKPOINT_DIR, checkpoint_foreign_entries
+from skpub.errors import OutputError
+from skpub.storage import atomic_write_text, entries, own_files
 
 STREAMS = ("deliveries", "snapshots", "dead_letters", "statistics")
+SUCCESS = "_SUCCESS"
+RUN_MARKER = "_skpub_run.json"
+WORKLOAD_DIR = "_workload"
+PART_RE = own_files(r"part-\d{8}\.jsonl")
+WORKLOAD_RE = own_files(r"stream\.jsonl|vocabulary\.json|spec\.json|\.stream\.jsonl\.tmp")
+MARKER_FORMAT = 1
 
 
 def part_path(root: str | Path, stream: str, batch_id: int) -> Path:
@@ -24,33 +43,140 @@ def part_path(root: str | Path, stream: str, batch_id: int) -> Path:
 
 
 def write_part(root: str | Path, stream: str, batch_id: int, rows: Iterable[dict]) -> int:
-    """Write one micro-batch's rows of ``stream`` atomically; return how many were written."""
-    lines = [json.dumps(row, ensure_ascii=False) for row in rows]
+    """Write one micro-batch's rows of ``stream`` atomically as UTF-8; return how many were written."""
+    lines = [orjson.dumps(row) for row in rows]
     if lines:
-        atomic_write_text(part_path(root, stream, batch_id), "\n".join(lines) + "\n")
+        atomic_write_text(part_path(root, stream, batch_id), b"\n".join(lines).decode("utf-8") + "\n")
     return len(lines)
 
 
 def read_stream(root: str | Path, stream: str) -> list[dict]:
     """Read every part file of ``stream`` under ``root`` (order across files carries no meaning)."""
     rows = []
-    for part in sorted((Path(root) / stream).glob("*.jsonl")):
+    for part in sorted((Path(root) / stream).glob("part-*.jsonl")):
         with part.open(encoding="utf-8") as fh:
             rows.extend(json.loads(line) for line in fh if line.strip())
     return rows
 
 
-def prepare(root: str | Path, fresh: bool = False) -> Path:
-    """Create the output directory and its stream folders; return its path.
+@dataclass(frozen=True)
+class OutputState:
+    """What an output directory holds: ``finished`` (a ``_SUCCESS``) and the run id that wrote it."""
 
-    With ``fresh``, part files of an earlier run are removed first, so a new
-    run's output is never mixed with an old one's.
+    root: Path
+    finished: bool
+    run_id: str | None
+
+
+def _foreign(root: Path) -> list[str]:
+    """Relative paths under ``root`` that skpub did not write (empty when all is skpub's)."""
+    foreign: list[str] = []
+    for entry, kind in entries(root):
+        name = entry.name
+        if name in STREAMS and kind == "dir":
+            foreign += _unowned(entry, PART_RE)
+        elif name in (SUCCESS, RUN_MARKER) and kind == "file":
+            continue
+        elif name == WORKLOAD_DIR and kind == "dir":
+            foreign += _unowned(entry, WORKLOAD_RE)
+        elif name == CHECKPOINT_DIR and kind == "dir":
+            foreign += [f"{name}/{p}" for p in checkpoint_foreign_entries(entry)]
+        else:
+            foreign.append(name)
+    return foreign
+
+
+def _unowned(folder: Path, pattern: re.Pattern[str]) -> list[str]:
+    """Entries of ``folder`` that are not regular files named by ``pattern``."""
+    return [f"{folder.name}/{e.name}" for e, kind in entries(folder) if kind != "file" or not pattern.fullmatch(e.name)]
+
+
+def inspect_output(root: str | Path) -> OutputState:
+    """Check that ``root`` is absent, empty, or holds only skpub's own output; read its state.
+
+    Raises
+    ------
+    OutputError
+        If ``root`` is not a directory, or holds anything skpub did not write
+        there (the message names up to five such entries).
     """
     root = Path(root)
-    for stream in STREAMS:
-        folder = root / stream
-        if fresh:
-            for part in folder.glob("*.jsonl"):
-                part.unlink()
-        folder.mkdir(parents=True, exist_ok=True)
+    if not root.exists() and not root.is_symlink():
+        return OutputState(root, False, None)
+    if not root.is_dir():
+        raise OutputError(f"output {root} exists and is not a directory")
+    foreign = _foreign(root)
+    if foreign:
+        shown = ", ".join(sorted(foreign)[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise OutputError(
+            f"output directory {root} holds files skpub did not write ({shown}); "
+            "skpub never replaces them: choose another --output or move them away"
+        )
+    run_id = None
+    marker = root / RUN_MARKER
+    if marker.is_file():
+        try:
+            run_id = str(json.loads(marker.read_text(encoding="utf-8"))["run_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            run_id = None
+    return OutputState(root, (root / SUCCESS).is_file(), run_id)
+
+
+def check_output(root: str | Path, overwrite: bool) -> OutputState:
+    """:func:`inspect_output`, and refuse a finished earlier output unless ``overwrite``.
+
+    Raises
+    ------
+    OutputError
+        As :func:`inspect_output`, or if ``root`` holds a finished run and
+        ``overwrite`` is false.
+    """
+    state = inspect_output(root)
+    if state.finished and not overwrite:
+        raise OutputError(
+            f"output directory {state.root} holds the finished output of an earlier run; "
+            "pass --overwrite to replace it, or choose another --output"
+        )
+    return state
+
+
+def claim_output(root: str | Path, run_id: str, overwrite: bool, resume: bool = False) -> Path:
+    """Make ``root`` this run's output directory; return its path.
+
+    Parameters
+    ----------
+    run_id : str
+        Written into the run marker; a resumed Spark run checks it.
+    overwrite : bool
+        Whether a finished earlier output may be replaced.
+    resume : bool
+        Keep the part files (a resumed run completes them); otherwise every
+        part file of an earlier run is removed, so a new run's output is
+        never mixed with an old one's.
+
+    Raises
+    ------
+    OutputError
+        If ``root`` holds foreign files, holds a finished run and
+        ``overwrite`` is false, or cannot be written.
+    """
+    root = check_output(root, overwrite).root
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / SUCCESS).unlink(missing_ok=True)
+        for stream in STREAMS:
+            folder = root / stream
+            folder.mkdir(exist_ok=True)
+            if not resume:
+                for part, kind in entries(folder):
+                    if kind == "file" and PART_RE.fullmatch(part.name):
+                        part.unlink()
+        atomic_write_text(root / RUN_MARKER, json.dumps({"format": MARKER_FORMAT, "run_id": run_id}))
+    except OSError as exc:
+        raise OutputError(f"cannot write output directory {root}: {exc.strerror or exc}") from None
     return root
+
+
+def mark_success(root: str | Path) -> None:
+    """Write the empty ``_SUCCESS`` marker: the whole input was processed (written last)."""
+    atomic_write_text(Path(root) / SUCCESS, "")

@@ -1,7 +1,9 @@
 """Typed input records and their validation (``docs/SEMANTICS.md`` section 1).
 
-:func:`parse_line` turns one JSON line into a typed record or a
-:class:`DeadLetter` carrying the original line, a reason code and a message.
+:func:`parse_line` turns one input line (bytes, as read) into a typed record
+or a :class:`DeadLetter` carrying the original line, a reason code and a
+message; :mod:`skpub.decode` first applies the line-level rules (size, UTF-8,
+JSON, nesting, repeated keys, overflowing numbers).
 It checks everything that a single line can show; the checks that depend on
 the stream so far (``duplicate_id``, ``unknown_id``) live in
 :class:`skpub.registry.IdRegistry`. Nothing past these two sees invalid input.
@@ -13,13 +15,11 @@ the logical clock of SEMANTICS section 1. Engines build it as
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
+from skpub.decode import LineRejected, clip, decode_line, line_text
 from skpub.errors import ExpressionError
 from skpub.geometry import Rect
 from skpub.text import DNF, normalize_terms, parse_expression, tokenize
@@ -39,10 +39,14 @@ REASONS = (
     "bad_alpha",
     "empty_keywords",
     "bad_expr",
+    "too_large",
     "unsupported_kind",
+    "internal_error",
 )
 KINDS = ("range", "topk", "knn")
 POSITION_BITS = 32
+MAX_RECORD_BYTES = 1 << 20
+"""Default ``max_record_bytes``: longer lines are ``too_large`` (SEMANTICS section 1)."""
 
 
 def stream_position(batch_id: int, index: int) -> int:
@@ -131,6 +135,12 @@ class DeadLetter:
     reason: str
     message: str
 
+    @classmethod
+    def internal_error(cls, pos: int, line: bytes | str, exc: Exception) -> DeadLetter:
+        """Return the ``internal_error`` dead letter of a record whose processing raised ``exc`` (SEMANTICS 1)."""
+        text = line_text(line) if isinstance(line, bytes) else line
+        return cls(pos, text, "internal_error", clip(f"{type(exc).__name__}: {exc}", 500))
+
     def to_json(self) -> dict[str, str]:
         """Return the dead-letter output line of SEMANTICS section 5."""
         return {"line": self.line, "reason": self.reason, "message": self.message}
@@ -140,79 +150,71 @@ Subscription = RangeSubscription | TopkSubscription | KnnSubscription
 Record = ObjectRecord | Subscription | Unsubscribe | SnapshotMarker
 
 
-class _Reject(Exception):
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-
-
-def parse_line(line: str, pos: int, space: Rect) -> Record | DeadLetter:
-    """Parse and validate one input line.
+def parse_line(
+    line: bytes | str, pos: int, space: Rect, max_record_bytes: int = MAX_RECORD_BYTES
+) -> Record | DeadLetter:
+    r"""Parse and validate one input line.
 
     Parameters
     ----------
-    line : str
-        One JSON-lines record, without its line terminator.
+    line : bytes or str
+        One JSON-lines record as read (bytes, possibly not UTF-8), without its
+        line terminator; a str is taken as its UTF-8 encoding.
     pos : int
         The record's stream position (see :func:`stream_position`).
     space : Rect
         The deployment space; points outside it are ``out_of_space``.
+    max_record_bytes : int
+        Lines longer than this many bytes are ``too_large``.
 
     Returns
     -------
     Record or DeadLetter
         Never raises on bad input: every problem becomes a dead letter with a
-        reason of SEMANTICS section 1.
+        reason of SEMANTICS section 1. The dead letter's ``line`` is the line
+        as text, invalid UTF-8 bytes written as ``\xNN``. O(line length),
+        plus the expansion of an ``expr`` (at most 256 clauses).
     """
+    raw = line if isinstance(line, bytes) else line.encode("utf-8", errors="surrogatepass")
     try:
-        raw = _loads(line)
-        if not isinstance(raw, dict):
-            raise _Reject("malformed_json", f"a record must be a JSON object, got {type(raw).__name__}")
-        rtype = _required(raw, "type")
+        value = decode_line(raw, max_record_bytes)
+        if not isinstance(value, dict):
+            raise LineRejected("malformed_json", f"a record must be a JSON object, got {type(value).__name__}")
+        rtype = _required(value, "type")
         parser = _PARSERS.get(rtype) if isinstance(rtype, str) else None
         if parser is None:
-            raise _Reject("unknown_type", f"type {rtype!r} is none of object, subscribe, unsubscribe, snapshot")
-        return parser(raw, pos, space)
-    except _Reject as rej:
-        return DeadLetter(pos, line, rej.reason, rej.message)
+            raise LineRejected(
+                "unknown_type", f"type {_show(rtype)} is none of object, subscribe, unsubscribe, snapshot"
+            )
+        return parser(value, pos, space)
+    except LineRejected as rej:
+        return DeadLetter(pos, line_text(raw), rej.reason, rej.message)
 
 
-def _loads(line: str) -> Any:
-    """Parse JSON as :func:`json.loads` does, with orjson as the fast path.
-
-    orjson rejects a few inputs that the standard library accepts (``NaN``,
-    integers beyond 64 bits, lone surrogate escapes); those retry with
-    :func:`json.loads`, so the accepted set is exactly the standard one.
-    """
-    try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError:
-        try:
-            return json.loads(line)
-        except ValueError as exc:
-            raise _Reject("malformed_json", f"not JSON: {exc}") from None
+def _show(value: Any) -> str:
+    """``repr`` of a field value for a message, shortened (hostile lines may hold megabytes)."""
+    return clip(repr(value))
 
 
 def _required(raw: dict[str, Any], name: str) -> Any:
     if name not in raw:
-        raise _Reject("missing_field", f"required field {name!r} is absent")
+        raise LineRejected("missing_field", f"required field {name!r} is absent")
     return raw[name]
 
 
 def _identifier(raw: dict[str, Any]) -> str:
     value = _required(raw, "id")
     if not isinstance(value, str) or not value:
-        raise _Reject("wrong_field", f"'id' must be a non-empty string, got {value!r}")
+        raise LineRejected("wrong_field", f"'id' must be a non-empty string, got {_show(value)}")
     return value
 
 
 def _number(raw: dict[str, Any], name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _Reject("wrong_field", f"{name!r} must be a number, got {value!r}")
+        raise LineRejected("wrong_field", f"{name!r} must be a number, got {_show(value)}")
     value = float(value)
     if not math.isfinite(value):
-        raise _Reject("non_finite", f"{name!r} is {value}")
+        raise LineRejected("non_finite", f"{name!r} is {value}")
     return value
 
 
@@ -223,27 +225,27 @@ def _optional_number(raw: dict[str, Any], name: str) -> float | None:
 def _point(raw: dict[str, Any], space: Rect, xname: str, yname: str, x: Any, y: Any) -> tuple[float, float]:
     px, py = _number(raw, xname, x), _number(raw, yname, y)
     if not space.contains_point(px, py):
-        raise _Reject("out_of_space", f"point ({px}, {py}) lies outside space {space.as_list()}")
+        raise LineRejected("out_of_space", f"point ({px}, {py}) lies outside space {space.as_list()}")
     return px, py
 
 
 def _normalized_list(name: str, value: Any) -> list[str]:
     """Validate a JSON list of strings and normalize each element as one term."""
     if not isinstance(value, list):
-        raise _Reject("wrong_field", f"{name!r} must be a list of strings")
+        raise LineRejected("wrong_field", f"{name!r} must be a list of strings")
     try:
         return normalize_terms(value)
     except TypeError:
-        raise _Reject("wrong_field", f"{name!r} must be a list of strings") from None
+        raise LineRejected("wrong_field", f"{name!r} must be a list of strings") from None
 
 
 def _exactly_one(raw: dict[str, Any], first: str, second: str) -> str:
     if first in raw:
         if second in raw:
-            raise _Reject("wrong_field", f"give either {first!r} or {second!r}, not both")
+            raise LineRejected("wrong_field", f"give either {first!r} or {second!r}, not both")
         return first
     if second not in raw:
-        raise _Reject("missing_field", f"one of {first!r} or {second!r} is required")
+        raise LineRejected("missing_field", f"one of {first!r} or {second!r} is required")
     return second
 
 
@@ -259,7 +261,7 @@ def _parse_object(raw: dict[str, Any], pos: int, space: Rect) -> ObjectRecord:
         terms = _normalized_list("terms", raw["terms"])
     else:
         if not isinstance(raw["text"], str):
-            raise _Reject("wrong_field", "'text' must be a string")
+            raise LineRejected("wrong_field", "'text' must be a string")
         terms = tokenize(raw["text"])
     ts = _optional_number(raw, "ts")
     expires_at = _optional_number(raw, "expires_at")
@@ -270,13 +272,13 @@ def _parse_subscribe(raw: dict[str, Any], pos: int, space: Rect) -> Subscription
     sid = _identifier(raw)
     kind = _required(raw, "kind")
     if kind not in KINDS:
-        raise _Reject("unknown_kind", f"kind {kind!r} is none of {', '.join(KINDS)}")
+        raise LineRejected("unknown_kind", f"kind {_show(kind)} is none of {', '.join(KINDS)}")
     if kind == "range":
         return _parse_range(raw, pos, sid)
     x, y = _point_field(raw, space)
     k = _required(raw, "k")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise _Reject("bad_k", f"'k' must be an integer >= 1, got {k!r}")
+        raise LineRejected("bad_k", f"'k' must be an integer >= 1, got {_show(k)}")
     if kind == "topk":
         return _parse_topk(raw, pos, sid, x, y, k)
     return _parse_knn(raw, pos, sid, x, y, k)
@@ -285,37 +287,37 @@ def _parse_subscribe(raw: dict[str, Any], pos: int, space: Rect) -> Subscription
 def _point_field(raw: dict[str, Any], space: Rect) -> tuple[float, float]:
     point = _required(raw, "point")
     if not isinstance(point, list) or len(point) != 2:
-        raise _Reject("wrong_field", f"'point' must be [x, y], got {point!r}")
+        raise LineRejected("wrong_field", f"'point' must be [x, y], got {_show(point)}")
     return _point(raw, space, "point[0]", "point[1]", point[0], point[1])
 
 
 def _parse_range(raw: dict[str, Any], pos: int, sid: str) -> RangeSubscription:
     rect = _required(raw, "rect")
     if not isinstance(rect, list) or len(rect) != 4:
-        raise _Reject("wrong_field", f"'rect' must be [xmin, ymin, xmax, ymax], got {rect!r}")
+        raise LineRejected("wrong_field", f"'rect' must be [xmin, ymin, xmax, ymax], got {_show(rect)}")
     xmin, ymin, xmax, ymax = (_number(raw, f"rect[{i}]", v) for i, v in enumerate(rect))
     if xmin > xmax or ymin > ymax:
-        raise _Reject("bad_rect", f"rect {rect} has xmin > xmax or ymin > ymax")
+        raise LineRejected("bad_rect", f"rect {_show(rect)} has xmin > xmax or ymin > ymax")
     source = _exactly_one(raw, "keywords", "expr")
     if source == "keywords":
         keywords = _normalized_list("keywords", raw["keywords"])
         dnf: DNF = (frozenset(keywords),) if keywords else ()
     else:
         if not isinstance(raw["expr"], str):
-            raise _Reject("wrong_field", "'expr' must be a string")
+            raise LineRejected("wrong_field", "'expr' must be a string")
         try:
             dnf = parse_expression(raw["expr"])
         except ExpressionError as exc:
-            raise _Reject("bad_expr", str(exc)) from None
+            raise LineRejected("bad_expr", str(exc)) from None
     if not dnf:
-        raise _Reject("empty_keywords", "no keyword after normalization")
+        raise LineRejected("empty_keywords", "no keyword after normalization")
     return RangeSubscription(pos, sid, Rect(xmin, ymin, xmax, ymax), dnf)
 
 
 def _parse_topk(raw: dict[str, Any], pos: int, sid: str, x: float, y: float, k: int) -> TopkSubscription:
     alpha = raw.get("alpha")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
-        raise _Reject("bad_alpha", f"'alpha' must be a number in [0, 1], got {alpha!r}")
+        raise LineRejected("bad_alpha", f"'alpha' must be a number in [0, 1], got {_show(alpha)}")
     source = _exactly_one(raw, "keywords", "weights")
     weights: dict[str, float] = {}
     if source == "keywords":
@@ -324,13 +326,13 @@ def _parse_topk(raw: dict[str, Any], pos: int, sid: str, x: float, y: float, k: 
     else:
         given = raw["weights"]
         if not isinstance(given, dict):
-            raise _Reject("wrong_field", "'weights' must be an object {term: weight}")
+            raise LineRejected("wrong_field", "'weights' must be an object {term: weight}")
         for term, w in given.items():
-            weight = _number(raw, f"weights[{term!r}]", w)
+            weight = _number(raw, f"weights[{_show(term)}]", w)
             for norm in normalize_terms([term]):
                 weights[norm] = weight
     if not weights:
-        raise _Reject("empty_keywords", "no keyword after normalization")
+        raise LineRejected("empty_keywords", "no keyword after normalization")
     return TopkSubscription(pos, sid, x, y, tuple(sorted(weights.items())), k, float(alpha))
 
 
@@ -339,11 +341,11 @@ def _parse_knn(raw: dict[str, Any], pos: int, sid: str, x: float, y: float, k: i
     match = raw.get("match", "any")
     origin = raw.get("from", "window")
     if match not in ("any", "all"):
-        raise _Reject("wrong_field", f"'match' must be 'any' or 'all', got {match!r}")
+        raise LineRejected("wrong_field", f"'match' must be 'any' or 'all', got {_show(match)}")
     if origin not in ("window", "registration"):
-        raise _Reject("wrong_field", f"'from' must be 'window' or 'registration', got {origin!r}")
+        raise LineRejected("wrong_field", f"'from' must be 'window' or 'registration', got {_show(origin)}")
     if not keywords:
-        raise _Reject("empty_keywords", "no keyword after normalization")
+        raise LineRejected("empty_keywords", "no keyword after normalization")
     return KnnSubscription(pos, sid, x, y, keywords, k, match, origin)
 
 

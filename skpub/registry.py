@@ -1,25 +1,35 @@
 """The id registry: the validation that depends on the stream so far.
 
 ``duplicate_id`` and ``unknown_id`` of SEMANTICS section 1 cannot be decided
-from one line: they need every id accepted before. :class:`IdRegistry` keeps
-those ids per record type, and the active subscriptions with a *placement*
-chosen by its owner (the router stores where a subscription lives, so its
+from one line: they need the ids accepted before. :class:`IdRegistry` keeps
+them per record type, and the active subscriptions with a *placement* chosen
+by its owner (the router stores where a subscription lives, so its
 unsubscribe reaches the same evaluators).
+
+Subscription and snapshot ids are unique for the whole stream. Object ids are
+the high-volume stream: they are unique only among the most recent
+``object_id_horizon`` accepted objects, kept as a FIFO ring, so the memory for
+them is bounded by the horizon, not by the stream.
 
 Until the topk/knn evaluators land, a valid topk or knn subscription is
 rejected with ``unsupported_kind`` (a documented extension of the reason
 table, see ``docs/SEMANTICS.md``), so it is neither lost nor silently ignored.
+
+Durable form: :meth:`IdRegistry.to_json` / :meth:`IdRegistry.from_json` and
+the journal are plain JSON values (versioned by the engine that stores them);
+placements go through codec functions supplied by their owner. Nothing here
+ever unpickles or executes what it loads.
 """
 
 from __future__ import annotations
 
-import pickle
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from skpub.errors import CheckpointError
 from skpub.records import (
-    DeadLetter,
     ObjectRecord,
     RangeSubscription,
     Record,
@@ -28,38 +38,71 @@ from skpub.records import (
 )
 
 SUPPORTED_SUBSCRIPTIONS = (RangeSubscription,)
+DEFAULT_OBJECT_ID_HORIZON = 1_000_000
 
 Change = tuple[str, str, Any]
 """One accepted change: ``(type, id, placement)`` with type object, subscribe, unsubscribe or snapshot."""
+
+Rejection = tuple[str, str]
+"""``(reason, message)`` of a record the stream so far rejects."""
 
 
 @dataclass
 class IdRegistry:
     """Ids accepted so far, per type, and the active subscriptions' placements.
 
-    Memory is O(ids ever accepted): SEMANTICS requires ids to be unique for the
-    whole stream.
+    Memory: O(object_id_horizon) for object ids, O(subscriptions and
+    snapshots ever accepted) for the others (SEMANTICS section 1).
 
     With ``journal`` a list, every accepted change is also appended there, so
     an engine can persist one micro-batch's changes (O(batch)) instead of the
-    whole registry (O(stream)); :meth:`replay` applies them again.
+    whole registry; :meth:`replay` applies them again.
     """
 
+    object_id_horizon: int = DEFAULT_OBJECT_ID_HORIZON
     object_ids: set[str] = field(default_factory=set)
+    object_order: deque[str] = field(default_factory=deque)
     subscription_ids: set[str] = field(default_factory=set)
     snapshot_ids: set[str] = field(default_factory=set)
     active: dict[str, Any] = field(default_factory=dict)
     journal: list[Change] | None = None
 
-    def snapshot_bytes(self) -> bytes:
-        """Return the registry (without its journal) as picklable bytes."""
-        state = (self.object_ids, self.subscription_ids, self.snapshot_ids, self.active)
-        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+    def _add_object(self, oid: str) -> None:
+        """Accept object id ``oid``; the oldest id leaves once more than the horizon are held. O(1)."""
+        self.object_ids.add(oid)
+        self.object_order.append(oid)
+        if len(self.object_order) > self.object_id_horizon:
+            self.object_ids.discard(self.object_order.popleft())
+
+    def to_json(self, encode_placement: Callable[[Any], Any]) -> dict[str, Any]:
+        """Return the registry (without its journal) as a JSON value; object ids oldest first."""
+        return {
+            "object_id_horizon": self.object_id_horizon,
+            "objects": list(self.object_order),
+            "subscriptions": sorted(self.subscription_ids),
+            "snapshots": sorted(self.snapshot_ids),
+            "active": {sid: encode_placement(p) for sid, p in self.active.items()},
+        }
 
     @classmethod
-    def from_snapshot(cls, data: bytes) -> IdRegistry:
-        """Rebuild a registry from :meth:`snapshot_bytes`."""
-        return cls(*pickle.loads(data))
+    def from_json(cls, raw: Any, decode_placement: Callable[[Any], Any]) -> IdRegistry:
+        """Rebuild a registry from :meth:`to_json` output.
+
+        Raises
+        ------
+        CheckpointError
+            If ``raw`` is not of that shape (damaged or foreign state).
+        """
+        try:
+            registry = cls(int(raw["object_id_horizon"]))
+            for oid in raw["objects"]:
+                registry._add_object(_string(oid))
+            registry.subscription_ids = {_string(s) for s in raw["subscriptions"]}
+            registry.snapshot_ids = {_string(s) for s in raw["snapshots"]}
+            registry.active = {_string(s): decode_placement(p) for s, p in raw["active"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CheckpointError(f"damaged id registry: {exc!r}") from None
+        return registry
 
     def take_journal(self) -> list[Change]:
         """Return the changes journaled since the last call and start a new journal."""
@@ -70,7 +113,7 @@ class IdRegistry:
         """Apply journaled changes, in order (not journaled again)."""
         for rtype, rid, placement in changes:
             if rtype == "object":
-                self.object_ids.add(rid)
+                self._add_object(rid)
             elif rtype == "subscribe":
                 self.subscription_ids.add(rid)
                 self.active[rid] = placement
@@ -79,32 +122,31 @@ class IdRegistry:
             else:
                 self.snapshot_ids.add(rid)
 
-    def rejection(self, record: Record, line: str) -> DeadLetter | None:
-        """Return the dead letter for ``record`` if the stream so far rejects it, else None.
+    def rejection(self, record: Record) -> Rejection | None:
+        """Return ``(reason, message)`` if the stream so far rejects ``record``, else None.
 
         Does not change the registry; call :meth:`accept` for accepted records.
         """
-        pos = record.pos
         if isinstance(record, ObjectRecord):
             if record.id in self.object_ids:
-                return DeadLetter(pos, line, "duplicate_id", f"object id {record.id!r} was already accepted")
+                return "duplicate_id", f"object id {record.id!r} is among the last {self.object_id_horizon} accepted"
         elif isinstance(record, Unsubscribe):
             if record.id not in self.active:
-                return DeadLetter(pos, line, "unknown_id", f"no active subscription {record.id!r}")
+                return "unknown_id", f"no active subscription {record.id!r}"
         elif isinstance(record, SnapshotMarker):
             if record.id in self.snapshot_ids:
-                return DeadLetter(pos, line, "duplicate_id", f"snapshot id {record.id!r} was already accepted")
+                return "duplicate_id", f"snapshot id {record.id!r} was already accepted"
         elif record.id in self.subscription_ids:
-            return DeadLetter(pos, line, "duplicate_id", f"subscription id {record.id!r} was already accepted")
+            return "duplicate_id", f"subscription id {record.id!r} was already accepted"
         elif not isinstance(record, SUPPORTED_SUBSCRIPTIONS):
-            return DeadLetter(pos, line, "unsupported_kind", "this version evaluates range subscriptions only")
+            return "unsupported_kind", "this version evaluates range subscriptions only"
         return None
 
     def accept(self, record: Record, placement: Any = None) -> Any:
         """Record an accepted record; for an unsubscribe, return the placement it ends."""
         ended = None
         if isinstance(record, ObjectRecord):
-            self.object_ids.add(record.id)
+            self._add_object(record.id)
             rtype = "object"
         elif isinstance(record, Unsubscribe):
             ended = self.active.pop(record.id)
@@ -119,3 +161,9 @@ class IdRegistry:
         if self.journal is not None:
             self.journal.append((rtype, record.id, placement))
         return ended
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string id, got {type(value).__name__}")
+    return value

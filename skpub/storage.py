@@ -8,8 +8,42 @@ and a replay replaces the first attempt whole.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
+
+
+def own_files(pattern: str) -> re.Pattern[str]:
+    """Return a regex matching file names of ``pattern`` and their temporary names while being written.
+
+    skpub recognizes its own files by name: ``pattern`` itself, or
+    ``.<name>.<random>.tmp`` as :func:`atomic_write_bytes` leaves it when a
+    run is killed mid-write.
+    """
+    return re.compile(rf"(?:{pattern})|\.(?:{pattern})\.[A-Za-z0-9_]+\.tmp")
+
+
+def entries(directory: Path) -> list[tuple[Path, str]]:
+    """Return the entries of ``directory`` with their kind, never following links.
+
+    Returns
+    -------
+    list of (Path, str)
+        Kind ``file``, ``dir``, ``link`` (a symbolic link, whatever it points
+        to) or ``other``; sorted by name.
+    """
+    out = []
+    for entry in sorted(directory.iterdir()):
+        if entry.is_symlink():
+            kind = "link"
+        elif entry.is_dir():
+            kind = "dir"
+        elif entry.is_file():
+            kind = "file"
+        else:
+            kind = "other"
+        out.append((entry, kind))
+    return out
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

@@ -51,6 +51,7 @@ class RunSummary:
     evaluator_cpu: list[float] = field(default_factory=list)
     steady_objects: int = 0
     steady_seconds: float = 0.0
+    skipped_inputs: list[str] = field(default_factory=list)
 
     @property
     def objects_per_second(self) -> float:
@@ -87,6 +88,12 @@ class RunSummary:
             f"  evaluator cpu     max {max(cpu, default=0):.2f} s / mean {sum(cpu) / max(len(cpu), 1):.2f} s"
             f" = {self.imbalance(cpu):.2f}",
         ]
+        if self.skipped_inputs:
+            shown = ", ".join(self.skipped_inputs[:10]) + (" ..." if len(self.skipped_inputs) > 10 else "")
+            lines.append(f"  skipped inputs    {len(self.skipped_inputs)} not *.jsonl: {shown}")
+        internal = self.dead_letters.get("internal_error", 0)
+        if internal:
+            lines.append(f"  INTERNAL ERRORS   {internal} records failed inside the engine (a bug; see dead_letters/)")
         return "\n".join(lines)
 
 

@@ -15,6 +15,7 @@ import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import product
 from pathlib import Path
 
 from skpub.errors import ConfigError, ExpressionError
@@ -22,27 +23,31 @@ from skpub.errors import ConfigError, ExpressionError
 TOKEN_RE = re.compile(r"\w+")
 EXPR_TOKEN_RE = re.compile(r"\(|\)|[^\s()]+")
 MAX_DNF_CLAUSES = 256
+MAX_EXPR_DEPTH = 32
 
 DNF = tuple[frozenset[str], ...]
 
 
 _NORMALIZED: dict[str, str] = {}
 _SEPARATOR = "\x00"
-MAX_CACHED_TERMS = 1 << 21
+MAX_CACHED_TERMS = 1 << 16
+MAX_CACHED_TERM_LENGTH = 64
 
 
 def normalize_term(term: str) -> str:
     """Normalize one term: NFKC, then casefold, then NFKC again (SEMANTICS section 2).
 
-    Memoized in a plain dict (up to ``MAX_CACHED_TERMS`` entries): workloads
-    repeat terms heavily and normalization dominates parsing. For ASCII the
+    Memoized in a plain dict (up to ``MAX_CACHED_TERMS`` terms of at most
+    ``MAX_CACHED_TERM_LENGTH`` characters, so the memo's memory is bounded
+    whatever the stream holds): workloads repeat terms heavily and
+    normalization dominates parsing. For ASCII the
     result is ``term.lower()`` (NFKC leaves ASCII unchanged and casefold is
     lower there), which :func:`normalize_terms` uses as a fast path.
     """
     norm = _NORMALIZED.get(term)
     if norm is None:
         norm = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", term).casefold())
-        if len(_NORMALIZED) < MAX_CACHED_TERMS:
+        if len(_NORMALIZED) < MAX_CACHED_TERMS and len(term) <= MAX_CACHED_TERM_LENGTH:
             _NORMALIZED[term] = norm
     return norm
 
@@ -85,6 +90,13 @@ def parse_expression(expr: str) -> DNF:
     and OR are operators in any letter case; every other run of non-space,
     non-parenthesis characters is one operand, normalized as a term.
 
+    The expression is first parsed into a tree (at most ``MAX_EXPR_DEPTH``
+    nested parentheses), then the number of AND-clauses its expansion would
+    have is counted on the tree (a sum over OR, a product over AND, capped),
+    and only an expression within ``MAX_DNF_CLAUSES`` is expanded. Time and
+    memory are O(len(expr)) plus O(``MAX_DNF_CLAUSES`` x terms) for the
+    expansion, whatever the input.
+
     Returns
     -------
     tuple of frozenset of str
@@ -96,21 +108,30 @@ def parse_expression(expr: str) -> DNF:
     ------
     ExpressionError
         If the expression does not parse (two operands side by side, a dangling
-        operator, unbalanced parentheses, an operand that normalizes to nothing)
-        or its DNF would exceed ``MAX_DNF_CLAUSES`` clauses.
+        operator, unbalanced parentheses, an operand that normalizes to nothing),
+        nests parentheses deeper than ``MAX_EXPR_DEPTH`` or its expansion would
+        exceed ``MAX_DNF_CLAUSES`` AND-clauses.
     """
     tokens = EXPR_TOKEN_RE.findall(expr)
     if not tokens:
         return ()
     parser = _ExprParser(tokens)
-    dnf = parser.parse_or()
+    tree = parser.parse_or(0)
     if parser.pos != len(tokens):
-        raise ExpressionError(f"unexpected {tokens[parser.pos]!r} at token {parser.pos + 1}")
-    return _minimize(dnf)
+        raise ExpressionError(f"unexpected {_token(tokens[parser.pos])} at token {parser.pos + 1}")
+    if _clause_count(tree) > MAX_DNF_CLAUSES:
+        raise ExpressionError(f"expression expands to more than {MAX_DNF_CLAUSES} AND-clauses")
+    return _minimize(_expand(tree))
+
+
+_Tree = str | tuple
+"""A parsed expression: a normalized term, or ``("and" | "or", [children])``."""
 
 
 @dataclass
 class _ExprParser:
+    """Recursive descent over the tokens; recursion depth is bounded by ``MAX_EXPR_DEPTH``."""
+
     tokens: list[str]
     pos: int = 0
 
@@ -119,48 +140,73 @@ class _ExprParser:
 
     def _is_op(self, word: str) -> bool:
         tok = self._peek()
-        return tok is not None and tok.upper() == word
+        return tok is not None and len(tok) <= 3 and tok.upper() == word
 
-    def parse_or(self) -> list[frozenset[str]]:
-        clauses = self.parse_and()
+    def parse_or(self, depth: int) -> _Tree:
+        children = [self.parse_and(depth)]
         while self._is_op("OR"):
             self.pos += 1
-            clauses = clauses + self.parse_and()
-            _check_size(clauses)
-        return clauses
+            children.append(self.parse_and(depth))
+        return children[0] if len(children) == 1 else ("or", children)
 
-    def parse_and(self) -> list[frozenset[str]]:
-        clauses = self.parse_atom()
+    def parse_and(self, depth: int) -> _Tree:
+        children = [self.parse_atom(depth)]
         while self._is_op("AND"):
             self.pos += 1
-            right = self.parse_atom()
-            clauses = [a | b for a in clauses for b in right]
-            _check_size(clauses)
-        return clauses
+            children.append(self.parse_atom(depth))
+        return children[0] if len(children) == 1 else ("and", children)
 
-    def parse_atom(self) -> list[frozenset[str]]:
+    def parse_atom(self, depth: int) -> _Tree:
         tok = self._peek()
         if tok is None:
             raise ExpressionError("expression ends where an operand was expected")
         if tok == "(":
+            if depth >= MAX_EXPR_DEPTH:
+                raise ExpressionError(f"parentheses nested deeper than {MAX_EXPR_DEPTH}")
             self.pos += 1
-            inner = self.parse_or()
+            inner = self.parse_or(depth + 1)
             if self._peek() != ")":
                 raise ExpressionError("missing closing parenthesis")
             self.pos += 1
             return inner
-        if tok == ")" or tok.upper() in ("AND", "OR"):
-            raise ExpressionError(f"unexpected {tok!r} at token {self.pos + 1}")
+        if tok == ")" or self._is_op("AND") or self._is_op("OR"):
+            raise ExpressionError(f"unexpected {_token(tok)} at token {self.pos + 1}")
         self.pos += 1
-        term = normalize_term(tok)
+        term = tok.lower() if tok.isascii() else normalize_term(tok)
         if not term:
-            raise ExpressionError(f"operand {tok!r} normalizes to an empty term")
-        return [frozenset((term,))]
+            raise ExpressionError(f"operand {_token(tok)} normalizes to an empty term")
+        return term
 
 
-def _check_size(clauses: list[frozenset[str]]) -> None:
-    if len(clauses) > MAX_DNF_CLAUSES:
-        raise ExpressionError(f"expression expands to more than {MAX_DNF_CLAUSES} AND-clauses")
+def _token(tok: str) -> str:
+    return repr(tok) if len(tok) <= 40 else f"{tok[:40]!r}..."
+
+
+def _clause_count(tree: _Tree) -> int:
+    """AND-clauses of the expansion of ``tree``, capped just above ``MAX_DNF_CLAUSES``; O(tree size)."""
+    if isinstance(tree, str):
+        return 1
+    op, children = tree
+    if op == "or":
+        total = 0
+        for child in children:
+            total = min(total + _clause_count(child), MAX_DNF_CLAUSES + 1)
+        return total
+    product = 1
+    for child in children:
+        product = min(product * _clause_count(child), MAX_DNF_CLAUSES + 1)
+    return product
+
+
+def _expand(tree: _Tree) -> list[frozenset[str]]:
+    """Return the DNF clauses of ``tree``; only called when :func:`_clause_count` is within the limit."""
+    if isinstance(tree, str):
+        return [frozenset((tree,))]
+    op, children = tree
+    parts = [_expand(child) for child in children]
+    if op == "or":
+        return [clause for part in parts for clause in part]
+    return [frozenset().union(*combo) for combo in product(*parts)]
 
 
 def _minimize(clauses: list[frozenset[str]]) -> DNF:

@@ -3,20 +3,24 @@ import pytest
 from router.dispatch import Router
 from router.epoch import RoutingEpoch
 from router.initial import initial_table
+from router.state import decode_journal, decode_snapshot, encode_journal, encode_snapshot
 from router.wire import from_columns, to_columns
 from skpub.engines.local import run_local
+from skpub.errors import OutputError
 from skpub.oracle import replay
 from skpub.output import read_stream
+from skpub.registry import IdRegistry
 from skpub.summary import RunObserver, RunSummary
 from skpub.text import Vocabulary
 from tests.workloads import canonical, deployment, random_workload, write_lines
 
 
-def run(tmp_path, lines, dep):
+def run(tmp_path, lines, dep, overwrite=False):
     source = tmp_path / "in.jsonl"
     write_lines(source, lines)
     out = tmp_path / "out"
-    summary = run_local(source, out, dep, RunObserver(RunSummary("local", dep.router, dep.evaluators), stream=None))
+    observer = RunObserver(RunSummary("local", dep.router, dep.evaluators), stream=None)
+    summary = run_local(source, out, dep, observer, overwrite=overwrite)
     return out, summary
 
 
@@ -36,12 +40,17 @@ def test_local_engine_equals_oracle(tmp_path, router, evaluators, batch_size):
     assert sum(summary.dead_letters.values()) == len(expected.dead_letters)
 
 
-def test_rerun_into_the_same_output_replaces_it(tmp_path):
+def test_finished_output_is_refused_and_overwrite_replaces_it(tmp_path):
     dep = deployment(batch_size=10)
-    run(tmp_path, random_workload(seed=1, n=300), dep)
+    out, _ = run(tmp_path, random_workload(seed=1, n=300), dep)
+    before = sorted(p.name for p in (out / "deliveries").iterdir())
     lines = random_workload(seed=2, n=100, invalid=False)
-    out, _ = run(tmp_path, lines, dep)
+    with pytest.raises(OutputError, match="--overwrite"):
+        run(tmp_path, lines, dep)
+    assert sorted(p.name for p in (out / "deliveries").iterdir()) == before
+    out, _ = run(tmp_path, lines, dep, overwrite=True)
     assert canonical(read_stream(out, "deliveries")) == canonical(replay(lines, dep).deliveries)
+    assert (out / "_SUCCESS").exists()
 
 
 def test_statistics_account_every_forwarded_object(tmp_path):
@@ -60,7 +69,7 @@ def test_wire_format_round_trips_routed_rows():
     lines = random_workload(seed=9, n=200)
     vocabulary = Vocabulary()
     epoch = RoutingEpoch(0, 0, initial_table(dep, vocabulary, lines))
-    routed = Router(dep, vocabulary).route_many(lines, 4, epoch)
+    routed = Router(dep, vocabulary).route_many([line.encode() for line in lines], 4, epoch)
     keys = [101, 202, 303]
     for e in range(3):
         mine = [row for row in routed.rows if row.evaluator == e]
@@ -70,19 +79,18 @@ def test_wire_format_round_trips_routed_rows():
 
 
 def test_registry_journal_replays_to_the_same_router_state():
-    from skpub.registry import IdRegistry
-
     dep = deployment(evaluators=4)
     vocabulary = Vocabulary()
     lines = random_workload(seed=12, n=400)
     epoch = RoutingEpoch(0, 0, initial_table(dep, vocabulary, lines))
-    journaled = Router(dep, vocabulary, IdRegistry(journal=[]))
-    replica = IdRegistry()
+    journaled = Router(dep, vocabulary, IdRegistry(dep.object_id_horizon, journal=[]))
+    replica = IdRegistry(dep.object_id_horizon)
     for batch_id, start in enumerate(range(0, len(lines), 50)):
-        journaled.route_many(lines[start : start + 50], batch_id, epoch)
-        replica.replay(journaled.registry.take_journal())
-        snapshot = IdRegistry.from_snapshot(replica.snapshot_bytes())
+        journaled.route_many([line.encode() for line in lines[start : start + 50]], batch_id, epoch)
+        replica.replay(decode_journal(encode_journal(journaled.registry.take_journal())))
+        snapshot = decode_snapshot(encode_snapshot(replica))
         rebuilt = Router(dep, vocabulary, snapshot)
         assert snapshot.active == journaled.registry.active
         assert snapshot.object_ids == journaled.registry.object_ids
+        assert list(snapshot.object_order) == list(journaled.registry.object_order)
         assert rebuilt.summaries.counts == journaled.summaries.counts

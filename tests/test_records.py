@@ -5,6 +5,7 @@ import pytest
 from skpub.geometry import Rect
 from skpub.oracle import replay
 from skpub.records import REASONS, DeadLetter, ObjectRecord, RangeSubscription, parse_line
+from tests.hostile import ACCEPTED, HOSTILE_LINES
 from tests.workloads import INVALID_LINES, SPACE, deployment
 
 
@@ -23,7 +24,8 @@ def test_invalid_line_becomes_dead_letter_with_reason(line, reason):
 
 
 def test_every_reason_is_exercised_by_the_test_workload():
-    covered = {reason for _, reason in INVALID_LINES} | {"duplicate_id"}
+    hostile = {reason for _, reason in HOSTILE_LINES} - {ACCEPTED}
+    covered = {reason for _, reason in INVALID_LINES} | hostile | {"duplicate_id", "internal_error"}
     assert covered == set(REASONS)
 
 

@@ -11,6 +11,7 @@ import pytest
 from sims.geonames import WorkloadSpec, write_workload
 from skpub.config import Deployment
 from skpub.engines.spark import run_spark
+from skpub.errors import CheckpointError, OutputError
 from skpub.inputs import iter_lines
 from skpub.oracle import replay
 from skpub.output import read_stream
@@ -20,12 +21,12 @@ from tests.workloads import canonical, deployment, random_workload, write_lines
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-def run(spark, tmp_path, lines, dep, name="run"):
+def run(spark, tmp_path, lines, dep, name="run", overwrite=False):
     source = tmp_path / f"{name}.jsonl"
     write_lines(source, lines)
     out = tmp_path / name
     observer = RunObserver(RunSummary("spark", dep.router, dep.evaluators), stream=None)
-    summary = run_spark(source, out, dep, observer, spark=spark)
+    summary = run_spark(source, out, dep, observer, spark=spark, overwrite=overwrite)
     return out, summary
 
 
@@ -60,13 +61,38 @@ def test_spark_engine_on_a_geonames_sample_equals_oracle(spark, tmp_path):
     assert len(expected.deliveries) > 0
 
 
-def test_rerun_on_a_finished_checkpoint_changes_nothing(spark, tmp_path):
+def test_finished_output_is_refused_and_overwrite_replaces_it(spark, tmp_path):
     lines = random_workload(seed=21, n=300)
     dep = deployment(batch_size=100)
     out, _ = run(spark, tmp_path, lines, dep)
-    out, summary = run(spark, tmp_path, lines, dep)
-    assert summary.batches == 0
-    assert_equals_oracle(out, lines, dep)
+    assert (out / "_SUCCESS").exists()
+    before = {p: p.read_bytes() for p in out.rglob("part-*.jsonl")}
+    with pytest.raises(OutputError, match="--overwrite"):
+        run(spark, tmp_path, lines, dep)
+    assert {p: p.read_bytes() for p in out.rglob("part-*.jsonl")} == before
+    other = random_workload(seed=22, n=200)
+    out, summary = run(spark, tmp_path, other, dep, overwrite=True)
+    assert summary.batches == -(-len(other) // 100)
+    assert_equals_oracle(out, other, dep)
+    assert (out / "_SUCCESS").exists()
+
+
+def test_checkpoint_of_another_output_or_with_foreign_files_is_refused(spark, tmp_path):
+    lines = random_workload(seed=23, n=120)
+    dep = deployment(batch_size=100)
+    write_lines(tmp_path / "in.jsonl", lines)
+    observer = RunObserver(RunSummary("spark", dep.router, dep.evaluators), stream=None)
+    shared = tmp_path / "ckpt"
+    run_spark(tmp_path / "in.jsonl", tmp_path / "a", dep, observer, spark=spark, checkpoint=shared)
+    with pytest.raises(CheckpointError, match="belongs to the output"):
+        run_spark(tmp_path / "in.jsonl", tmp_path / "b", dep, observer, spark=spark, checkpoint=shared)
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("precious")
+    with pytest.raises(CheckpointError, match="did not write"):
+        run_spark(tmp_path / "in.jsonl", tmp_path / "c", dep, observer, spark=spark, checkpoint=foreign)
+    assert (foreign / "thesis.tex").read_text() == "precious"
+    assert not (tmp_path / "b" / "_SUCCESS").exists()
 
 
 def _cli(args, **kwargs):
@@ -99,7 +125,7 @@ def test_killed_run_restarts_from_checkpoint_with_exact_output(tmp_path):
     source = tmp_path / "in.jsonl"
     write_lines(source, lines)
     out = tmp_path / "out"
-    args = ["--input", str(source), "--output", str(out), "--evaluators", "3", "--batch-size", "40", "--quiet"]
+    args = ["--input", str(source), "--output", str(out), "--evaluators", "3", "--batch-size", "40"]
     (tmp_path / "dep.json").write_text(
         '{"space": [0, 0, 100, 100], "grid_size": 20, "index_block": 2, "sample_size": 200}'
     )
@@ -111,13 +137,16 @@ def test_killed_run_restarts_from_checkpoint_with_exact_output(tmp_path):
     batches = -(-len(lines) // 40)
     done = len(list((out / "statistics").glob("part-*.jsonl")))
     assert done < batches, "the run finished before the kill; nothing was tested"
-    assert (out / "_checkpoint" / "router" / "snapshot-00000015.pkl").exists()
+    assert not (out / "_SUCCESS").exists()
+    assert (out / "_checkpoint" / "router" / "snapshot-00000015.json").exists()
     rerun = _cli(args)
     output, _ = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, output
+    assert "resuming from checkpoint" in output
+    assert (out / "_SUCCESS").exists()
     dep = deployment(evaluators=3, batch_size=40)
     assert_equals_oracle(out, lines, dep)
-    deltas = list((out / "_checkpoint" / "router").glob("delta-*.pkl"))
+    deltas = list((out / "_checkpoint" / "router").glob("delta-*.json"))
     assert 0 < len(deltas) <= 16, "registry deltas before the last snapshot must be pruned"
 
 
@@ -138,3 +167,14 @@ def test_local_cluster_with_separate_executor_jvms_equals_oracle(tmp_path):
     assert proc.returncode == 0, output
     assert "spark engine" in output
     assert_equals_oracle(out, lines, deployment(evaluators=2, batch_size=250))
+
+
+def test_spark_engine_honours_the_object_id_horizon(spark, tmp_path):
+    """Ids recur after the horizon across micro-batches (registry journals and snapshots carry the FIFO)."""
+    sub = '{"type": "subscribe", "id": "s", "kind": "range", "rect": [0, 0, 100, 100], "keywords": ["a"]}'
+    ids = [f"o{i % 4}" for i in range(20)] + [f"o{i % 9}" for i in range(40)]
+    lines = [sub] + [f'{{"type": "object", "id": "{i}", "x": 1, "y": 1, "terms": ["a"]}}' for i in ids]
+    dep = deployment(batch_size=4).replace(object_id_horizon=5)
+    out, _ = run(spark, tmp_path, lines, dep)
+    expected = assert_equals_oracle(out, lines, dep)
+    assert len(expected.deliveries) > 7 and expected.dead_letters

@@ -130,9 +130,9 @@ def random_workload(seed: int, n: int = 600, invalid: bool = True) -> list[str]:
     return lines
 
 
-def write_lines(path, lines: list[str]) -> None:
-    """Write ``lines`` as a JSON-lines file."""
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+def write_lines(path, lines: list[str] | list[bytes]) -> None:
+    """Write ``lines`` (str as UTF-8, bytes as they are) as a JSON-lines file."""
+    path.write_bytes(b"".join((line if isinstance(line, bytes) else line.encode()) + b"\n" for line in lines))
 
 
 def canonical(rows: list[dict]) -> list[tuple]:

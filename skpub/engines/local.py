@@ -9,26 +9,38 @@ the parallel time of a batch (DESIGN "Measuring load honestly").
 
 from __future__ import annotations
 
-from itertools import islice
+import uuid
+from itertools import chain
 from pathlib import Path
 
 from evaluators.evaluator import Evaluator
 from router.dispatch import Routed, Router
 from router.epoch import RoutingEpoch
 from router.initial import initial_table
+from skpub.checkpoint import CHECKPOINT_DIR, Checkpoint
 from skpub.config import Deployment
 from skpub.engines.sink import write_batch
-from skpub.inputs import iter_batches, iter_lines
-from skpub.output import prepare
+from skpub.inputs import batches, iter_lines, take_sample
+from skpub.output import claim_output, mark_success
 from skpub.runtime import tune_gc
 from skpub.summary import BatchReport, RunObserver, RunSummary
 from skpub.text import load_vocabulary
 
 
 def run_local(
-    input_path: str | Path, output_dir: str | Path, deployment: Deployment, observer: RunObserver
+    input_path: str | Path,
+    output_dir: str | Path,
+    deployment: Deployment,
+    observer: RunObserver,
+    overwrite: bool = False,
 ) -> RunSummary:
     """Run the stream at ``input_path`` through the local engine into ``output_dir``.
+
+    ``input_path`` may be ``"-"`` (standard input). The input is read once, as
+    a stream: the head is kept as the partitioning sample and replayed.
+    ``_SUCCESS`` is written last; a run stopped before it leaves partial
+    output, and running again (same arguments) replaces it with exactly what
+    a clean run writes.
 
     Returns
     -------
@@ -38,24 +50,31 @@ def run_local(
     ------
     skpub.errors.InputError
         If the input is missing or empty.
+    skpub.errors.OutputError
+        If ``output_dir`` holds files skpub did not write, or a finished run
+        and ``overwrite`` is false.
+    skpub.errors.CheckpointError
+        If a checkpoint folder in ``output_dir`` holds files skpub did not write.
     """
     vocabulary = load_vocabulary(deployment.vocabulary)
-    root = prepare(output_dir, fresh=True)
-    sample = islice(iter_lines(input_path), deployment.sample_size)
+    lines = iter_lines(input_path)
+    sample = take_sample(lines, deployment.sample_size)
+    root = claim_output(output_dir, uuid.uuid4().hex, overwrite)
+    Checkpoint(root / CHECKPOINT_DIR).clear()
     epoch = RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample))
     router = Router(deployment, vocabulary)
     evaluators = [Evaluator(e, deployment, vocabulary) for e in range(deployment.evaluators)]
     tune_gc()
     observer.start()
-    for batch_id, lines in enumerate(iter_batches(input_path, deployment.batch_size)):
-        routed = router.route_many(lines, batch_id, epoch)
+    for batch_id, batch in enumerate(batches(chain(sample, lines), deployment.batch_size)):
+        routed = router.route_many(batch, batch_id, epoch)
         per_evaluator: list[list[Routed]] = [[] for _ in evaluators]
         for row in routed.rows:
             per_evaluator[row.evaluator].append(row)
         results = [ev.apply_many(rows, batch_id) for ev, rows in zip(evaluators, per_evaluator, strict=True)]
         report = BatchReport(
             batch_id,
-            records=len(lines),
+            records=len(batch),
             objects=routed.objects,
             forwarded=routed.forwarded,
             routing_seconds=routed.routing_seconds,
@@ -74,4 +93,5 @@ def run_local(
             report,
         )
         observer.on_batch(report)
+    mark_success(root)
     return observer.finish()

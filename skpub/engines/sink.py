@@ -33,7 +33,8 @@ def write_batch(
     deliveries : iterable of iterables of (pos, sub, obj)
         Per-evaluator deliveries (merged and deduplicated here).
     dead_letters : iterable of DeadLetter
-        Written in stream-position order.
+        Written in stream-position order, one per position (a record that
+        failed in several evaluators is reported once).
     statistics : list of dict
         One :meth:`evaluators.stats.CellCostStats.to_json` line per evaluator.
     report : BatchReport
@@ -41,7 +42,10 @@ def write_batch(
         are filled in here.
     """
     merged = merge_deliveries(deliveries)
-    dead = sorted(dead_letters, key=lambda d: d.pos)
+    dead: list[DeadLetter] = []
+    for letter in sorted(dead_letters, key=lambda d: d.pos):
+        if not dead or dead[-1].pos != letter.pos:
+            dead.append(letter)
     write_part(root, "deliveries", batch_id, merged)
     write_part(root, "dead_letters", batch_id, (d.to_json() for d in dead))
     write_part(root, "statistics", batch_id, statistics)

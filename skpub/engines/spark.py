@@ -23,12 +23,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import shutil
 import sys
 import uuid
 from collections.abc import Iterator
-from itertools import islice
 from pathlib import Path
 
 import pyarrow as pa
@@ -36,12 +34,14 @@ import pyarrow as pa
 from router.dispatch import Router
 from router.epoch import EpochLog, RoutingEpoch
 from router.initial import initial_table
+from router.state import decode_journal, decode_snapshot, encode_journal, encode_snapshot
 from router.wire import COLUMNS, ddl, to_columns
+from skpub.checkpoint import CHECKPOINT_DIR, Checkpoint
 from skpub.config import Deployment, deployment_from_text
 from skpub.engines.sink import write_batch
-from skpub.errors import CheckpointError, EngineError, JavaNotFoundError
-from skpub.inputs import input_files, iter_batches, iter_lines
-from skpub.output import prepare
+from skpub.errors import CheckpointError, EngineError, InputError, JavaNotFoundError
+from skpub.inputs import STDIN, batches, input_files, iter_lines, take_sample
+from skpub.output import claim_output, inspect_output, mark_success
 from skpub.records import DeadLetter
 from skpub.registry import IdRegistry
 from skpub.runtime import tune_gc
@@ -95,34 +95,6 @@ def spark_session(master: str, evaluators: int, app_name: str = "skpub"):  # noq
     )  # fmt: skip
 
 
-class Checkpoint:
-    """The layout of a Spark run's checkpoint directory."""
-
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root).absolute()
-        self.source = self.root / "source"
-        self.epochs = self.root / "epochs"
-        self.router = self.root / "router"
-        self.query = self.root / "query"
-        self.manifest = self.root / "manifest.json"
-
-    def router_delta(self, batch_id: int) -> Path:
-        """Return the file of the id registry's changes in micro-batch ``batch_id``."""
-        return self.router / f"delta-{batch_id:08d}.pkl"
-
-    def router_snapshot(self, batch_id: int) -> Path:
-        """Return the file of the whole id registry after micro-batch ``batch_id``."""
-        return self.router / f"snapshot-{batch_id:08d}.pkl"
-
-    def router_files(self, kind: str) -> dict[int, Path]:
-        """Batch id -> file, for ``kind`` ``delta`` or ``snapshot``."""
-        return {int(p.stem.split("-")[1]): p for p in self.router.glob(f"{kind}-*.pkl")}
-
-    def router_report(self, batch_id: int) -> Path:
-        """Router counters of micro-batch ``batch_id``."""
-        return self.router / f"report-{batch_id:08d}.json"
-
-
 def _input_fingerprint(input_path: str | Path) -> list:
     """Name, size and SHA-256 of every input file: a restart must read the same stream."""
     out = []
@@ -136,17 +108,20 @@ def _input_fingerprint(input_path: str | Path) -> list:
 
 
 def stage_input(input_path: str | Path, checkpoint: Checkpoint, batch_size: int) -> int:
-    """Copy the input into ``batch_size``-line chunks, one per micro-batch; return their count.
+    r"""Copy the input into ``batch_size``-line chunks, one per micro-batch; return their count.
 
     Chunk ``i`` gets modification time ``base + i`` seconds, so the file source
-    (one file per trigger) takes them in stream order.
+    (one file per trigger) takes them in stream order. Lines are copied as
+    bytes, exactly as read (BOM and ``\r\n`` handled by
+    :func:`skpub.inputs.read_records`); the query reads them back with
+    ``lineSep = "\n"`` as binary, so Spark never decodes them.
     """
     checkpoint.source.mkdir(parents=True, exist_ok=True)
     chunks = 0
     base = 1_000_000_000
-    for chunks, lines in enumerate(iter_batches(input_path, batch_size), start=1):
+    for chunks, lines in enumerate(batches(iter_lines(input_path), batch_size), start=1):
         path = checkpoint.source / f"chunk-{chunks - 1:08d}.jsonl"
-        atomic_write_text(path, "\n".join(lines) + "\n")
+        atomic_write_bytes(path, b"\n".join(lines) + b"\n")
         os.utime(path, (base + chunks, base + chunks))
     return chunks
 
@@ -200,9 +175,9 @@ class RouterTask:
         epoch = EpochLog(checkpoint.epochs).for_batch(batch_id)
         routed = router.route_many(lines, batch_id, epoch)
         changes = router.registry.take_journal()
-        atomic_write_bytes(checkpoint.router_delta(batch_id), pickle.dumps(changes, protocol=pickle.HIGHEST_PROTOCOL))
+        atomic_write_bytes(checkpoint.router_delta(batch_id), encode_journal(changes))
         if batch_id % ROUTER_SNAPSHOT_EVERY == ROUTER_SNAPSHOT_EVERY - 1:
-            atomic_write_bytes(checkpoint.router_snapshot(batch_id), router.registry.snapshot_bytes())
+            atomic_write_bytes(checkpoint.router_snapshot(batch_id), encode_snapshot(router.registry))
         report = {
             "records": len(lines),
             "objects": routed.objects,
@@ -235,7 +210,7 @@ def _wire_schema() -> pa.Schema:
     return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in COLUMNS])
 
 
-def _ordered_lines(table: pa.Table) -> list[str]:
+def _ordered_lines(table: pa.Table) -> list[bytes]:
     """Return the lines in stream order: by file, then block, then position in the block."""
     values = table.column("value").to_pylist()
     files, starts = table.column("file_path"), table.column("file_block_start")
@@ -261,12 +236,15 @@ def _router_before(checkpoint: Checkpoint, run_id: str, deployment: Deployment, 
         return cached[1]
     snapshots = [b for b in checkpoint.router_files("snapshot") if b < batch_id]
     base = max(snapshots, default=-1)
-    registry = IdRegistry.from_snapshot(checkpoint.router_snapshot(base).read_bytes()) if base >= 0 else IdRegistry()
+    if base >= 0:
+        registry = decode_snapshot(checkpoint.router_snapshot(base).read_bytes())
+    else:
+        registry = IdRegistry(deployment.object_id_horizon)
     deltas = checkpoint.router_files("delta")
     for b in range(base + 1, batch_id):
         if b not in deltas:
             raise CheckpointError(f"router changes of batch {b} are missing from {checkpoint.router}")
-        registry.replay(pickle.loads(deltas[b].read_bytes()))
+        registry.replay(decode_journal(deltas[b].read_bytes()))
     registry.journal = []
     return Router(deployment, vocabulary, registry)
 
@@ -315,31 +293,62 @@ class Sink:
 
 
 def _open_checkpoint(
-    checkpoint: Checkpoint, input_path: str | Path, deployment: Deployment, output: Path, spark, observer: RunObserver
-) -> dict:  # noqa: ANN001
-    """Create the checkpoint for a new run, or check that it belongs to this run."""
-    wanted = {"deployment": deployment.to_json(), "input": _input_fingerprint(input_path)}
-    if checkpoint.manifest.exists():
-        manifest = json.loads(checkpoint.manifest.read_text())
-        if {k: manifest[k] for k in wanted} != json.loads(json.dumps(wanted)):
+    checkpoint: Checkpoint,
+    input_path: str | Path,
+    deployment: Deployment,
+    output: Path,
+    spark,  # noqa: ANN001
+    observer: RunObserver,
+    overwrite: bool,
+) -> dict:
+    """Resume this run's checkpoint, or set up a new one; claim the output accordingly.
+
+    A checkpoint is resumed when its manifest was made for this deployment,
+    input and output, and the output still holds that run's parts. A
+    checkpoint made for another output is refused; one made for another input
+    or deployment is refused unless ``overwrite``. Anything else of skpub's
+    (an unfinished setup, a finished or foreign run's parts) is cleared and
+    the run starts afresh.
+
+    Raises
+    ------
+    CheckpointError, OutputError
+        As above, and when either directory holds files skpub did not write.
+    """
+    state = inspect_output(output)
+    checkpoint.check_owned()
+    wanted = json.loads(json.dumps({
+        "deployment": deployment.to_json(),
+        "input": _input_fingerprint(input_path),
+        "output": str(output),
+    }))  # fmt: skip
+    manifest = checkpoint.read_manifest()
+    if manifest is not None:
+        if manifest.get("output", str(output)) != str(output):
+            raise CheckpointError(
+                f"checkpoint {checkpoint.root} belongs to the output {manifest['output']}, not {output}; "
+                "pass another --checkpoint"
+            )
+        if {k: manifest.get(k) for k in wanted} != wanted and not overwrite:
             raise CheckpointError(
                 f"checkpoint {checkpoint.root} was made for another input or deployment; "
-                "remove it or pass another --checkpoint"
+                "pass --overwrite to replace that run, or another --checkpoint"
             )
-        observer.note(f"resuming from checkpoint {checkpoint.root}")
-        return manifest
-    if checkpoint.root.exists():
-        shutil.rmtree(checkpoint.root)
-    prepare(output, fresh=True)
+        if not overwrite and state.run_id == manifest.get("run_id"):
+            claim_output(output, manifest["run_id"], overwrite, resume=True)
+            observer.note(f"resuming from checkpoint {checkpoint.root}")
+            return manifest
+    run_id = uuid.uuid4().hex
+    claim_output(output, run_id, overwrite)
+    checkpoint.clear()
     vocabulary = load_vocabulary(deployment.vocabulary)
-    sample = islice(iter_lines(input_path), deployment.sample_size)
-    table = initial_table(deployment, vocabulary, sample)
+    table = initial_table(deployment, vocabulary, take_sample(iter_lines(input_path), deployment.sample_size))
     EpochLog(checkpoint.epochs).publish(RoutingEpoch(0, 0, table))
     chunks = stage_input(input_path, checkpoint, deployment.batch_size)
     observer.note(f"staged the input as {chunks} micro-batches of up to {deployment.batch_size} records")
     manifest = {
         **wanted,
-        "run_id": uuid.uuid4().hex,
+        "run_id": run_id,
         "evaluator_keys": evaluator_keys(spark, deployment.evaluators),
         "chunks": chunks,
     }
@@ -356,51 +365,69 @@ def run_spark(
     master: str = "local[2]",
     checkpoint: str | Path | None = None,
     spark=None,  # noqa: ANN001
+    overwrite: bool = False,
 ) -> RunSummary:
     """Run the stream at ``input_path`` through the Spark engine into ``output_dir``.
 
     Processes every input line available now (``Trigger.AvailableNow``), one
-    micro-batch per ``deployment.batch_size`` lines, then stops. Restarting
-    with the same checkpoint resumes after the last committed micro-batch.
+    micro-batch per ``deployment.batch_size`` lines, then stops and writes
+    ``_SUCCESS``. Restarting with the same arguments resumes after the last
+    committed micro-batch and completes the output, none lost, none twice.
 
     Parameters
     ----------
+    checkpoint : path, optional
+        Default ``output_dir/_checkpoint``.
     spark : SparkSession, optional
         A session to use (and leave running); by default one is started on
         ``master`` and stopped at the end.
+    overwrite : bool
+        Replace a finished earlier output, or a checkpoint made for another
+        input or deployment (only ever skpub's own files).
 
     Raises
     ------
     JavaNotFoundError
         If no Java runtime is available.
     CheckpointError
-        If ``checkpoint`` belongs to another input or deployment.
+        If ``checkpoint`` belongs to another run (see :func:`_open_checkpoint`).
+    OutputError
+        If ``output_dir`` holds foreign files, or a finished run without ``overwrite``.
     EngineError
         If the streaming query fails.
     skpub.errors.InputError
-        If the input is missing or empty.
+        If the input is missing or empty, or is standard input.
     """
     from pyspark.errors import StreamingQueryException
 
     from evaluators.spark_processor import OUTPUT_DDL, EvaluatorProcessor
 
-    output = prepare(output_dir).absolute()
-    ckpt = Checkpoint(checkpoint or output / "_checkpoint")
+    if str(input_path) == STDIN:
+        raise InputError("the Spark engine reads files (it stages and fingerprints them); use --engine local for -")
     input_files(input_path)
+    output = Path(output_dir).absolute()
+    ckpt = Checkpoint(checkpoint or output / CHECKPOINT_DIR)
+    inspect_output(output)
+    ckpt.check_owned()
     own_session = spark is None
     if own_session:
         observer.note(f"starting Spark on {master}")
         spark = spark_session(master, deployment.evaluators)
     spark.conf.set("spark.sql.shuffle.partitions", str(deployment.evaluators))
     try:
-        manifest = _open_checkpoint(ckpt, input_path, deployment, output, spark, observer)
+        manifest = _open_checkpoint(ckpt, input_path, deployment, output, spark, observer, overwrite)
         deployment_json = json.dumps(deployment.to_json())
         keys = manifest["evaluator_keys"]
         lines = (
             spark.readStream.format("text")
             .option("maxFilesPerTrigger", 1)
+            .option("lineSep", "\n")
             .load(str(ckpt.source))
-            .selectExpr("value", "_metadata.file_path as file_path", "_metadata.file_block_start as file_block_start")
+            .selectExpr(
+                "cast(value as binary) as value",
+                "_metadata.file_path as file_path",
+                "_metadata.file_block_start as file_block_start",
+            )
         )
         run_id = manifest["run_id"]
         routed = lines.coalesce(1).mapInArrow(RouterTask(str(ckpt.root), run_id, deployment_json, keys), ddl())
@@ -423,6 +450,9 @@ def run_spark(
             query.awaitTermination()
         except StreamingQueryException as exc:
             raise EngineError(f"the Spark query failed: {str(exc).strip().splitlines()[0]}") from exc
+        if not ckpt.all_committed():
+            raise EngineError("the Spark query stopped before the last micro-batch; run again to resume")
+        mark_success(output)
     finally:
         if own_session:
             spark.stop()

@@ -1,0 +1,135 @@
+"""The layout of a Spark run's checkpoint directory, and who may touch it.
+
+::
+
+    manifest.json        deployment, input fingerprint, output directory, run id
+    source/chunk-<n>.jsonl   the staged input, one chunk per micro-batch
+    epochs/epoch-<n>.json    published routing epochs
+    router/              the id registry: delta-<b>.json journals,
+                         snapshot-<b>.json snapshots, report-<b>.json counters
+    query/               Spark's own streaming checkpoint
+
+skpub recognizes its checkpoint by this layout. A directory holding anything
+else is refused (:func:`checkpoint_foreign_entries`), and :meth:`Checkpoint.clear`
+removes only skpub's own parts of it, so a checkpoint never deletes a
+directory or file that skpub did not create.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from skpub.errors import CheckpointError
+from skpub.storage import entries, own_files
+
+CHECKPOINT_DIR = "_checkpoint"
+MANIFEST = "manifest.json"
+_OWN = {
+    "source": own_files(r"chunk-\d{8}\.jsonl"),
+    "epochs": own_files(r"epoch-\d{6}\.json"),
+    "router": own_files(r"(?:delta|snapshot|report)-\d{8}\.json"),
+}
+_MANIFEST_RE = own_files(r"manifest\.json")
+
+
+def checkpoint_foreign_entries(root: Path) -> list[str]:
+    """Relative paths under checkpoint ``root`` that skpub did not write (``query/`` is Spark's own)."""
+    foreign = []
+    for entry, kind in entries(root):
+        name = entry.name
+        if name in _OWN and kind == "dir":
+            pattern = _OWN[name]
+            foreign += [f"{name}/{e.name}" for e, k in entries(entry) if k != "file" or not pattern.fullmatch(e.name)]
+        elif name == "query" and kind == "dir" or _MANIFEST_RE.fullmatch(name) and kind == "file":
+            continue
+        else:
+            foreign.append(name)
+    return foreign
+
+
+class Checkpoint:
+    """A checkpoint directory at ``root`` (created on first use)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).absolute()
+        self.source = self.root / "source"
+        self.epochs = self.root / "epochs"
+        self.router = self.root / "router"
+        self.query = self.root / "query"
+        self.manifest = self.root / MANIFEST
+
+    def check_owned(self) -> None:
+        """Refuse a checkpoint path that holds anything skpub did not write.
+
+        Raises
+        ------
+        CheckpointError
+            If the path is not a directory or holds foreign entries.
+        """
+        if not self.root.exists() and not self.root.is_symlink():
+            return
+        if not self.root.is_dir():
+            raise CheckpointError(f"checkpoint {self.root} exists and is not a directory")
+        foreign = checkpoint_foreign_entries(self.root)
+        if foreign:
+            raise CheckpointError(
+                f"checkpoint directory {self.root} holds files skpub did not write ({', '.join(foreign[:5])}); "
+                "skpub never deletes them: pass another --checkpoint"
+            )
+
+    def read_manifest(self) -> dict | None:
+        """Return the manifest, or None when the checkpoint has none (new, or setup never finished).
+
+        Raises
+        ------
+        CheckpointError
+            If the manifest is not JSON.
+        """
+        if not self.manifest.is_file():
+            return None
+        try:
+            manifest = json.loads(self.manifest.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint manifest {self.manifest} is damaged: {exc}") from None
+        if not isinstance(manifest, dict):
+            raise CheckpointError(f"checkpoint manifest {self.manifest} is damaged")
+        return manifest
+
+    def clear(self) -> None:
+        """Remove skpub's own checkpoint contents (after :meth:`check_owned`), keeping the directory."""
+        self.check_owned()
+        if not self.root.is_dir():
+            return
+        self.manifest.unlink(missing_ok=True)
+        for name in (*_OWN, "query"):
+            folder = self.root / name
+            if folder.is_dir() and not folder.is_symlink():
+                shutil.rmtree(folder)
+
+    def router_delta(self, batch_id: int) -> Path:
+        """Return the file of the id registry's changes in micro-batch ``batch_id``."""
+        return self.router / f"delta-{batch_id:08d}.json"
+
+    def router_snapshot(self, batch_id: int) -> Path:
+        """Return the file of the whole id registry after micro-batch ``batch_id``."""
+        return self.router / f"snapshot-{batch_id:08d}.json"
+
+    def router_files(self, kind: str) -> dict[int, Path]:
+        """Batch id -> file, for ``kind`` ``delta`` or ``snapshot``."""
+        return {int(p.stem.split("-")[1]): p for p in self.router.glob(f"{kind}-*.json")}
+
+    def router_report(self, batch_id: int) -> Path:
+        """Router counters of micro-batch ``batch_id``."""
+        return self.router / f"report-{batch_id:08d}.json"
+
+    def all_committed(self) -> bool:
+        """Whether Spark committed every micro-batch it planned (the newest offset has a commit)."""
+
+        def newest(log: str) -> int:
+            folder = self.query / log
+            ids = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
+            return max(ids, default=-1)
+
+        return newest("commits") == newest("offsets")

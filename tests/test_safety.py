@@ -1,0 +1,293 @@
+"""Never stop, never lose, never trust: outputs, checkpoints, internal errors, the id horizon, bad invocations."""
+
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import router.dispatch
+from evaluators.errors import EvaluatorError
+from evaluators.evaluator import decode_block, encode_block
+from evaluators.gi2 import GI2Index
+from router.state import decode_journal, decode_snapshot
+from skpub.checkpoint import Checkpoint
+from skpub.cli import main
+from skpub.engines.local import run_local
+from skpub.errors import CheckpointError, OutputError
+from skpub.oracle import replay
+from skpub.output import read_stream
+from skpub.registry import IdRegistry
+from skpub.summary import RunObserver, RunSummary
+from tests.workloads import canonical, deployment, random_workload, write_lines
+
+
+def observer(dep):
+    return RunObserver(RunSummary("local", dep.router, dep.evaluators), stream=None)
+
+
+def local(tmp_path, lines, dep, out=None, overwrite=False):
+    source = tmp_path / "in.jsonl"
+    write_lines(source, lines)
+    out = out or tmp_path / "out"
+    return out, run_local(source, out, dep, observer(dep), overwrite=overwrite)
+
+
+def tree(root):
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+# --------------------------------------------------------------------------- outputs never destroy
+
+
+@pytest.mark.parametrize(
+    "foreign",
+    ["notes.txt", "deliveries/mine.jsonl", "dead_letters/part-1.jsonl", "statistics/sub/x", "_checkpoint/mine.bin"],
+)
+def test_output_with_foreign_files_is_refused_and_they_survive(tmp_path, foreign):
+    out = tmp_path / "out"
+    path = out / foreign
+    path.parent.mkdir(parents=True)
+    path.write_text("not skpub's")
+    for overwrite in (False, True):
+        with pytest.raises(OutputError, match="did not write"):
+            local(tmp_path, random_workload(seed=1, n=50), deployment(), out=out, overwrite=overwrite)
+    assert path.read_text() == "not skpub's"
+
+
+def test_cli_refuses_foreign_output_with_exit_code_2(tmp_path, capsys):
+    write_lines(tmp_path / "in.jsonl", random_workload(seed=1, n=50))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "thesis.tex").write_text("precious")
+    code = main(["run", "--engine", "local", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out")])
+    assert code == 2
+    assert "thesis.tex" in capsys.readouterr().err
+    assert (tmp_path / "out" / "thesis.tex").read_text() == "precious"
+
+
+def test_overwrite_never_follows_symlinks(tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "part-00000000.jsonl").write_text("someone else's part file\n")
+    dep = deployment(batch_size=40)
+    out, _ = local(tmp_path, random_workload(seed=2, n=100), dep)
+    os.symlink(outside, out / "snapshots" / "linked")
+    with pytest.raises(OutputError, match="snapshots/linked"):
+        local(tmp_path, random_workload(seed=2, n=100), dep, overwrite=True)
+    (out / "snapshots" / "linked").unlink()
+    os.symlink(outside / "part-00000000.jsonl", out / "snapshots" / "part-00000009.jsonl")
+    with pytest.raises(OutputError, match="part-00000009"):
+        local(tmp_path, random_workload(seed=2, n=100), dep, overwrite=True)
+    assert (outside / "part-00000000.jsonl").read_text() == "someone else's part file\n"
+
+
+def test_unwritable_output_is_a_sentence(tmp_path, capsys):
+    write_lines(tmp_path / "in.jsonl", random_workload(seed=1, n=20))
+    (tmp_path / "file").write_text("x")
+    code = main(["run", "--engine", "local", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "file")])
+    assert code == 2
+    assert "is not a directory" in capsys.readouterr().err
+    code = main(["run", "--engine", "local", "--input", str(tmp_path / "in.jsonl"), "--output", "/proc/skpub-out"])
+    assert code == 2
+    assert "cannot write output directory" in capsys.readouterr().err
+
+
+def test_killed_local_run_leaves_no_success_and_its_rerun_equals_a_clean_run(tmp_path):
+    """Kill the local engine mid-stream with SIGKILL, rerun the same command: same bytes as a clean run."""
+    lines = random_workload(seed=4, n=3000)
+    write_lines(tmp_path / "in.jsonl", lines)
+    (tmp_path / "dep.json").write_text(json.dumps(deployment(evaluators=3, batch_size=2).to_json()))
+    base = [sys.executable, "-m", "skpub.cli", "run", "--engine", "local", "--input", str(tmp_path / "in.jsonl")]
+    base += ["--config", str(tmp_path / "dep.json"), "--quiet"]
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen([*base, "--output", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    parts = killed / "statistics"
+    while proc.poll() is None and len(list(parts.glob("part-*.jsonl")) if parts.is_dir() else []) < 200:
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    assert len(list(parts.glob("part-*.jsonl"))) < -(-len(lines) // 2), "the run finished before the kill"
+    assert not (killed / "_SUCCESS").exists()
+    subprocess.run([*base, "--output", str(killed)], check=True)
+    clean = tmp_path / "clean"
+    subprocess.run([*base, "--output", str(clean)], check=True)
+    assert (killed / "_SUCCESS").exists()
+    skip = ("statistics/", "_skpub_run.json")
+    assert {k: v for k, v in tree(killed).items() if not k.startswith(skip)} == {
+        k: v for k, v in tree(clean).items() if not k.startswith(skip)
+    }
+    assert sorted(tree(killed)) == sorted(tree(clean))
+
+
+def test_checkpoint_with_foreign_files_is_never_cleared(tmp_path):
+    root = tmp_path / "ckpt"
+    (root / "source").mkdir(parents=True)
+    (root / "source" / "holiday.jpg").write_bytes(b"\xff\xd8")
+    with pytest.raises(CheckpointError, match="holiday.jpg"):
+        Checkpoint(root).clear()
+    assert (root / "source" / "holiday.jpg").exists()
+
+
+# --------------------------------------------------------------------------- a record cannot stop a run
+
+
+def test_an_evaluator_failure_on_one_object_becomes_internal_error(tmp_path, monkeypatch):
+    """Inject a failure for chosen objects inside GI^2; every other record's output is untouched."""
+    lines = random_workload(seed=6, n=300, invalid=False)
+    dep = deployment(evaluators=3, batch_size=25)
+    expected = replay(lines, dep).deliveries
+    victims = list(dict.fromkeys(d["obj"] for d in expected))[:2]
+    real = GI2Index.match_one
+
+    def match_one(self, obj, cx, cy):
+        if obj.id in victims:
+            raise ValueError(f"injected failure on {obj.id}")
+        return real(self, obj, cx, cy)
+
+    monkeypatch.setattr(GI2Index, "match_one", match_one)
+    out, summary = local(tmp_path, lines, dep)
+    internal = read_stream(out, "dead_letters")
+    assert sorted(json.loads(d["line"])["id"] for d in internal) == sorted(victims)
+    assert {d["reason"] for d in internal} == {"internal_error"}
+    assert all("ValueError: injected failure" in d["message"] for d in internal)
+    kept = [d for d in expected if d["obj"] not in victims]
+    assert canonical(read_stream(out, "deliveries")) == canonical(kept)
+    assert summary.dead_letters["internal_error"] == 2
+    assert (out / "_SUCCESS").exists()
+
+
+def test_a_router_failure_on_one_line_keeps_the_batch(tmp_path, monkeypatch):
+    lines = random_workload(seed=7, n=200, invalid=False)
+    dep = deployment(evaluators=2, batch_size=50)
+    poison = '{"type": "object", "id": "poison", "x": 50, "y": 50, "terms": ["sushi"]}'
+    lines.insert(77, poison)
+    real = router.dispatch.parse_line
+
+    def parse_line(line, *args):
+        if b'"poison"' in line:
+            raise MemoryError("injected")
+        return real(line, *args)
+
+    monkeypatch.setattr(router.dispatch, "parse_line", parse_line)
+    out, _ = local(tmp_path, lines, dep)
+    dead = read_stream(out, "dead_letters")
+    assert dead == [{"line": poison, "reason": "internal_error", "message": "MemoryError: injected"}]
+    expected = replay([line for line in lines if line != poison], dep)
+    assert canonical(read_stream(out, "deliveries")) == canonical(expected.deliveries)
+
+
+# --------------------------------------------------------------------------- the object-id horizon
+
+
+@pytest.mark.parametrize("horizon", [1, 3, 50])
+def test_object_ids_are_unique_only_within_the_horizon(tmp_path, horizon):
+    sub = '{"type": "subscribe", "id": "s", "kind": "range", "rect": [0, 0, 100, 100], "keywords": ["a"]}'
+    ids = ["a", "b", "a", "c", "d", "a", "b", "e", "a"] * 3
+    lines = [sub] + [json.dumps({"type": "object", "id": i, "x": 1, "y": 1, "terms": ["a"]}) for i in ids]
+    dep = deployment(batch_size=4).replace(object_id_horizon=horizon)
+    accepted: list[str] = []
+    expected_dead = 0
+    for i in ids:
+        if i in accepted[-horizon:]:
+            expected_dead += 1
+        else:
+            accepted.append(i)
+    result = replay(lines, dep)
+    assert [d["obj"] for d in result.deliveries] == accepted
+    assert len(result.dead_letters) == expected_dead
+    out, _ = local(tmp_path, lines, dep)
+    assert canonical(read_stream(out, "deliveries")) == canonical(result.deliveries)
+
+
+def test_registry_memory_is_bounded_by_the_horizon():
+    registry = IdRegistry(object_id_horizon=100)
+    from skpub.records import ObjectRecord
+
+    for n in range(10_000):
+        registry.accept(ObjectRecord(n, f"o{n}", 1.0, 1.0, (), frozenset()))
+    assert len(registry.object_ids) == len(registry.object_order) == 100
+    assert registry.object_order[0] == "o9900"
+
+
+# --------------------------------------------------------------------------- durable state never executes
+
+
+def test_durable_state_is_json_and_refuses_anything_else():
+    import pickle
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, ("touch /tmp/skpub-pwned",))
+
+    evil = pickle.dumps(Boom())
+    for decode, kind in ((decode_snapshot, "registry"), (decode_journal, "journal")):
+        with pytest.raises(CheckpointError):
+            decode(evil)
+        with pytest.raises(CheckpointError, match="format"):
+            decode(json.dumps({"format": 99, "kind": kind}).encode())
+    with pytest.raises(EvaluatorError):
+        decode_block(evil)
+    with pytest.raises(EvaluatorError, match="format"):
+        decode_block(b'{"format": 2, "subscriptions": []}')
+    assert not os.path.exists("/tmp/skpub-pwned")
+    assert decode_block(encode_block({})) == {}
+
+
+# --------------------------------------------------------------------------- bad invocations
+
+
+def test_metrics_port_in_use_or_out_of_range_is_a_sentence(tmp_path, capsys):
+    write_lines(tmp_path / "in.jsonl", random_workload(seed=1, n=20))
+    args = ["run", "--engine", "local", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o")]
+    assert main([*args, "--metrics-port", "70000"]) == 2
+    assert "outside 1-65535" in capsys.readouterr().err
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        assert main([*args, "--metrics-port", str(busy.getsockname()[1])]) == 2
+    assert "cannot serve metrics" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--evaluators", "1000000000"], ["--config", "GRID"]])
+def test_deployments_beyond_memory_are_refused_before_allocating(tmp_path, capsys, flags):
+    (tmp_path / "grid.json").write_text('{"grid_size": 2000000}')
+    flags = [str(tmp_path / "grid.json") if f == "GRID" else f for f in flags]
+    write_lines(tmp_path / "in.jsonl", random_workload(seed=1, n=20))
+    args = ["run", "--engine", "local", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "p")]
+    assert main([*args, *flags]) == 2
+    err = capsys.readouterr().err
+    assert "GiB" in err or "more evaluators than fine-grid cells" in err
+
+
+def test_directory_input_skips_and_names_non_jsonl_files(tmp_path, capsys):
+    lines = random_workload(seed=9, n=120)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    write_lines(folder / "a.jsonl", lines[:60])
+    write_lines(folder / "b.jsonl", lines[60:])
+    (folder / "README.md").write_text("# not input\n")
+    (folder / "c.jsonl.gz").write_bytes(b"\x1f\x8b")
+    dep = deployment(evaluators=2, batch_size=30)
+    (tmp_path / "dep.json").write_text(json.dumps(dep.to_json()))
+    args = ["run", "--engine", "local", "--input", str(folder), "--output", str(tmp_path / "o")]
+    assert main([*args, "--config", str(tmp_path / "dep.json")]) == 0
+    captured = capsys.readouterr()
+    assert "skipped inputs    2 not *.jsonl: README.md, c.jsonl.gz" in captured.out
+    assert canonical(read_stream(tmp_path / "o", "deliveries")) == canonical(replay(lines, dep).deliveries)
+
+
+def test_standard_input_feeds_the_local_engine(tmp_path, monkeypatch, capsys):
+    lines = random_workload(seed=10, n=200)
+    dep = deployment(evaluators=2, batch_size=30)
+    (tmp_path / "dep.json").write_text(json.dumps(dep.to_json()))
+    data = b"\xef\xbb\xbf" + b"".join(line.encode() + b"\r\n" for line in lines)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    args = ["run", "--engine", "local", "--input", "-", "--output", str(tmp_path / "o")]
+    assert main([*args, "--config", str(tmp_path / "dep.json")]) == 0
+    expected = replay(lines, dep)
+    assert canonical(read_stream(tmp_path / "o", "deliveries")) == canonical(expected.deliveries)
+    assert canonical(read_stream(tmp_path / "o", "dead_letters")) == canonical(expected.dead_letters)
