@@ -120,7 +120,8 @@ def main() -> None:
             peaks.append((maxrss, tree))
             print(
                 f"{args.engine:5s} objects={n:>9,} horizon={args.horizon:,}: {seconds:6.1f} s, "
-                f"max RSS of one process {maxrss / 2**20:7.1f} MiB, peak RSS of the process tree {tree / 2**20:7.1f} MiB",
+                f"max RSS of one process {maxrss / 2**20:7.1f} MiB, "
+                f"peak RSS of the process tree {tree / 2**20:7.1f} MiB",
                 flush=True,
             )
             stream.unlink()
