@@ -42,7 +42,7 @@ def matching_rate(stream: Path, deployment: Deployment) -> tuple[float, int, int
     index = GI2Index(deployment.index_block, vocabulary)
     objects = []
     for pos, line in enumerate(iter_lines(stream)):
-        record = parse_line(line, pos, deployment.space)
+        record = parse_line(line, pos, deployment.space, deployment.max_record_bytes)
         if isinstance(record, RangeSubscription):
             index.insert(record, grid.cell_box(record.rect))
         elif isinstance(record, Unsubscribe):

@@ -31,7 +31,6 @@ from router.grid import CellBox, intersect_boxes
 from router.summary import TextualSummaries
 from router.table import RoutingTable
 from skpub.config import Deployment
-from skpub.decode import line_text
 from skpub.records import (
     DeadLetter,
     ObjectRecord,
@@ -143,19 +142,25 @@ class Router:
         return out
 
     def _route_one(self, line: bytes, pos: int, table: RoutingTable, out: RoutedBatch) -> None:
-        """Parse, validate and route one line into ``out``; state changes only once routing succeeded."""
+        """Parse, validate and route one line into ``out``.
+
+        Everything that can fail (parsing, cell lookups, routing) runs before
+        the first state change (registry, summaries, ``out``), so a record that
+        raises leaves the router as it was.
+        """
         deployment, registry, summaries = self.deployment, self.registry, self.summaries
         record = parse_line(line, pos, deployment.space, deployment.max_record_bytes)
         if not isinstance(record, DeadLetter):
             rejection = registry.rejection(record)
             if rejection is not None:
-                record = DeadLetter(pos, line_text(line), *rejection)
+                record = DeadLetter.for_line(pos, line, *rejection)
         if isinstance(record, ObjectRecord):
             cx, cy = table.grid.cell_of(record.x, record.y)
             evaluator = table.owner_of_cell(cx, cy)
+            admitted = summaries.admits(evaluator, record.term_set)
             registry.accept(record)
             out.objects += 1
-            if summaries.admits(evaluator, record.term_set):
+            if admitted:
                 out.rows.append(Routed(evaluator, record, (cx, cy, cx, cy)))
                 out.forwarded += 1
         elif isinstance(record, RangeSubscription):
@@ -163,15 +168,17 @@ class Router:
             evaluators = table.route_cells(box)
             keywords = self.vocabulary.summary_keywords(record.dnf)
             rows = [Routed(e, record, intersect_boxes(box, table.partitioning.box(e))) for e in evaluators]
-            registry.accept(record, Placement(tuple(evaluators), keywords))
             for e in evaluators:
                 summaries.add(e, keywords)
+            registry.accept(record, Placement(tuple(evaluators), keywords))
             out.rows.extend(rows)
         elif isinstance(record, Unsubscribe):
-            placement = registry.accept(record)
+            placement = registry.active[record.id]
+            rows = [Routed(e, record) for e in placement.evaluators]
             for e in placement.evaluators:
                 summaries.remove(e, placement.keywords)
-                out.rows.append(Routed(e, record))
+            registry.accept(record)
+            out.rows.extend(rows)
         elif isinstance(record, SnapshotMarker):
             registry.accept(record)
         else:

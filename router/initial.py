@@ -53,7 +53,9 @@ def subscription_costs(boxes: np.ndarray, size: int, index_block: int) -> np.nda
     return np.cumsum(np.cumsum(diff, axis=0), axis=1)[:size, :size]
 
 
-def sample_cell_costs(lines: Iterable[str], grid: FineGrid, vocabulary: Vocabulary, index_block: int) -> np.ndarray:
+def sample_cell_costs(
+    lines: Iterable[bytes], grid: FineGrid, vocabulary: Vocabulary, index_block: int, max_record_bytes: int
+) -> np.ndarray:
     """Estimate per-cell cost from a sample of input lines.
 
     Returns
@@ -66,7 +68,7 @@ def sample_cell_costs(lines: Iterable[str], grid: FineGrid, vocabulary: Vocabula
     objects: list[ObjectRecord] = []
     boxes = []
     for pos, line in enumerate(lines):
-        record = parse_line(line, pos, grid.space)
+        record = parse_line(line, pos, grid.space, max_record_bytes)
         if isinstance(record, ObjectRecord):
             objects.append(record)
         elif isinstance(record, RangeSubscription):
@@ -90,5 +92,5 @@ def initial_table(deployment: Deployment, vocabulary: Vocabulary, sample: Iterab
     grid = FineGrid(deployment.space, deployment.grid_size)
     if deployment.router == "uniform":
         return UniformGrid(grid, deployment.evaluators)
-    costs = sample_cell_costs(sample, grid, vocabulary, deployment.index_block)
+    costs = sample_cell_costs(sample, grid, vocabulary, deployment.index_block, deployment.max_record_bytes)
     return AGrid(grid, cost_partitioning(costs, deployment.evaluators))

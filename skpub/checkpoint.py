@@ -2,17 +2,19 @@
 
 ::
 
+    skpub-checkpoint.json    written first, when skpub creates the checkpoint
     manifest.json        deployment, input fingerprint, output directory, run id
-    source/chunk-<n>.jsonl   the staged input, one chunk per micro-batch
+    source/chunk-<n>.raw     the staged input as read (bytes, maybe not UTF-8), one chunk per micro-batch
     epochs/epoch-<n>.json    published routing epochs
     router/              the id registry: delta-<b>.json journals,
                          snapshot-<b>.json snapshots, report-<b>.json counters
     query/               Spark's own streaming checkpoint
 
-skpub recognizes its checkpoint by this layout. A directory holding anything
-else is refused (:func:`checkpoint_foreign_entries`), and :meth:`Checkpoint.clear`
-removes only skpub's own parts of it, so a checkpoint never deletes a
-directory or file that skpub did not create.
+skpub recognizes its checkpoint by the marker file and this layout. A
+non-empty directory without the marker, or holding anything outside the
+layout, is refused (:func:`checkpoint_foreign_entries`), and
+:meth:`Checkpoint.clear` removes only skpub's own parts of it, so a
+checkpoint never deletes a directory or file that skpub did not create.
 """
 
 from __future__ import annotations
@@ -22,27 +24,34 @@ import shutil
 from pathlib import Path
 
 from skpub.errors import CheckpointError
-from skpub.storage import entries, own_files
+from skpub.storage import atomic_write_text, entries, own_files
 
 CHECKPOINT_DIR = "_checkpoint"
+MARKER = "skpub-checkpoint.json"
 MANIFEST = "manifest.json"
 _OWN = {
-    "source": own_files(r"chunk-\d{8}\.jsonl"),
+    "source": own_files(r"chunk-\d{8}\.raw"),
     "epochs": own_files(r"epoch-\d{6}\.json"),
     "router": own_files(r"(?:delta|snapshot|report)-\d{8}\.json"),
 }
-_MANIFEST_RE = own_files(r"manifest\.json")
+_OWN_FILES_RE = own_files(r"manifest\.json|skpub-checkpoint\.json")
 
 
 def checkpoint_foreign_entries(root: Path) -> list[str]:
-    """Relative paths under checkpoint ``root`` that skpub did not write (``query/`` is Spark's own)."""
+    """Relative paths under checkpoint ``root`` that skpub did not write (``query/`` is Spark's own).
+
+    Without skpub's marker file every entry is foreign: skpub did not create the directory.
+    """
+    found = entries(root)
+    if not any(entry.name == MARKER and kind == "file" for entry, kind in found):
+        return [entry.name for entry, _ in found]
     foreign = []
-    for entry, kind in entries(root):
+    for entry, kind in found:
         name = entry.name
         if name in _OWN and kind == "dir":
             pattern = _OWN[name]
             foreign += [f"{name}/{e.name}" for e, k in entries(entry) if k != "file" or not pattern.fullmatch(e.name)]
-        elif name == "query" and kind == "dir" or _MANIFEST_RE.fullmatch(name) and kind == "file":
+        elif name == "query" and kind == "dir" or _OWN_FILES_RE.fullmatch(name) and kind == "file":
             continue
         else:
             foreign.append(name)
@@ -78,6 +87,18 @@ class Checkpoint:
                 f"checkpoint directory {self.root} holds files skpub did not write ({', '.join(foreign[:5])}); "
                 "skpub never deletes them: pass another --checkpoint"
             )
+
+    def create(self) -> None:
+        """Make this an empty checkpoint of skpub's: the directory, its marker, none of a previous run's state.
+
+        Raises
+        ------
+        CheckpointError
+            If the directory holds anything skpub did not write.
+        """
+        self.clear()
+        self.root.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.root / MARKER, json.dumps({"format": 1}))
 
     def read_manifest(self) -> dict | None:
         """Return the manifest, or None when the checkpoint has none (new, or setup never finished).

@@ -136,6 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     except SkpubError as exc:
         print(f"skpub: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"skpub: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("skpub: interrupted", file=sys.stderr)
         return 130

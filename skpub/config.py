@@ -21,6 +21,8 @@ from typing import Any
 
 from skpub.errors import ConfigError
 from skpub.geometry import Rect
+from skpub.records import MAX_RECORD_BYTES
+from skpub.registry import DEFAULT_OBJECT_ID_HORIZON
 
 ROUTERS = ("agrid", "uniform")
 INTEGER_FIELDS = (
@@ -100,8 +102,8 @@ class Deployment:
     batch_size: int = 100_000
     vocabulary: str | None = None
     sample_size: int = 50_000
-    max_record_bytes: int = 1 << 20
-    object_id_horizon: int = 1_000_000
+    max_record_bytes: int = MAX_RECORD_BYTES
+    object_id_horizon: int = DEFAULT_OBJECT_ID_HORIZON
 
     def __post_init__(self) -> None:
         s = self.space

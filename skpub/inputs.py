@@ -13,6 +13,7 @@ can name it. This order is the stream order of SEMANTICS section 1.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from itertools import islice
@@ -31,7 +32,7 @@ def _is_input(entry: Path) -> bool:
 
 
 def input_files(path: str | Path) -> list[Path]:
-    """Return the files of an input, in stream order.
+    """Return the files of an input, in stream order (a path that is not a directory, a pipe say, is one file).
 
     Raises
     ------
@@ -39,10 +40,10 @@ def input_files(path: str | Path) -> list[Path]:
         If the path does not exist, or is a directory holding no ``*.jsonl`` file.
     """
     p = Path(path)
-    if p.is_file():
-        return [p]
-    if not p.is_dir():
+    if not p.exists():
         raise InputError(f"input {p} does not exist")
+    if not p.is_dir():
+        return [p]
     files = sorted(f for f in p.iterdir() if _is_input(f))
     if not files:
         raise InputError(f"input directory {p} holds no *{INPUT_SUFFIX} file")
@@ -50,11 +51,15 @@ def input_files(path: str | Path) -> list[Path]:
 
 
 def skipped_entries(path: str | Path) -> list[str]:
-    """Return the names in an input directory that are not read (not ``*.jsonl``), sorted; [] for a file."""
+    r"""Return the names in an input directory that are not read (not ``*.jsonl``), sorted; [] for a file.
+
+    A name that is not UTF-8 is given with ``\xNN`` escapes, so it can be printed.
+    """
     p = Path(path)
     if str(path) == STDIN or not p.is_dir():
         return []
-    return sorted(e.name for e in p.iterdir() if not _is_input(e) and not e.name.startswith((".", "_")))
+    names = (e.name for e in p.iterdir() if not _is_input(e) and not e.name.startswith((".", "_")))
+    return sorted(os.fsencode(name).decode("utf-8", errors="backslashreplace") for name in names)
 
 
 def read_records(fh: BinaryIO) -> Iterator[bytes]:

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from skpub.config import Deployment
-from skpub.decode import line_text
 from skpub.records import (
     DeadLetter,
     ObjectRecord,
@@ -78,7 +77,7 @@ def replay(lines: Iterable[bytes | str], deployment: Deployment) -> OracleResult
         if not isinstance(record, DeadLetter):
             rejection = registry.rejection(record)
             if rejection is not None:
-                record = DeadLetter(pos, line_text(line) if isinstance(line, bytes) else line, *rejection)
+                record = DeadLetter.for_line(pos, line, *rejection)
         if isinstance(record, DeadLetter):
             result.dead_letters.append(record.to_json())
         elif isinstance(record, ObjectRecord):

@@ -26,12 +26,13 @@ import orjson
 
 from skpub.checkpoint import CHECKPOINT_DIR, checkpoint_foreign_entries
 from skpub.errors import OutputError
-from skpub.storage import atomic_write_text, entries, own_files
+from skpub.storage import atomic_write_bytes, atomic_write_text, entries, own_files
 
 STREAMS = ("deliveries", "snapshots", "dead_letters", "statistics")
 SUCCESS = "_SUCCESS"
 RUN_MARKER = "_skpub_run.json"
 WORKLOAD_DIR = "_workload"
+TOP_FILES_RE = own_files(rf"{SUCCESS}|{re.escape(RUN_MARKER)}")
 PART_RE = own_files(r"part-\d{8}\.jsonl")
 WORKLOAD_RE = own_files(r"stream\.jsonl|vocabulary\.json|spec\.json|\.stream\.jsonl\.tmp")
 MARKER_FORMAT = 1
@@ -46,7 +47,7 @@ def write_part(root: str | Path, stream: str, batch_id: int, rows: Iterable[dict
     """Write one micro-batch's rows of ``stream`` atomically as UTF-8; return how many were written."""
     lines = [orjson.dumps(row) for row in rows]
     if lines:
-        atomic_write_text(part_path(root, stream, batch_id), b"\n".join(lines).decode("utf-8") + "\n")
+        atomic_write_bytes(part_path(root, stream, batch_id), b"\n".join(lines) + b"\n")
     return len(lines)
 
 
@@ -75,7 +76,7 @@ def _foreign(root: Path) -> list[str]:
         name = entry.name
         if name in STREAMS and kind == "dir":
             foreign += _unowned(entry, PART_RE)
-        elif name in (SUCCESS, RUN_MARKER) and kind == "file":
+        elif TOP_FILES_RE.fullmatch(name) and kind == "file":
             continue
         elif name == WORKLOAD_DIR and kind == "dir":
             foreign += _unowned(entry, WORKLOAD_RE)

@@ -136,10 +136,14 @@ class DeadLetter:
     message: str
 
     @classmethod
+    def for_line(cls, pos: int, line: bytes | str, reason: str, message: str) -> DeadLetter:
+        r"""Return the dead letter of input ``line`` (bytes as read, written as text with ``\xNN`` escapes)."""
+        return cls(pos, line_text(line) if isinstance(line, bytes) else line, reason, message)
+
+    @classmethod
     def internal_error(cls, pos: int, line: bytes | str, exc: Exception) -> DeadLetter:
         """Return the ``internal_error`` dead letter of a record whose processing raised ``exc`` (SEMANTICS 1)."""
-        text = line_text(line) if isinstance(line, bytes) else line
-        return cls(pos, text, "internal_error", clip(f"{type(exc).__name__}: {exc}", 500))
+        return cls.for_line(pos, line, "internal_error", clip(f"{type(exc).__name__}: {exc}", 500))
 
     def to_json(self) -> dict[str, str]:
         """Return the dead-letter output line of SEMANTICS section 5."""

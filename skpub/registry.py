@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from skpub.decode import clip
 from skpub.errors import CheckpointError
 from skpub.records import (
     ObjectRecord,
@@ -110,7 +111,13 @@ class IdRegistry:
         return changes
 
     def replay(self, changes: Iterable[Change]) -> None:
-        """Apply journaled changes, in order (not journaled again)."""
+        """Apply journaled changes, in order (not journaled again).
+
+        Raises
+        ------
+        CheckpointError
+            If a change does not fit the registry (a damaged journal).
+        """
         for rtype, rid, placement in changes:
             if rtype == "object":
                 self._add_object(rid)
@@ -118,7 +125,8 @@ class IdRegistry:
                 self.subscription_ids.add(rid)
                 self.active[rid] = placement
             elif rtype == "unsubscribe":
-                del self.active[rid]
+                if self.active.pop(rid, None) is None:
+                    raise CheckpointError(f"damaged journal: unsubscribe of {_show(rid)}, which is not active")
             else:
                 self.snapshot_ids.add(rid)
 
@@ -129,15 +137,18 @@ class IdRegistry:
         """
         if isinstance(record, ObjectRecord):
             if record.id in self.object_ids:
-                return "duplicate_id", f"object id {record.id!r} is among the last {self.object_id_horizon} accepted"
+                return (
+                    "duplicate_id",
+                    f"object id {_show(record.id)} is among the last {self.object_id_horizon} accepted",
+                )
         elif isinstance(record, Unsubscribe):
             if record.id not in self.active:
-                return "unknown_id", f"no active subscription {record.id!r}"
+                return "unknown_id", f"no active subscription {_show(record.id)}"
         elif isinstance(record, SnapshotMarker):
             if record.id in self.snapshot_ids:
-                return "duplicate_id", f"snapshot id {record.id!r} was already accepted"
+                return "duplicate_id", f"snapshot id {_show(record.id)} was already accepted"
         elif record.id in self.subscription_ids:
-            return "duplicate_id", f"subscription id {record.id!r} was already accepted"
+            return "duplicate_id", f"subscription id {_show(record.id)} was already accepted"
         elif not isinstance(record, SUPPORTED_SUBSCRIPTIONS):
             return "unsupported_kind", "this version evaluates range subscriptions only"
         return None
@@ -161,6 +172,11 @@ class IdRegistry:
         if self.journal is not None:
             self.journal.append((rtype, record.id, placement))
         return ended
+
+
+def _show(rid: str) -> str:
+    """Return an id as shown in a message, shortened (ids may be megabytes long)."""
+    return clip(repr(rid))
 
 
 def _string(value: Any) -> str:

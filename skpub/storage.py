@@ -64,5 +64,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write UTF-8 ``text`` to ``path`` atomically."""
-    atomic_write_bytes(path, text.encode("utf-8", errors="surrogateescape"))
+    """Write ``text`` to ``path`` atomically as UTF-8.
+
+    Raises
+    ------
+    UnicodeEncodeError
+        If ``text`` holds a lone surrogate: skpub never writes invalid UTF-8.
+    """
+    atomic_write_bytes(path, text.encode("utf-8"))

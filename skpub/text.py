@@ -24,6 +24,8 @@ TOKEN_RE = re.compile(r"\w+")
 EXPR_TOKEN_RE = re.compile(r"\(|\)|[^\s()]+")
 MAX_DNF_CLAUSES = 256
 MAX_EXPR_DEPTH = 32
+MAX_DNF_TERMS = 16_384
+"""Most terms an ``expr`` expansion may hold over all its clauses (skpub decision, docs/SEMANTICS.md)."""
 
 DNF = tuple[frozenset[str], ...]
 
@@ -91,11 +93,12 @@ def parse_expression(expr: str) -> DNF:
     non-parenthesis characters is one operand, normalized as a term.
 
     The expression is first parsed into a tree (at most ``MAX_EXPR_DEPTH``
-    nested parentheses), then the number of AND-clauses its expansion would
-    have is counted on the tree (a sum over OR, a product over AND, capped),
-    and only an expression within ``MAX_DNF_CLAUSES`` is expanded. Time and
-    memory are O(len(expr)) plus O(``MAX_DNF_CLAUSES`` x terms) for the
-    expansion, whatever the input.
+    nested parentheses), then the size of its expansion is counted on the
+    tree (AND-clauses: a sum over OR, a product over AND; and terms over all
+    clauses), and only an expression within ``MAX_DNF_CLAUSES`` clauses and
+    ``MAX_DNF_TERMS`` terms is expanded. Time and memory are O(len(expr) +
+    ``MAX_DNF_TERMS``), plus O(``MAX_DNF_CLAUSES`` x ``MAX_DNF_TERMS``) subset
+    tests to drop absorbed clauses, whatever the input.
 
     Returns
     -------
@@ -110,7 +113,7 @@ def parse_expression(expr: str) -> DNF:
         If the expression does not parse (two operands side by side, a dangling
         operator, unbalanced parentheses, an operand that normalizes to nothing),
         nests parentheses deeper than ``MAX_EXPR_DEPTH`` or its expansion would
-        exceed ``MAX_DNF_CLAUSES`` AND-clauses.
+        exceed ``MAX_DNF_CLAUSES`` AND-clauses or ``MAX_DNF_TERMS`` terms.
     """
     tokens = EXPR_TOKEN_RE.findall(expr)
     if not tokens:
@@ -119,8 +122,11 @@ def parse_expression(expr: str) -> DNF:
     tree = parser.parse_or(0)
     if parser.pos != len(tokens):
         raise ExpressionError(f"unexpected {_token(tokens[parser.pos])} at token {parser.pos + 1}")
-    if _clause_count(tree) > MAX_DNF_CLAUSES:
+    clauses, terms = _expansion_size(tree)
+    if clauses > MAX_DNF_CLAUSES:
         raise ExpressionError(f"expression expands to more than {MAX_DNF_CLAUSES} AND-clauses")
+    if terms > MAX_DNF_TERMS:
+        raise ExpressionError(f"expression expands to more than {MAX_DNF_TERMS} terms over all its AND-clauses")
     return _minimize(_expand(tree))
 
 
@@ -182,24 +188,28 @@ def _token(tok: str) -> str:
     return repr(tok) if len(tok) <= 40 else f"{tok[:40]!r}..."
 
 
-def _clause_count(tree: _Tree) -> int:
-    """AND-clauses of the expansion of ``tree``, capped just above ``MAX_DNF_CLAUSES``; O(tree size)."""
+def _expansion_size(tree: _Tree) -> tuple[int, int]:
+    """Return (AND-clauses, terms over all clauses) of the expansion of ``tree``, without building it.
+
+    OR adds both; AND multiplies the clause counts, and each child's terms
+    appear once per combination of the other children's clauses. Both are
+    capped just above their limits, so the arithmetic stays small; O(tree size).
+    """
     if isinstance(tree, str):
-        return 1
+        return 1, 1
     op, children = tree
+    sizes = [_expansion_size(child) for child in children]
     if op == "or":
-        total = 0
-        for child in children:
-            total = min(total + _clause_count(child), MAX_DNF_CLAUSES + 1)
-        return total
-    product = 1
-    for child in children:
-        product = min(product * _clause_count(child), MAX_DNF_CLAUSES + 1)
-    return product
+        clauses = min(sum(c for c, _ in sizes), MAX_DNF_CLAUSES + 1)
+        return clauses, min(sum(t for _, t in sizes), MAX_DNF_TERMS + 1)
+    clauses, terms = 1, 0
+    for c, t in sizes:
+        clauses, terms = min(clauses * c, MAX_DNF_CLAUSES + 1), min(terms * c + t * clauses, MAX_DNF_TERMS + 1)
+    return clauses, terms
 
 
 def _expand(tree: _Tree) -> list[frozenset[str]]:
-    """Return the DNF clauses of ``tree``; only called when :func:`_clause_count` is within the limit."""
+    """Return the DNF clauses of ``tree``; only called when :func:`_expansion_size` is within the limits."""
     if isinstance(tree, str):
         return [frozenset((tree,))]
     op, children = tree
@@ -254,8 +264,8 @@ class Vocabulary:
             raw = json.loads(Path(path).read_text(encoding="utf-8"))
             n = int(raw["N"])
             df = raw["df"]
-            if not isinstance(df, dict):
-                raise TypeError("'df' must be an object {term: df}")
+            if not isinstance(df, dict) or not all(type(v) is int and v >= 1 for v in df.values()):
+                raise TypeError("'df' must be an object {term: df} with integer df >= 1")
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(f"vocabulary file {path}: {exc}") from exc
         return cls(n, df)

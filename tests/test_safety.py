@@ -123,13 +123,40 @@ def test_killed_local_run_leaves_no_success_and_its_rerun_equals_a_clean_run(tmp
     assert sorted(tree(killed)) == sorted(tree(clean))
 
 
-def test_checkpoint_with_foreign_files_is_never_cleared(tmp_path):
+@pytest.mark.parametrize("foreign", ["query/reports/q.sql", "manifest.json", "source/holiday.jpg"])
+@pytest.mark.parametrize("marked", [False, True])
+def test_checkpoint_with_foreign_files_is_never_cleared(tmp_path, foreign, marked):
+    """A directory skpub did not create (no marker) is never cleared, even where skpub's names appear."""
     root = tmp_path / "ckpt"
-    (root / "source").mkdir(parents=True)
-    (root / "source" / "holiday.jpg").write_bytes(b"\xff\xd8")
-    with pytest.raises(CheckpointError, match="holiday.jpg"):
+    if marked:
+        Checkpoint(root).create()
+    path = root / foreign
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("precious")
+    if marked and foreign != "source/holiday.jpg":
+        Checkpoint(root).clear()  # skpub's own checkpoint: its query/ and manifest are skpub's to clear
+        assert not path.exists()
+        return
+    with pytest.raises(CheckpointError, match="did not write"):
         Checkpoint(root).clear()
-    assert (root / "source" / "holiday.jpg").exists()
+    with pytest.raises(CheckpointError, match="did not write"):
+        Checkpoint(root).create()
+    assert path.read_text() == "precious"
+
+
+def test_memory_estimate_refuses_many_evaluators_on_a_grid_that_has_room(tmp_path, capsys):
+    write_lines(tmp_path / "in.jsonl", random_workload(seed=1, n=20))
+    args = ["run", "--engine", "local", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o")]
+    assert main([*args, "--evaluators", "900000"]) == 2
+    assert "GiB" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_unwritable_default_workload_location_is_a_sentence(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert main(["run", "--engine", "local", "--output", str(tmp_path / "file" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "skpub: error:" in err and "Traceback" not in err
 
 
 # --------------------------------------------------------------------------- a record cannot stop a run

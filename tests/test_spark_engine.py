@@ -178,3 +178,19 @@ def test_spark_engine_honours_the_object_id_horizon(spark, tmp_path):
     out, _ = run(spark, tmp_path, lines, dep)
     expected = assert_equals_oracle(out, lines, dep)
     assert len(expected.deliveries) > 7 and expected.dead_letters
+
+
+def test_a_byte_order_mark_at_a_chunk_start_is_data_not_stripped(spark, tmp_path):
+    """Hadoop's line reader strips a BOM at the start of a file; each staged chunk must not lose one."""
+    sub = '{"type": "subscribe", "id": "s", "kind": "range", "rect": [0, 0, 100, 100], "keywords": ["a"]}'
+    objects = [f'{{"type": "object", "id": "o{i}", "x": 1, "y": 1, "terms": ["a"]}}' for i in range(5)]
+    lines = [
+        sub.encode(),
+        objects[0].encode(),
+        b"\xef\xbb\xbf" + objects[1].encode(),
+        *(o.encode() for o in objects[2:]),
+    ]
+    dep = deployment(batch_size=2)
+    out, _ = run(spark, tmp_path, lines, dep)
+    expected = assert_equals_oracle(out, lines, dep)
+    assert [d["reason"] for d in expected.dead_letters] == ["malformed_json"]

@@ -58,3 +58,22 @@ def test_least_frequent_uses_df_then_length_then_order():
     assert vocab.least_frequent(["common", "rare"]) == "rare"
     assert vocab.least_frequent(["common", "unknownlong", "unk"]) == "unknownlong"
     assert vocab.summary_keywords(clauses({"common", "rare"}, {"common"})) == {"rare", "common"}
+
+
+def test_expansion_is_bounded_in_terms_too():
+    """256 clauses of 64 terms expand; one more term per clause is bad_expr, decided before expanding."""
+    import tracemalloc
+
+    from skpub.errors import ExpressionError
+    from skpub.text import MAX_DNF_TERMS, parse_expression
+
+    alternatives = "(" + " OR ".join(f"t{i}" for i in range(256)) + ")"
+    fits = alternatives + " AND " + " AND ".join(f"x{i}" for i in range(63))
+    dnf = parse_expression(fits)
+    assert len(dnf) == 256 and sum(len(c) for c in dnf) == MAX_DNF_TERMS
+    tracemalloc.start()
+    with pytest.raises(ExpressionError, match="terms"):
+        parse_expression(alternatives + " AND " + " AND ".join(f"x{i}" for i in range(30_000)))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 64 << 20

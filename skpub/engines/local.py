@@ -49,7 +49,7 @@ def run_local(
     Raises
     ------
     skpub.errors.InputError
-        If the input is missing or empty.
+        If the input is missing, or a directory without ``*.jsonl`` files.
     skpub.errors.OutputError
         If ``output_dir`` holds files skpub did not write, or a finished run
         and ``overwrite`` is false.

@@ -26,7 +26,7 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -50,6 +50,8 @@ from skpub.summary import BatchReport, RunObserver, RunSummary
 from skpub.text import load_vocabulary
 
 ROUTER_SNAPSHOT_EVERY = 16
+CHUNK_HEADER = b"skpub-chunk-v1"
+"""First line of every staged chunk; never a record (see :func:`stage_input`)."""
 DRIVER_JAVA_OPTIONS = "-XX:+UseSerialGC"
 """The driver JVM (which hosts the executors in local mode) uses the serial collector.
 
@@ -124,14 +126,17 @@ def stage_input(input_path: str | Path, checkpoint: Checkpoint, batch_size: int)
     (one file per trigger) takes them in stream order. Lines are copied as
     bytes, exactly as read (BOM and ``\r\n`` handled by
     :func:`skpub.inputs.read_records`); the query reads them back with
-    ``lineSep = "\n"`` as binary, so Spark never decodes them.
+    ``lineSep = "\n"`` as binary, so Spark never decodes them. Each chunk
+    starts with the line :data:`CHUNK_HEADER`, which the router drops: Hadoop's
+    line reader strips a byte-order mark at the start of a file, and the
+    first record of a chunk may begin with one (then it is ``malformed_json``).
     """
     checkpoint.source.mkdir(parents=True, exist_ok=True)
     chunks = 0
     base = 1_000_000_000
     for chunks, lines in enumerate(batches(iter_lines(input_path), batch_size), start=1):
-        path = checkpoint.source / f"chunk-{chunks - 1:08d}.jsonl"
-        atomic_write_bytes(path, b"\n".join(lines) + b"\n")
+        path = checkpoint.source / f"chunk-{chunks - 1:08d}.raw"
+        atomic_write_bytes(path, b"\n".join((CHUNK_HEADER, *lines)) + b"\n")
         os.utime(path, (base + chunks, base + chunks))
     return chunks
 
@@ -221,14 +226,28 @@ def _wire_schema() -> pa.Schema:
 
 
 def _ordered_lines(table: pa.Table) -> list[bytes]:
-    """Return the lines in stream order: by file, then block, then position in the block."""
+    """Return the lines in stream order (by file, then block, then position), without the chunk headers.
+
+    Raises
+    ------
+    CheckpointError
+        If a staged chunk does not start with :data:`CHUNK_HEADER`.
+    """
     values = table.column("value").to_pylist()
     files, starts = table.column("file_path"), table.column("file_block_start")
-    if len(values) < 2 or (len(files.unique()) == 1 and len(starts.unique()) == 1):
-        return values
     files_list, starts_list = files.to_pylist(), starts.to_pylist()
-    order = sorted(range(len(values)), key=lambda i: (files_list[i], starts_list[i], i))
-    return [values[i] for i in order]
+    order: Iterable[int] = range(len(values))
+    if len(files.unique()) > 1 or len(starts.unique()) > 1:
+        order = sorted(order, key=lambda i: (files_list[i], starts_list[i], i))
+    lines, current = [], None
+    for i in order:
+        if starts_list[i] == 0 and files_list[i] != current:
+            current = files_list[i]
+            if values[i] != CHUNK_HEADER:
+                raise CheckpointError(f"staged chunk {current} does not start with skpub's chunk header")
+            continue
+        lines.append(values[i])
+    return lines
 
 
 def _router_before(checkpoint: Checkpoint, run_id: str, deployment: Deployment, vocabulary, batch_id: int) -> Router:  # noqa: ANN001
@@ -350,7 +369,7 @@ def _open_checkpoint(
             return manifest
     run_id = uuid.uuid4().hex
     claim_output(output, run_id, overwrite)
-    checkpoint.clear()
+    checkpoint.create()
     vocabulary = load_vocabulary(deployment.vocabulary)
     table = initial_table(deployment, vocabulary, take_sample(iter_lines(input_path), deployment.sample_size))
     EpochLog(checkpoint.epochs).publish(RoutingEpoch(0, 0, table))
@@ -414,7 +433,8 @@ def run_spark(
 
     if str(input_path) == STDIN:
         raise InputError("the Spark engine reads files (it stages and fingerprints them); use --engine local for -")
-    input_files(input_path)
+    if not all(f.is_file() for f in input_files(input_path)):
+        raise InputError(f"the Spark engine reads regular files, and {input_path} is not one; use --engine local")
     output = Path(output_dir).absolute()
     ckpt = Checkpoint(checkpoint or output / CHECKPOINT_DIR)
     inspect_output(output)
