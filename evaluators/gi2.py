@@ -10,6 +10,13 @@ lists of its own terms, then checks the exact rectangle and expression.
 Deletion is lazy (PS2Stream IV-C): an unsubscribed id goes into a set and its
 entries are dropped when a scan meets them; when deleted ids exceed half the
 live ones, the whole index is compacted so memory stays O(live entries).
+
+A *wide* subscription, one whose rectangle covers more than
+``WIDE_CELLS`` index cells, is not copied into each of them: it goes to one
+evaluator-wide inverted list that every object consults, so one
+subscription's memory and insertion time stay O(clauses) however large its
+rectangle (a whole-space rectangle with 256 clauses would otherwise write
+62,500 x 256 entries).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from skpub.text import Vocabulary
 
 _ROW = 1 << 20
 COMPACT_MIN_DELETED = 1024
+WIDE_CELLS = 256
 
 Entry = tuple
 """``(sub_id, xmin, ymin, xmax, ymax, dnf, multi_clause)``."""
@@ -42,6 +50,7 @@ class GI2Index:
         self.block = block
         self.vocabulary = vocabulary
         self.cells: dict[int, dict[str, list[Entry]]] = {}
+        self.wide: dict[str, list[Entry]] = {}
         self.entry_counts: dict[str, int] = {}
         self.deleted: set[str] = set()
 
@@ -58,11 +67,18 @@ class GI2Index:
     def insert(self, sub: RangeSubscription, box: CellBox) -> None:
         """Index ``sub`` over the fine-cell box ``box`` (rectangle ∩ partition).
 
-        Cost O(index cells in box x clauses).
+        Cost O(index cells in box x clauses), or O(clauses) for a wide
+        subscription (more than ``WIDE_CELLS`` index cells).
         """
         r = sub.rect
         entry = (sub.id, r.xmin, r.ymin, r.xmax, r.ymax, sub.dnf, len(sub.dnf) > 1)
         keywords = self.vocabulary.summary_keywords(sub.dnf)
+        b = self.block
+        if (box[2] // b - box[0] // b + 1) * (box[3] // b - box[1] // b + 1) > WIDE_CELLS:
+            for kw in keywords:
+                self.wide.setdefault(kw, []).append(entry)
+            self.entry_counts[sub.id] = len(keywords)
+            return
         count = 0
         for key in self._cell_keys(box):
             lists = self.cells.get(key)
@@ -87,16 +103,14 @@ class GI2Index:
     def compact(self) -> None:
         """Drop every deleted entry now; O(total entries)."""
         dead = self.deleted
-        for key in list(self.cells):
-            lists = self.cells[key]
+        for lists in (*self.cells.values(), self.wide):
             for kw in list(lists):
                 kept = [e for e in lists[kw] if e[0] not in dead]
                 if kept:
                     lists[kw] = kept
                 else:
                     del lists[kw]
-            if not lists:
-                del self.cells[key]
+        self.cells = {key: lists for key, lists in self.cells.items() if lists}
         for sub_id in dead:
             del self.entry_counts[sub_id]
         self.deleted = set()
@@ -124,17 +138,23 @@ class GI2Index:
         """Return the ids of the subscriptions ``obj`` matches, and the candidates examined.
 
         ``(cx, cy)`` is the object's fine cell. The candidate count is ``q_l``
-        of Tornado equation 1: the subscriptions there that share a keyword
-        with the object. Cost O(min(terms, cell keywords) + candidates): the
-        object's terms and the cell's keywords are intersected in C first.
+        of Tornado equation 1: the subscriptions there (and the wide ones)
+        that share a keyword with the object. Cost O(min(terms, cell keywords)
+        + candidates): the object's terms and the lists' keywords are
+        intersected in C first.
         """
         b = self.block
+        matched: list[str] = []
         lists = self.cells.get((cy // b) * _ROW + cx // b)
-        if not lists:
-            return [], 0
+        examined = self._scan(lists, obj, matched) if lists else 0
+        if self.wide:
+            examined += self._scan(self.wide, obj, matched)
+        return matched, examined
+
+    def _scan(self, lists: dict[str, list[Entry]], obj: ObjectRecord, matched: list[str]) -> int:
+        """Append to ``matched`` the subscriptions of ``lists`` that ``obj`` matches; return candidates examined."""
         x, y, terms = obj.x, obj.y, obj.term_set
         dead = self.deleted
-        matched: list[str] = []
         seen: set[str] | None = None
         examined = 0
         stale: list[str] = []
@@ -159,4 +179,4 @@ class GI2Index:
                 matched.append(sid)
         for t in set(stale):
             self._purge(lists, t)
-        return matched, examined
+        return examined

@@ -18,8 +18,17 @@ def make_object(i, x, y, terms):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.integers(1, 40))
-def test_gi2_matches_brute_force_with_lazy_deletion(seed, block, size):
+@given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.integers(1, 40), st.sampled_from([2, 16, gi2.WIDE_CELLS]))
+def test_gi2_matches_brute_force_with_lazy_deletion(seed, block, size, wide_cells):
+    """Random inserts, deletes and objects; wide subscriptions (over ``wide_cells`` index cells) included."""
+    gi2.WIDE_CELLS, default = wide_cells, gi2.WIDE_CELLS
+    try:
+        _check_against_brute_force(seed, block, size)
+    finally:
+        gi2.WIDE_CELLS = default
+
+
+def _check_against_brute_force(seed, block, size):
     rng = np.random.default_rng(seed)
     grid = FineGrid(SPACE, size)
     index = GI2Index(block, Vocabulary(10, {"a": 9, "b": 5}))
@@ -51,6 +60,7 @@ def test_gi2_matches_brute_force_with_lazy_deletion(seed, block, size):
 
 def test_compaction_frees_deleted_entries(monkeypatch):
     monkeypatch.setattr(gi2, "COMPACT_MIN_DELETED", 4)
+    monkeypatch.setattr(gi2, "WIDE_CELLS", 1000)
     grid = FineGrid(SPACE, 10)
     index = GI2Index(1, Vocabulary())
     for i in range(20):
@@ -65,3 +75,18 @@ def test_compaction_frees_deleted_entries(monkeypatch):
     matched, examined = index.match_one(make_object(99, 50, 50, ["a"]), 5, 5)
     assert sorted(matched) == [f"s{i}" for i in range(15, 20)]
     assert examined == 5
+
+
+def test_a_wide_subscription_costs_its_clauses_not_its_cells():
+    """A whole-space rectangle with 256 clauses on a 1000 x 1000 grid: 256 entries, not 62,500 x 256."""
+    grid = FineGrid(SPACE, 1000)
+    index = GI2Index(4, Vocabulary())
+    expr = " OR ".join(f"k{i}" for i in range(256))
+    sub = RangeSubscription(0, "wide", Rect(-1.7e308, -1.7e308, 1.7e308, 1.7e308), parse_expression(expr))
+    index.insert(sub, grid.cell_box(sub.rect))
+    assert not index.cells and sum(len(lst) for lst in index.wide.values()) == 256
+    assert index.match_one(make_object(1, 99.9, 0.1, ["k17"]), 999, 0) == (["wide"], 1)
+    assert index.match_one(make_object(2, 50, 50, ["other"]), 500, 500) == ([], 0)
+    index.delete("wide")
+    index.compact()
+    assert not index.wide and len(index) == 0
