@@ -178,6 +178,15 @@ def claim_output(root: str | Path, run_id: str, overwrite: bool, resume: bool = 
     return root
 
 
-def mark_success(root: str | Path) -> None:
-    """Write the empty ``_SUCCESS`` marker: the whole input was processed (written last)."""
+def mark_success(root: str | Path, run_id: str) -> None:
+    """Write the empty ``_SUCCESS`` marker: the whole input was processed (written last).
+
+    Raises
+    ------
+    OutputError
+        If the run marker no longer names ``run_id``: another run claimed the
+        directory meanwhile, so this run's output is not whole.
+    """
+    if inspect_output(root).run_id != run_id:
+        raise OutputError(f"another run took over output directory {root} while this one ran; its output is partial")
     atomic_write_text(Path(root) / SUCCESS, "")

@@ -243,24 +243,34 @@ def test_registry_memory_is_bounded_by_the_horizon():
 # --------------------------------------------------------------------------- durable state never executes
 
 
-def test_durable_state_is_json_and_refuses_anything_else():
+def test_durable_state_is_versioned_json_and_refuses_anything_else():
     import pickle
 
-    class Boom:
-        def __reduce__(self):
-            return (os.system, ("touch /tmp/skpub-pwned",))
+    from router.dispatch import Placement
+    from router.state import encode_journal, encode_snapshot
 
-    evil = pickle.dumps(Boom())
+    registry = IdRegistry(3)
+    registry.replay([("object", "o1", None), ("subscribe", "s", Placement((0, 2), frozenset({"k"})))])
+    assert decode_snapshot(encode_snapshot(registry)).active == registry.active
+    assert encode_snapshot(registry).startswith(b"{")
     for decode, kind in ((decode_snapshot, "registry"), (decode_journal, "journal")):
         with pytest.raises(CheckpointError):
-            decode(evil)
+            decode(pickle.dumps({"format": 1, "kind": kind}))
         with pytest.raises(CheckpointError, match="format"):
             decode(json.dumps({"format": 99, "kind": kind}).encode())
+    with pytest.raises(CheckpointError, match="damaged"):
+        decode_snapshot(json.dumps({"format": 1, "kind": "registry", "registry": {"objects": [1]}}).encode())
+    with pytest.raises(CheckpointError, match="damaged"):
+        decode_journal(encode_journal([("subscribe", "s", None)]).replace(b"subscribe", b"explode"))
+    damaged_unsubscribe = decode_journal(encode_journal([("unsubscribe", "never", None)]))
+    with pytest.raises(CheckpointError, match="not active"):
+        IdRegistry().replay(damaged_unsubscribe)
     with pytest.raises(EvaluatorError):
-        decode_block(evil)
+        decode_block(pickle.dumps({}))
     with pytest.raises(EvaluatorError, match="format"):
         decode_block(b'{"format": 2, "subscriptions": []}')
-    assert not os.path.exists("/tmp/skpub-pwned")
+    with pytest.raises(EvaluatorError, match="damaged"):
+        decode_block(b'{"format": 1, "subscriptions": [["s", 1, [0, 0, 1, 1], [[7]], [0, 0, 1, 1]]]}')
     assert decode_block(encode_block({})) == {}
 
 
@@ -318,3 +328,15 @@ def test_standard_input_feeds_the_local_engine(tmp_path, monkeypatch, capsys):
     expected = replay(lines, dep)
     assert canonical(read_stream(tmp_path / "o", "deliveries")) == canonical(expected.deliveries)
     assert canonical(read_stream(tmp_path / "o", "dead_letters")) == canonical(expected.dead_letters)
+
+
+def test_success_is_refused_when_another_run_took_over_the_output(tmp_path):
+    from skpub.output import claim_output, mark_success
+
+    claim_output(tmp_path / "out", "first", overwrite=False)
+    claim_output(tmp_path / "out", "second", overwrite=False)
+    with pytest.raises(OutputError, match="took over"):
+        mark_success(tmp_path / "out", "first")
+    assert not (tmp_path / "out" / "_SUCCESS").exists()
+    mark_success(tmp_path / "out", "second")
+    assert (tmp_path / "out" / "_SUCCESS").exists()

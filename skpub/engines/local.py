@@ -59,14 +59,17 @@ def run_local(
     vocabulary = load_vocabulary(deployment.vocabulary)
     lines = iter_lines(input_path)
     sample = take_sample(lines, deployment.sample_size)
-    root = claim_output(output_dir, uuid.uuid4().hex, overwrite)
+    run_id = uuid.uuid4().hex
+    root = claim_output(output_dir, run_id, overwrite)
     Checkpoint(root / CHECKPOINT_DIR).clear()
     epoch = RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample))
+    stream = chain(sample, lines)
+    del sample  # the chain releases the sample once replayed
     router = Router(deployment, vocabulary)
     evaluators = [Evaluator(e, deployment, vocabulary) for e in range(deployment.evaluators)]
     tune_gc()
     observer.start()
-    for batch_id, batch in enumerate(batches(chain(sample, lines), deployment.batch_size)):
+    for batch_id, batch in enumerate(batches(stream, deployment.batch_size)):
         routed = router.route_many(batch, batch_id, epoch)
         per_evaluator: list[list[Routed]] = [[] for _ in evaluators]
         for row in routed.rows:
@@ -93,5 +96,5 @@ def run_local(
             report,
         )
         observer.on_batch(report)
-    mark_success(root)
+    mark_success(root, run_id)
     return observer.finish()

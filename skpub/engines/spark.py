@@ -482,7 +482,7 @@ def run_spark(
             raise EngineError(f"the Spark query failed: {str(exc).strip().splitlines()[0]}") from exc
         if not ckpt.all_committed():
             raise EngineError("the Spark query stopped before the last micro-batch; run again to resume")
-        mark_success(output)
+        mark_success(output, run_id)
     finally:
         if own_session:
             spark.stop()
