@@ -38,7 +38,6 @@ from skpub.records import (
     Record,
     SnapshotMarker,
     Unsubscribe,
-    parse_line,
     stream_position,
 )
 from skpub.registry import IdRegistry
@@ -149,11 +148,7 @@ class Router:
         raises leaves the router as it was.
         """
         deployment, registry, summaries = self.deployment, self.registry, self.summaries
-        record = parse_line(line, pos, deployment.space, deployment.max_record_bytes)
-        if not isinstance(record, DeadLetter):
-            rejection = registry.rejection(record)
-            if rejection is not None:
-                record = DeadLetter.for_line(pos, line, *rejection)
+        record = registry.parse(line, pos, deployment.space, deployment.max_record_bytes)
         if isinstance(record, ObjectRecord):
             cx, cy = table.grid.cell_of(record.x, record.y)
             evaluator = table.owner_of_cell(cx, cy)

@@ -23,7 +23,6 @@ from skpub.records import (
     RangeSubscription,
     SnapshotMarker,
     Unsubscribe,
-    parse_line,
 )
 from skpub.registry import IdRegistry
 from skpub.text import dnf_matches
@@ -73,11 +72,7 @@ def replay(lines: Iterable[bytes | str], deployment: Deployment) -> OracleResult
     registry = IdRegistry(deployment.object_id_horizon)
     table = _RangeTable()
     for pos, line in enumerate(lines):
-        record = parse_line(line, pos, deployment.space, deployment.max_record_bytes)
-        if not isinstance(record, DeadLetter):
-            rejection = registry.rejection(record)
-            if rejection is not None:
-                record = DeadLetter.for_line(pos, line, *rejection)
+        record = registry.parse(line, pos, deployment.space, deployment.max_record_bytes)
         if isinstance(record, DeadLetter):
             result.dead_letters.append(record.to_json())
         elif isinstance(record, ObjectRecord):

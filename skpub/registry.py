@@ -30,12 +30,15 @@ from typing import Any
 
 from skpub.decode import clip
 from skpub.errors import CheckpointError
+from skpub.geometry import Rect
 from skpub.records import (
+    DeadLetter,
     ObjectRecord,
     RangeSubscription,
     Record,
     SnapshotMarker,
     Unsubscribe,
+    parse_line,
 )
 
 SUPPORTED_SUBSCRIPTIONS = (RangeSubscription,)
@@ -129,6 +132,17 @@ class IdRegistry:
                     raise CheckpointError(f"damaged journal: unsubscribe of {_show(rid)}, which is not active")
             else:
                 self.snapshot_ids.add(rid)
+
+    def parse(self, line: bytes | str, pos: int, space: Rect, max_record_bytes: int) -> Record | DeadLetter:
+        """Return :func:`skpub.records.parse_line`'s result, or the dead letter the stream so far gives it.
+
+        Does not change the registry; call :meth:`accept` for accepted records.
+        """
+        record = parse_line(line, pos, space, max_record_bytes)
+        if isinstance(record, DeadLetter):
+            return record
+        rejection = self.rejection(record)
+        return record if rejection is None else DeadLetter.for_line(pos, line, *rejection)
 
     def rejection(self, record: Record) -> Rejection | None:
         """Return ``(reason, message)`` if the stream so far rejects ``record``, else None.

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-import router.dispatch
+import skpub.registry
 from evaluators.errors import EvaluatorError
 from evaluators.evaluator import decode_block, encode_block
 from evaluators.gi2 import GI2Index
@@ -192,14 +192,14 @@ def test_a_router_failure_on_one_line_keeps_the_batch(tmp_path, monkeypatch):
     dep = deployment(evaluators=2, batch_size=50)
     poison = '{"type": "object", "id": "poison", "x": 50, "y": 50, "terms": ["sushi"]}'
     lines.insert(77, poison)
-    real = router.dispatch.parse_line
+    real = skpub.registry.parse_line
 
     def parse_line(line, *args):
-        if b'"poison"' in line:
+        if line == poison.encode():
             raise MemoryError("injected")
         return real(line, *args)
 
-    monkeypatch.setattr(router.dispatch, "parse_line", parse_line)
+    monkeypatch.setattr(skpub.registry, "parse_line", parse_line)
     out, _ = local(tmp_path, lines, dep)
     dead = read_stream(out, "dead_letters")
     assert dead == [{"line": poison, "reason": "internal_error", "message": "MemoryError: injected"}]
