@@ -11,12 +11,14 @@ Deletion is lazy (PS2Stream IV-C): an unsubscribed id goes into a set and its
 entries are dropped when a scan meets them; when deleted ids exceed half the
 live ones, the whole index is compacted so memory stays O(live entries).
 
-A *wide* subscription, one whose rectangle covers more than
-``WIDE_CELLS`` index cells, is not copied into each of them: it goes to one
-evaluator-wide inverted list that every object consults, so one
-subscription's memory and insertion time stay O(clauses) however large its
-rectangle (a whole-space rectangle with 256 clauses would otherwise write
-62,500 x 256 entries).
+A *wide* subscription, one that would need more than ``WIDE_ENTRIES``
+entries (index cells covered x clause keywords), is not copied into each
+cell: it goes to one evaluator-wide inverted list that every object of the
+evaluator consults, so no subscription costs more than ``WIDE_ENTRIES``
+entries however large its rectangle (a whole-space rectangle with 256
+clauses would otherwise write 62,500 x 256). The bound is on entries, not
+cells, so ordinary rectangles with a few keywords stay in their cells and
+objects far from them never examine them.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from skpub.text import Vocabulary
 
 _ROW = 1 << 20
 COMPACT_MIN_DELETED = 1024
-WIDE_CELLS = 256
+WIDE_ENTRIES = 65_536
 
 Entry = tuple
 """``(sub_id, xmin, ymin, xmax, ymax, dnf, multi_clause)``."""
@@ -67,14 +69,14 @@ class GI2Index:
     def insert(self, sub: RangeSubscription, box: CellBox) -> None:
         """Index ``sub`` over the fine-cell box ``box`` (rectangle ∩ partition).
 
-        Cost O(index cells in box x clauses), or O(clauses) for a wide
-        subscription (more than ``WIDE_CELLS`` index cells).
+        Cost O(index cells in box x clauses), at most ``WIDE_ENTRIES``; a
+        wider subscription costs O(clauses).
         """
         r = sub.rect
         entry = (sub.id, r.xmin, r.ymin, r.xmax, r.ymax, sub.dnf, len(sub.dnf) > 1)
         keywords = self.vocabulary.summary_keywords(sub.dnf)
         b = self.block
-        if (box[2] // b - box[0] // b + 1) * (box[3] // b - box[1] // b + 1) > WIDE_CELLS:
+        if (box[2] // b - box[0] // b + 1) * (box[3] // b - box[1] // b + 1) * len(keywords) > WIDE_ENTRIES:
             for kw in keywords:
                 self.wide.setdefault(kw, []).append(entry)
             self.entry_counts[sub.id] = len(keywords)

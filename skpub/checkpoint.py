@@ -35,15 +35,18 @@ _OWN = {
     "router": own_files(r"(?:delta|snapshot|report)-\d{8}\.json"),
 }
 _OWN_FILES_RE = own_files(r"manifest\.json|skpub-checkpoint\.json")
+_MARKER_RE = own_files(r"skpub-checkpoint\.json")
 
 
 def checkpoint_foreign_entries(root: Path) -> list[str]:
     """Relative paths under checkpoint ``root`` that skpub did not write (``query/`` is Spark's own).
 
-    Without skpub's marker file every entry is foreign: skpub did not create the directory.
+    Without skpub's marker file (or its temporary name, when a run was killed
+    while writing it) every entry is foreign: skpub did not create the
+    directory. Checkpoints of skpub before the marker existed are refused too.
     """
     found = entries(root)
-    if not any(entry.name == MARKER and kind == "file" for entry, kind in found):
+    if not any(_MARKER_RE.fullmatch(entry.name) and kind == "file" for entry, kind in found):
         return [entry.name for entry, _ in found]
     foreign = []
     for entry, kind in found:

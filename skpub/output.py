@@ -184,8 +184,9 @@ def mark_success(root: str | Path, run_id: str) -> None:
     Raises
     ------
     OutputError
-        If the run marker no longer names ``run_id``: another run claimed the
-        directory meanwhile, so this run's output is not whole.
+        If the run marker no longer names ``run_id`` (another run claimed the
+        directory meanwhile, so this run's output is not whole), or files
+        skpub did not write appeared in it during the run.
     """
     if inspect_output(root).run_id != run_id:
         raise OutputError(f"another run took over output directory {root} while this one ran; its output is partial")

@@ -18,14 +18,14 @@ def make_object(i, x, y, terms):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.integers(1, 40), st.sampled_from([2, 16, gi2.WIDE_CELLS]))
-def test_gi2_matches_brute_force_with_lazy_deletion(seed, block, size, wide_cells):
-    """Random inserts, deletes and objects; wide subscriptions (over ``wide_cells`` index cells) included."""
-    gi2.WIDE_CELLS, default = wide_cells, gi2.WIDE_CELLS
+@given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.integers(1, 40), st.sampled_from([2, 16, gi2.WIDE_ENTRIES]))
+def test_gi2_matches_brute_force_with_lazy_deletion(seed, block, size, wide_entries):
+    """Random inserts, deletes and objects; wide subscriptions (over ``wide_entries`` entries) included."""
+    gi2.WIDE_ENTRIES, default = wide_entries, gi2.WIDE_ENTRIES
     try:
         _check_against_brute_force(seed, block, size)
     finally:
-        gi2.WIDE_CELLS = default
+        gi2.WIDE_ENTRIES = default
 
 
 def _check_against_brute_force(seed, block, size):
@@ -60,7 +60,7 @@ def _check_against_brute_force(seed, block, size):
 
 def test_compaction_frees_deleted_entries(monkeypatch):
     monkeypatch.setattr(gi2, "COMPACT_MIN_DELETED", 4)
-    monkeypatch.setattr(gi2, "WIDE_CELLS", 1000)
+    monkeypatch.setattr(gi2, "WIDE_ENTRIES", 1000)
     grid = FineGrid(SPACE, 10)
     index = GI2Index(1, Vocabulary())
     for i in range(20):
@@ -90,3 +90,7 @@ def test_a_wide_subscription_costs_its_clauses_not_its_cells():
     index.delete("wide")
     index.compact()
     assert not index.wide and len(index) == 0
+    ordinary = RangeSubscription(1, "city", Rect(10, 10, 30, 30), parse_expression("a OR b OR c"))
+    index.insert(ordinary, grid.cell_box(ordinary.rect))
+    assert not index.wide, "a rectangle with a few keywords stays in its cells"
+    assert index.match_one(make_object(3, 90, 90, ["a"]), 900, 900) == ([], 0)

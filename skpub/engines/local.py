@@ -10,7 +10,7 @@ the parallel time of a batch (DESIGN "Measuring load honestly").
 from __future__ import annotations
 
 import uuid
-from itertools import chain
+from collections.abc import Iterator
 from pathlib import Path
 
 from evaluators.evaluator import Evaluator
@@ -25,6 +25,13 @@ from skpub.output import claim_output, mark_success
 from skpub.runtime import tune_gc
 from skpub.summary import BatchReport, RunObserver, RunSummary
 from skpub.text import load_vocabulary
+
+
+def _replay_then(sample: list[bytes], lines: Iterator[bytes]) -> Iterator[bytes]:
+    """Yield the sample's lines, free them, then the rest of the input."""
+    yield from sample
+    sample.clear()
+    yield from lines
 
 
 def run_local(
@@ -63,8 +70,7 @@ def run_local(
     root = claim_output(output_dir, run_id, overwrite)
     Checkpoint(root / CHECKPOINT_DIR).clear()
     epoch = RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample))
-    stream = chain(sample, lines)
-    del sample  # the chain releases the sample once replayed
+    stream = _replay_then(sample, lines)
     router = Router(deployment, vocabulary)
     evaluators = [Evaluator(e, deployment, vocabulary) for e in range(deployment.evaluators)]
     tune_gc()
