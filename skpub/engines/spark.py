@@ -342,10 +342,11 @@ def _open_checkpoint(
     Raises
     ------
     CheckpointError, OutputError
-        As above, and when either directory holds files skpub did not write.
+        As above, and when either directory holds files skpub did not write
+        (the checkpoint's ownership is checked by the caller, and again by
+        :meth:`Checkpoint.create` before anything is cleared).
     """
     state = inspect_output(output)
-    checkpoint.check_owned()
     wanted = json.loads(json.dumps({
         "deployment": deployment.to_json(),
         "input": _input_fingerprint(input_path),
