@@ -81,7 +81,7 @@ def _tree_rss(pid: int) -> tuple[int, int]:
 
 def measure(engine: str, stream: Path, config: Path, out: Path) -> tuple[float, int, int]:
     """Run skpub once; return (seconds, peak RSS of the largest process, peak summed RSS of the tree), bytes."""
-    cmd = [sys.executable, "-m", "skpub.cli", "run", "--engine", engine, "--input", str(stream)]
+    cmd = [sys.executable, "-m", "skpub.app.cli", "run", "--engine", engine, "--input", str(stream)]
     cmd += ["--output", str(out), "--config", str(config), "--quiet"]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)

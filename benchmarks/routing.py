@@ -23,12 +23,12 @@ import time
 import numpy as np
 from rtree import index as rtree_index
 
-from router.agrid import AGrid
-from router.grid import FineGrid
-from router.partitioning import cost_partitioning
-from router.uniform import UniformGrid
-from sims.geonames import SPACE, load_places
-from skpub.geometry import Rect
+from skpub.kernel.geometry import Rect
+from skpub.kernel.grid import FineGrid
+from skpub.router.agrid import AGrid
+from skpub.router.partitioning import cost_partitioning
+from skpub.router.uniform import UniformGrid
+from skpub.sims.geonames import SPACE, load_places
 
 
 def density(grid: FineGrid, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:

@@ -22,17 +22,17 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from evaluators.gi2 import GI2Index
-from router.grid import FineGrid
-from sims.geonames import WorkloadSpec, write_workload
-from skpub.config import Deployment
-from skpub.engines.local import run_local
-from skpub.inputs import iter_lines
-from skpub.output import read_stream
-from skpub.records import ObjectRecord, RangeSubscription, Unsubscribe, parse_line
-from skpub.runtime import tune_gc
-from skpub.summary import RunObserver, RunSummary
-from skpub.text import load_vocabulary
+from skpub.app.engines.local import run_local
+from skpub.app.output import read_stream
+from skpub.app.summary import RunObserver, RunSummary
+from skpub.evaluators.gi2 import GI2Index
+from skpub.kernel.config import Deployment
+from skpub.kernel.grid import FineGrid
+from skpub.kernel.inputs import iter_lines
+from skpub.kernel.records import ObjectRecord, RangeSubscription, Unsubscribe, parse_line
+from skpub.kernel.runtime import tune_gc
+from skpub.kernel.text import load_vocabulary
+from skpub.sims.geonames import WorkloadSpec, write_workload
 
 
 def matching_rate(stream: Path, deployment: Deployment) -> tuple[float, int, int]:
@@ -71,7 +71,7 @@ def run_one(engine: str, router: str, stream: Path, deployment: Deployment, root
     observer = RunObserver(RunSummary(engine, router, dep.evaluators), stream=None)
     if engine == "local":
         return run_local(stream, out, dep, observer), out
-    from skpub.engines.spark import run_spark
+    from skpub.app.engines.spark import run_spark
 
     return run_spark(stream, out, dep, observer), out
 

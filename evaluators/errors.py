@@ -1,6 +1,6 @@
 """Exceptions of the evaluators."""
 
-from skpub.errors import SkpubError
+from skpub.kernel.errors import SkpubError
 
 
 class EvaluatorError(SkpubError):

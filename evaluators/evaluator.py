@@ -2,7 +2,7 @@
 
 Engine-free: the local engine calls it directly and the Spark stateful
 processor hosts it inside an executor. Records arrive as
-:class:`router.dispatch.Routed` rows in stream order.
+:class:`skpub.kernel.messages.Routed` rows in stream order.
 
 State is kept per *state block* (``STATE_BLOCK`` x ``STATE_BLOCK`` fine cells,
 keyed by the block of the subscription's first cell in this evaluator), so a
@@ -19,22 +19,19 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from evaluators.errors import EvaluatorError
-from evaluators.gi2 import GI2Index
-from evaluators.stats import CellCostStats
-from router.dispatch import Routed
-from router.grid import CellBox
-from skpub.config import Deployment
-from skpub.geometry import Rect
-from skpub.records import DeadLetter, ObjectRecord, RangeSubscription, Unsubscribe
-from skpub.text import Vocabulary
+from skpub.evaluators.errors import EvaluatorError
+from skpub.evaluators.gi2 import GI2Index
+from skpub.evaluators.stats import CellCostStats
+from skpub.kernel.config import Deployment
+from skpub.kernel.geometry import Rect
+from skpub.kernel.grid import CellBox
+from skpub.kernel.messages import Delivery, Routed
+from skpub.kernel.records import DeadLetter, ObjectRecord, RangeSubscription, Unsubscribe
+from skpub.kernel.text import Vocabulary
 
 STATE_BLOCK = 25
 BLOCK_FORMAT = 1
 _BLOCK_ROW = 1 << 20
-
-Delivery = tuple[int, str, str]
-"""``(object position, subscription id, object id)``."""
 
 
 @dataclass

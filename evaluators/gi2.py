@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from router.grid import CellBox
-from skpub.records import ObjectRecord, RangeSubscription
-from skpub.text import Vocabulary
+from skpub.kernel.grid import CellBox
+from skpub.kernel.records import ObjectRecord, RangeSubscription
+from skpub.kernel.text import Vocabulary
 
 _ROW = 1 << 20
 COMPACT_MIN_DELETED = 1024

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from evaluators.evaluator import Delivery
+from skpub.kernel.messages import Delivery
 
 
 def merge_deliveries(parts: Iterable[Iterable[Delivery]]) -> list[dict]:

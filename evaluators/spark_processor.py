@@ -4,11 +4,11 @@ Used as ``groupBy("evaluator").transformWithStateInPandas(EvaluatorProcessor(...
 on the RocksDB state store (DESIGN "The Spark engine"). State per evaluator:
 
 - ``blocks``: a MapState ``block (bigint) -> data (binary)`` with the
-  evaluator's state blocks (:mod:`evaluators.evaluator`); a micro-batch
+  evaluator's state blocks (:mod:`skpub.evaluators.evaluator`); a micro-batch
   rewrites only the blocks it changed;
 - ``version``: a ValueState with the last micro-batch applied.
 
-The hot :class:`~evaluators.evaluator.Evaluator` (with its GI^2 index) is
+The hot :class:`~skpub.evaluators.evaluator.Evaluator` (with its GI^2 index) is
 cached in this importable module, keyed by (run id, evaluator), and
 used only when its version equals the state store's; otherwise (another
 worker served the key last time, or the batch is a replay after a failure
@@ -25,11 +25,11 @@ import pandas as pd
 from pyspark import TaskContext
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
-from evaluators.evaluator import Evaluator, EvaluatorBatch
-from router.wire import from_columns
-from skpub.config import deployment_from_text
-from skpub.runtime import tune_gc
-from skpub.text import load_vocabulary
+from skpub.evaluators.evaluator import Evaluator, EvaluatorBatch
+from skpub.kernel.config import deployment_from_text
+from skpub.kernel.runtime import tune_gc
+from skpub.kernel.text import load_vocabulary
+from skpub.kernel.wire import from_columns
 
 OUTPUT_DDL = (
     "kind string, evaluator int, pos bigint, sub string, obj string, "
@@ -69,7 +69,7 @@ def output_frame(evaluator: int, result: EvaluatorBatch, statistics: str) -> pd.
 
 
 class EvaluatorProcessor(StatefulProcessor):
-    """Runs :class:`~evaluators.evaluator.Evaluator` for each grouping key.
+    """Runs :class:`~skpub.evaluators.evaluator.Evaluator` for each grouping key.
 
     Parameters
     ----------

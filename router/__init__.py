@@ -1,11 +1,11 @@
 """Routing: where each record goes (Tornado section 3, PS2Stream section IV).
 
-- :mod:`router.grid`: the fine grid over the space.
-- :mod:`router.partitioning`: partitions as rectangles of fine cells, the
+- :mod:`skpub.kernel.grid`: the fine grid over the space.
+- :mod:`skpub.router.partitioning`: partitions as rectangles of fine cells, the
   initial cost-based partitioning (Tornado section 4.1) and the uniform one.
-- :mod:`router.agrid`: the A-Grid with neighbor-based range routing.
-- :mod:`router.uniform`: Uni-Space-Rout, the uniform-grid baseline.
-- :mod:`router.summary`: textual summaries per evaluator.
-- :mod:`router.epoch`: immutable, versioned routing tables.
-- :mod:`router.dispatch`: the stateful routing unit that applies all of these.
+- :mod:`skpub.router.agrid`: the A-Grid with neighbor-based range routing.
+- :mod:`skpub.router.uniform`: Uni-Space-Rout, the uniform-grid baseline.
+- :mod:`skpub.router.summary`: textual summaries per evaluator.
+- :mod:`skpub.router.epoch`: immutable, versioned routing tables.
+- :mod:`skpub.router.dispatch`: the stateful routing unit that applies all of these.
 """

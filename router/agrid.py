@@ -17,9 +17,9 @@ read the grid.
 
 from __future__ import annotations
 
-from router.grid import CellBox, FineGrid
-from router.partitioning import Partitioning
-from router.table import RoutingTable
+from skpub.kernel.grid import CellBox, FineGrid
+from skpub.router.partitioning import Partitioning
+from skpub.router.table import RoutingTable
 
 
 class AGrid(RoutingTable):

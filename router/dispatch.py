@@ -13,8 +13,8 @@ order, one :class:`Routed` row per (record, evaluator):
 - an unsubscribe goes to the evaluators that hold the subscription;
 - a dead letter goes to one evaluator, which passes it to the dead-letter sink.
 
-Its state is the :class:`~skpub.registry.IdRegistry`, whose active
-placements also determine the :class:`~router.summary.TextualSummaries`
+Its state is the :class:`~skpub.kernel.registry.IdRegistry`, whose active
+placements also determine the :class:`~skpub.router.summary.TextualSummaries`
 (rebuilt from them when a router is built from a registry). It changes only
 through :meth:`Router.route_many`; an engine persists the registry (or its
 per-batch journal) so a replayed micro-batch starts from the same state.
@@ -26,36 +26,22 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from router.epoch import RoutingEpoch
-from router.grid import CellBox, intersect_boxes
-from router.summary import TextualSummaries
-from router.table import RoutingTable
-from skpub.config import Deployment
-from skpub.records import (
+from skpub.kernel.config import Deployment
+from skpub.kernel.grid import intersect_boxes
+from skpub.kernel.messages import Routed
+from skpub.kernel.records import (
     DeadLetter,
     ObjectRecord,
     RangeSubscription,
-    Record,
     SnapshotMarker,
     Unsubscribe,
     stream_position,
 )
-from skpub.registry import IdRegistry
-from skpub.text import Vocabulary
-
-
-@dataclass(frozen=True, slots=True)
-class Routed:
-    """One record sent to one evaluator.
-
-    ``cells`` is the object's cell as ``(cx, cy, cx, cy)``, or a range
-    subscription's rectangle ∩ partition as an inclusive cell box; None for
-    other records.
-    """
-
-    evaluator: int
-    record: Record | DeadLetter
-    cells: CellBox | None = None
+from skpub.kernel.registry import IdRegistry
+from skpub.kernel.text import Vocabulary
+from skpub.router.epoch import RoutingEpoch
+from skpub.router.summary import TextualSummaries
+from skpub.router.table import RoutingTable
 
 
 @dataclass

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from router.agrid import AGrid
-from router.errors import EpochError
-from router.grid import FineGrid
-from router.partitioning import Partitioning
-from router.table import RoutingTable
-from router.uniform import UniformGrid
-from skpub.geometry import Rect
-from skpub.storage import atomic_write_text
+from skpub.kernel.geometry import Rect
+from skpub.kernel.grid import FineGrid
+from skpub.kernel.storage import atomic_write_text
+from skpub.router.agrid import AGrid
+from skpub.router.errors import EpochError
+from skpub.router.partitioning import Partitioning
+from skpub.router.table import RoutingTable
+from skpub.router.uniform import UniformGrid
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Exceptions of the routing layer."""
 
-from skpub.errors import SkpubError
+from skpub.kernel.errors import SkpubError
 
 
 class RoutingError(SkpubError):

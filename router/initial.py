@@ -7,7 +7,7 @@ equation 1). Every subscription costs 1 spread evenly over the fine cells it
 covers (registering it) plus one unit per GI^2 index cell it covers (one
 index entry each) -- Tornado keeps query counts per cell beside the object
 costs for the same reason, and a stream that starts with registrations gives
-a sample with no objects at all. :func:`router.partitioning.cost_partitioning`
+a sample with no objects at all. :func:`skpub.router.partitioning.cost_partitioning`
 then cuts the grid so that the costliest partition is as cheap as possible.
 """
 
@@ -17,15 +17,15 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from router.agrid import AGrid
-from router.grid import FineGrid
-from router.partitioning import cost_partitioning
-from router.table import RoutingTable
-from router.uniform import UniformGrid
-from skpub.config import Deployment
-from skpub.geometry import Rect
-from skpub.records import ObjectRecord, RangeSubscription, parse_line
-from skpub.text import Vocabulary
+from skpub.kernel.config import Deployment
+from skpub.kernel.geometry import Rect
+from skpub.kernel.grid import FineGrid
+from skpub.kernel.records import ObjectRecord, RangeSubscription, parse_line
+from skpub.kernel.text import Vocabulary
+from skpub.router.agrid import AGrid
+from skpub.router.partitioning import cost_partitioning
+from skpub.router.table import RoutingTable
+from skpub.router.uniform import UniformGrid
 
 
 def subscription_costs(boxes: np.ndarray, size: int, index_block: int) -> np.ndarray:

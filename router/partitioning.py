@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from router.errors import RoutingError
-from router.grid import CellBox
+from skpub.kernel.grid import CellBox
+from skpub.router.errors import RoutingError
 
 
 @dataclass(frozen=True)

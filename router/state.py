@@ -6,16 +6,16 @@ a replayed batch starts from exactly the state its first attempt saw (DESIGN
 "What skpub 0.1 does differently"). Both are JSON documents
 ``{"format": FORMAT, "kind": ..., ...}``: loading them parses data and never
 executes it, and a document of another format version or kind is refused
-with :class:`~skpub.errors.CheckpointError`.
+with :class:`~skpub.kernel.errors.CheckpointError`.
 """
 
 from __future__ import annotations
 
 import orjson
 
-from router.dispatch import Placement
-from skpub.errors import CheckpointError
-from skpub.registry import Change, IdRegistry
+from skpub.kernel.errors import CheckpointError
+from skpub.kernel.registry import Change, IdRegistry
+from skpub.router.dispatch import Placement
 
 FORMAT = 1
 _RTYPES = frozenset(("object", "subscribe", "unsubscribe", "snapshot"))

@@ -6,9 +6,9 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
-from router.grid import CellBox, FineGrid
-from router.partitioning import Partitioning
-from skpub.geometry import Rect
+from skpub.kernel.geometry import Rect
+from skpub.kernel.grid import CellBox, FineGrid
+from skpub.router.partitioning import Partitioning
 
 
 class RoutingTable(ABC):

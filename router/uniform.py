@@ -1,7 +1,7 @@
 """Uni-Space-Rout: equal spatial partitions (the baseline of Tornado section 5.1).
 
 Partitions form a ``columns x rows`` layout of equal cell ranges
-(:func:`router.partitioning.uniform_partitioning`), so a range is routed by
+(:func:`skpub.router.partitioning.uniform_partitioning`), so a range is routed by
 arithmetic on the layout: the overlapped columns times the overlapped rows,
 O(N_p). It ignores where the load is, which is what it is a baseline for.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import bisect
 
-from router.grid import CellBox, FineGrid
-from router.partitioning import grid_shape, uniform_partitioning
-from router.table import RoutingTable
+from skpub.kernel.grid import CellBox, FineGrid
+from skpub.router.partitioning import grid_shape, uniform_partitioning
+from skpub.router.table import RoutingTable
 
 
 class UniformGrid(RoutingTable):

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from skpub.geometry import Rect
-from skpub.storage import atomic_write_text
-from skpub.text import normalize_term, tokenize
+from skpub.kernel.geometry import Rect
+from skpub.kernel.storage import atomic_write_text
+from skpub.kernel.text import normalize_term, tokenize
 
 SPACE = Rect(-180.0, -90.0, 180.0, 90.0)
 

@@ -1,9 +1,19 @@
 """skpub: adaptive load-balancing routing for spatial-keyword publish/subscribe.
 
-The kernel modules (``records``, ``geometry``, ``text``, ``config``) import
-nothing from the ``router``, ``evaluators`` or ``sims`` packages; engines and
-the CLI import everything. The contract every engine meets is
-``docs/SEMANTICS.md``.
+Every import name lives under ``skpub``, in layers (``pyproject.toml``
+states them as import-linter contracts, checked by the test suite):
+
+- :mod:`skpub.app` (the application shell): engines, CLI, metrics, progress
+  and summary, output and checkpoint directories. Imports everything below.
+- :mod:`skpub.router`, :mod:`skpub.evaluators`, :mod:`skpub.sims`: routing,
+  evaluation, workload generation. Each imports only the kernel, never one
+  another. (In the repository they are the top-level folders ``router/``,
+  ``evaluators/`` and ``sims/``, mapped into the package.)
+- :mod:`skpub.kernel`: records, geometry, fine grid, text, config, id
+  registry, the messages that cross layers, the oracle, errors. Imports
+  nothing above it.
+
+The contract every engine meets is ``docs/SEMANTICS.md``.
 """
 
 __version__ = "0.1.0"

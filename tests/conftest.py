@@ -4,7 +4,7 @@ import pytest
 @pytest.fixture(scope="session")
 def spark():
     """One real local[2] SparkSession for the Spark tests of this session."""
-    from skpub.engines.spark import spark_session
+    from skpub.app.engines.spark import spark_session
 
     session = spark_session("local[2]", 4, app_name="skpub-tests")
     yield session

@@ -2,7 +2,7 @@
 
 Every entry is ``(line, reason)``: the raw bytes of one line (no terminator,
 never a ``\\n``, never ending in ``\\r``) and the ``reason`` of the dead letter
-:func:`skpub.records.parse_line` must produce, or :data:`ACCEPTED` when the
+:func:`skpub.kernel.records.parse_line` must produce, or :data:`ACCEPTED` when the
 line is a valid record. Ids are unique and prefixed ``h-``, so the corpus can
 be mixed into :func:`tests.workloads.random_workload` without any line
 becoming a ``duplicate_id``; every accepted line is an object or a ``range``

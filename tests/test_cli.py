@@ -1,9 +1,9 @@
 import json
 
-from sims.geonames import WorkloadSpec, generate
-from skpub.cli import main
-from skpub.oracle import replay
-from skpub.output import read_stream
+from skpub.app.cli import main
+from skpub.app.output import read_stream
+from skpub.kernel.oracle import replay
+from skpub.sims.geonames import WorkloadSpec, generate
 from tests.workloads import canonical, deployment, random_workload, write_lines
 
 

@@ -2,12 +2,12 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from evaluators import gi2
-from evaluators.gi2 import GI2Index
-from router.grid import FineGrid
-from skpub.geometry import Rect
-from skpub.records import ObjectRecord, RangeSubscription
-from skpub.text import Vocabulary, dnf_matches, parse_expression
+from skpub.evaluators import gi2
+from skpub.evaluators.gi2 import GI2Index
+from skpub.kernel.geometry import Rect
+from skpub.kernel.grid import FineGrid
+from skpub.kernel.records import ObjectRecord, RangeSubscription
+from skpub.kernel.text import Vocabulary, dnf_matches, parse_expression
 
 SPACE = Rect(0.0, 0.0, 100.0, 100.0)
 WORDS = ["a", "b", "c", "d"]

@@ -24,14 +24,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from skpub.engines.local import run_local
-from skpub.errors import ExpressionError
-from skpub.inputs import BOM, iter_lines
-from skpub.oracle import replay
-from skpub.output import STREAMS, read_stream
-from skpub.records import REASONS, DeadLetter, RangeSubscription, parse_line
-from skpub.summary import RunObserver, RunSummary
-from skpub.text import dnf_matches, parse_expression
+from skpub.app.engines.local import run_local
+from skpub.app.output import STREAMS, read_stream
+from skpub.app.summary import RunObserver, RunSummary
+from skpub.kernel.errors import ExpressionError
+from skpub.kernel.inputs import BOM, iter_lines
+from skpub.kernel.oracle import replay
+from skpub.kernel.records import REASONS, DeadLetter, RangeSubscription, parse_line
+from skpub.kernel.text import dnf_matches, parse_expression
 from tests.hostile import ACCEPTED, HOSTILE_LINES, MAX_RECORD_BYTES
 from tests.workloads import SPACE, canonical, deployment, random_workload
 
@@ -528,7 +528,7 @@ def test_local_engine_on_a_hostile_stream_equals_oracle(tmp_path, stream, varian
 @pytest.mark.spark
 @pytest.mark.slow
 def test_spark_engine_on_a_hostile_stream_equals_oracle(spark, tmp_path, stream):
-    from skpub.engines.spark import run_spark
+    from skpub.app.engines.spark import run_spark
 
     lines, expected = stream
     dep = deployment(evaluators=4, batch_size=150)

@@ -1,17 +1,17 @@
 import pytest
 
-from router.dispatch import Router
-from router.epoch import RoutingEpoch
-from router.initial import initial_table
-from router.state import decode_journal, decode_snapshot, encode_journal, encode_snapshot
-from router.wire import from_columns, to_columns
-from skpub.engines.local import run_local
-from skpub.errors import OutputError
-from skpub.oracle import replay
-from skpub.output import read_stream
-from skpub.registry import IdRegistry
-from skpub.summary import RunObserver, RunSummary
-from skpub.text import Vocabulary
+from skpub.app.engines.local import run_local
+from skpub.app.output import read_stream
+from skpub.app.summary import RunObserver, RunSummary
+from skpub.kernel.errors import OutputError
+from skpub.kernel.oracle import replay
+from skpub.kernel.registry import IdRegistry
+from skpub.kernel.text import Vocabulary
+from skpub.kernel.wire import from_columns, to_columns
+from skpub.router.dispatch import Router
+from skpub.router.epoch import RoutingEpoch
+from skpub.router.initial import initial_table
+from skpub.router.state import decode_journal, decode_snapshot, encode_journal, encode_snapshot
 from tests.workloads import canonical, deployment, random_workload, write_lines
 
 

@@ -10,9 +10,9 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from skpub.engines.local import run_local
-from skpub.metrics import Metrics
-from skpub.summary import RunObserver, RunSummary
+from skpub.app.engines.local import run_local
+from skpub.app.metrics import Metrics
+from skpub.app.summary import RunObserver, RunSummary
 from tests.workloads import deployment, random_workload, write_lines
 
 

@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from skpub.geometry import Rect
-from skpub.oracle import replay
-from skpub.records import REASONS, DeadLetter, ObjectRecord, RangeSubscription, parse_line
+from skpub.kernel.geometry import Rect
+from skpub.kernel.oracle import replay
+from skpub.kernel.records import REASONS, DeadLetter, ObjectRecord, RangeSubscription, parse_line
 from tests.hostile import ACCEPTED, HOSTILE_LINES
 from tests.workloads import INVALID_LINES, SPACE, deployment
 

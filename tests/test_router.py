@@ -3,13 +3,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.agrid import AGrid
-from router.errors import RoutingError
-from router.grid import FineGrid
-from router.partitioning import Partitioning, cost_partitioning, uniform_partitioning
-from router.summary import TextualSummaries
-from router.uniform import UniformGrid
-from skpub.geometry import Rect
+from skpub.kernel.geometry import Rect
+from skpub.kernel.grid import FineGrid
+from skpub.router.agrid import AGrid
+from skpub.router.errors import RoutingError
+from skpub.router.partitioning import Partitioning, cost_partitioning, uniform_partitioning
+from skpub.router.summary import TextualSummaries
+from skpub.router.uniform import UniformGrid
 
 SPACE = Rect(0.0, 0.0, 100.0, 100.0)
 
@@ -138,7 +138,7 @@ def test_textual_summary_expires_keywords_with_their_last_subscription():
 
 
 def test_subscription_costs_spread_one_unit_plus_index_entries():
-    from router.initial import subscription_costs
+    from skpub.router.initial import subscription_costs
 
     boxes = np.array([[0, 0, 3, 1], [2, 1, 2, 1]])
     costs = subscription_costs(boxes, 6, index_block=2)
@@ -151,9 +151,9 @@ def test_subscription_costs_spread_one_unit_plus_index_entries():
 def test_initial_partitioning_balances_a_sample_of_subscriptions_only():
     import json
 
-    from router.initial import initial_table
-    from skpub.config import Deployment
-    from skpub.text import Vocabulary
+    from skpub.kernel.config import Deployment
+    from skpub.kernel.text import Vocabulary
+    from skpub.router.initial import initial_table
 
     rng = np.random.default_rng(4)
     lines = []

@@ -10,19 +10,19 @@ import time
 
 import pytest
 
-import skpub.registry
-from evaluators.errors import EvaluatorError
-from evaluators.evaluator import decode_block, encode_block
-from evaluators.gi2 import GI2Index
-from router.state import decode_journal, decode_snapshot
-from skpub.checkpoint import Checkpoint
-from skpub.cli import main
-from skpub.engines.local import run_local
-from skpub.errors import CheckpointError, OutputError
-from skpub.oracle import replay
-from skpub.output import read_stream
-from skpub.registry import IdRegistry
-from skpub.summary import RunObserver, RunSummary
+import skpub.kernel.registry
+from skpub.app.checkpoint import Checkpoint
+from skpub.app.cli import main
+from skpub.app.engines.local import run_local
+from skpub.app.output import read_stream
+from skpub.app.summary import RunObserver, RunSummary
+from skpub.evaluators.errors import EvaluatorError
+from skpub.evaluators.evaluator import decode_block, encode_block
+from skpub.evaluators.gi2 import GI2Index
+from skpub.kernel.errors import CheckpointError, OutputError
+from skpub.kernel.oracle import replay
+from skpub.kernel.registry import IdRegistry
+from skpub.router.state import decode_journal, decode_snapshot
 from tests.workloads import canonical, deployment, random_workload, write_lines
 
 
@@ -101,7 +101,7 @@ def test_killed_local_run_leaves_no_success_and_its_rerun_equals_a_clean_run(tmp
     lines = random_workload(seed=4, n=3000)
     write_lines(tmp_path / "in.jsonl", lines)
     (tmp_path / "dep.json").write_text(json.dumps(deployment(evaluators=3, batch_size=2).to_json()))
-    base = [sys.executable, "-m", "skpub.cli", "run", "--engine", "local", "--input", str(tmp_path / "in.jsonl")]
+    base = [sys.executable, "-m", "skpub.app.cli", "run", "--engine", "local", "--input", str(tmp_path / "in.jsonl")]
     base += ["--config", str(tmp_path / "dep.json"), "--quiet"]
     killed = tmp_path / "killed"
     proc = subprocess.Popen([*base, "--output", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -192,14 +192,14 @@ def test_a_router_failure_on_one_line_keeps_the_batch(tmp_path, monkeypatch):
     dep = deployment(evaluators=2, batch_size=50)
     poison = '{"type": "object", "id": "poison", "x": 50, "y": 50, "terms": ["sushi"]}'
     lines.insert(77, poison)
-    real = skpub.registry.parse_line
+    real = skpub.kernel.registry.parse_line
 
     def parse_line(line, *args):
         if line == poison.encode():
             raise MemoryError("injected")
         return real(line, *args)
 
-    monkeypatch.setattr(skpub.registry, "parse_line", parse_line)
+    monkeypatch.setattr(skpub.kernel.registry, "parse_line", parse_line)
     out, _ = local(tmp_path, lines, dep)
     dead = read_stream(out, "dead_letters")
     assert dead == [{"line": poison, "reason": "internal_error", "message": "MemoryError: injected"}]
@@ -232,7 +232,7 @@ def test_object_ids_are_unique_only_within_the_horizon(tmp_path, horizon):
 
 def test_registry_memory_is_bounded_by_the_horizon():
     registry = IdRegistry(object_id_horizon=100)
-    from skpub.records import ObjectRecord
+    from skpub.kernel.records import ObjectRecord
 
     for n in range(10_000):
         registry.accept(ObjectRecord(n, f"o{n}", 1.0, 1.0, (), frozenset()))
@@ -246,8 +246,8 @@ def test_registry_memory_is_bounded_by_the_horizon():
 def test_durable_state_is_versioned_json_and_refuses_anything_else():
     import pickle
 
-    from router.dispatch import Placement
-    from router.state import encode_journal, encode_snapshot
+    from skpub.router.dispatch import Placement
+    from skpub.router.state import encode_journal, encode_snapshot
 
     registry = IdRegistry(3)
     registry.replay([("object", "o1", None), ("subscribe", "s", Placement((0, 2), frozenset({"k"})))])
@@ -331,7 +331,7 @@ def test_standard_input_feeds_the_local_engine(tmp_path, monkeypatch, capsys):
 
 
 def test_success_is_refused_when_another_run_took_over_the_output(tmp_path):
-    from skpub.output import claim_output, mark_success
+    from skpub.app.output import claim_output, mark_success
 
     claim_output(tmp_path / "out", "first", overwrite=False)
     claim_output(tmp_path / "out", "second", overwrite=False)

@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from sims.geonames import WorkloadSpec, write_workload
-from skpub.config import Deployment
-from skpub.engines.spark import run_spark
-from skpub.errors import CheckpointError, OutputError
-from skpub.inputs import iter_lines
-from skpub.oracle import replay
-from skpub.output import read_stream
-from skpub.summary import RunObserver, RunSummary
+from skpub.app.engines.spark import run_spark
+from skpub.app.output import read_stream
+from skpub.app.summary import RunObserver, RunSummary
+from skpub.kernel.config import Deployment
+from skpub.kernel.errors import CheckpointError, OutputError
+from skpub.kernel.inputs import iter_lines
+from skpub.kernel.oracle import replay
+from skpub.sims.geonames import WorkloadSpec, write_workload
 from tests.workloads import canonical, deployment, random_workload, write_lines
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -98,7 +98,7 @@ def test_checkpoint_of_another_output_or_with_foreign_files_is_refused(spark, tm
 def _cli(args, **kwargs):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "skpub.cli", "run", "--engine", "spark", *args],
+        [sys.executable, "-m", "skpub.app.cli", "run", "--engine", "spark", *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs,
     )  # fmt: skip
 

@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from skpub.errors import ExpressionError
-from skpub.text import Vocabulary, dnf_matches, normalize_term, normalize_terms, parse_expression, tokenize
+from skpub.kernel.errors import ExpressionError
+from skpub.kernel.text import Vocabulary, dnf_matches, normalize_term, normalize_terms, parse_expression, tokenize
 
 
 def clauses(*sets):
@@ -64,8 +64,8 @@ def test_expansion_is_bounded_in_terms_too():
     """256 clauses of 64 terms expand; one more term per clause is bad_expr, decided before expanding."""
     import tracemalloc
 
-    from skpub.errors import ExpressionError
-    from skpub.text import MAX_DNF_TERMS, parse_expression
+    from skpub.kernel.errors import ExpressionError
+    from skpub.kernel.text import MAX_DNF_TERMS, parse_expression
 
     alternatives = "(" + " OR ".join(f"t{i}" for i in range(256)) + ")"
     fits = alternatives + " AND " + " AND ".join(f"x{i}" for i in range(63))

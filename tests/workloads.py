@@ -12,8 +12,8 @@ import json
 
 import numpy as np
 
-from skpub.config import Deployment
-from skpub.geometry import Rect
+from skpub.kernel.config import Deployment
+from skpub.kernel.geometry import Rect
 
 SPACE = Rect(0.0, 0.0, 100.0, 100.0)
 TERMS = ["sushi", "ramen", "jazz", "Café", "bar", "CAFÉ", "noodle"]

@@ -2,7 +2,7 @@
 
 Every exception the project raises derives from :class:`SkpubError`, so a
 caller can catch the whole family at once. Invalid *input records* never raise:
-they become dead letters (``skpub.records.DeadLetter``).
+they become dead letters (``skpub.kernel.records.DeadLetter``).
 """
 
 

@@ -18,7 +18,7 @@ from functools import lru_cache
 from itertools import product
 from pathlib import Path
 
-from skpub.errors import ConfigError, ExpressionError
+from skpub.kernel.errors import ConfigError, ExpressionError
 
 TOKEN_RE = re.compile(r"\w+")
 EXPR_TOKEN_RE = re.compile(r"\(|\)|[^\s()]+")

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import orjson
 
-from skpub.checkpoint import CHECKPOINT_DIR, checkpoint_foreign_entries
-from skpub.errors import OutputError
-from skpub.storage import atomic_write_bytes, atomic_write_text, entries, own_files
+from skpub.app.checkpoint import CHECKPOINT_DIR, checkpoint_foreign_entries
+from skpub.kernel.errors import OutputError
+from skpub.kernel.storage import atomic_write_bytes, atomic_write_text, entries, own_files
 
 STREAMS = ("deliveries", "snapshots", "dead_letters", "statistics")
 SUCCESS = "_SUCCESS"

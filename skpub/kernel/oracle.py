@@ -16,16 +16,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from skpub.config import Deployment
-from skpub.records import (
+from skpub.kernel.config import Deployment
+from skpub.kernel.records import (
     DeadLetter,
     ObjectRecord,
     RangeSubscription,
     SnapshotMarker,
     Unsubscribe,
 )
-from skpub.registry import IdRegistry
-from skpub.text import dnf_matches
+from skpub.kernel.registry import IdRegistry
+from skpub.kernel.text import dnf_matches
 
 
 @dataclass

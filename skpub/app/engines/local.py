@@ -1,7 +1,7 @@
 """The local engine: the whole pipeline embedded in one process.
 
 Micro-batches of ``deployment.batch_size`` lines go through the same
-:class:`router.dispatch.Router`, :class:`evaluators.evaluator.Evaluator` and
+:class:`skpub.router.dispatch.Router`, :class:`skpub.evaluators.evaluator.Evaluator` and
 sink as the Spark engine. Evaluators run one after the other; each one's
 thread CPU time is measured, so ``max(evaluator time) + routing time`` gives
 the parallel time of a batch (DESIGN "Measuring load honestly").
@@ -13,18 +13,19 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from evaluators.evaluator import Evaluator
-from router.dispatch import Routed, Router
-from router.epoch import RoutingEpoch
-from router.initial import initial_table
-from skpub.checkpoint import CHECKPOINT_DIR, Checkpoint
-from skpub.config import Deployment
-from skpub.engines.sink import write_batch
-from skpub.inputs import batches, iter_lines, take_sample
-from skpub.output import claim_output, mark_success
-from skpub.runtime import tune_gc
-from skpub.summary import BatchReport, RunObserver, RunSummary
-from skpub.text import load_vocabulary
+from skpub.app.checkpoint import CHECKPOINT_DIR, Checkpoint
+from skpub.app.engines.sink import write_batch
+from skpub.app.output import claim_output, mark_success
+from skpub.app.summary import BatchReport, RunObserver, RunSummary
+from skpub.evaluators.evaluator import Evaluator
+from skpub.kernel.config import Deployment
+from skpub.kernel.inputs import batches, iter_lines, take_sample
+from skpub.kernel.messages import Routed
+from skpub.kernel.runtime import tune_gc
+from skpub.kernel.text import load_vocabulary
+from skpub.router.dispatch import Router
+from skpub.router.epoch import RoutingEpoch
+from skpub.router.initial import initial_table
 
 
 def _replay_then(sample: list[bytes], lines: Iterator[bytes]) -> Iterator[bytes]:
@@ -51,16 +52,16 @@ def run_local(
 
     Returns
     -------
-    skpub.summary.RunSummary
+    skpub.app.summary.RunSummary
 
     Raises
     ------
-    skpub.errors.InputError
+    skpub.kernel.errors.InputError
         If the input is missing, or a directory without ``*.jsonl`` files.
-    skpub.errors.OutputError
+    skpub.kernel.errors.OutputError
         If ``output_dir`` holds files skpub did not write, or a finished run
         and ``overwrite`` is false.
-    skpub.errors.CheckpointError
+    skpub.kernel.errors.CheckpointError
         If a checkpoint folder in ``output_dir`` holds files skpub did not write.
     """
     vocabulary = load_vocabulary(deployment.vocabulary)

@@ -11,11 +11,11 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from evaluators.evaluator import Delivery
-from evaluators.merge import merge_deliveries
-from skpub.output import write_part
-from skpub.records import DeadLetter
-from skpub.summary import BatchReport
+from skpub.app.output import write_part
+from skpub.app.summary import BatchReport
+from skpub.evaluators.merge import merge_deliveries
+from skpub.kernel.messages import Delivery
+from skpub.kernel.records import DeadLetter
 
 
 def write_batch(
@@ -36,7 +36,7 @@ def write_batch(
         Written in stream-position order, one per position (a record that
         failed in several evaluators is reported once).
     statistics : list of dict
-        One :meth:`evaluators.stats.CellCostStats.to_json` line per evaluator.
+        One :meth:`skpub.evaluators.stats.CellCostStats.to_json` line per evaluator.
     report : BatchReport
         The router's counters; evaluator loads, deliveries and dead letters
         are filled in here.

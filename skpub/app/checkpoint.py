@@ -23,8 +23,8 @@ import json
 import shutil
 from pathlib import Path
 
-from skpub.errors import CheckpointError
-from skpub.storage import atomic_write_text, entries, own_files
+from skpub.kernel.errors import CheckpointError
+from skpub.kernel.storage import atomic_write_text, entries, own_files
 
 CHECKPOINT_DIR = "_checkpoint"
 MARKER = "skpub-checkpoint.json"

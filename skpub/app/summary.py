@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from skpub.metrics import Metrics
+from skpub.app.metrics import Metrics
 
 
 @dataclass

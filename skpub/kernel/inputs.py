@@ -20,7 +20,7 @@ from itertools import islice
 from pathlib import Path
 from typing import BinaryIO
 
-from skpub.errors import InputError
+from skpub.kernel.errors import InputError
 
 STDIN = "-"
 BOM = b"\xef\xbb\xbf"

@@ -28,10 +28,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from skpub.decode import clip
-from skpub.errors import CheckpointError
-from skpub.geometry import Rect
-from skpub.records import (
+from skpub.kernel.decode import clip
+from skpub.kernel.errors import CheckpointError
+from skpub.kernel.geometry import Rect
+from skpub.kernel.records import (
     DeadLetter,
     ObjectRecord,
     RangeSubscription,
@@ -134,7 +134,7 @@ class IdRegistry:
                 self.snapshot_ids.add(rid)
 
     def parse(self, line: bytes | str, pos: int, space: Rect, max_record_bytes: int) -> Record | DeadLetter:
-        """Return :func:`skpub.records.parse_line`'s result, or the dead letter the stream so far gives it.
+        """Return :func:`skpub.kernel.records.parse_line`'s result, or the dead letter the stream so far gives it.
 
         Does not change the registry; call :meth:`accept` for accepted records.
         """

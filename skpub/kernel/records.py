@@ -2,11 +2,11 @@
 
 :func:`parse_line` turns one input line (bytes, as read) into a typed record
 or a :class:`DeadLetter` carrying the original line, a reason code and a
-message; :mod:`skpub.decode` first applies the line-level rules (size, UTF-8,
+message; :mod:`skpub.kernel.decode` first applies the line-level rules (size, UTF-8,
 JSON, nesting, repeated keys, overflowing numbers).
 It checks everything that a single line can show; the checks that depend on
 the stream so far (``duplicate_id``, ``unknown_id``) live in
-:class:`skpub.registry.IdRegistry`. Nothing past these two sees invalid input.
+:class:`skpub.kernel.registry.IdRegistry`. Nothing past these two sees invalid input.
 
 ``pos`` is the record's stream position: a strictly increasing int64 that is
 the logical clock of SEMANTICS section 1. Engines build it as
@@ -19,10 +19,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from skpub.decode import LineRejected, clip, decode_line, line_text
-from skpub.errors import ExpressionError
-from skpub.geometry import Rect
-from skpub.text import DNF, normalize_terms, parse_expression, tokenize
+from skpub.kernel.decode import LineRejected, clip, decode_line, line_text
+from skpub.kernel.errors import ExpressionError
+from skpub.kernel.geometry import Rect
+from skpub.kernel.text import DNF, normalize_terms, parse_expression, tokenize
 
 REASONS = (
     "malformed_json",

@@ -19,10 +19,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from skpub.errors import ConfigError
-from skpub.geometry import Rect
-from skpub.records import MAX_RECORD_BYTES
-from skpub.registry import DEFAULT_OBJECT_ID_HORIZON
+from skpub.kernel.errors import ConfigError
+from skpub.kernel.geometry import Rect
+from skpub.kernel.records import MAX_RECORD_BYTES
+from skpub.kernel.registry import DEFAULT_OBJECT_ID_HORIZON
 
 ROUTERS = ("agrid", "uniform")
 INTEGER_FIELDS = (

@@ -1,6 +1,6 @@
 """The columnar wire format of routed rows (router -> evaluators).
 
-Engines that move :class:`router.dispatch.Routed` rows between processes
+Engines that move :class:`skpub.kernel.messages.Routed` rows between processes
 (Spark's shuffle) send them as columns: :func:`to_columns` and
 :func:`from_columns` convert losslessly, using plain Python lists so the
 format is testable without Spark. :data:`COLUMNS` gives every column's
@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from router.dispatch import Routed
-from skpub.geometry import Rect
-from skpub.records import DeadLetter, ObjectRecord, RangeSubscription, Unsubscribe
+from skpub.kernel.geometry import Rect
+from skpub.kernel.messages import Routed
+from skpub.kernel.records import DeadLetter, ObjectRecord, RangeSubscription, Unsubscribe
 
 OBJECT, SUBSCRIBE, UNSUBSCRIBE, DEAD_LETTER = 0, 1, 2, 3
 

@@ -11,12 +11,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from skpub.config import ROUTERS, load_deployment
-from skpub.errors import SkpubError
-from skpub.inputs import skipped_entries
-from skpub.metrics import Metrics
-from skpub.output import WORKLOAD_DIR, check_output
-from skpub.summary import RunObserver, RunSummary
+from skpub.app.metrics import Metrics
+from skpub.app.output import WORKLOAD_DIR, check_output
+from skpub.app.summary import RunObserver, RunSummary
+from skpub.kernel.config import ROUTERS, load_deployment
+from skpub.kernel.errors import SkpubError
+from skpub.kernel.inputs import skipped_entries
 
 
 def _workload_args(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _spec(args: argparse.Namespace):
-    from sims.geonames import WorkloadSpec
+    from skpub.sims.geonames import WorkloadSpec
 
     return WorkloadSpec(
         seed=args.seed, live=args.live, objects=args.objects, keyword_percentile=args.keyword_percentile
@@ -80,7 +80,7 @@ def _run(args: argparse.Namespace) -> int:
         evaluators=args.evaluators, router=args.router, batch_size=args.batch_size, vocabulary=args.vocabulary
     )
     if args.engine == "spark":
-        from skpub.engines.spark import require_java
+        from skpub.app.engines.spark import require_java
 
         require_java()
     output = Path(args.output)
@@ -91,7 +91,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"[skpub] metrics on http://127.0.0.1:{args.metrics_port}/metrics", file=sys.stderr, flush=True)
     input_path = args.input
     if input_path is None:
-        from sims.geonames import write_workload
+        from skpub.sims.geonames import write_workload
 
         print(
             "[skpub] no --input: generating the GeoNames default workload (about 30 s the first time)",
@@ -107,11 +107,11 @@ def _run(args: argparse.Namespace) -> int:
     if summary.skipped_inputs:
         observer.note(f"input: skipping {len(summary.skipped_inputs)} entries that are not *.jsonl files")
     if args.engine == "local":
-        from skpub.engines.local import run_local
+        from skpub.app.engines.local import run_local
 
         result = run_local(input_path, output, deployment, observer, overwrite=args.overwrite)
     else:
-        from skpub.engines.spark import run_spark
+        from skpub.app.engines.spark import run_spark
 
         checkpoint = Path(args.checkpoint) if args.checkpoint else None
         result = run_spark(
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args)
-        from sims.geonames import write_workload
+        from skpub.sims.geonames import write_workload
 
         stream, vocabulary = write_workload(_spec(args), args.output)
         print(f"wrote {stream} and {vocabulary}")

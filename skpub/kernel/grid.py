@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from skpub.geometry import Rect
+from skpub.kernel.geometry import Rect
 
 CellBox = tuple[int, int, int, int]
 """Inclusive cell rectangle ``(cx0, cy0, cx1, cy1)``."""

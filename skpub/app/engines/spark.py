@@ -31,23 +31,23 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from router.dispatch import Router
-from router.epoch import EpochLog, RoutingEpoch
-from router.initial import initial_table
-from router.state import decode_journal, decode_snapshot, encode_journal, encode_snapshot
-from router.wire import COLUMNS, ddl, to_columns
-from skpub.checkpoint import CHECKPOINT_DIR, Checkpoint
-from skpub.config import Deployment, deployment_from_text
-from skpub.engines.sink import write_batch
-from skpub.errors import CheckpointError, EngineError, InputError, JavaNotFoundError
-from skpub.inputs import STDIN, batches, input_files, iter_lines, take_sample
-from skpub.output import claim_output, inspect_output, mark_success
-from skpub.records import DeadLetter
-from skpub.registry import IdRegistry
-from skpub.runtime import tune_gc
-from skpub.storage import atomic_write_bytes, atomic_write_text
-from skpub.summary import BatchReport, RunObserver, RunSummary
-from skpub.text import load_vocabulary
+from skpub.app.checkpoint import CHECKPOINT_DIR, Checkpoint
+from skpub.app.engines.sink import write_batch
+from skpub.app.output import claim_output, inspect_output, mark_success
+from skpub.app.summary import BatchReport, RunObserver, RunSummary
+from skpub.kernel.config import Deployment, deployment_from_text
+from skpub.kernel.errors import CheckpointError, EngineError, InputError, JavaNotFoundError
+from skpub.kernel.inputs import STDIN, batches, input_files, iter_lines, take_sample
+from skpub.kernel.records import DeadLetter
+from skpub.kernel.registry import IdRegistry
+from skpub.kernel.runtime import tune_gc
+from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
+from skpub.kernel.text import load_vocabulary
+from skpub.kernel.wire import COLUMNS, ddl, to_columns
+from skpub.router.dispatch import Router
+from skpub.router.epoch import EpochLog, RoutingEpoch
+from skpub.router.initial import initial_table
+from skpub.router.state import decode_journal, decode_snapshot, encode_journal, encode_snapshot
 
 ROUTER_SNAPSHOT_EVERY = 16
 CHUNK_HEADER = b"skpub-chunk-v1"
@@ -125,7 +125,7 @@ def stage_input(input_path: str | Path, checkpoint: Checkpoint, batch_size: int)
     Chunk ``i`` gets modification time ``base + i`` seconds, so the file source
     (one file per trigger) takes them in stream order. Lines are copied as
     bytes, exactly as read (BOM and ``\r\n`` handled by
-    :func:`skpub.inputs.read_records`); the query reads them back with
+    :func:`skpub.kernel.inputs.read_records`); the query reads them back with
     ``lineSep = "\n"`` as binary, so Spark never decodes them. Each chunk
     starts with the line :data:`CHUNK_HEADER`, which the router drops: Hadoop's
     line reader strips a byte-order mark at the start of a file, and the
@@ -177,7 +177,7 @@ class RouterTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Route the micro-batch's lines; yield the routed rows in the wire format."""
-        from evaluators.spark_processor import current_batch_id
+        from skpub.evaluators.spark_processor import current_batch_id
 
         tune_gc()
         batch_id = current_batch_id()
@@ -221,7 +221,7 @@ _ARROW_TYPES = {
 
 
 def _wire_schema() -> pa.Schema:
-    """Return the Arrow schema of :data:`router.wire.COLUMNS`."""
+    """Return the Arrow schema of :data:`skpub.kernel.wire.COLUMNS`."""
     return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in COLUMNS])
 
 
@@ -425,12 +425,12 @@ def run_spark(
         If ``output_dir`` holds foreign files, or a finished run without ``overwrite``.
     EngineError
         If the streaming query fails.
-    skpub.errors.InputError
+    skpub.kernel.errors.InputError
         If the input is missing or empty, or is standard input.
     """
     from pyspark.errors import StreamingQueryException
 
-    from evaluators.spark_processor import OUTPUT_DDL, EvaluatorProcessor
+    from skpub.evaluators.spark_processor import OUTPUT_DDL, EvaluatorProcessor
 
     if str(input_path) == STDIN:
         raise InputError("the Spark engine reads files (it stages and fingerprints them); use --engine local for -")

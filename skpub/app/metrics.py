@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from skpub.errors import MetricsError
+from skpub.kernel.errors import MetricsError
 
 if TYPE_CHECKING:
-    from skpub.summary import BatchReport
+    from skpub.app.summary import BatchReport
 
 ROUTING_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -46,7 +46,7 @@ class Metrics:
         self.epoch = Gauge("skpub_routing_epoch", "Routing epoch in force", registry=r)
 
     def observe_batch(self, report: BatchReport) -> None:
-        """Account one :class:`skpub.summary.BatchReport`."""
+        """Account one :class:`skpub.app.summary.BatchReport`."""
         self.objects.inc(report.objects)
         self.forwarded.inc(report.forwarded)
         self.deliveries.inc(report.deliveries)
