@@ -72,8 +72,8 @@ class Evaluator:
         Returns
         -------
         EvaluatorBatch
-            Deliveries ``(pos, sub, obj)``, passed-through dead letters, the
-            batch's cell costs and this evaluator's thread CPU time, seconds.
+            Deliveries ``(pos, sub, obj)`` in stream order, the batch's cell
+            costs and this evaluator's thread CPU time, seconds.
 
             A row that fails (a bug: not for this evaluator, an unknown record
             type, an unexpected exception) becomes an ``internal_error`` dead
@@ -98,8 +98,6 @@ class Evaluator:
                     self._insert(record, row.cells)
                 elif isinstance(record, Unsubscribe):
                     self._delete(record.id)
-                elif isinstance(record, DeadLetter):
-                    out.dead_letters.append(record)
                 else:
                     raise EvaluatorError(f"evaluator cannot apply {type(record).__name__}")
             except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)

@@ -137,7 +137,7 @@ class GI2Index:
             del lists[kw]
 
     def match_one(self, obj: ObjectRecord, cx: int, cy: int) -> tuple[list[str], int]:
-        """Return the ids of the subscriptions ``obj`` matches, and the candidates examined.
+        """Return the ids of the subscriptions ``obj`` matches (sorted), and the candidates examined.
 
         ``(cx, cy)`` is the object's fine cell. The candidate count is ``q_l``
         of Tornado equation 1: the subscriptions there (and the wide ones)
@@ -151,6 +151,8 @@ class GI2Index:
         examined = self._scan(lists, obj, matched) if lists else 0
         if self.wide:
             examined += self._scan(self.wide, obj, matched)
+        if len(matched) > 1:
+            matched.sort()  # keyword lists come in hash order; a replay must write the same bytes
         return matched, examined
 
     def _scan(self, lists: dict[str, list[Entry]], obj: ObjectRecord, matched: list[str]) -> int:

@@ -19,22 +19,25 @@ declares state: it also runs on the driver.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pandas as pd
 from pyspark import TaskContext
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
-from skpub.evaluators.evaluator import Evaluator, EvaluatorBatch
+from skpub.evaluators.evaluator import Evaluator
 from skpub.kernel.config import deployment_from_text
+from skpub.kernel.parts import delivery_lines, write_lines, write_part
+from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.text import load_vocabulary
 from skpub.kernel.wire import from_columns
 
-OUTPUT_DDL = (
-    "kind string, evaluator int, pos bigint, sub string, obj string, "
-    "line string, reason string, message string, payload string"
-)
+CONTROL_DDL = "evaluator int, pos bigint, line string, reason string, message string, payload string"
+"""What an evaluator sends the driver: its internal-error dead letters, and one row whose ``payload`` is
+the JSON of its batch counters (deliveries, cost, CPU seconds). Deliveries and statistics never travel:
+the evaluator writes them itself."""
 _CACHE: dict[tuple[str, int], tuple[int, Evaluator]] = {}
 
 
@@ -43,27 +46,17 @@ def current_batch_id() -> int:
     return int(TaskContext.get().getLocalProperty("streaming.sql.batchId"))
 
 
-def output_frame(evaluator: int, result: EvaluatorBatch, statistics: str) -> pd.DataFrame:
-    """Return one evaluator's micro-batch outputs as rows of :data:`OUTPUT_DDL`.
-
-    One row per delivery (``kind = "delivery"``), per passed-through dead
-    letter (``"dead_letter"``) and one ``"statistics"`` row with the JSON of
-    the batch's cell costs.
-    """
-    deliveries, dead = result.deliveries, result.dead_letters
-    n_d, n_x = len(deliveries), len(dead)
-    none_d, none_x = [None] * n_d, [None] * n_x
+def control_frame(evaluator: int, dead: list[DeadLetter], counters: dict) -> pd.DataFrame:
+    """Return one evaluator's control rows (:data:`CONTROL_DDL`) for the driver."""
+    n = len(dead)
     return pd.DataFrame(
         {
-            "kind": ["delivery"] * n_d + ["dead_letter"] * n_x + ["statistics"],
-            "evaluator": [evaluator] * (n_d + n_x + 1),
-            "pos": [d[0] for d in deliveries] + [x.pos for x in dead] + [None],
-            "sub": [d[1] for d in deliveries] + none_x + [None],
-            "obj": [d[2] for d in deliveries] + none_x + [None],
-            "line": none_d + [x.line for x in dead] + [None],
-            "reason": none_d + [x.reason for x in dead] + [None],
-            "message": none_d + [x.message for x in dead] + [None],
-            "payload": none_d + none_x + [statistics],
+            "evaluator": [evaluator] * (n + 1),
+            "pos": [d.pos for d in dead] + [None],
+            "line": [d.line for d in dead] + [None],
+            "reason": [d.reason for d in dead] + [None],
+            "message": [d.message for d in dead] + [None],
+            "payload": [None] * n + [json.dumps(counters)],
         }
     ).astype({"evaluator": "int32", "pos": "Int64"})
 
@@ -76,14 +69,18 @@ class EvaluatorProcessor(StatefulProcessor):
     run_id : str
         Identifies the run (its checkpoint, made anew by each fresh start) in
         the executor-side cache.
+    output_root : str
+        The output directory: the evaluator writes its deliveries
+        (``deliveries/part-<batch>-e<n>.jsonl``) and statistics there, idempotent per batch id.
     deployment_json : str
         The deployment, as JSON (picklable and cheap to ship).
     evaluator_keys : list of int
         ``evaluator_keys[e]`` is the grouping-key value of evaluator ``e``.
     """
 
-    def __init__(self, run_id: str, deployment_json: str, evaluator_keys: list[int]) -> None:
+    def __init__(self, run_id: str, output_root: str, deployment_json: str, evaluator_keys: list[int]) -> None:
         self.run_id = run_id
+        self.output_root = output_root
         self.deployment_json = deployment_json
         self.index_of_key = {k: e for e, k in enumerate(evaluator_keys)}
 
@@ -123,8 +120,19 @@ class EvaluatorProcessor(StatefulProcessor):
                 self.blocks.updateValue((block,), (data,))
         self.version.update((batch_id,))
         _CACHE[(self.run_id, e)] = (batch_id, evaluator)
+        start = time.thread_time()
         stats = result.stats.to_json(e, batch_id, result.cpu_seconds, evaluator.subscriptions)
-        yield output_frame(e, result, json.dumps(stats))
+        writer = f"e{e:03d}"
+        write_lines(self.output_root, "deliveries", batch_id, delivery_lines(result.deliveries), writer)
+        write_part(self.output_root, "statistics", batch_id, [stats], writer)
+        counters = {
+            "evaluator": e,
+            "deliveries": len(result.deliveries),
+            "cost": stats["cost"],
+            "cpu_seconds": result.cpu_seconds,
+            "sink_cpu_seconds": time.thread_time() - start,
+        }
+        yield control_frame(e, result.dead_letters, counters)
 
     def close(self) -> None:
         """Nothing to release: the evaluator stays cached for the next micro-batch."""

@@ -105,7 +105,12 @@ class EpochLog:
         """
         chosen = None
         for number in self.numbers():
-            epoch = _load(str(self.directory / f"epoch-{number:06d}.json"))
+            path = self.directory / f"epoch-{number:06d}.json"
+            try:
+                version = path.stat().st_mtime_ns
+            except OSError as exc:
+                raise EpochError(f"cannot read epoch {path}: {exc}") from exc
+            epoch = _load(str(path), version)
             if epoch.from_batch <= batch_id:
                 chosen = epoch
         if chosen is None:
@@ -114,8 +119,8 @@ class EpochLog:
 
 
 @lru_cache(maxsize=16)
-def _load(path: str) -> RoutingEpoch:
-    """Load one epoch file; cached because published epochs never change."""
+def _load(path: str, version: int) -> RoutingEpoch:
+    """Load one epoch file; cached by path and modification time (a new run may publish at the same path)."""
     try:
         return RoutingEpoch.from_json(json.loads(Path(path).read_text(encoding="utf-8")))
     except (OSError, ValueError) as exc:

@@ -15,9 +15,9 @@ import orjson
 
 from skpub.kernel.errors import CheckpointError
 from skpub.kernel.registry import Change, IdRegistry
-from skpub.router.dispatch import Placement
+from skpub.router.sequencer import Placement
 
-FORMAT = 1
+FORMAT = 2
 _RTYPES = frozenset(("object", "subscribe", "unsubscribe", "snapshot"))
 
 

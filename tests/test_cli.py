@@ -1,8 +1,8 @@
 import json
 
 from skpub.app.cli import main
-from skpub.app.output import read_stream
 from skpub.kernel.oracle import replay
+from skpub.kernel.parts import read_stream
 from skpub.sims.geonames import WorkloadSpec, generate
 from tests.workloads import canonical, deployment, random_workload, write_lines
 

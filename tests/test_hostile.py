@@ -25,11 +25,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from skpub.app.engines.local import run_local
-from skpub.app.output import STREAMS, read_stream
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.errors import ExpressionError
 from skpub.kernel.inputs import BOM, iter_lines
 from skpub.kernel.oracle import replay
+from skpub.kernel.parts import STREAMS, read_stream
 from skpub.kernel.records import REASONS, DeadLetter, RangeSubscription, parse_line
 from skpub.kernel.text import dnf_matches, parse_expression
 from tests.hostile import ACCEPTED, HOSTILE_LINES, MAX_RECORD_BYTES

@@ -1,10 +1,10 @@
 import pytest
 
 from skpub.app.engines.local import run_local
-from skpub.app.output import read_stream
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.errors import OutputError
 from skpub.kernel.oracle import replay
+from skpub.kernel.parts import read_stream
 from skpub.kernel.registry import IdRegistry
 from skpub.kernel.text import Vocabulary
 from skpub.kernel.wire import from_columns, to_columns
@@ -74,6 +74,7 @@ def test_wire_format_round_trips_routed_rows():
     for e in range(3):
         mine = [row for row in routed.rows if row.evaluator == e]
         cols = to_columns(mine, keys)
+        assert to_columns(mine)["evaluator"] == [e] * len(mine)
         assert set(cols["evaluator"]) <= {keys[e]}
         assert from_columns(cols, e) == mine
 
@@ -93,4 +94,4 @@ def test_registry_journal_replays_to_the_same_router_state():
         assert snapshot.active == journaled.registry.active
         assert snapshot.object_ids == journaled.registry.object_ids
         assert list(snapshot.object_order) == list(journaled.registry.object_order)
-        assert rebuilt.summaries.counts == journaled.summaries.counts
+        assert rebuilt.sequencer.summaries.counts == journaled.sequencer.summaries.counts

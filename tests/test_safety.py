@@ -10,17 +10,17 @@ import time
 
 import pytest
 
-import skpub.kernel.registry
+import skpub.router.locate
 from skpub.app.checkpoint import Checkpoint
 from skpub.app.cli import main
 from skpub.app.engines.local import run_local
-from skpub.app.output import read_stream
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.evaluator import decode_block, encode_block
 from skpub.evaluators.gi2 import GI2Index
 from skpub.kernel.errors import CheckpointError, OutputError
 from skpub.kernel.oracle import replay
+from skpub.kernel.parts import read_stream
 from skpub.kernel.registry import IdRegistry
 from skpub.router.state import decode_journal, decode_snapshot
 from tests.workloads import canonical, deployment, random_workload, write_lines
@@ -192,14 +192,14 @@ def test_a_router_failure_on_one_line_keeps_the_batch(tmp_path, monkeypatch):
     dep = deployment(evaluators=2, batch_size=50)
     poison = '{"type": "object", "id": "poison", "x": 50, "y": 50, "terms": ["sushi"]}'
     lines.insert(77, poison)
-    real = skpub.kernel.registry.parse_line
+    real = skpub.router.locate.parse_line
 
     def parse_line(line, *args):
         if line == poison.encode():
             raise MemoryError("injected")
         return real(line, *args)
 
-    monkeypatch.setattr(skpub.kernel.registry, "parse_line", parse_line)
+    monkeypatch.setattr(skpub.router.locate, "parse_line", parse_line)
     out, _ = local(tmp_path, lines, dep)
     dead = read_stream(out, "dead_letters")
     assert dead == [{"line": poison, "reason": "internal_error", "message": "MemoryError: injected"}]
@@ -246,8 +246,8 @@ def test_registry_memory_is_bounded_by_the_horizon():
 def test_durable_state_is_versioned_json_and_refuses_anything_else():
     import pickle
 
-    from skpub.router.dispatch import Placement
-    from skpub.router.state import encode_journal, encode_snapshot
+    from skpub.router.sequencer import Placement
+    from skpub.router.state import FORMAT, encode_journal, encode_snapshot
 
     registry = IdRegistry(3)
     registry.replay([("object", "o1", None), ("subscribe", "s", Placement((0, 2), frozenset({"k"})))])
@@ -259,7 +259,7 @@ def test_durable_state_is_versioned_json_and_refuses_anything_else():
         with pytest.raises(CheckpointError, match="format"):
             decode(json.dumps({"format": 99, "kind": kind}).encode())
     with pytest.raises(CheckpointError, match="damaged"):
-        decode_snapshot(json.dumps({"format": 1, "kind": "registry", "registry": {"objects": [1]}}).encode())
+        decode_snapshot(json.dumps({"format": FORMAT, "kind": "registry", "registry": {"objects": [1]}}).encode())
     with pytest.raises(CheckpointError, match="damaged"):
         decode_journal(encode_journal([("subscribe", "s", None)]).replace(b"subscribe", b"explode"))
     damaged_unsubscribe = decode_journal(encode_journal([("unsubscribe", "never", None)]))

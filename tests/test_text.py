@@ -26,6 +26,25 @@ def test_ascii_fast_path_equals_full_normalization(term):
     assert normalize_terms([term]) == ([full] if full else [])
 
 
+_UNICODE_TERMS = st.lists(
+    st.one_of(
+        st.text(max_size=8),
+        st.text(alphabet="a\u0301\u0300e\u00e9\u0130\u0131\u00dfK\u212a\ufb01\u1e9e\u0345\u03a3\u0000", max_size=6),
+    ),
+    max_size=6,
+)
+
+
+@given(_UNICODE_TERMS)
+def test_list_fast_paths_equal_term_by_term_normalization(terms):
+    import unicodedata
+
+    def full(term):
+        return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", term).casefold())
+
+    assert normalize_terms(terms) == [full(t) for t in terms if full(t)]
+
+
 def test_and_binds_tighter_than_or():
     assert set(parse_expression("a OR b AND c")) == set(clauses({"a"}, {"b", "c"}))
     assert set(parse_expression("(a or b) and C")) == set(clauses({"a", "c"}, {"b", "c"}))

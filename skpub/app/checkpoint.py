@@ -4,7 +4,7 @@
 
     skpub-checkpoint.json    written first, when skpub creates the checkpoint
     manifest.json        deployment, input fingerprint, output directory, run id
-    source/chunk-<n>.raw     the staged input as read (bytes, maybe not UTF-8), one chunk per micro-batch
+    source/chunk-<b>-<p>.raw the staged input as read (bytes, maybe not UTF-8): micro-batch b, part p
     epochs/epoch-<n>.json    published routing epochs
     router/              the id registry: delta-<b>.json journals,
                          snapshot-<b>.json snapshots, report-<b>.json counters
@@ -30,7 +30,7 @@ CHECKPOINT_DIR = "_checkpoint"
 MARKER = "skpub-checkpoint.json"
 MANIFEST = "manifest.json"
 _OWN = {
-    "source": own_files(r"chunk-\d{8}\.raw"),
+    "source": own_files(r"chunk-\d{8}-\d{3}\.raw"),
     "epochs": own_files(r"epoch-\d{6}\.json"),
     "router": own_files(r"(?:delta|snapshot|report)-\d{8}\.json"),
 }

@@ -1,11 +1,10 @@
 """The output directory layout of SEMANTICS section 5, and who may touch it.
 
 ``DIR/deliveries``, ``DIR/snapshots``, ``DIR/dead_letters`` and
-``DIR/statistics`` each hold JSON-lines part files ``part-<batch>.jsonl``, one
-per micro-batch that had something to write. A part is written atomically and
-named by batch id, so a replayed batch replaces its first attempt: sinks are
-idempotent per batch id. ``DIR/_SUCCESS`` is written last, once the whole
-input was processed; output without it is partial.
+``DIR/statistics`` each hold JSON-lines part files named by batch id and
+writer (:mod:`skpub.kernel.parts`), so a replayed batch replaces its first
+attempt: sinks are idempotent per batch id. ``DIR/_SUCCESS`` is written last,
+once the whole input was processed; output without it is partial.
 
 skpub never destroys what it did not write. :func:`inspect_output` lists
 every entry of ``DIR`` outside skpub's own layout (:data:`LAYOUT`: the stream
@@ -18,46 +17,20 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import orjson
-
 from skpub.app.checkpoint import CHECKPOINT_DIR, checkpoint_foreign_entries
 from skpub.kernel.errors import OutputError
-from skpub.kernel.storage import atomic_write_bytes, atomic_write_text, entries, own_files
+from skpub.kernel.parts import PART_RE, STREAMS
+from skpub.kernel.storage import atomic_write_text, entries, own_files
 
-STREAMS = ("deliveries", "snapshots", "dead_letters", "statistics")
 SUCCESS = "_SUCCESS"
 RUN_MARKER = "_skpub_run.json"
 WORKLOAD_DIR = "_workload"
 TOP_FILES_RE = own_files(rf"{SUCCESS}|{re.escape(RUN_MARKER)}")
-PART_RE = own_files(r"part-\d{8}\.jsonl")
 WORKLOAD_RE = own_files(r"stream\.jsonl|vocabulary\.json|spec\.json|\.stream\.jsonl\.tmp")
 MARKER_FORMAT = 1
-
-
-def part_path(root: str | Path, stream: str, batch_id: int) -> Path:
-    """Return the part file of ``stream`` for micro-batch ``batch_id``."""
-    return Path(root) / stream / f"part-{batch_id:08d}.jsonl"
-
-
-def write_part(root: str | Path, stream: str, batch_id: int, rows: Iterable[dict]) -> int:
-    """Write one micro-batch's rows of ``stream`` atomically as UTF-8; return how many were written."""
-    lines = [orjson.dumps(row) for row in rows]
-    if lines:
-        atomic_write_bytes(part_path(root, stream, batch_id), b"\n".join(lines) + b"\n")
-    return len(lines)
-
-
-def read_stream(root: str | Path, stream: str) -> list[dict]:
-    """Read every part file of ``stream`` under ``root`` (order across files carries no meaning)."""
-    rows = []
-    for part in sorted((Path(root) / stream).glob("part-*.jsonl")):
-        with part.open(encoding="utf-8") as fh:
-            rows.extend(json.loads(line) for line in fh if line.strip())
-    return rows
 
 
 @dataclass(frozen=True)

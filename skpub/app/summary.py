@@ -30,6 +30,8 @@ class BatchReport:
     evaluator_cost: dict[int, int] = field(default_factory=dict)
     evaluator_cpu: dict[int, float] = field(default_factory=dict)
     epoch: int = 0
+    stage_cpu: Counter = field(default_factory=Counter)
+    """CPU seconds per stage: ``parse`` (parallel), ``sequencer`` (serial), ``evaluators``, ``sink``."""
 
 
 @dataclass
@@ -52,6 +54,8 @@ class RunSummary:
     steady_objects: int = 0
     steady_seconds: float = 0.0
     skipped_inputs: list[str] = field(default_factory=list)
+    stage_cpu: Counter = field(default_factory=Counter)
+    log_file: str | None = None
 
     @property
     def objects_per_second(self) -> float:
@@ -62,6 +66,12 @@ class RunSummary:
     def steady_objects_per_second(self) -> float:
         """Objects per second after the first micro-batch (which pays the engine's warm-up)."""
         return self.steady_objects / self.steady_seconds if self.steady_seconds > 0 else 0.0
+
+    @property
+    def serial_fraction(self) -> float:
+        """Share of the stages' CPU that is serial (the sequencer): Amdahl's bound on speed-up is its inverse."""
+        total = sum(self.stage_cpu.values())
+        return self.stage_cpu["sequencer"] / total if total > 0 else 0.0
 
     @staticmethod
     def imbalance(loads: list[float]) -> float:
@@ -88,6 +98,16 @@ class RunSummary:
             f"  evaluator cpu     max {max(cpu, default=0):.2f} s / mean {sum(cpu) / max(len(cpu), 1):.2f} s"
             f" = {self.imbalance(cpu):.2f}",
         ]
+        if self.stage_cpu:
+            stages = " · ".join(f"{k} {self.stage_cpu[k]:.2f} s" for k in ("parse", "sequencer", "evaluators", "sink"))
+            per_object = self.stage_cpu["sequencer"] / self.objects * 1e6 if self.objects else 0.0
+            lines.append(f"  stage cpu         {stages}")
+            lines.append(
+                f"  serial            {self.serial_fraction:.1%} of stage CPU, {per_object:.2f} us per object"
+                f" (speed-up bound {1 / max(self.serial_fraction, 1e-9):,.1f}x)"
+            )
+        if self.log_file:
+            lines.append(f"  engine log        {self.log_file}")
         if self.skipped_inputs:
             shown = ", ".join(self.skipped_inputs[:10]) + (" ..." if len(self.skipped_inputs) > 10 else "")
             lines.append(f"  skipped inputs    {len(self.skipped_inputs)} not *.jsonl: {shown}")
@@ -139,6 +159,7 @@ class RunObserver:
             s.evaluator_cost[e] += c
         for e, c in report.evaluator_cpu.items():
             s.evaluator_cpu[e] += c
+        s.stage_cpu.update(report.stage_cpu)
         now = time.perf_counter()
         if s.batches > 1:
             s.steady_objects += report.objects

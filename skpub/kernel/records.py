@@ -8,6 +8,10 @@ It checks everything that a single line can show; the checks that depend on
 the stream so far (``duplicate_id``, ``unknown_id``) live in
 :class:`skpub.kernel.registry.IdRegistry`. Nothing past these two sees invalid input.
 
+Records are slotted dataclasses that nothing mutates after parsing; they are
+not ``frozen`` because a frozen dataclass costs five times as much to build
+(2.6 vs 0.5 us for an object record), and objects are the stream's volume.
+
 ``pos`` is the record's stream position: a strictly increasing int64 that is
 the logical clock of SEMANTICS section 1. Engines build it as
 ``batch_id << 32 | index within the batch`` (:func:`stream_position`).
@@ -54,7 +58,12 @@ def stream_position(batch_id: int, index: int) -> int:
     return (batch_id << POSITION_BITS) | index
 
 
-@dataclass(frozen=True, slots=True)
+def position_index(pos: int) -> int:
+    """Return the index within its micro-batch of the record at stream position ``pos``."""
+    return pos & ((1 << POSITION_BITS) - 1)
+
+
+@dataclass(slots=True)
 class ObjectRecord:
     """A geo-tagged text object.
 
@@ -73,7 +82,7 @@ class ObjectRecord:
     expires_at: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RangeSubscription:
     """A boolean range subscription (SEMANTICS section 3.1); ``dnf`` is never empty."""
 
@@ -83,7 +92,7 @@ class RangeSubscription:
     dnf: DNF
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class TopkSubscription:
     """A top-k subscription (SEMANTICS section 3.2); ``weights`` maps term -> weight."""
 
@@ -96,7 +105,7 @@ class TopkSubscription:
     alpha: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class KnnSubscription:
     """A boolean kNN subscription (SEMANTICS section 3.3)."""
 
@@ -110,7 +119,7 @@ class KnnSubscription:
     from_: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Unsubscribe:
     """Ends the subscription ``id`` for every later object."""
 
@@ -118,7 +127,7 @@ class Unsubscribe:
     id: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SnapshotMarker:
     """Asks for the results of every active topk/knn subscription at this position."""
 
@@ -126,7 +135,7 @@ class SnapshotMarker:
     id: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DeadLetter:
     """A rejected input line: the original text, a reason code of :data:`REASONS`, a message."""
 
@@ -254,13 +263,36 @@ def _exactly_one(raw: dict[str, Any], first: str, second: str) -> str:
 
 
 def _parse_object(raw: dict[str, Any], pos: int, space: Rect) -> ObjectRecord:
+    """Validate an object record: a fast path for the common well-formed shape, else every check in order."""
+    oid, x, y, terms = raw.get("id"), raw.get("x"), raw.get("y"), raw.get("terms")
+    ts, expires_at = raw.get("ts"), raw.get("expires_at")
+    if (
+        type(oid) is str
+        and oid
+        and type(x) is float
+        and type(y) is float
+        and space.xmin <= x <= space.xmax
+        and space.ymin <= y <= space.ymax
+        and type(terms) is list
+        and "text" not in raw
+        and (ts is None or type(ts) is float)
+        and (expires_at is None or type(expires_at) is float)
+    ):
+        try:
+            normalized = normalize_terms(terms)
+        except TypeError:
+            pass
+        else:
+            # decode_line never yields a non-finite float (they are non_finite dead letters).
+            return ObjectRecord(pos, oid, x, y, tuple(normalized), frozenset(normalized), ts, expires_at)
+    return _parse_object_checked(raw, pos, space)
+
+
+def _parse_object_checked(raw: dict[str, Any], pos: int, space: Rect) -> ObjectRecord:
     oid = _identifier(raw)
     x, y = _required(raw, "x"), _required(raw, "y")
     source = _exactly_one(raw, "terms", "text")
-    if type(x) is float and type(y) is float and space.xmin <= x <= space.xmax and space.ymin <= y <= space.ymax:
-        px, py = x, y
-    else:
-        px, py = _point(raw, space, "x", "y", x, y)
+    px, py = _point(raw, space, "x", "y", x, y)
     if source == "terms":
         terms = _normalized_list("terms", raw["terms"])
     else:

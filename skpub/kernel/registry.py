@@ -44,6 +44,9 @@ from skpub.kernel.records import (
 SUPPORTED_SUBSCRIPTIONS = (RangeSubscription,)
 DEFAULT_OBJECT_ID_HORIZON = 1_000_000
 
+KINDS = ("object", "subscribe", "unsubscribe", "snapshot", "unsupported")
+"""Registry kinds; ``unsupported`` is a valid subscription of a kind this version does not evaluate."""
+
 Change = tuple[str, str, Any]
 """One accepted change: ``(type, id, placement)`` with type object, subscribe, unsubscribe or snapshot."""
 
@@ -70,6 +73,7 @@ class IdRegistry:
     snapshot_ids: set[str] = field(default_factory=set)
     active: dict[str, Any] = field(default_factory=dict)
     journal: list[Change] | None = None
+    objects_accepted: int = 0
 
     def _add_object(self, oid: str) -> None:
         """Accept object id ``oid``; the oldest id leaves once more than the horizon are held. O(1)."""
@@ -82,6 +86,7 @@ class IdRegistry:
         """Return the registry (without its journal) as a JSON value; object ids oldest first."""
         return {
             "object_id_horizon": self.object_id_horizon,
+            "objects_accepted": self.objects_accepted,
             "objects": list(self.object_order),
             "subscriptions": sorted(self.subscription_ids),
             "snapshots": sorted(self.snapshot_ids),
@@ -101,6 +106,7 @@ class IdRegistry:
             registry = cls(int(raw["object_id_horizon"]))
             for oid in raw["objects"]:
                 registry._add_object(_string(oid))
+            registry.objects_accepted = int(raw["objects_accepted"])
             registry.subscription_ids = {_string(s) for s in raw["subscriptions"]}
             registry.snapshot_ids = {_string(s) for s in raw["snapshots"]}
             registry.active = {_string(s): decode_placement(p) for s, p in raw["active"].items()}
@@ -124,6 +130,7 @@ class IdRegistry:
         for rtype, rid, placement in changes:
             if rtype == "object":
                 self._add_object(rid)
+                self.objects_accepted += 1
             elif rtype == "subscribe":
                 self.subscription_ids.add(rid)
                 self.active[rid] = placement
@@ -149,43 +156,63 @@ class IdRegistry:
 
         Does not change the registry; call :meth:`accept` for accepted records.
         """
-        if isinstance(record, ObjectRecord):
-            if record.id in self.object_ids:
-                return (
-                    "duplicate_id",
-                    f"object id {_show(record.id)} is among the last {self.object_id_horizon} accepted",
-                )
-        elif isinstance(record, Unsubscribe):
-            if record.id not in self.active:
-                return "unknown_id", f"no active subscription {_show(record.id)}"
-        elif isinstance(record, SnapshotMarker):
-            if record.id in self.snapshot_ids:
-                return "duplicate_id", f"snapshot id {_show(record.id)} was already accepted"
-        elif record.id in self.subscription_ids:
-            return "duplicate_id", f"subscription id {_show(record.id)} was already accepted"
-        elif not isinstance(record, SUPPORTED_SUBSCRIPTIONS):
+        return self.check(kind_of(record), record.id)
+
+    def check(self, kind: str, rid: str) -> Rejection | None:
+        """Return ``(reason, message)`` if the stream so far rejects a record of ``kind`` and id ``rid``.
+
+        ``kind`` is one of :data:`KINDS`. Does not change the registry. O(1).
+        """
+        if kind == "object":
+            if rid in self.object_ids:
+                return "duplicate_id", f"object id {_show(rid)} is among the last {self.object_id_horizon} accepted"
+        elif kind == "unsubscribe":
+            if rid not in self.active:
+                return "unknown_id", f"no active subscription {_show(rid)}"
+        elif kind == "snapshot":
+            if rid in self.snapshot_ids:
+                return "duplicate_id", f"snapshot id {_show(rid)} was already accepted"
+        elif rid in self.subscription_ids:
+            return "duplicate_id", f"subscription id {_show(rid)} was already accepted"
+        elif kind == "unsupported":
             return "unsupported_kind", "this version evaluates range subscriptions only"
         return None
 
     def accept(self, record: Record, placement: Any = None) -> Any:
         """Record an accepted record; for an unsubscribe, return the placement it ends."""
+        return self.accept_id(kind_of(record), record.id, placement)
+
+    def accept_id(self, kind: str, rid: str, placement: Any = None) -> Any:
+        """Record an accepted record of ``kind`` and id ``rid``; for an unsubscribe, return the placement it ends.
+
+        Objects are numbered here: :attr:`objects_accepted` counts every
+        object accepted so far (count windows, SEMANTICS section 4). O(1).
+        """
         ended = None
-        if isinstance(record, ObjectRecord):
-            self._add_object(record.id)
-            rtype = "object"
-        elif isinstance(record, Unsubscribe):
-            ended = self.active.pop(record.id)
-            rtype = "unsubscribe"
-        elif isinstance(record, SnapshotMarker):
-            self.snapshot_ids.add(record.id)
-            rtype = "snapshot"
+        if kind == "object":
+            self._add_object(rid)
+            self.objects_accepted += 1
+        elif kind == "unsubscribe":
+            ended = self.active.pop(rid)
+        elif kind == "snapshot":
+            self.snapshot_ids.add(rid)
         else:
-            self.subscription_ids.add(record.id)
-            self.active[record.id] = placement
-            rtype = "subscribe"
+            self.subscription_ids.add(rid)
+            self.active[rid] = placement
         if self.journal is not None:
-            self.journal.append((rtype, record.id, placement))
+            self.journal.append((kind, rid, placement))
         return ended
+
+
+def kind_of(record: Record) -> str:
+    """Return the registry kind of ``record``: one of :data:`KINDS`."""
+    if isinstance(record, ObjectRecord):
+        return "object"
+    if isinstance(record, Unsubscribe):
+        return "unsubscribe"
+    if isinstance(record, SnapshotMarker):
+        return "snapshot"
+    return "subscribe" if isinstance(record, SUPPORTED_SUBSCRIPTIONS) else "unsupported"
 
 
 def _show(rid: str) -> str:

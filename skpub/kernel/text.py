@@ -62,9 +62,11 @@ def tokenize(text: str) -> list[str]:
 def normalize_terms(terms: Iterable[str]) -> list[str]:
     """Normalize each element of a ``terms`` list as one term (not split); drop empty ones.
 
-    An all-ASCII list is lowered in one C-level pass (NFKC leaves ASCII as it
-    is and casefold is lower there); other lists go term by term through the
-    memo of :func:`normalize_term`.
+    The list is joined with NUL (a normalization boundary that casefold and
+    NFKC leave alone) and checked in C: an all-ASCII list is lowered in one
+    pass (NFKC leaves ASCII as it is and casefold is lower there), and a list
+    that is already NFKC and casefold-invariant is its own normalization.
+    Other lists go term by term through the memo of :func:`normalize_term`.
 
     Raises
     ------
@@ -72,9 +74,14 @@ def normalize_terms(terms: Iterable[str]) -> list[str]:
         If an element is not a string.
     """
     terms = list(terms)
+    if not terms:
+        return []
     joined = _SEPARATOR.join(terms)
-    if joined.isascii() and joined.count(_SEPARATOR) == len(terms) - 1:
-        return [t for t in joined.lower().split(_SEPARATOR) if t] if terms else []
+    if joined.count(_SEPARATOR) == len(terms) - 1:
+        if joined.isascii():
+            return [t for t in joined.lower().split(_SEPARATOR) if t]
+        if unicodedata.is_normalized("NFKC", joined) and joined.casefold() == joined:
+            return [t for t in joined.split(_SEPARATOR) if t]
     cache = _NORMALIZED
     out = []
     for term in terms:

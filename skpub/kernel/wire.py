@@ -1,13 +1,18 @@
-"""The columnar wire format of routed rows (router -> evaluators).
+"""The columnar wire format of records between engine stages (parse -> sequencer -> evaluators).
 
-Engines that move :class:`skpub.kernel.messages.Routed` rows between processes
-(Spark's shuffle) send them as columns: :func:`to_columns` and
-:func:`from_columns` convert losslessly, using plain Python lists so the
-format is testable without Spark. :data:`COLUMNS` gives every column's
-name and Spark SQL type, in order.
+Engines that move records between processes (Spark's shuffles) send them as
+Arrow columns. :data:`ROUTED_COLUMNS` is what an evaluator receives: one row
+per (record, evaluator), :func:`to_columns` and :func:`from_columns` convert
+:class:`~skpub.kernel.messages.Routed` rows losslessly (plain Python lists, so
+the format is testable without Spark). :data:`LOCATED_COLUMNS` adds what the
+parallel parse stage tells the serial sequencer: a range subscription's
+target evaluators with their cell boxes and its summary keywords, and one
+``report`` row per parse task.
 
-``rtype`` codes: 0 object, 1 range subscription, 2 unsubscribe, 3 dead
-letter. For an object, ``cells`` is ``(cx, cy, cx, cy)``.
+``kind`` codes are :data:`KIND_CODES` (the registry kinds). For an object,
+``evaluator`` is its owner and ``cx0..cy1`` its cell ``(cx, cy, cx, cy)``;
+for a subscription the cell box of its rectangle (after the sequencer, of
+rectangle ∩ partition).
 """
 
 from __future__ import annotations
@@ -15,16 +20,23 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+import pyarrow as pa
+
 from skpub.kernel.geometry import Rect
 from skpub.kernel.messages import Routed
-from skpub.kernel.records import DeadLetter, ObjectRecord, RangeSubscription, Unsubscribe
+from skpub.kernel.records import ObjectRecord, RangeSubscription, SnapshotMarker, Unsubscribe
 
-OBJECT, SUBSCRIBE, UNSUBSCRIBE, DEAD_LETTER = 0, 1, 2, 3
+KIND_CODES = {"object": 0, "subscribe": 1, "unsubscribe": 2, "snapshot": 3, "unsupported": 4}
+KINDS = tuple(KIND_CODES)
+"""``KINDS[code]`` is the registry kind of a ``kind`` code."""
+OBJECT, SUBSCRIBE, UNSUBSCRIBE = KIND_CODES["object"], KIND_CODES["subscribe"], KIND_CODES["unsubscribe"]
+REPORT = 127
+"""``kind`` of a parse task's report row (``report`` holds its JSON)."""
 
-COLUMNS: tuple[tuple[str, str], ...] = (
+ROUTED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("evaluator", "int"),
     ("pos", "bigint"),
-    ("rtype", "tinyint"),
+    ("kind", "tinyint"),
     ("id", "string"),
     ("x", "double"),
     ("y", "double"),
@@ -37,40 +49,60 @@ COLUMNS: tuple[tuple[str, str], ...] = (
     ("cy1", "int"),
     ("rect", "array<double>"),
     ("dnf", "string"),
-    ("line", "string"),
-    ("reason", "string"),
-    ("message", "string"),
 )
-NAMES = tuple(name for name, _ in COLUMNS)
+LOCATED_COLUMNS: tuple[tuple[str, str], ...] = (
+    *ROUTED_COLUMNS,
+    ("targets", "array<int>"),
+    ("boxes", "array<int>"),
+    ("keywords", "array<string>"),
+    ("report", "string"),
+)
+NAMES = tuple(name for name, _ in ROUTED_COLUMNS)
+_ARROW_TYPES = {
+    "int": pa.int32(),
+    "bigint": pa.int64(),
+    "tinyint": pa.int8(),
+    "double": pa.float64(),
+    "string": pa.string(),
+    "array<string>": pa.list_(pa.string()),
+    "array<double>": pa.list_(pa.float64()),
+    "array<int>": pa.list_(pa.int32()),
+}
 
 
-def ddl() -> str:
-    """Return the Spark DDL schema string of the wire format."""
-    return ", ".join(f"{name} {kind}" for name, kind in COLUMNS)
+def ddl(columns: Sequence[tuple[str, str]]) -> str:
+    """Return the Spark DDL schema string of ``columns``."""
+    return ", ".join(f"{name} {kind}" for name, kind in columns)
 
 
-def to_columns(rows: Sequence[Routed], evaluator_keys: Sequence[int]) -> dict[str, list]:
-    """Convert routed rows to columns; ``evaluator`` holds ``evaluator_keys[row.evaluator]``."""
+def arrow_schema(columns: Sequence[tuple[str, str]]) -> pa.Schema:
+    """Return the Arrow schema of ``columns``."""
+    return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in columns])
+
+
+def to_columns(rows: Sequence[Routed], evaluator_keys: Sequence[int] | None = None) -> dict[str, list]:
+    """Convert routed rows to columns; ``evaluator`` holds ``evaluator_keys[row.evaluator]`` (or the index)."""
     cols: dict[str, list] = {name: [None] * len(rows) for name in NAMES}
     for i, row in enumerate(rows):
         rec = row.record
-        cols["evaluator"][i] = evaluator_keys[row.evaluator]
-        cols["pos"][i] = rec.pos
+        cols["evaluator"][i] = row.evaluator if evaluator_keys is None else evaluator_keys[row.evaluator]
+        cols["pos"][i], cols["id"][i] = rec.pos, rec.id
         if row.cells is not None:
             cols["cx0"][i], cols["cy0"][i], cols["cx1"][i], cols["cy1"][i] = row.cells
         if isinstance(rec, ObjectRecord):
-            cols["rtype"][i] = OBJECT
-            cols["id"][i], cols["x"][i], cols["y"][i] = rec.id, rec.x, rec.y
+            cols["kind"][i] = OBJECT
+            cols["x"][i], cols["y"][i] = rec.x, rec.y
             cols["terms"][i], cols["ts"][i], cols["expires_at"][i] = list(rec.terms), rec.ts, rec.expires_at
         elif isinstance(rec, RangeSubscription):
-            cols["rtype"][i], cols["id"][i] = SUBSCRIBE, rec.id
+            cols["kind"][i] = SUBSCRIBE
             cols["rect"][i] = rec.rect.as_list()
             cols["dnf"][i] = json.dumps([sorted(clause) for clause in rec.dnf], ensure_ascii=False)
         elif isinstance(rec, Unsubscribe):
-            cols["rtype"][i], cols["id"][i] = UNSUBSCRIBE, rec.id
+            cols["kind"][i] = UNSUBSCRIBE
+        elif isinstance(rec, SnapshotMarker):
+            cols["kind"][i] = KIND_CODES["snapshot"]
         else:
-            cols["rtype"][i] = DEAD_LETTER
-            cols["line"][i], cols["reason"][i], cols["message"][i] = rec.line, rec.reason, rec.message
+            cols["kind"][i] = KIND_CODES["unsupported"]
     return cols
 
 
@@ -79,14 +111,21 @@ def _optional_float(value) -> float | None:  # noqa: ANN001 - pandas gives NaN f
 
 
 def from_columns(cols: Mapping[str, Sequence], evaluator: int) -> list[Routed]:
-    """Rebuild routed rows for ``evaluator`` from columns, in stream order."""
+    """Rebuild routed rows for ``evaluator`` from columns, in stream order.
+
+    Raises
+    ------
+    ValueError
+        If a row's ``kind`` is not one an evaluator applies (object,
+        subscribe, unsubscribe).
+    """
     rows = []
     for i in sorted(range(len(cols["pos"])), key=cols["pos"].__getitem__):
-        rtype, pos = int(cols["rtype"][i]), int(cols["pos"][i])
+        kind, pos = int(cols["kind"][i]), int(cols["pos"][i])
         cells = None
-        if rtype in (OBJECT, SUBSCRIBE):
+        if kind in (OBJECT, SUBSCRIBE):
             cells = (int(cols["cx0"][i]), int(cols["cy0"][i]), int(cols["cx1"][i]), int(cols["cy1"][i]))
-        if rtype == OBJECT:
+        if kind == OBJECT:
             terms = tuple(cols["terms"][i])
             record = ObjectRecord(
                 pos,
@@ -98,12 +137,12 @@ def from_columns(cols: Mapping[str, Sequence], evaluator: int) -> list[Routed]:
                 _optional_float(cols["ts"][i]),
                 _optional_float(cols["expires_at"][i]),
             )
-        elif rtype == SUBSCRIBE:
+        elif kind == SUBSCRIBE:
             dnf = tuple(frozenset(clause) for clause in json.loads(cols["dnf"][i]))
             record = RangeSubscription(pos, cols["id"][i], Rect(*(float(v) for v in cols["rect"][i])), dnf)
-        elif rtype == UNSUBSCRIBE:
+        elif kind == UNSUBSCRIBE:
             record = Unsubscribe(pos, cols["id"][i])
         else:
-            record = DeadLetter(pos, cols["line"][i], cols["reason"][i], cols["message"][i])
+            raise ValueError(f"an evaluator receives objects and (un)subscriptions, not kind {kind}")
         rows.append(Routed(evaluator, record, cells))
     return rows

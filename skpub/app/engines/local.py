@@ -9,6 +9,7 @@ the parallel time of a batch (DESIGN "Measuring load honestly").
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -94,13 +95,20 @@ def run_local(
             r.stats.to_json(r.evaluator, batch_id, r.cpu_seconds, ev.subscriptions)
             for r, ev in zip(results, evaluators, strict=True)
         ]
+        sink_start = time.thread_time()
         write_batch(
             root,
             batch_id,
             (r.deliveries for r in results),
-            (d for r in results for d in r.dead_letters),
+            routed.dead_letters + [d for r in results for d in r.dead_letters],
             statistics,
             report,
+        )
+        report.stage_cpu.update(
+            parse=routed.parse_cpu_seconds,
+            sequencer=routed.sequencer_cpu_seconds,
+            evaluators=sum(r.cpu_seconds for r in results),
+            sink=time.thread_time() - sink_start,
         )
         observer.on_batch(report)
     mark_success(root, run_id)

@@ -1,8 +1,11 @@
-"""The per-batch sink shared by every engine: merge, write, report.
+"""The per-batch sink of the local engine: write, report.
 
-Writes one micro-batch's deliveries (through the merger), dead letters (in
-stream order) and statistics as part files named by batch id, so running it
-again for the same batch replaces the first attempt (idempotent per batch id).
+Writes one micro-batch's deliveries (each evaluator's, in its own order: an
+object is forwarded to one evaluator, the owner of its cell, and GI^2 yields
+a subscription once per object, so no (object, subscription) pair can occur
+twice and nothing needs merging or sorting), dead letters (one per stream
+position) and statistics as part files named by batch id, so running it again
+for the same batch replaces the first attempt (idempotent per batch id).
 """
 
 from __future__ import annotations
@@ -11,17 +14,24 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from skpub.app.output import write_part
 from skpub.app.summary import BatchReport
-from skpub.evaluators.merge import merge_deliveries
 from skpub.kernel.messages import Delivery
+from skpub.kernel.parts import delivery_lines, write_lines, write_part
 from skpub.kernel.records import DeadLetter
+
+
+def unique_letters(dead_letters: Iterable[DeadLetter]) -> list[DeadLetter]:
+    """Return one dead letter per stream position (a record that failed in several evaluators is reported once)."""
+    first: dict[int, DeadLetter] = {}
+    for letter in dead_letters:
+        first.setdefault(letter.pos, letter)
+    return list(first.values())
 
 
 def write_batch(
     root: str | Path,
     batch_id: int,
-    deliveries: Iterable[Iterable[Delivery]],
+    deliveries: Iterable[list[Delivery]],
     dead_letters: Iterable[DeadLetter],
     statistics: list[dict],
     report: BatchReport,
@@ -30,26 +40,22 @@ def write_batch(
 
     Parameters
     ----------
-    deliveries : iterable of iterables of (pos, sub, obj)
-        Per-evaluator deliveries (merged and deduplicated here).
+    deliveries : iterable of lists of (pos, sub, obj)
+        Per-evaluator deliveries, written as they come.
     dead_letters : iterable of DeadLetter
-        Written in stream-position order, one per position (a record that
-        failed in several evaluators is reported once).
+        Written one per position.
     statistics : list of dict
         One :meth:`skpub.evaluators.stats.CellCostStats.to_json` line per evaluator.
     report : BatchReport
         The router's counters; evaluator loads, deliveries and dead letters
         are filled in here.
     """
-    merged = merge_deliveries(deliveries)
-    dead: list[DeadLetter] = []
-    for letter in sorted(dead_letters, key=lambda d: d.pos):
-        if not dead or dead[-1].pos != letter.pos:
-            dead.append(letter)
-    write_part(root, "deliveries", batch_id, merged)
+    parts = list(deliveries)
+    write_lines(root, "deliveries", batch_id, b"".join(delivery_lines(part) for part in parts))
+    dead = unique_letters(dead_letters)
     write_part(root, "dead_letters", batch_id, (d.to_json() for d in dead))
     write_part(root, "statistics", batch_id, statistics)
-    report.deliveries = len(merged)
+    report.deliveries = sum(len(part) for part in parts)
     report.dead_letters = Counter(d.reason for d in dead)
     for row in statistics:
         report.evaluator_cost[row["evaluator"]] = row["cost"]

@@ -2,14 +2,21 @@
 
 Query shape (DESIGN "The Spark engine")::
 
-    text file source (one staged chunk per micro-batch)
-      -> coalesce(1).mapInArrow(RouterTask)       routing unit, epoch by batch id
+    binaryFile source (one micro-batch = ``parts`` staged part files)
+      -> mapInArrow(ParseTask)                    parallel: parse, validate, locate;
+                                                  writes its dead letters
+      -> repartition(1).mapInArrow(SequencerTask) serial: registry, placements, summaries
       -> groupBy(evaluator).transformWithStateInPandas(EvaluatorProcessor)
-                                                  RocksDB state, hot index cache
-      -> foreachBatch(Sink)                       idempotent per batch id
+                                                  RocksDB state, hot index cache;
+                                                  writes deliveries and statistics
+      -> foreachBatch(Sink)                       control rows only: counters, rare dead letters
+
+Every task writes its own part files, named by batch id and writer, so a
+replayed batch rewrites exactly the same files; only counters reach the
+driver.
 
 The checkpoint directory holds everything a restart needs: the staged input
-chunks (``source/``), the routing epochs (``epochs/``), the router's id
+parts (``source/``), the routing epochs (``epochs/``), the router's id
 registry (``router/``: each micro-batch's changes, and a full snapshot every
 ``ROUTER_SNAPSHOT_EVERY`` batches, so a batch writes O(batch) bytes, not
 O(stream)), the evaluator grouping keys and the deployment
@@ -25,33 +32,28 @@ import json
 import os
 import shutil
 import sys
+import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections import Counter
 from pathlib import Path
 
-import pyarrow as pa
-
 from skpub.app.checkpoint import CHECKPOINT_DIR, Checkpoint
-from skpub.app.engines.sink import write_batch
+from skpub.app.engines.sink import unique_letters
+from skpub.app.engines.spark_tasks import ParseTask, SequencerTask, stage_parts
 from skpub.app.output import claim_output, inspect_output, mark_success
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
-from skpub.kernel.config import Deployment, deployment_from_text
+from skpub.kernel.config import Deployment
 from skpub.kernel.errors import CheckpointError, EngineError, InputError, JavaNotFoundError
 from skpub.kernel.inputs import STDIN, batches, input_files, iter_lines, take_sample
+from skpub.kernel.parts import write_part
 from skpub.kernel.records import DeadLetter
-from skpub.kernel.registry import IdRegistry
 from skpub.kernel.runtime import tune_gc
-from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
+from skpub.kernel.storage import atomic_write_text
 from skpub.kernel.text import load_vocabulary
-from skpub.kernel.wire import COLUMNS, ddl, to_columns
-from skpub.router.dispatch import Router
+from skpub.kernel.wire import LOCATED_COLUMNS, ROUTED_COLUMNS, ddl
 from skpub.router.epoch import EpochLog, RoutingEpoch
 from skpub.router.initial import initial_table
-from skpub.router.state import decode_journal, decode_snapshot, encode_journal, encode_snapshot
 
-ROUTER_SNAPSHOT_EVERY = 16
-CHUNK_HEADER = b"skpub-chunk-v1"
-"""First line of every staged chunk; never a record (see :func:`stage_input`)."""
 DRIVER_JAVA_OPTIONS = "-XX:+UseSerialGC"
 """The driver JVM (which hosts the executors in local mode) uses the serial collector.
 
@@ -119,26 +121,32 @@ def _input_fingerprint(input_path: str | Path) -> list:
     return out
 
 
-def stage_input(input_path: str | Path, checkpoint: Checkpoint, batch_size: int) -> int:
-    r"""Copy the input into ``batch_size``-line chunks, one per micro-batch; return their count.
+def stage_input(input_path: str | Path, checkpoint: Checkpoint, batch_size: int, parts: int) -> int:
+    r"""Copy the input into micro-batches of ``batch_size`` lines, each as ``parts`` part files; return the batch count.
 
-    Chunk ``i`` gets modification time ``base + i`` seconds, so the file source
-    (one file per trigger) takes them in stream order. Lines are copied as
+    Part ``j`` of batch ``b`` gets modification time ``base + b * parts + j``
+    seconds, so the file source (``parts`` files per trigger) takes each
+    micro-batch's parts together and in stream order. Lines are copied as
     bytes, exactly as read (BOM and ``\r\n`` handled by
-    :func:`skpub.kernel.inputs.read_records`); the query reads them back with
-    ``lineSep = "\n"`` as binary, so Spark never decodes them. Each chunk
-    starts with the line :data:`CHUNK_HEADER`, which the router drops: Hadoop's
-    line reader strips a byte-order mark at the start of a file, and the
-    first record of a chunk may begin with one (then it is ``malformed_json``).
+    :func:`skpub.kernel.inputs.read_records`); each part starts with a header
+    line naming its batch, part and first line
+    (:func:`skpub.app.engines.spark_tasks.part_header`).
     """
     checkpoint.source.mkdir(parents=True, exist_ok=True)
-    chunks = 0
+    count = 0
     base = 1_000_000_000
-    for chunks, lines in enumerate(batches(iter_lines(input_path), batch_size), start=1):
-        path = checkpoint.source / f"chunk-{chunks - 1:08d}.raw"
-        atomic_write_bytes(path, b"\n".join((CHUNK_HEADER, *lines)) + b"\n")
-        os.utime(path, (base + chunks, base + chunks))
-    return chunks
+    for batch_id, lines in enumerate(batches(iter_lines(input_path), batch_size)):
+        stage_parts(lines, batch_id, parts, checkpoint.source)
+        for part in range(parts):
+            stamp = base + batch_id * parts + part
+            os.utime(checkpoint.source / f"chunk-{batch_id:08d}-{part:03d}.raw", (stamp, stamp))
+        count = batch_id + 1
+    return count
+
+
+def parse_parallelism(spark) -> int:  # noqa: ANN001
+    """Return how many parse tasks a micro-batch gets: Spark's default parallelism (the cores), at most 64."""
+    return max(1, min(64, int(spark.sparkContext.defaultParallelism)))
 
 
 def evaluator_keys(spark, evaluators: int) -> list[int]:  # noqa: ANN001
@@ -159,127 +167,8 @@ def evaluator_keys(spark, evaluators: int) -> list[int]:  # noqa: ANN001
     return [keys[p] for p in range(evaluators)]
 
 
-class RouterTask:
-    """The ``mapInArrow`` function: one routing unit per micro-batch.
-
-    Reads every line of the batch (one partition after ``coalesce(1)``), puts
-    them in stream order (file, block, line), picks the epoch in force for the
-    batch id, routes them from the router state after the previous batch, and
-    saves the id registry's changes (and every ``ROUTER_SNAPSHOT_EVERY``
-    batches the whole registry) and the counters under the batch id.
-    """
-
-    def __init__(self, checkpoint_root: str, run_id: str, deployment_json: str, keys: list[int]) -> None:
-        self.checkpoint_root = checkpoint_root
-        self.run_id = run_id
-        self.deployment_json = deployment_json
-        self.keys = keys
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """Route the micro-batch's lines; yield the routed rows in the wire format."""
-        from skpub.evaluators.spark_processor import current_batch_id
-
-        tune_gc()
-        batch_id = current_batch_id()
-        table = pa.Table.from_batches(list(batches))
-        lines = _ordered_lines(table)
-        checkpoint = Checkpoint(self.checkpoint_root)
-        deployment = deployment_from_text(self.deployment_json)
-        vocabulary = load_vocabulary(deployment.vocabulary)
-        router = _router_before(checkpoint, self.run_id, deployment, vocabulary, batch_id)
-        epoch = EpochLog(checkpoint.epochs).for_batch(batch_id)
-        routed = router.route_many(lines, batch_id, epoch)
-        changes = router.registry.take_journal()
-        atomic_write_bytes(checkpoint.router_delta(batch_id), encode_journal(changes))
-        if batch_id % ROUTER_SNAPSHOT_EVERY == ROUTER_SNAPSHOT_EVERY - 1:
-            atomic_write_bytes(checkpoint.router_snapshot(batch_id), encode_snapshot(router.registry))
-        report = {
-            "records": len(lines),
-            "objects": routed.objects,
-            "forwarded": routed.forwarded,
-            "routing_seconds": routed.routing_seconds,
-            "epoch": epoch.number,
-        }
-        atomic_write_text(checkpoint.router_report(batch_id), json.dumps(report))
-        _ROUTERS[self.run_id] = (batch_id, router)
-        columns = to_columns(routed.rows, self.keys)
-        yield pa.RecordBatch.from_pydict(columns, schema=_wire_schema())
-
-
-_ROUTERS: dict[str, tuple[int, Router]] = {}
-
-
-_ARROW_TYPES = {
-    "int": pa.int32(),
-    "bigint": pa.int64(),
-    "tinyint": pa.int8(),
-    "double": pa.float64(),
-    "string": pa.string(),
-    "array<string>": pa.list_(pa.string()),
-    "array<double>": pa.list_(pa.float64()),
-}
-
-
-def _wire_schema() -> pa.Schema:
-    """Return the Arrow schema of :data:`skpub.kernel.wire.COLUMNS`."""
-    return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in COLUMNS])
-
-
-def _ordered_lines(table: pa.Table) -> list[bytes]:
-    """Return the lines in stream order (by file, then block, then position), without the chunk headers.
-
-    Raises
-    ------
-    CheckpointError
-        If a staged chunk does not start with :data:`CHUNK_HEADER`.
-    """
-    values = table.column("value").to_pylist()
-    files, starts = table.column("file_path"), table.column("file_block_start")
-    files_list, starts_list = files.to_pylist(), starts.to_pylist()
-    order: Iterable[int] = range(len(values))
-    if len(files.unique()) > 1 or len(starts.unique()) > 1:
-        order = sorted(order, key=lambda i: (files_list[i], starts_list[i], i))
-    lines, current = [], None
-    for i in order:
-        if starts_list[i] == 0 and files_list[i] != current:
-            current = files_list[i]
-            if values[i] != CHUNK_HEADER:
-                raise CheckpointError(f"staged chunk {current} does not start with skpub's chunk header")
-            continue
-        lines.append(values[i])
-    return lines
-
-
-def _router_before(checkpoint: Checkpoint, run_id: str, deployment: Deployment, vocabulary, batch_id: int) -> Router:  # noqa: ANN001
-    """Return the router state after micro-batch ``batch_id - 1``.
-
-    From the executor cache when it holds exactly that state, else rebuilt
-    from the newest registry snapshot before ``batch_id`` plus the deltas
-    after it (summaries are derived from the registry's placements).
-
-    The cache entry is taken out: routing mutates the router, so an attempt
-    that fails midway must not leave a half-applied router for its retry.
-    """
-    cached = _ROUTERS.pop(run_id, None)
-    if cached is not None and cached[0] == batch_id - 1:
-        return cached[1]
-    snapshots = [b for b in checkpoint.router_files("snapshot") if b < batch_id]
-    base = max(snapshots, default=-1)
-    if base >= 0:
-        registry = decode_snapshot(checkpoint.router_snapshot(base).read_bytes())
-    else:
-        registry = IdRegistry(deployment.object_id_horizon)
-    deltas = checkpoint.router_files("delta")
-    for b in range(base + 1, batch_id):
-        if b not in deltas:
-            raise CheckpointError(f"router changes of batch {b} are missing from {checkpoint.router}")
-        registry.replay(decode_journal(deltas[b].read_bytes()))
-    registry.journal = []
-    return Router(deployment, vocabulary, registry)
-
-
 class Sink:
-    """The ``foreachBatch`` sink: writes one micro-batch's outputs, idempotent per batch id."""
+    """The ``foreachBatch`` sink: counters and rare dead letters of one micro-batch, idempotent per batch id."""
 
     def __init__(self, output: Path, checkpoint: Checkpoint, observer: RunObserver) -> None:
         self.output = output
@@ -287,22 +176,35 @@ class Sink:
         self.observer = observer
 
     def __call__(self, frame, batch_id: int) -> None:  # noqa: ANN001
-        """Collect the micro-batch's evaluator outputs and write them under ``batch_id``."""
-        table = frame.toArrow()
-        cols = {name: table.column(name).to_pylist() for name in table.column_names}
-        deliveries, dead, statistics = [], [], []
-        for i, kind in enumerate(cols["kind"]):
-            if kind == "delivery":
-                deliveries.append((cols["pos"][i], cols["sub"][i], cols["obj"][i]))
-            elif kind == "dead_letter":
-                dead.append(DeadLetter(cols["pos"][i], cols["line"][i], cols["reason"][i], cols["message"][i]))
-            else:
-                statistics.append(json.loads(cols["payload"][i]))
-        statistics.sort(key=lambda row: row["evaluator"])
+        """Collect the evaluators' control rows, write their dead letters, report the batch."""
+        start = time.thread_time()
+        rows = frame.toArrow().to_pylist()
+        counters = [json.loads(r["payload"]) for r in rows if r["payload"] is not None]
+        letters = unique_letters(
+            DeadLetter(r["pos"], r["line"], r["reason"], r["message"]) for r in rows if r["payload"] is None
+        )
+        write_part(self.output, "dead_letters", batch_id, (d.to_json() for d in letters), "d")
         routing = json.loads(self.checkpoint.router_report(batch_id).read_text())
-        report = BatchReport(batch_id, **routing)
-        write_batch(self.output, batch_id, [deliveries], dead, statistics, report)
+        report = BatchReport(
+            batch_id,
+            records=routing["records"],
+            objects=routing["objects"],
+            forwarded=routing["forwarded"],
+            deliveries=sum(c["deliveries"] for c in counters),
+            dead_letters=Counter(routing["dead_letters"]) + Counter(d.reason for d in letters),
+            routing_seconds=routing["parse_cpu_seconds"] + routing["sequencer_cpu_seconds"],
+            epoch=routing["epoch"],
+        )
+        for c in sorted(counters, key=lambda c: c["evaluator"]):
+            report.evaluator_cost[c["evaluator"]] = c["cost"]
+            report.evaluator_cpu[c["evaluator"]] = c["cpu_seconds"]
         self._prune_router_files(batch_id)
+        report.stage_cpu.update(
+            parse=routing["parse_cpu_seconds"],
+            sequencer=routing["sequencer_cpu_seconds"],
+            evaluators=sum(c["cpu_seconds"] for c in counters),
+            sink=sum(c["sink_cpu_seconds"] for c in counters) + time.thread_time() - start,
+        )
         self.observer.on_batch(report)
 
     def _prune_router_files(self, batch_id: int) -> None:
@@ -374,13 +276,17 @@ def _open_checkpoint(
     vocabulary = load_vocabulary(deployment.vocabulary)
     table = initial_table(deployment, vocabulary, take_sample(iter_lines(input_path), deployment.sample_size))
     EpochLog(checkpoint.epochs).publish(RoutingEpoch(0, 0, table))
-    chunks = stage_input(input_path, checkpoint, deployment.batch_size)
-    observer.note(f"staged the input as {chunks} micro-batches of up to {deployment.batch_size} records")
+    parts = parse_parallelism(spark)
+    chunks = stage_input(input_path, checkpoint, deployment.batch_size, parts)
+    observer.note(
+        f"staged the input as {chunks} micro-batches of up to {deployment.batch_size} records, {parts} parse tasks each"
+    )
     manifest = {
         **wanted,
         "run_id": run_id,
         "evaluator_keys": evaluator_keys(spark, deployment.evaluators),
         "chunks": chunks,
+        "parts": parts,
     }
     checkpoint.router.mkdir(parents=True, exist_ok=True)
     atomic_write_text(checkpoint.manifest, json.dumps(manifest))
@@ -430,7 +336,7 @@ def run_spark(
     """
     from pyspark.errors import StreamingQueryException
 
-    from skpub.evaluators.spark_processor import OUTPUT_DDL, EvaluatorProcessor
+    from skpub.evaluators.spark_processor import CONTROL_DDL, EvaluatorProcessor
 
     if str(input_path) == STDIN:
         raise InputError("the Spark engine reads files (it stages and fingerprints them); use --engine local for -")
@@ -449,22 +355,23 @@ def run_spark(
         manifest = _open_checkpoint(ckpt, input_path, deployment, output, spark, observer, overwrite)
         deployment_json = json.dumps(deployment.to_json())
         keys = manifest["evaluator_keys"]
-        lines = (
-            spark.readStream.format("text")
-            .option("maxFilesPerTrigger", 1)
-            .option("lineSep", "\n")
-            .load(str(ckpt.source))
-            .selectExpr(
-                "cast(value as binary) as value",
-                "_metadata.file_path as file_path",
-                "_metadata.file_block_start as file_block_start",
-            )
-        )
         run_id = manifest["run_id"]
-        routed = lines.coalesce(1).mapInArrow(RouterTask(str(ckpt.root), run_id, deployment_json, keys), ddl())
+        files = (
+            spark.readStream.format("binaryFile")
+            .schema("path string, modificationTime timestamp, length bigint, content binary")
+            .option("maxFilesPerTrigger", manifest["parts"])
+            .option("pathGlobFilter", "chunk-*.raw")
+            .load(str(ckpt.source))
+            .select("path", "content")
+        )
+        root = str(output)
+        located = files.mapInArrow(ParseTask(str(ckpt.root), root, deployment_json), ddl(LOCATED_COLUMNS))
+        routed = located.repartition(1).mapInArrow(
+            SequencerTask(str(ckpt.root), root, run_id, deployment_json, keys), ddl(ROUTED_COLUMNS)
+        )
         outputs = routed.groupBy("evaluator").transformWithStateInPandas(
-            EvaluatorProcessor(run_id, deployment_json, keys),
-            OUTPUT_DDL,
+            EvaluatorProcessor(run_id, root, deployment_json, keys),
+            CONTROL_DDL,
             "Append",
             "None",
         )

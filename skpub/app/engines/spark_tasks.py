@@ -1,0 +1,279 @@
+"""The Spark engine's routing tasks: parallel parse, then the serial sequencer.
+
+``ParseTask`` runs in one task per staged part file (``mapInArrow`` over the
+``binaryFile`` source): it parses, validates, normalizes and locates its
+lines (:class:`~skpub.router.locate.Locator`), writes their dead letters
+straight to the output (``dead_letters/part-<batch>-p<part>.jsonl``) and
+emits the located records in the columns of
+:data:`skpub.kernel.wire.LOCATED_COLUMNS`, plus one report row.
+
+``SequencerTask`` runs in the one task after ``repartition(1)``: it puts the
+records in stream order, runs the :class:`~skpub.router.sequencer.Sequencer`
+on their compact columns (kind, id, owner, terms; targets and keywords of
+subscriptions), and emits the routed rows by taking them from the parsed
+columns (Arrow ``take``: the records are never rebuilt as Python objects
+here). It saves the id registry's changes (and every
+``ROUTER_SNAPSHOT_EVERY`` batches the whole registry) under the batch id,
+writes its own dead letters (``part-<batch>-s.jsonl``) and the batch's
+routing report for the driver.
+
+Both are deterministic functions of the staged input, the published epochs
+and the registry before the batch, so a replayed batch rewrites the same
+files.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from skpub.app.checkpoint import Checkpoint
+from skpub.evaluators.spark_processor import current_batch_id
+from skpub.kernel.config import Deployment, deployment_from_text
+from skpub.kernel.errors import CheckpointError
+from skpub.kernel.parts import write_part
+from skpub.kernel.records import DeadLetter, position_index
+from skpub.kernel.registry import IdRegistry
+from skpub.kernel.runtime import tune_gc
+from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
+from skpub.kernel.text import load_vocabulary
+from skpub.kernel.wire import KINDS, LOCATED_COLUMNS, REPORT, ROUTED_COLUMNS, SUBSCRIBE, arrow_schema, to_columns
+from skpub.router.epoch import EpochLog
+from skpub.router.locate import Locator
+from skpub.router.sequencer import Sequencer
+from skpub.router.state import decode_journal, decode_snapshot, encode_journal, encode_snapshot
+
+ROUTER_SNAPSHOT_EVERY = 16
+CHUNK_HEADER = b"skpub-chunk-v2"
+"""First line of every staged part: ``skpub-chunk-v2 <batch> <part> <index of its first line in the batch>``."""
+LOCATED_SCHEMA = arrow_schema(LOCATED_COLUMNS)
+ROUTED_SCHEMA = arrow_schema(ROUTED_COLUMNS)
+
+
+def part_header(batch_id: int, part: int, first: int) -> bytes:
+    """Return the header line of staged part ``part`` of micro-batch ``batch_id``."""
+    return b"%s %d %d %d" % (CHUNK_HEADER, batch_id, part, first)
+
+
+def split_part(content: bytes, path: str) -> tuple[int, int, int, list[bytes]]:
+    """Split a staged part into ``(batch, part, first, lines)``.
+
+    Raises
+    ------
+    CheckpointError
+        If the part does not start with skpub's header line.
+    """
+    header, _, body = content.partition(b"\n")
+    fields = header.split(b" ")
+    if len(fields) != 4 or fields[0] != CHUNK_HEADER or not all(f.isdigit() for f in fields[1:]):
+        raise CheckpointError(f"staged part {path} does not start with skpub's chunk header")
+    lines = body[:-1].split(b"\n") if body else []
+    return int(fields[1]), int(fields[2]), int(fields[3]), lines
+
+
+class ParseTask:
+    """The ``mapInArrow`` function of the parse stage: one staged part per input row."""
+
+    def __init__(self, checkpoint_root: str, output_root: str, deployment_json: str) -> None:
+        self.checkpoint_root = checkpoint_root
+        self.output_root = output_root
+        self.deployment_json = deployment_json
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Parse and locate each part's lines; yield located rows and a report row per part."""
+        tune_gc()
+        batch_id = current_batch_id()
+        deployment = deployment_from_text(self.deployment_json)
+        vocabulary = load_vocabulary(deployment.vocabulary)
+        epoch = EpochLog(Checkpoint(self.checkpoint_root).epochs).for_batch(batch_id)
+        locator = Locator(deployment, vocabulary, epoch.table)
+        for batch in batches:
+            paths, contents = batch.column("path").to_pylist(), batch.column("content")
+            for k, path in enumerate(paths):
+                start = time.thread_time()
+                staged_batch, part, first, lines = split_part(contents[k].as_py(), path)
+                if staged_batch != batch_id:
+                    raise CheckpointError(f"staged part {path} belongs to batch {staged_batch}, not {batch_id}")
+                located = locator.locate_lines(lines, batch_id, first)
+                letters = located.dead_letters
+                write_part(self.output_root, "dead_letters", batch_id, (d.to_json() for d in letters), f"p{part:03d}")
+                report = {
+                    "lines": len(lines),
+                    "dead_letters": Counter(d.reason for d in letters),
+                    "cpu_seconds": time.thread_time() - start,
+                }
+                yield _located_batch(located.items, json.dumps(report))
+
+
+def _located_batch(items: list, report: str) -> pa.RecordBatch:
+    """Return the located items as :data:`LOCATED_SCHEMA` rows, then the report row."""
+    cols = to_columns(items)
+    n = len(items)
+    targets: list = [None] * n
+    boxes: list = [None] * n
+    keywords: list = [None] * n
+    for i, item in enumerate(items):
+        if item.targets:
+            targets[i] = [e for e, _ in item.targets]
+            boxes[i] = [c for _, box in item.targets for c in box]
+            keywords[i] = sorted(item.keywords)
+    cols.update(targets=targets, boxes=boxes, keywords=keywords, report=[None] * n)
+    for values in cols.values():
+        values.append(None)
+    cols["kind"][-1], cols["pos"][-1], cols["report"][-1] = REPORT, -1, report
+    return pa.RecordBatch.from_pydict(cols, schema=LOCATED_SCHEMA)
+
+
+class SequencerTask:
+    """The ``mapInArrow`` function of the serial stage, after ``repartition(1)``: one micro-batch."""
+
+    def __init__(self, checkpoint_root: str, output_root: str, run_id: str, deployment_json: str, keys: list[int]):
+        self.checkpoint_root = checkpoint_root
+        self.output_root = output_root
+        self.run_id = run_id
+        self.deployment_json = deployment_json
+        self.keys = keys
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Sequence the micro-batch; yield its routed rows (:data:`ROUTED_SCHEMA`)."""
+        tune_gc()
+        batch_id = current_batch_id()
+        table = pa.Table.from_batches(list(batches), schema=LOCATED_SCHEMA)
+        start = time.thread_time()
+        is_report = pc.equal(table.column("kind"), REPORT)
+        reports = [json.loads(r) for r in table.filter(is_report).column("report").to_pylist()]
+        items = table.filter(pc.invert(is_report))
+        items = items.take(pc.sort_indices(items.column("pos")))
+        checkpoint = Checkpoint(self.checkpoint_root)
+        deployment = deployment_from_text(self.deployment_json)
+        sequencer = _sequencer_before(checkpoint, self.run_id, deployment, batch_id)
+        kinds = [KINDS[c] for c in items.column("kind").to_pylist()]
+        subscriptions = _subscriptions(items)
+        decisions = sequencer.sequence(
+            kinds,
+            items.column("id").to_pylist(),
+            items.column("evaluator").to_pylist(),
+            items.column("terms").to_pylist(),
+            subscriptions,
+        )
+        routed = _routed(items, decisions, self.keys)
+        rejected = _rejected_letters(checkpoint, batch_id, items, decisions)
+        write_part(self.output_root, "dead_letters", batch_id, (d.to_json() for d in rejected), "s")
+        atomic_write_bytes(checkpoint.router_delta(batch_id), encode_journal(sequencer.registry.take_journal()))
+        if batch_id % ROUTER_SNAPSHOT_EVERY == ROUTER_SNAPSHOT_EVERY - 1:
+            atomic_write_bytes(checkpoint.router_snapshot(batch_id), encode_snapshot(sequencer.registry))
+        dead = Counter(d.reason for d in rejected)
+        for r in reports:
+            dead.update(r["dead_letters"])
+        report = {
+            "records": sum(r["lines"] for r in reports),
+            "objects": decisions.objects,
+            "forwarded": decisions.forwarded,
+            "dead_letters": dead,
+            "parse_cpu_seconds": sum(r["cpu_seconds"] for r in reports),
+            "sequencer_cpu_seconds": time.thread_time() - start,
+            "epoch": EpochLog(checkpoint.epochs).for_batch(batch_id).number,
+        }
+        atomic_write_text(checkpoint.router_report(batch_id), json.dumps(report))
+        _SEQUENCERS[self.run_id] = (batch_id, sequencer)
+        yield from routed.to_batches()
+
+
+_SEQUENCERS: dict[str, tuple[int, Sequencer]] = {}
+
+
+def _subscriptions(items: pa.Table) -> dict[int, tuple[tuple, frozenset[str]]]:
+    """Return ``item -> (targets, summary keywords)`` for the subscribe rows."""
+    rows = np.flatnonzero(pc.equal(items.column("kind"), SUBSCRIBE).to_numpy(zero_copy_only=False))
+    if not len(rows):
+        return {}
+    subset = items.take(pa.array(rows)).select(["targets", "boxes", "keywords"]).to_pydict()
+    out = {}
+    columns = (rows.tolist(), subset["targets"], subset["boxes"], subset["keywords"])
+    for i, targets, boxes, keywords in zip(*columns, strict=True):
+        out[i] = (
+            tuple((e, tuple(boxes[4 * j : 4 * j + 4])) for j, e in enumerate(targets)),
+            frozenset(keywords),
+        )
+    return out
+
+
+def _routed(items: pa.Table, decisions, keys: list[int]) -> pa.Table:  # noqa: ANN001
+    """Return the routed rows: the items the decisions name, with their evaluator key and cell box."""
+    taken = items.select([name for name, _ in ROUTED_COLUMNS]).take(pa.array(decisions.index, type=pa.int64()))
+    evaluator = pa.array(np.asarray(keys, dtype=np.int32)[np.asarray(decisions.evaluator, dtype=np.int64)], pa.int32())
+    taken = taken.set_column(0, "evaluator", evaluator)
+    override = [(r, box) for r, box in enumerate(decisions.box) if box is not None]
+    if override:
+        rows = np.fromiter((r for r, _ in override), dtype=np.int64, count=len(override))
+        for c, name in enumerate(("cx0", "cy0", "cx1", "cy1")):
+            column = pc.fill_null(taken.column(name), -1).to_numpy().copy()
+            column[rows] = [box[c] for _, box in override]
+            taken = taken.set_column(taken.schema.get_field_index(name), name, pa.array(column, pa.int32()))
+    return taken.cast(ROUTED_SCHEMA)
+
+
+def _rejected_letters(checkpoint: Checkpoint, batch_id: int, items: pa.Table, decisions) -> list[DeadLetter]:  # noqa: ANN001
+    """Dead letters of the sequencer's rejections, with their input lines read back from the staged parts."""
+    if not decisions.rejected:
+        return []
+    lines: list[bytes] = []
+    for path in sorted(checkpoint.source.glob(f"chunk-{batch_id:08d}-*.raw")):
+        lines += split_part(path.read_bytes(), str(path))[3]
+    positions = items.column("pos")
+    out = []
+    for i, reason, message in decisions.rejected:
+        pos = positions[i].as_py()
+        out.append(DeadLetter.for_line(pos, lines[position_index(pos)], reason, message))
+    return out
+
+
+def _sequencer_before(checkpoint: Checkpoint, run_id: str, deployment: Deployment, batch_id: int) -> Sequencer:
+    """Return the sequencer state after micro-batch ``batch_id - 1``.
+
+    From the executor cache when it holds exactly that state, else rebuilt
+    from the newest registry snapshot before ``batch_id`` plus the deltas
+    after it (summaries are derived from the registry's placements). The
+    cache entry is taken out: sequencing mutates the state, so an attempt
+    that fails midway must not leave a half-applied state for its retry.
+
+    Raises
+    ------
+    CheckpointError
+        If a delta the rebuild needs is missing or damaged.
+    """
+    cached = _SEQUENCERS.pop(run_id, None)
+    if cached is not None and cached[0] == batch_id - 1:
+        return cached[1]
+    snapshots = [b for b in checkpoint.router_files("snapshot") if b < batch_id]
+    base = max(snapshots, default=-1)
+    if base >= 0:
+        registry = decode_snapshot(checkpoint.router_snapshot(base).read_bytes())
+    else:
+        registry = IdRegistry(deployment.object_id_horizon)
+    deltas = checkpoint.router_files("delta")
+    for b in range(base + 1, batch_id):
+        if b not in deltas:
+            raise CheckpointError(f"router changes of batch {b} are missing from {checkpoint.router}")
+        registry.replay(decode_journal(deltas[b].read_bytes()))
+    registry.journal = []
+    return Sequencer(deployment.evaluators, registry)
+
+
+def stage_parts(lines: list[bytes], batch_id: int, parts: int, directory: Path) -> None:
+    """Write one micro-batch's ``lines`` as ``parts`` contiguous staged part files (some may hold no line)."""
+    size = -(-len(lines) // parts) if lines else 0
+    for part in range(parts):
+        first = min(part * size, len(lines))
+        chunk = lines[first : first + size] if size else []
+        body = b"".join(line + b"\n" for line in chunk)
+        atomic_write_bytes(
+            directory / f"chunk-{batch_id:08d}-{part:03d}.raw", part_header(batch_id, part, first) + b"\n" + body
+        )
