@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 
 class TextualSummaries:
     """Keyword reference counts per evaluator: ``counts[e][keyword] -> int``."""
@@ -42,6 +46,39 @@ class TextualSummaries:
                 expired.append(kw)
         return expired
 
-    def admits(self, evaluator: int, terms: frozenset[str]) -> bool:
+    def admits(self, evaluator: int, terms: Iterable[str]) -> bool:
         """Return whether an object with ``terms`` can match a subscription at ``evaluator``."""
         return not self.counts[evaluator].keys().isdisjoint(terms)
+
+    def admits_many(self, evaluators: np.ndarray, terms: pa.ListArray) -> np.ndarray:
+        """Vectorized :meth:`admits`: one bool per object, ``terms[i]`` being object ``i``'s terms.
+
+        Parameters
+        ----------
+        evaluators : ndarray, shape (n,), int
+        terms : pyarrow ListArray of string, length n
+
+        Returns
+        -------
+        ndarray, shape (n,), bool
+            Every term is first looked up in the union of all summaries in
+            Arrow (``is_in``, O(terms)); only the few that hit one are checked
+            against their own evaluator's summary in Python.
+        """
+        n = len(terms)
+        admitted = np.zeros(n, dtype=bool)
+        union = set().union(*self.counts)
+        if n == 0 or not union:
+            return admitted
+        flat = pc.list_flatten(terms)
+        held = pc.is_in(flat, value_set=pa.array(list(union), pa.string()))
+        hits = np.flatnonzero(held.to_numpy(zero_copy_only=False))
+        if not len(hits):
+            return admitted
+        parents = pc.list_parent_indices(terms).to_numpy()[hits]
+        words = flat.take(pa.array(hits)).to_pylist()
+        counts, owners = self.counts, np.asarray(evaluators)[parents].tolist()
+        for obj, e, word in zip(parents.tolist(), owners, words, strict=True):
+            if word in counts[e]:
+                admitted[obj] = True
+        return admitted

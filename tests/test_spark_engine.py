@@ -172,6 +172,23 @@ def test_local_cluster_with_separate_executor_jvms_equals_oracle(tmp_path):
     assert proc.returncode == 0, output
     assert "spark engine" in output
     assert_equals_oracle(out, lines, deployment(evaluators=2, batch_size=250))
+    quiet = [line for line in output.splitlines() if line and not line.startswith(("[skpub]", "skpub", "  "))]
+    assert quiet == [], "Spark's own lines must go to the engine log, not the terminal"
+    log = (out / "_engine.log").read_text()
+    assert log.startswith("==== skpub run") and "Spark" in log
+    assert "engine log" in output
+
+
+def test_every_task_writes_its_own_parts(spark, tmp_path):
+    """Parse tasks write their dead letters, evaluators their deliveries and statistics: one file per writer."""
+    lines = random_workload(seed=5, n=400)
+    dep = deployment(evaluators=3, batch_size=200)
+    out, _ = run(spark, tmp_path, lines, dep)
+    assert_equals_oracle(out, lines, dep)
+    writers = {p.name[14:-6] for p in (out / "dead_letters").glob("part-*.jsonl")}
+    assert {"p000", "p001"} <= writers, "both parse tasks of a batch must write dead letters"
+    writers = {p.name[14:-6] for p in (out / "deliveries").glob("part-*.jsonl")}
+    assert writers <= {"e000", "e001", "e002"} and len(writers) >= 2
 
 
 def test_spark_engine_honours_the_object_id_horizon(spark, tmp_path):

@@ -38,6 +38,7 @@ from collections import Counter
 from pathlib import Path
 
 from skpub.app.checkpoint import CHECKPOINT_DIR, Checkpoint
+from skpub.app.console import engine_log
 from skpub.app.engines.sink import unique_letters
 from skpub.app.engines.spark_tasks import ParseTask, SequencerTask, stage_parts
 from skpub.app.output import claim_output, inspect_output, mark_success
@@ -334,10 +335,6 @@ def run_spark(
     skpub.kernel.errors.InputError
         If the input is missing or empty, or is standard input.
     """
-    from pyspark.errors import StreamingQueryException
-
-    from skpub.evaluators.spark_processor import CONTROL_DDL, EvaluatorProcessor
-
     if str(input_path) == STDIN:
         raise InputError("the Spark engine reads files (it stages and fingerprints them); use --engine local for -")
     if not all(f.is_file() for f in input_files(input_path)):
@@ -346,52 +343,72 @@ def run_spark(
     ckpt = Checkpoint(checkpoint or output / CHECKPOINT_DIR)
     inspect_output(output)
     ckpt.check_owned()
-    own_session = spark is None
-    if own_session:
-        observer.note(f"starting Spark on {master}")
+    if spark is not None:
+        return _run_query(spark, input_path, output, ckpt, deployment, observer, overwrite)
+    with engine_log(output, observer) as log:
+        observer.summary.log_file = str(log)
+        observer.note(f"starting Spark on {master}; Spark's own log lines go to {log}")
         spark = spark_session(master, deployment.evaluators)
-    spark.conf.set("spark.sql.shuffle.partitions", str(deployment.evaluators))
-    try:
-        manifest = _open_checkpoint(ckpt, input_path, deployment, output, spark, observer, overwrite)
-        deployment_json = json.dumps(deployment.to_json())
-        keys = manifest["evaluator_keys"]
-        run_id = manifest["run_id"]
-        files = (
-            spark.readStream.format("binaryFile")
-            .schema("path string, modificationTime timestamp, length bigint, content binary")
-            .option("maxFilesPerTrigger", manifest["parts"])
-            .option("pathGlobFilter", "chunk-*.raw")
-            .load(str(ckpt.source))
-            .select("path", "content")
-        )
-        root = str(output)
-        located = files.mapInArrow(ParseTask(str(ckpt.root), root, deployment_json), ddl(LOCATED_COLUMNS))
-        routed = located.repartition(1).mapInArrow(
-            SequencerTask(str(ckpt.root), root, run_id, deployment_json, keys), ddl(ROUTED_COLUMNS)
-        )
-        outputs = routed.groupBy("evaluator").transformWithStateInPandas(
-            EvaluatorProcessor(run_id, root, deployment_json, keys),
-            CONTROL_DDL,
-            "Append",
-            "None",
-        )
-        tune_gc()
-        observer.note("running; the first micro-batch pays Spark's warm-up")
-        observer.start()
-        query = (
-            outputs.writeStream.foreachBatch(Sink(output, ckpt, observer))
-            .option("checkpointLocation", str(ckpt.query))
-            .trigger(availableNow=True)
-            .start()
-        )
         try:
-            query.awaitTermination()
-        except StreamingQueryException as exc:
-            raise EngineError(f"the Spark query failed: {str(exc).strip().splitlines()[0]}") from exc
-        if not ckpt.all_committed():
-            raise EngineError("the Spark query stopped before the last micro-batch; run again to resume")
-        mark_success(output, run_id)
-    finally:
-        if own_session:
+            return _run_query(spark, input_path, output, ckpt, deployment, observer, overwrite)
+        except EngineError as exc:
+            raise EngineError(f"{exc} (Spark's log: {log})") from exc
+        finally:
             spark.stop()
+
+
+def _run_query(
+    spark,  # noqa: ANN001
+    input_path: str | Path,
+    output: Path,
+    ckpt: Checkpoint,
+    deployment: Deployment,
+    observer: RunObserver,
+    overwrite: bool,
+) -> RunSummary:
+    """Set up or resume the checkpoint, run the streaming query to the end, write ``_SUCCESS``."""
+    from pyspark.errors import StreamingQueryException
+
+    from skpub.evaluators.spark_processor import CONTROL_DDL, EvaluatorProcessor
+
+    spark.conf.set("spark.sql.shuffle.partitions", str(deployment.evaluators))
+    manifest = _open_checkpoint(ckpt, input_path, deployment, output, spark, observer, overwrite)
+    deployment_json = json.dumps(deployment.to_json())
+    keys = manifest["evaluator_keys"]
+    run_id = manifest["run_id"]
+    files = (
+        spark.readStream.format("binaryFile")
+        .schema("path string, modificationTime timestamp, length bigint, content binary")
+        .option("maxFilesPerTrigger", manifest["parts"])
+        .option("pathGlobFilter", "chunk-*.raw")
+        .load(str(ckpt.source))
+        .select("path", "content")
+    )
+    root = str(output)
+    located = files.mapInArrow(ParseTask(str(ckpt.root), root, deployment_json), ddl(LOCATED_COLUMNS))
+    routed = located.repartition(1).mapInArrow(
+        SequencerTask(str(ckpt.root), root, run_id, deployment_json, keys), ddl(ROUTED_COLUMNS)
+    )
+    outputs = routed.groupBy("evaluator").transformWithStateInPandas(
+        EvaluatorProcessor(run_id, root, deployment_json, keys),
+        CONTROL_DDL,
+        "Append",
+        "None",
+    )
+    tune_gc()
+    observer.note("running; the first micro-batch pays Spark's warm-up")
+    observer.start()
+    query = (
+        outputs.writeStream.foreachBatch(Sink(output, ckpt, observer))
+        .option("checkpointLocation", str(ckpt.query))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        query.awaitTermination()
+    except StreamingQueryException as exc:
+        raise EngineError(f"the Spark query failed: {str(exc).strip().splitlines()[0]}") from exc
+    if not ckpt.all_committed():
+        raise EngineError("the Spark query stopped before the last micro-batch; run again to resume")
+    mark_success(output, run_id)
     return observer.finish()

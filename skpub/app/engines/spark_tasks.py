@@ -44,11 +44,12 @@ from skpub.kernel.registry import IdRegistry
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
 from skpub.kernel.text import load_vocabulary
-from skpub.kernel.wire import KINDS, LOCATED_COLUMNS, REPORT, ROUTED_COLUMNS, SUBSCRIBE, arrow_schema, to_columns
+from skpub.kernel.wire import LOCATED_COLUMNS, REPORT, ROUTED_COLUMNS, SUBSCRIBE, arrow_schema, to_columns
 from skpub.router.epoch import EpochLog
 from skpub.router.locate import Locator
 from skpub.router.sequencer import Sequencer
 from skpub.router.state import decode_journal, decode_snapshot, encode_journal, encode_snapshot
+from skpub.router.summary import TextualSummaries
 
 ROUTER_SNAPSHOT_EVERY = 16
 CHUNK_HEADER = b"skpub-chunk-v2"
@@ -154,14 +155,18 @@ class SequencerTask:
         checkpoint = Checkpoint(self.checkpoint_root)
         deployment = deployment_from_text(self.deployment_json)
         sequencer = _sequencer_before(checkpoint, self.run_id, deployment, batch_id)
-        kinds = [KINDS[c] for c in items.column("kind").to_pylist()]
-        subscriptions = _subscriptions(items)
+        owners = items.column("evaluator").to_numpy()
+        terms = items.column("terms").combine_chunks()
+
+        def admit(summaries: TextualSummaries, objects: list[int]) -> np.ndarray:
+            return summaries.admits_many(owners[objects], terms.take(pa.array(objects, pa.int64())))
+
         decisions = sequencer.sequence(
-            kinds,
+            items.column("kind").to_numpy(),
             items.column("id").to_pylist(),
-            items.column("evaluator").to_pylist(),
-            items.column("terms").to_pylist(),
-            subscriptions,
+            owners,
+            _subscriptions(items),
+            admit,
         )
         routed = _routed(items, decisions, self.keys)
         rejected = _rejected_letters(checkpoint, batch_id, items, decisions)

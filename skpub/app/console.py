@@ -1,0 +1,59 @@
+"""A quiet console: the engine's own log lines go to a file, skpub's progress stays on the terminal.
+
+Spark's JVM and its Python workers are child processes that write to the
+standard output and error they inherit. :func:`engine_log` points this
+process's file descriptors 1 and 2 at a log file in the output directory
+before Spark starts, so every child inherits the file; skpub's progress
+lines go to a duplicate of the terminal taken before the switch. The
+descriptors are restored when the block ends (the JVM keeps the file).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from skpub.app.output import ENGINE_LOG
+from skpub.app.summary import RunObserver
+
+
+@contextmanager
+def engine_log(output: Path, observer: RunObserver) -> Iterator[Path]:
+    """Send fds 1 and 2 (and so Spark's and its workers' lines) to ``output/_engine.log`` for the block.
+
+    The observer's progress stream, if any, is moved to a copy of the
+    terminal for the block. The log is appended to, one header line per run.
+
+    Raises
+    ------
+    OSError
+        If the log file cannot be opened (the descriptors are left as they were).
+    """
+    output.mkdir(parents=True, exist_ok=True)
+    path = output / ENGINE_LOG
+    log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(log, f"==== skpub run, {time.strftime('%Y-%m-%d %H:%M:%S %Z')} ====\n".encode())
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    terminal = os.fdopen(os.dup(saved[1]), "w", buffering=1, encoding="utf-8", errors="backslashreplace")
+    progress = observer.stream
+    if progress is not None:
+        observer.stream = terminal
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    try:
+        yield path
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, log):
+            os.close(fd)
+        observer.stream = progress
+        terminal.close()

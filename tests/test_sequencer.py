@@ -1,0 +1,66 @@
+"""The serial stage: bulk object acceptance and the vectorized summary test equal their one-by-one forms."""
+
+import numpy as np
+import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skpub.kernel.registry import IdRegistry
+from skpub.kernel.wire import KIND_CODES
+from skpub.router.sequencer import Sequencer
+from skpub.router.summary import TextualSummaries
+
+WORDS = ["a", "b", "c", "d", "é", "f"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ids=st.lists(st.sampled_from([f"o{i}" for i in range(12)]), max_size=60),
+    horizon=st.integers(1, 8),
+    cuts=st.lists(st.integers(0, 60), max_size=5),
+)
+def test_object_ids_are_decided_exactly_as_one_by_one(ids, horizon, cuts):
+    """Batches of any size, duplicates inside a batch and horizon evictions mid-batch."""
+    reference = IdRegistry(horizon)
+    expected = []
+    for oid in ids:
+        rejected = reference.check("object", oid) is not None
+        if not rejected:
+            reference.accept_id("object", oid)
+        expected.append(not rejected)
+    sequencer = Sequencer(2, IdRegistry(horizon, journal=[]))
+    bounds = sorted({0, len(ids), *(c for c in cuts if c <= len(ids))})
+    got = []
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        batch = ids[lo:hi]
+        decisions = sequencer.sequence(
+            np.full(len(batch), KIND_CODES["object"], dtype=np.int8),
+            batch,
+            np.zeros(len(batch), dtype=np.int64),
+            {},
+            lambda summaries, objects: [False] * len(objects),
+        )
+        rejected = {i for i, _, _ in decisions.rejected}
+        got += [i not in rejected for i in range(len(batch))]
+        assert decisions.objects == len(batch) - len(rejected)
+    assert got == expected
+    assert list(sequencer.registry.object_order) == list(reference.object_order)
+    assert sequencer.registry.objects_accepted == reference.objects_accepted == sum(expected)
+    replayed = IdRegistry(horizon)
+    replayed.replay(sequencer.registry.take_journal())
+    assert replayed.object_ids == reference.object_ids
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    held=st.lists(st.tuples(st.integers(0, 2), st.lists(st.sampled_from(WORDS), max_size=3)), max_size=6),
+    objects=st.lists(st.tuples(st.integers(0, 2), st.lists(st.sampled_from(WORDS), max_size=4)), max_size=20),
+)
+def test_vectorized_summary_test_equals_per_object_test(held, objects):
+    summaries = TextualSummaries(3)
+    for e, keywords in held:
+        summaries.add(e, keywords)
+    owners = np.array([e for e, _ in objects], dtype=np.int64)
+    terms = pa.array([t for _, t in objects], pa.list_(pa.string()))
+    expected = [summaries.admits(e, t) for e, t in objects]
+    assert summaries.admits_many(owners, terms).tolist() == expected
