@@ -73,15 +73,20 @@ def normalize_terms(terms: Iterable[str]) -> list[str]:
     TypeError
         If an element is not a string.
     """
-    terms = list(terms)
+    if type(terms) is not list:
+        terms = list(terms)
     if not terms:
         return []
     joined = _SEPARATOR.join(terms)
     if joined.count(_SEPARATOR) == len(terms) - 1:
         if joined.isascii():
-            return [t for t in joined.lower().split(_SEPARATOR) if t]
-        if unicodedata.is_normalized("NFKC", joined) and joined.casefold() == joined:
-            return [t for t in joined.split(_SEPARATOR) if t]
+            fast = joined.lower().split(_SEPARATOR)
+        elif unicodedata.is_normalized("NFKC", joined) and joined.casefold() == joined:
+            fast = joined.split(_SEPARATOR)
+        else:
+            fast = None
+        if fast is not None:
+            return fast if "" not in fast else [t for t in fast if t]
     cache = _NORMALIZED
     out = []
     for term in terms:
