@@ -3,6 +3,5 @@
 - :mod:`skpub.evaluators.gi2`: the GI^2 range-subscription index (PS2Stream IV-C).
 - :mod:`skpub.evaluators.stats`: per-cell cost statistics (Tornado equations 1-2).
 - :mod:`skpub.evaluators.evaluator`: the engine-free evaluator core.
-- :mod:`skpub.evaluators.merge`: the merger of deliveries.
 - :mod:`skpub.evaluators.spark_processor`: the Spark stateful processor hosting an evaluator.
 """
