@@ -88,7 +88,9 @@ def test_registry_journal_replays_to_the_same_router_state():
     replica = IdRegistry(dep.object_id_horizon)
     for batch_id, start in enumerate(range(0, len(lines), 50)):
         journaled.route_many([line.encode() for line in lines[start : start + 50]], batch_id, epoch)
-        replica.replay(decode_journal(encode_journal(journaled.registry.take_journal())))
+        objects, changes = decode_journal(encode_journal(journaled.registry.take_journal()))
+        replica.replay_objects(objects)
+        replica.replay(changes)
         snapshot = decode_snapshot(encode_snapshot(replica))
         rebuilt = Router(dep, vocabulary, snapshot)
         assert snapshot.active == journaled.registry.active

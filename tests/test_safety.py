@@ -262,7 +262,7 @@ def test_durable_state_is_versioned_json_and_refuses_anything_else():
         decode_snapshot(json.dumps({"format": FORMAT, "kind": "registry", "registry": {"objects": [1]}}).encode())
     with pytest.raises(CheckpointError, match="damaged"):
         decode_journal(encode_journal([("subscribe", "s", None)]).replace(b"subscribe", b"explode"))
-    damaged_unsubscribe = decode_journal(encode_journal([("unsubscribe", "never", None)]))
+    _, damaged_unsubscribe = decode_journal(encode_journal([("unsubscribe", "never", None)]))
     with pytest.raises(CheckpointError, match="not active"):
         IdRegistry().replay(damaged_unsubscribe)
     with pytest.raises(EvaluatorError):

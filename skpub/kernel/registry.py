@@ -119,6 +119,14 @@ class IdRegistry:
         changes, self.journal = self.journal or [], []
         return changes
 
+    def replay_objects(self, oids: list[str]) -> None:
+        """Apply journaled object ids, in order, in bulk (set and deque operations in C; not journaled again)."""
+        self.object_ids.update(oids)
+        self.object_order.extend(oids)
+        for _ in range(len(self.object_order) - self.object_id_horizon):
+            self.object_ids.discard(self.object_order.popleft())
+        self.objects_accepted += len(oids)
+
     def replay(self, changes: Iterable[Change]) -> None:
         """Apply journaled changes, in order (not journaled again).
 
