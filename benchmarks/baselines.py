@@ -109,12 +109,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-try:
-    from skpub.kernel.errors import ExpressionError
-    from skpub.kernel.text import parse_expression
-except ImportError:  # older layout
-    from skpub.errors import ExpressionError
-    from skpub.text import parse_expression
+from skpub.kernel.errors import ExpressionError
+from skpub.kernel.text import parse_expression
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 BATCH = 1_000

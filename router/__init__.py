@@ -7,5 +7,8 @@
 - :mod:`skpub.router.uniform`: Uni-Space-Rout, the uniform-grid baseline.
 - :mod:`skpub.router.summary`: textual summaries per evaluator.
 - :mod:`skpub.router.epoch`: immutable, versioned routing tables.
-- :mod:`skpub.router.dispatch`: the stateful routing unit that applies all of these.
+- :mod:`skpub.router.locate`: the parallel stage: parse, validate, locate each line.
+- :mod:`skpub.router.sequencer`: the serial stage: id registry, placements, summaries.
+- :mod:`skpub.router.state`: the sequencer's durable state (versioned JSON).
+- :mod:`skpub.router.dispatch`: both stages in one process (the local engine).
 """

@@ -115,5 +115,10 @@ class Locator:
         assert isinstance(record, RangeSubscription)
         table = self.table
         box = table.grid.cell_box(record.rect)
-        targets = tuple((e, intersect_boxes(box, table.partitioning.box(e))) for e in table.route_cells(box))
-        return Located(record, kind, targets=targets, keywords=self.vocabulary.summary_keywords(record.dnf))
+        targets = []
+        for e in table.route_cells(box):
+            cells = intersect_boxes(box, table.partitioning.box(e))
+            if cells is None:
+                raise ValueError(f"partition {e} was routed a rectangle it does not overlap")
+            targets.append((e, cells))
+        return Located(record, kind, targets=tuple(targets), keywords=self.vocabulary.summary_keywords(record.dnf))

@@ -216,8 +216,12 @@ class Sequencer:
                 if rejection is not None:
                     rejected.append((i, *rejection))
                 elif kind == "subscribe":
+                    # Everything that can fail comes before the first state change.
                     targets, keywords = subscriptions[i]
-                    registry.accept_id(kind, ids[i], Placement(tuple(e for e, _ in targets), keywords))
+                    placement = Placement(tuple(e for e, _ in targets), keywords)
+                    if not all(0 <= e < len(summaries.counts) for e in placement.evaluators):
+                        raise ValueError(f"targets {placement.evaluators} name an evaluator that does not exist")
+                    registry.accept_id(kind, ids[i], placement)
                     for e, cells in targets:
                         summaries.add(e, keywords)
                         rows.append((i, e, cells))

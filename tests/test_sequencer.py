@@ -46,9 +46,40 @@ def test_object_ids_are_decided_exactly_as_one_by_one(ids, horizon, cuts):
     assert got == expected
     assert list(sequencer.registry.object_order) == list(reference.object_order)
     assert sequencer.registry.objects_accepted == reference.objects_accepted == sum(expected)
+    assert sequencer.registry.object_ids == set(sequencer.registry.object_order)
     replayed = IdRegistry(horizon)
     replayed.replay(sequencer.registry.take_journal())
     assert replayed.object_ids == reference.object_ids
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ids=st.lists(st.sampled_from([f"o{i}" for i in range(8)]), max_size=40),
+    horizon=st.integers(1, 6),
+    cuts=st.lists(st.integers(0, 40), max_size=4),
+)
+def test_journals_replay_in_bulk_to_the_same_registry(ids, horizon, cuts):
+    """Per-batch journals through their durable form rebuild exactly the registry the sequencer holds."""
+    from skpub.router.state import decode_journal, encode_journal
+
+    sequencer = Sequencer(2, IdRegistry(horizon, journal=[]))
+    replica = IdRegistry(horizon)
+    bounds = sorted({0, len(ids), *(c for c in cuts if c <= len(ids))})
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        batch = ids[lo:hi]
+        sequencer.sequence(
+            np.full(len(batch), KIND_CODES["object"], dtype=np.int8),
+            batch,
+            np.zeros(len(batch), dtype=np.int64),
+            {},
+            lambda summaries, objects: [False] * len(objects),
+        )
+        objects, changes = decode_journal(encode_journal(sequencer.registry.take_journal()))
+        replica.replay_objects(objects)
+        replica.replay(changes)
+        assert list(replica.object_order) == list(sequencer.registry.object_order)
+        assert replica.object_ids == sequencer.registry.object_ids == set(replica.object_order)
+        assert replica.objects_accepted == sequencer.registry.objects_accepted
 
 
 @settings(max_examples=150, deadline=None)

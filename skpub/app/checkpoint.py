@@ -30,7 +30,7 @@ CHECKPOINT_DIR = "_checkpoint"
 MARKER = "skpub-checkpoint.json"
 MANIFEST = "manifest.json"
 _OWN = {
-    "source": own_files(r"chunk-\d{8}-\d{3}\.raw"),
+    "source": own_files(r"chunk-\d{8}(-\d{3})?\.raw"),  # without a part: skpub before parallel parse
     "epochs": own_files(r"epoch-\d{6}\.json"),
     "router": own_files(r"(?:delta|snapshot|report)-\d{8}\.json"),
 }

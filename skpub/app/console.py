@@ -25,8 +25,11 @@ from skpub.app.summary import RunObserver
 def engine_log(output: Path, observer: RunObserver) -> Iterator[Path]:
     """Send fds 1 and 2 (and so Spark's and its workers' lines) to ``output/_engine.log`` for the block.
 
-    The observer's progress stream, if any, is moved to a copy of the
-    terminal for the block. The log is appended to, one header line per run.
+    The observer's progress stream, when it writes to fd 1 or 2, is moved to
+    a copy of the terminal for the block. The log is appended to, one header
+    line per run. The JVM inherits the descriptors when it starts: a second
+    Spark run in the same process reuses that JVM, whose lines keep going to
+    the first run's log.
 
     Raises
     ------
@@ -42,7 +45,7 @@ def engine_log(output: Path, observer: RunObserver) -> Iterator[Path]:
     saved = (os.dup(1), os.dup(2))
     terminal = os.fdopen(os.dup(saved[1]), "w", buffering=1, encoding="utf-8", errors="backslashreplace")
     progress = observer.stream
-    if progress is not None:
+    if _is_terminal_fd(progress):
         observer.stream = terminal
     os.dup2(log, 1)
     os.dup2(log, 2)
@@ -57,3 +60,11 @@ def engine_log(output: Path, observer: RunObserver) -> Iterator[Path]:
             os.close(fd)
         observer.stream = progress
         terminal.close()
+
+
+def _is_terminal_fd(stream: object) -> bool:
+    """Whether ``stream`` writes to this process's fd 1 or 2 (the descriptors being redirected)."""
+    try:
+        return stream is not None and stream.fileno() in (1, 2)  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        return False

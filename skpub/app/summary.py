@@ -15,6 +15,8 @@ from typing import TextIO
 
 from skpub.app.metrics import Metrics
 
+STAGES = ("parse", "sequencer", "evaluators", "sink")
+
 
 @dataclass
 class BatchReport:
@@ -31,7 +33,8 @@ class BatchReport:
     evaluator_cpu: dict[int, float] = field(default_factory=dict)
     epoch: int = 0
     stage_cpu: Counter = field(default_factory=Counter)
-    """CPU seconds per stage: ``parse`` (parallel), ``sequencer`` (serial), ``evaluators``, ``sink``."""
+    """CPU seconds per stage: ``parse`` (parallel), ``sequencer`` (serial; on Spark ``restore``, the part of it
+    spent rebuilding its state when the task ran in another worker than the last batch), ``evaluators``, ``sink``."""
 
 
 @dataclass
@@ -70,7 +73,7 @@ class RunSummary:
     @property
     def serial_fraction(self) -> float:
         """Share of the stages' CPU that is serial (the sequencer): Amdahl's bound on speed-up is its inverse."""
-        total = sum(self.stage_cpu.values())
+        total = sum(self.stage_cpu[k] for k in STAGES)
         return self.stage_cpu["sequencer"] / total if total > 0 else 0.0
 
     @staticmethod
@@ -99,9 +102,13 @@ class RunSummary:
             f" = {self.imbalance(cpu):.2f}",
         ]
         if self.stage_cpu:
-            stages = " · ".join(f"{k} {self.stage_cpu[k]:.2f} s" for k in ("parse", "sequencer", "evaluators", "sink"))
+            stages = " · ".join(f"{k} {self.stage_cpu[k]:.2f} s" for k in STAGES)
             per_object = self.stage_cpu["sequencer"] / self.objects * 1e6 if self.objects else 0.0
             lines.append(f"  stage cpu         {stages}")
+            if self.stage_cpu["restore"]:
+                lines.append(
+                    f"  sequencer restore {self.stage_cpu['restore']:.2f} s of it rebuilding state from the checkpoint"
+                )
             lines.append(
                 f"  serial            {self.serial_fraction:.1%} of stage CPU, {per_object:.2f} us per object"
                 f" (speed-up bound {1 / max(self.serial_fraction, 1e-9):,.1f}x)"

@@ -120,11 +120,21 @@ class IdRegistry:
         return changes
 
     def replay_objects(self, oids: list[str]) -> None:
-        """Apply journaled object ids, in order, in bulk (set and deque operations in C; not journaled again)."""
-        self.object_ids.update(oids)
-        self.object_order.extend(oids)
-        for _ in range(len(self.object_order) - self.object_id_horizon):
-            self.object_ids.discard(self.object_order.popleft())
+        """Apply journaled object ids, in order (not journaled again).
+
+        In bulk (set and deque operations in C) when the ids are distinct and
+        none is held, which is when adding them all and then evicting the
+        oldest equals adding them one by one; otherwise one by one (a batch
+        longer than the horizon may evict an id and accept it again).
+        """
+        if self.object_ids.isdisjoint(oids) and len(set(oids)) == len(oids):
+            self.object_ids.update(oids)
+            self.object_order.extend(oids)
+            for _ in range(len(self.object_order) - self.object_id_horizon):
+                self.object_ids.discard(self.object_order.popleft())
+        else:
+            for oid in oids:
+                self._add_object(oid)
         self.objects_accepted += len(oids)
 
     def replay(self, changes: Iterable[Change]) -> None:

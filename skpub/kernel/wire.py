@@ -25,10 +25,11 @@ import pyarrow as pa
 from skpub.kernel.geometry import Rect
 from skpub.kernel.messages import Routed
 from skpub.kernel.records import ObjectRecord, RangeSubscription, SnapshotMarker, Unsubscribe
+from skpub.kernel.registry import KINDS as REGISTRY_KINDS
 
-KIND_CODES = {"object": 0, "subscribe": 1, "unsubscribe": 2, "snapshot": 3, "unsupported": 4}
-KINDS = tuple(KIND_CODES)
+KINDS = REGISTRY_KINDS
 """``KINDS[code]`` is the registry kind of a ``kind`` code."""
+KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
 OBJECT, SUBSCRIBE, UNSUBSCRIBE = KIND_CODES["object"], KIND_CODES["subscribe"], KIND_CODES["unsubscribe"]
 REPORT = 127
 """``kind`` of a parse task's report row (``report`` holds its JSON)."""

@@ -1,5 +1,8 @@
 """Engines: the local (embedded, in-process) engine and the Spark engine.
 
-Both run the same router and evaluator cores and write through
-:mod:`skpub.app.engines.sink`, so they produce the same output by construction.
+Both run the same cores: the parallel stage of routing
+(:mod:`skpub.router.locate`), the serial sequencer (:mod:`skpub.router.sequencer`),
+the evaluators (:mod:`skpub.evaluators.evaluator`) and the part-file encoding
+(:mod:`skpub.kernel.parts`); the local engine calls them in one process, the
+Spark engine in separate tasks (:mod:`skpub.app.engines.spark_tasks`).
 """

@@ -1,8 +1,10 @@
 """The local engine: the whole pipeline embedded in one process.
 
-Micro-batches of ``deployment.batch_size`` lines go through the same
-:class:`skpub.router.dispatch.Router`, :class:`skpub.evaluators.evaluator.Evaluator` and
-sink as the Spark engine. Evaluators run one after the other; each one's
+Micro-batches of ``deployment.batch_size`` lines go through
+:class:`skpub.router.dispatch.Router` (the locator and the sequencer the Spark
+engine runs in separate tasks), the same
+:class:`skpub.evaluators.evaluator.Evaluator` and the part-file encoding of
+:mod:`skpub.kernel.parts`. Evaluators run one after the other; each one's
 thread CPU time is measured, so ``max(evaluator time) + routing time`` gives
 the parallel time of a batch (DESIGN "Measuring load honestly").
 """

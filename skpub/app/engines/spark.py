@@ -40,12 +40,12 @@ from pathlib import Path
 from skpub.app.checkpoint import CHECKPOINT_DIR, Checkpoint
 from skpub.app.console import engine_log
 from skpub.app.engines.sink import unique_letters
-from skpub.app.engines.spark_tasks import ParseTask, SequencerTask, stage_parts
-from skpub.app.output import claim_output, inspect_output, mark_success
+from skpub.app.engines.spark_tasks import ParseTask, SequencerTask, stage_parts, staged_batches
+from skpub.app.output import check_output, claim_output, inspect_output, mark_success
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
 from skpub.kernel.config import Deployment
 from skpub.kernel.errors import CheckpointError, EngineError, InputError, JavaNotFoundError
-from skpub.kernel.inputs import STDIN, batches, input_files, iter_lines, take_sample
+from skpub.kernel.inputs import STDIN, input_files, iter_lines, take_sample
 from skpub.kernel.parts import write_part
 from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import tune_gc
@@ -55,6 +55,9 @@ from skpub.kernel.wire import LOCATED_COLUMNS, ROUTED_COLUMNS, ddl
 from skpub.router.epoch import EpochLog, RoutingEpoch
 from skpub.router.initial import initial_table
 
+MANIFEST_FORMAT = 2
+"""Checkpoint layout version: 2 stages each micro-batch as parallel parts. A checkpoint of another
+version is never resumed (it is replaced with ``--overwrite``)."""
 DRIVER_JAVA_OPTIONS = "-XX:+UseSerialGC"
 """The driver JVM (which hosts the executors in local mode) uses the serial collector.
 
@@ -136,7 +139,7 @@ def stage_input(input_path: str | Path, checkpoint: Checkpoint, batch_size: int,
     checkpoint.source.mkdir(parents=True, exist_ok=True)
     count = 0
     base = 1_000_000_000
-    for batch_id, lines in enumerate(batches(iter_lines(input_path), batch_size)):
+    for batch_id, lines in enumerate(staged_batches(iter_lines(input_path), batch_size, parts)):
         stage_parts(lines, batch_id, parts, checkpoint.source)
         for part in range(parts):
             stamp = base + batch_id * parts + part
@@ -179,7 +182,7 @@ class Sink:
     def __call__(self, frame, batch_id: int) -> None:  # noqa: ANN001
         """Collect the evaluators' control rows, write their dead letters, report the batch."""
         start = time.thread_time()
-        rows = frame.toArrow().to_pylist()
+        rows = sorted(frame.toArrow().to_pylist(), key=lambda r: (r["evaluator"], r["pos"] or 0))
         counters = [json.loads(r["payload"]) for r in rows if r["payload"] is not None]
         letters = unique_letters(
             DeadLetter(r["pos"], r["line"], r["reason"], r["message"]) for r in rows if r["payload"] is None
@@ -203,6 +206,7 @@ class Sink:
         report.stage_cpu.update(
             parse=routing["parse_cpu_seconds"],
             sequencer=routing["sequencer_cpu_seconds"],
+            restore=routing["restore_cpu_seconds"],
             evaluators=sum(c["cpu_seconds"] for c in counters),
             sink=sum(c["sink_cpu_seconds"] for c in counters) + time.thread_time() - start,
         )
@@ -251,6 +255,7 @@ def _open_checkpoint(
     """
     state = inspect_output(output)
     wanted = json.loads(json.dumps({
+        "format": MANIFEST_FORMAT,
         "deployment": deployment.to_json(),
         "input": _input_fingerprint(input_path),
         "output": str(output),
@@ -264,7 +269,7 @@ def _open_checkpoint(
             )
         if {k: manifest.get(k) for k in wanted} != wanted and not overwrite:
             raise CheckpointError(
-                f"checkpoint {checkpoint.root} was made for another input or deployment; "
+                f"checkpoint {checkpoint.root} was made for another input or deployment, or by another skpub; "
                 "pass --overwrite to replace that run, or another --checkpoint"
             )
         if not overwrite and state.run_id == manifest.get("run_id"):
@@ -341,7 +346,7 @@ def run_spark(
         raise InputError(f"the Spark engine reads regular files, and {input_path} is not one; use --engine local")
     output = Path(output_dir).absolute()
     ckpt = Checkpoint(checkpoint or output / CHECKPOINT_DIR)
-    inspect_output(output)
+    check_output(output, overwrite)
     ckpt.check_owned()
     if spark is not None:
         return _run_query(spark, input_path, output, ckpt, deployment, observer, overwrite)
@@ -387,7 +392,7 @@ def _run_query(
     root = str(output)
     located = files.mapInArrow(ParseTask(str(ckpt.root), root, deployment_json), ddl(LOCATED_COLUMNS))
     routed = located.repartition(1).mapInArrow(
-        SequencerTask(str(ckpt.root), root, run_id, deployment_json, keys), ddl(ROUTED_COLUMNS)
+        SequencerTask(str(ckpt.root), root, run_id, deployment_json, keys, manifest["parts"]), ddl(ROUTED_COLUMNS)
     )
     outputs = routed.groupBy("evaluator").transformWithStateInPandas(
         EvaluatorProcessor(run_id, root, deployment_json, keys),

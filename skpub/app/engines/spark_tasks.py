@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import json
 import time
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterator
+from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +108,8 @@ class ParseTask:
                 letters = located.dead_letters
                 write_part(self.output_root, "dead_letters", batch_id, (d.to_json() for d in letters), f"p{part:03d}")
                 report = {
+                    "part": part,
+                    "first": first,
                     "lines": len(lines),
                     "dead_letters": Counter(d.reason for d in letters),
                     "cpu_seconds": time.thread_time() - start,
@@ -135,12 +139,15 @@ def _located_batch(items: list, report: str) -> pa.RecordBatch:
 class SequencerTask:
     """The ``mapInArrow`` function of the serial stage, after ``repartition(1)``: one micro-batch."""
 
-    def __init__(self, checkpoint_root: str, output_root: str, run_id: str, deployment_json: str, keys: list[int]):
+    def __init__(
+        self, checkpoint_root: str, output_root: str, run_id: str, deployment_json: str, keys: list[int], parts: int
+    ) -> None:
         self.checkpoint_root = checkpoint_root
         self.output_root = output_root
         self.run_id = run_id
         self.deployment_json = deployment_json
         self.keys = keys
+        self.parts = parts
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Sequence the micro-batch; yield its routed rows (:data:`ROUTED_SCHEMA`)."""
@@ -149,6 +156,7 @@ class SequencerTask:
         table = pa.Table.from_batches(list(batches), schema=LOCATED_SCHEMA)
         start = time.thread_time()
         items, reports = _in_stream_order(table)
+        _check_complete(reports, self.parts, batch_id)
         checkpoint = Checkpoint(self.checkpoint_root)
         deployment = deployment_from_text(self.deployment_json)
         restore = time.thread_time()
@@ -194,6 +202,26 @@ class SequencerTask:
 _SEQUENCERS: dict[str, tuple[int, Sequencer]] = {}
 
 
+def _check_complete(reports: list[dict], parts: int, batch_id: int) -> None:
+    """Check that the parse reports cover every part of the batch and every line, without gap or overlap.
+
+    Raises
+    ------
+    CheckpointError
+        If a part is missing or repeated, or their lines do not tile the batch.
+    """
+    reports = sorted(reports, key=lambda r: r["part"])
+    if [r["part"] for r in reports] != list(range(parts)):
+        raise CheckpointError(f"micro-batch {batch_id} got parts {[r['part'] for r in reports]}, not 0..{parts - 1}")
+    expected = 0
+    for r in reports:
+        if r["first"] != expected:
+            raise CheckpointError(
+                f"micro-batch {batch_id}: part {r['part']} starts at line {r['first']}, not {expected}"
+            )
+        expected += r["lines"]
+
+
 def _in_stream_order(table: pa.Table) -> tuple[pa.Table, list[dict]]:
     """Return the located rows in stream order, and the parse tasks' reports.
 
@@ -204,6 +232,8 @@ def _in_stream_order(table: pa.Table) -> tuple[pa.Table, list[dict]]:
     """
     kinds = table.column("kind").to_numpy()
     ends = np.flatnonzero(kinds == REPORT)
+    if len(kinds) and kinds[-1] != REPORT:
+        raise CheckpointError("parsed rows arrived after the last parse report: a parse task's output was cut")
     reports = [json.loads(table.column("report")[int(e)].as_py()) for e in ends]
     starts = np.concatenate([[0], ends[:-1] + 1]) if len(ends) else np.zeros(0, dtype=np.int64)
     positions = table.column("pos").to_numpy()
@@ -250,9 +280,10 @@ def _rejected_letters(checkpoint: Checkpoint, batch_id: int, items: pa.Table, de
     """Dead letters of the sequencer's rejections, with their input lines read back from the staged parts."""
     if not decisions.rejected:
         return []
-    lines: list[bytes] = []
-    for path in sorted(checkpoint.source.glob(f"chunk-{batch_id:08d}-*.raw")):
-        lines += split_part(path.read_bytes(), str(path))[3]
+    lines: dict[int, bytes] = {}
+    for path in checkpoint.source.glob(f"chunk-{batch_id:08d}-*.raw"):
+        _, _, first, part_lines = split_part(path.read_bytes(), str(path))
+        lines.update(enumerate(part_lines, start=first))
     positions = items.column("pos")
     out = []
     for i, reason, message in decisions.rejected:
@@ -295,13 +326,37 @@ def _sequencer_before(checkpoint: Checkpoint, run_id: str, deployment: Deploymen
     return Sequencer(deployment.evaluators, registry)
 
 
+PART_BYTES = 256 << 20
+"""Staged bytes per part a micro-batch aims under (Spark's binaryFile reader refuses files over 2 GiB)."""
+
+
 def stage_parts(lines: list[bytes], batch_id: int, parts: int, directory: Path) -> None:
-    """Write one micro-batch's ``lines`` as ``parts`` contiguous staged part files (some may hold no line)."""
-    size = -(-len(lines) // parts) if lines else 0
+    """Write one micro-batch's ``lines`` as ``parts`` contiguous staged part files of about equal bytes.
+
+    Some parts may hold no line. Each holds at most its share of the bytes
+    plus one line.
+    """
+    ends = list(accumulate(len(line) + 1 for line in lines))
+    total = ends[-1] if ends else 0
+    first = 0
     for part in range(parts):
-        first = min(part * size, len(lines))
-        chunk = lines[first : first + size] if size else []
-        body = b"".join(line + b"\n" for line in chunk)
-        atomic_write_bytes(
-            directory / f"chunk-{batch_id:08d}-{part:03d}.raw", part_header(batch_id, part, first) + b"\n" + body
-        )
+        last = bisect_left(ends, total * (part + 1) / parts) + 1 if part < parts - 1 else len(lines)
+        last = min(max(last, first), len(lines))
+        chunk = lines[first:last]
+        data = part_header(batch_id, part, first) + b"\n" + b"".join(line + b"\n" for line in chunk)
+        atomic_write_bytes(directory / f"chunk-{batch_id:08d}-{part:03d}.raw", data)
+        first = last
+
+
+def staged_batches(lines: Iterator[bytes], batch_size: int, parts: int) -> Iterator[list[bytes]]:
+    """Group ``lines`` into micro-batches of ``batch_size`` lines, cut early at ``parts x PART_BYTES`` bytes."""
+    batch: list[bytes] = []
+    size, limit = 0, parts * PART_BYTES
+    for line in lines:
+        batch.append(line)
+        size += len(line) + 1
+        if len(batch) >= batch_size or size >= limit:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
