@@ -98,6 +98,27 @@ class Sequencer:
             for e in placement.evaluators:
                 self.summaries.add(e, placement.keywords)
 
+    def replay(self, objects: list[str], changes: list) -> None:
+        """Apply one batch's journaled registry changes (:func:`skpub.router.state.decode_journal`), summaries too.
+
+        Raises
+        ------
+        CheckpointError
+            If a change does not fit the registry (a damaged journal).
+        """
+        registry, summaries = self.registry, self.summaries
+        registry.replay_objects(objects)
+        for change in changes:
+            rtype, rid, placement = change
+            ended = registry.active.get(rid) if rtype == "unsubscribe" else None
+            registry.replay([change])
+            if rtype == "subscribe":
+                for e in placement.evaluators:
+                    summaries.add(e, placement.keywords)
+            elif ended is not None:
+                for e in ended.evaluators:
+                    summaries.remove(e, ended.keywords)
+
     def sequence(
         self,
         kinds: np.ndarray,

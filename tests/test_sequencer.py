@@ -95,3 +95,28 @@ def test_vectorized_summary_test_equals_per_object_test(held, objects):
     terms = pa.array([t for _, t in objects], pa.list_(pa.string()))
     expected = [summaries.admits(e, t) for e, t in objects]
     assert summaries.admits_many(owners, terms).tolist() == expected
+
+
+def test_a_sequencer_caught_up_by_journals_equals_one_rebuilt_from_them():
+    """The Spark sequencer catches a stale cached state up by the deltas it missed: same registry, same summaries."""
+    from skpub.kernel.config import Deployment
+    from skpub.kernel.text import Vocabulary
+    from skpub.router.epoch import RoutingEpoch
+    from skpub.router.initial import initial_table
+    from skpub.router.locate import Locator
+    from skpub.router.state import decode_journal, encode_journal
+    from tests.workloads import random_workload
+
+    dep = Deployment(evaluators=3, grid_size=20, index_block=2, sample_size=200).replace(object_id_horizon=50)
+    lines = [line.encode() for line in random_workload(seed=21, n=600)]
+    epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), [line.decode() for line in lines[:200]]))
+    locator = Locator(dep, Vocabulary(), epoch.table)
+    live = Sequencer(3, IdRegistry(50, journal=[]))
+    stale = Sequencer(3, IdRegistry(50))
+    for batch_id, start in enumerate(range(0, len(lines), 60)):
+        decisions = live.sequence_located(locator.locate_lines(lines[start : start + 60], batch_id).items)
+        assert decisions.objects >= 0
+        stale.replay(*decode_journal(encode_journal(live.registry.take_journal())))
+        assert stale.registry.active == live.registry.active
+        assert list(stale.registry.object_order) == list(live.registry.object_order)
+        assert stale.summaries.counts == live.summaries.counts

@@ -295,11 +295,14 @@ def _rejected_letters(checkpoint: Checkpoint, batch_id: int, items: pa.Table, de
 def _sequencer_before(checkpoint: Checkpoint, run_id: str, deployment: Deployment, batch_id: int) -> Sequencer:
     """Return the sequencer state after micro-batch ``batch_id - 1``.
 
-    From the executor cache when it holds exactly that state, else rebuilt
-    from the newest registry snapshot before ``batch_id`` plus the deltas
-    after it (summaries are derived from the registry's placements). The
-    cache entry is taken out: sequencing mutates the state, so an attempt
-    that fails midway must not leave a half-applied state for its retry.
+    From this worker's cache when it holds that state; caught up from the
+    cache by the deltas of the batches it missed when it holds an older one
+    (the sequencer task runs in whichever Python worker is free, so a worker
+    often misses a batch or two); else rebuilt from the newest registry
+    snapshot before ``batch_id`` plus the deltas after it (summaries derived
+    from the registry's placements). The cache entry is taken out:
+    sequencing mutates the state, so an attempt that fails midway must not
+    leave a half-applied state for its retry.
 
     Raises
     ------
@@ -307,15 +310,18 @@ def _sequencer_before(checkpoint: Checkpoint, run_id: str, deployment: Deploymen
         If a delta the rebuild needs is missing or damaged.
     """
     cached = _SEQUENCERS.pop(run_id, None)
-    if cached is not None and cached[0] == batch_id - 1:
-        return cached[1]
+    deltas = checkpoint.router_files("delta")
+    if cached is not None and cached[0] < batch_id and all(b in deltas for b in range(cached[0] + 1, batch_id)):
+        version, sequencer = cached
+        for b in range(version + 1, batch_id):
+            sequencer.replay(*decode_journal(deltas[b].read_bytes()))
+        return sequencer
     snapshots = [b for b in checkpoint.router_files("snapshot") if b < batch_id]
     base = max(snapshots, default=-1)
     if base >= 0:
         registry = decode_snapshot(checkpoint.router_snapshot(base).read_bytes())
     else:
         registry = IdRegistry(deployment.object_id_horizon)
-    deltas = checkpoint.router_files("delta")
     for b in range(base + 1, batch_id):
         if b not in deltas:
             raise CheckpointError(f"router changes of batch {b} are missing from {checkpoint.router}")
