@@ -97,7 +97,6 @@ import json
 import os
 import pwd
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -671,22 +670,27 @@ def make_workload(directory: Path, live: int, percentile: float, objects: int | 
     return directory / "stream.jsonl", directory / "vocabulary.json"
 
 
-def skpub_matches(stream: Path, vocabulary: Path, out: Path) -> tuple[set[tuple[str, str]], str]:
-    """Run skpub's local engine; return its ``match`` deliveries and the summary line on objects."""
-    summary = _skpub(
-        "run", "--engine", "local", "--input", str(stream), "--vocabulary", str(vocabulary), "--output", str(out),
-        "--overwrite", "--quiet", "--batch-size", "100000",
-    )  # fmt: skip
-    matches = set()
-    for part in sorted((out / "deliveries").glob("part-*.jsonl")):
-        with open(part, "rb") as fh:
-            for line in fh:
-                row = orjson.loads(line)
-                if row.get("event") == "match":
-                    matches.add((row["sub"], row["obj"]))
-    found = re.search(r"objects\s+\d+ \(([\d,]+) objects/s .*?; ([\d,]+)/s after the first batch\)", summary)
-    rate = f"{found.group(1)} / {found.group(2)}" if found else "?"
-    return matches, rate
+_RATES = re.compile(r"objects\s+\d+ \(([\d,]+) objects/s .*?; ([\d,]+)/s after the first batch\)")
+
+
+def skpub_matches(stream: Path, vocabulary: Path, work: Path, *engine: str) -> tuple[set[tuple[str, str]], str]:
+    """Run ``skpub run`` (local engine unless ``engine`` says otherwise); return its matches and its summary.
+
+    The output goes to a temporary directory under ``work``, created here and
+    removed when the matches are read.
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=work) as tmp:
+        out = Path(tmp) / "out"
+        summary = _skpub(
+            "run", *(engine or ("--engine", "local")), "--input", str(stream), "--vocabulary", str(vocabulary),
+            "--output", str(out), "--quiet", "--batch-size", "100000",
+        )  # fmt: skip
+        matches = set()
+        for part in sorted((out / "deliveries").glob("part-*.jsonl")):
+            with open(part, "rb") as fh:
+                matches.update((row["sub"], row["obj"]) for row in map(orjson.loads, fh) if row["event"] == "match")
+    return matches, summary
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -721,9 +725,12 @@ def main(argv: list[str] | None = None) -> None:
             del tree
             versus, skpub_rate = "not run", "-"
             if not args.no_skpub:
-                theirs, skpub_rate = skpub_matches(stream, vocabulary, root / f"skpub-{name}")
+                theirs, summary = skpub_matches(stream, vocabulary, root)
+                found = re.search(
+                    r"objects\s+\d+ \(([\d,]+) objects/s .*?; ([\d,]+)/s after the first batch\)", summary
+                )
+                skpub_rate = f"{found.group(1)} / {found.group(2)}" if found else "?"
                 versus = "yes" if theirs == pg else f"NO ({len(theirs - pg)} only skpub, {len(pg - theirs)} only ours)"
-                shutil.rmtree(root / f"skpub-{name}", ignore_errors=True)
                 del theirs
             percentile = json.dumps(MIXES[mix])
             print(

@@ -30,15 +30,11 @@ from __future__ import annotations
 
 import argparse
 import re
-import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
-
-from benchmarks.baselines import MIXES, make_workload, postgis_matches, strtree_matches
+from benchmarks.baselines import MIXES, make_workload, postgis_matches, skpub_matches, strtree_matches
 
 
 @dataclass
@@ -58,24 +54,13 @@ _STAGES = re.compile(r"stage cpu\s+parse ([\d.]+) s · sequencer ([\d.]+) s · e
 _SERIAL = re.compile(r"serial\s+([\d.]+)% of stage CPU, ([\d.]+) us per object")
 
 
-def run_skpub(name: str, stream: Path, vocabulary: Path, out: Path, engine: list[str]) -> SkpubRun:
+def run_skpub(name: str, stream: Path, vocabulary: Path, work: Path, engine: list[str]) -> SkpubRun:
     """Run ``skpub run`` with ``engine`` arguments; return its matches and reported figures."""
-    exe = Path(sys.executable).with_name("skpub")
-    cmd = [str(exe), "run", *engine, "--input", str(stream), "--vocabulary", str(vocabulary)]
-    cmd += ["--output", str(out), "--overwrite", "--quiet", "--batch-size", "100000"]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
-    text = done.stdout
-    matches = set()
-    for part in sorted((out / "deliveries").glob("part-*.jsonl")):
-        with part.open("rb") as fh:
-            matches.update((row["sub"], row["obj"]) for row in map(orjson.loads, fh))
+    matches, text = skpub_matches(stream, vocabulary, work, *engine)
     values = map(float, _STAGES.search(text).groups())
     stages = dict(zip(("parse", "sequencer", "evaluators", "sink"), values, strict=True))
     serial, per_object = map(float, _SERIAL.search(text).groups())
     steady = float(_STEADY.search(text).group(1).replace(",", ""))
-    shutil.rmtree(out, ignore_errors=True)
     return SkpubRun(name, matches, steady, stages, serial, per_object)
 
 
@@ -103,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
                 (f"spark {m}", ["--engine", "spark", "--master", m]) for m in args.spark
             ]:
                 print(f"[{name}] skpub {label}", file=sys.stderr, flush=True)
-                runs.append(run_skpub(label, stream, vocabulary, root / f"out-{name}", engine))
+                runs.append(run_skpub(label, stream, vocabulary, root, engine))
             same = all(r.matches == pg for r in runs) and tree == pg
             local = runs[0]
             spark2 = next((r for r in runs if r.name == "spark local[2]"), None)

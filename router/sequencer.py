@@ -21,7 +21,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import NamedTuple
 
 import numpy as np
@@ -187,31 +186,11 @@ class Sequencer:
 
     def _accept_objects(self, items: np.ndarray, oids: list[str], rejected: list) -> np.ndarray:
         """Register the batch's object ids (stream order); return the items accepted."""
-        registry = self.registry
-        seen, order, horizon = registry.object_ids, registry.object_order, registry.object_id_horizon
-        if seen.isdisjoint(oids) and len(set(oids)) == len(oids):
-            seen.update(oids)
-            order.extend(oids)
-            for _ in range(len(order) - horizon):
-                seen.discard(order.popleft())
-            accepted = items
-        else:
-            keep, kept_ids = [], []
-            for i, oid in zip(items.tolist(), oids, strict=True):
-                if oid in seen:
-                    rejected.append((i, *registry.check("object", oid)))
-                    continue
-                seen.add(oid)
-                order.append(oid)
-                if len(order) > horizon:
-                    seen.discard(order.popleft())
-                keep.append(i)
-                kept_ids.append(oid)
-            accepted, oids = np.asarray(keep, dtype=np.int64), kept_ids
-        if registry.journal is not None:
-            registry.journal.extend(zip(repeat("object"), oids, repeat(None)))
-        registry.objects_accepted += len(accepted)
-        return accepted
+        rejections = self.registry.accept_objects(oids)
+        if not rejections:
+            return items
+        rejected.extend((int(items[k]), *rejection) for k, rejection in rejections.items())
+        return np.delete(items, list(rejections))
 
     def _sequence_others(
         self,

@@ -13,6 +13,17 @@ from skpub.router.summary import TextualSummaries
 WORDS = ["a", "b", "c", "d", "é", "f"]
 
 
+def sequence_objects(sequencer, ids):
+    """Sequence a batch of objects only, all at evaluator 0, none admitted."""
+    return sequencer.sequence(
+        np.full(len(ids), KIND_CODES["object"], dtype=np.int8),
+        ids,
+        np.zeros(len(ids), dtype=np.int64),
+        {},
+        lambda summaries, objects: [False] * len(objects),
+    )
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     ids=st.lists(st.sampled_from([f"o{i}" for i in range(12)]), max_size=60),
@@ -33,13 +44,7 @@ def test_object_ids_are_decided_exactly_as_one_by_one(ids, horizon, cuts):
     got = []
     for lo, hi in zip(bounds, bounds[1:], strict=False):
         batch = ids[lo:hi]
-        decisions = sequencer.sequence(
-            np.full(len(batch), KIND_CODES["object"], dtype=np.int8),
-            batch,
-            np.zeros(len(batch), dtype=np.int64),
-            {},
-            lambda summaries, objects: [False] * len(objects),
-        )
+        decisions = sequence_objects(sequencer, batch)
         rejected = {i for i, _, _ in decisions.rejected}
         got += [i not in rejected for i in range(len(batch))]
         assert decisions.objects == len(batch) - len(rejected)
@@ -67,13 +72,7 @@ def test_journals_replay_in_bulk_to_the_same_registry(ids, horizon, cuts):
     bounds = sorted({0, len(ids), *(c for c in cuts if c <= len(ids))})
     for lo, hi in zip(bounds, bounds[1:], strict=False):
         batch = ids[lo:hi]
-        sequencer.sequence(
-            np.full(len(batch), KIND_CODES["object"], dtype=np.int8),
-            batch,
-            np.zeros(len(batch), dtype=np.int64),
-            {},
-            lambda summaries, objects: [False] * len(objects),
-        )
+        sequence_objects(sequencer, batch)
         objects, changes = decode_journal(encode_journal(sequencer.registry.take_journal()))
         replica.replay_objects(objects)
         replica.replay(changes)
