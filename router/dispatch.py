@@ -4,8 +4,8 @@
 normalize, locate: per line, parallel in the Spark engine) and then the
 :class:`~skpub.router.sequencer.Sequencer` (registry, placements, textual
 summaries: serial) over one micro-batch, and returns, in stream order, one
-:class:`~skpub.kernel.messages.Routed` row per (record, evaluator) plus the
-batch's dead letters:
+routed row (:data:`~skpub.kernel.wire.ROUTED_SCHEMA`) per (record, evaluator)
+plus the batch's dead letters:
 
 - an object goes to the owner of its fine cell, only if that evaluator's
   textual summary shares a term with it (Tornado section 3.1);
@@ -15,32 +15,44 @@ batch's dead letters:
 - an unsubscribe goes to the evaluators that hold the subscription;
 - a dead letter goes to the sink, never to an evaluator.
 
-The local engine calls it directly; the Spark engine runs the two stages in
-separate tasks (``skpub.app.engines.spark``).
+The local engine calls it directly; the Spark engine runs the same two stages
+(:func:`~skpub.router.locate.located_table`,
+:meth:`~skpub.router.sequencer.Sequencer.sequence_table`,
+:func:`~skpub.router.sequencer.routed_table`) in separate tasks
+(``skpub.app.engines.spark_tasks``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
 
 from skpub.kernel.config import Deployment
 from skpub.kernel.messages import Routed
 from skpub.kernel.records import DeadLetter, position_index
 from skpub.kernel.registry import IdRegistry
 from skpub.kernel.text import Vocabulary
+from skpub.kernel.wire import ROUTED_SCHEMA, from_columns
 from skpub.router.epoch import RoutingEpoch
-from skpub.router.locate import Located, Locator
-from skpub.router.sequencer import Decisions, Sequencer
+from skpub.router.locate import Locator, located_table
+from skpub.router.sequencer import Decisions, Sequencer, routed_table
 
 
 @dataclass
 class RoutedBatch:
-    """The routing of one micro-batch: rows in stream order, dead letters, counters, CPU seconds per stage."""
+    """The routing of one micro-batch: routed rows in stream order, dead letters, counters, CPU seconds per stage.
+
+    ``table`` holds one :data:`~skpub.kernel.wire.ROUTED_SCHEMA` row per
+    (record, evaluator); :meth:`rows_for` turns an evaluator's rows into
+    records.
+    """
 
     batch_id: int
-    rows: list[Routed] = field(default_factory=list)
+    table: pa.Table = field(default_factory=ROUTED_SCHEMA.empty_table)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     objects: int = 0
     forwarded: int = 0
@@ -48,12 +60,24 @@ class RoutedBatch:
     parse_cpu_seconds: float = 0.0
     sequencer_cpu_seconds: float = 0.0
 
+    def rows_for(self, evaluators: int) -> list[list[Routed]]:
+        """Return each evaluator's routed rows as records, in stream order (``evaluators`` lists)."""
+        keys = self.table.column("evaluator").to_numpy()
+        order = np.argsort(keys, kind="stable")
+        bounds = np.searchsorted(keys[order], np.arange(evaluators + 1))
+        return [
+            from_columns(self.table.take(pa.array(order[bounds[e] : bounds[e + 1]])).to_pydict(), e)
+            for e in range(evaluators)
+        ]
 
-def rejected_letters(decisions: Decisions, items: Sequence[Located], line_of) -> list[DeadLetter]:  # noqa: ANN001
+
+def rejected_letters(
+    decisions: Decisions, positions: pa.Array | pa.ChunkedArray, line_of: Callable[[int], bytes]
+) -> list[DeadLetter]:
     """Return the dead letters of the sequencer's rejections; ``line_of(pos)`` gives the record's input line."""
     out = []
     for i, reason, message in decisions.rejected:
-        pos = items[i].record.pos
+        pos = positions[i].as_py()
         out.append(DeadLetter.for_line(pos, line_of(pos), reason, message))
     return out
 
@@ -88,26 +112,28 @@ class Router:
         Returns
         -------
         RoutedBatch
+            The same columns and decisions the Spark engine's tasks make.
             Cost O(len(lines)) plus O(N_p) per range subscription. Never
             raises for a line: one that fails unexpectedly becomes an
             ``internal_error`` dead letter and the batch goes on.
         """
         start = time.perf_counter()
         located = Locator(self.deployment, self.vocabulary, epoch.table).locate_lines(lines, batch_id)
-        items = located.items
-        decisions = self.sequencer.sequence_located(items)
-        rows = [
-            Routed(e, items[i].record, items[i].cells if b is None else b)
-            for i, e, b in zip(decisions.index, decisions.evaluator, decisions.box, strict=True)
-        ]
-        dead = located.dead_letters + rejected_letters(decisions, items, lambda pos: lines[position_index(pos)])
+        parse = time.thread_time()
+        items = located_table(located)
+        parse = time.thread_time() - parse + located.cpu_seconds
+        serial = time.thread_time()
+        decisions = self.sequencer.sequence_table(items)
+        table = routed_table(items, decisions, range(self.deployment.evaluators))
+        dead = rejected_letters(decisions, items.column("pos"), lambda pos: lines[position_index(pos)])
+        serial = time.thread_time() - serial
         return RoutedBatch(
             batch_id,
-            rows,
-            dead,
+            table,
+            located.dead_letters + dead,
             decisions.objects,
             decisions.forwarded,
             time.perf_counter() - start,
-            located.cpu_seconds,
-            decisions.cpu_seconds,
+            parse,
+            serial,
         )

@@ -3,18 +3,22 @@
 Everything here depends on one line and the routing epoch alone, never on the
 stream before it, so engines run it in parallel: the Spark engine in one task
 per input split, the local engine inline. For every line it yields either a
-dead letter (SEMANTICS section 1, written straight to the sink) or a
-:class:`Located` record:
+dead letter (SEMANTICS section 1, written straight to the sink) or a located
+record:
 
-- an object with its fine cell and the evaluator that owns it (Tornado
-  section 3.1: the partition holding the point);
+- objects as columns (:class:`~skpub.kernel.objects.ObjectColumns`: most are
+  decoded in bulk and never become Python records unless forwarded), with
+  the fine cell of each and the evaluator that owns it (Tornado section 3.1:
+  the partition holding the point), computed for the whole batch at once;
 - a range subscription with every partition its rectangle overlaps (A-Grid
   neighbor search, O(N_p)), the cell box of rectangle ∩ partition for each,
   and the textual-summary keywords (one per clause, its least frequent);
 - any other record as it is.
 
-What depends on stream order (the id registry, placements, textual
-summaries) is the sequencer's (:mod:`skpub.router.sequencer`).
+:func:`located_table` puts a batch's records in stream order in the columns
+the serial stage reads (:data:`~skpub.kernel.wire.LOCATED_COLUMNS`). What
+depends on stream order (the id registry, placements, textual summaries) is
+the sequencer's (:mod:`skpub.router.sequencer`).
 """
 
 from __future__ import annotations
@@ -23,38 +27,50 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+import pyarrow as pa
+
 from skpub.kernel.config import Deployment
 from skpub.kernel.grid import CellBox, intersect_boxes
+from skpub.kernel.messages import Routed
+from skpub.kernel.objects import ObjectColumns, decode_objects
 from skpub.kernel.records import DeadLetter, ObjectRecord, RangeSubscription, Record, parse_line, stream_position
 from skpub.kernel.registry import kind_of
 from skpub.kernel.text import Vocabulary
+from skpub.kernel.wire import LOCATED_SCHEMA, OBJECT, to_columns
 from skpub.router.table import RoutingTable
 
 
 @dataclass(slots=True)
 class Located:
-    """One valid record and where it goes, as far as one line can tell.
+    """One valid record other than an object, and where it goes as far as one line can tell.
 
-    ``cells`` is an object's cell as ``(cx, cy, cx, cy)`` and ``evaluator`` the
-    owner of that cell (-1 for other records); ``targets`` are a range
-    subscription's ``(partition, rectangle ∩ partition cell box)`` pairs and
-    ``keywords`` its summary keywords; ``kind`` is the registry kind
-    (:data:`skpub.kernel.registry.KINDS`).
+    ``targets`` are a range subscription's ``(partition, rectangle ∩
+    partition cell box)`` pairs and ``keywords`` its summary keywords;
+    ``kind`` is the registry kind (:data:`skpub.kernel.registry.KINDS`).
     """
 
     record: Record
     kind: str
-    evaluator: int = -1
-    cells: CellBox | None = None
     targets: tuple[tuple[int, CellBox], ...] = ()
     keywords: frozenset[str] = frozenset()
 
 
 @dataclass
 class LocatedBatch:
-    """The parallel stage's output for a run of lines: records in stream order, dead letters, CPU seconds."""
+    """The parallel stage's output for a run of lines.
 
-    items: list[Located] = field(default_factory=list)
+    ``objects`` are the run's objects in stream order, ``owners``, ``cx`` and
+    ``cy`` (ndarray, shape (len(objects),), int64) their owner evaluator and
+    fine cell; ``others`` the other records in stream order; then the dead
+    letters, the number of lines and the CPU seconds spent.
+    """
+
+    objects: ObjectColumns
+    owners: np.ndarray
+    cx: np.ndarray
+    cy: np.ndarray
+    others: list[Located] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     lines: int = 0
     cpu_seconds: float = 0.0
@@ -83,29 +99,40 @@ class Locator:
         -------
         LocatedBatch
             Never raises for a line: one that fails unexpectedly becomes an
-            ``internal_error`` dead letter. O(len(lines)) plus O(N_p) per
-            range subscription and the expansion of its ``expr``.
+            ``internal_error`` dead letter. Well-formed objects are decoded
+            in bulk (:func:`~skpub.kernel.objects.decode_objects`), every
+            other line one by one (:func:`~skpub.kernel.records.parse_line`);
+            should the bulk decoder itself fail, every line goes one by one.
+            O(len(lines)) plus O(N_p) per range subscription and the
+            expansion of its ``expr``.
         """
         start = time.thread_time()
-        out = LocatedBatch(lines=len(lines))
-        items, dead = out.items, out.dead_letters
         space, max_bytes = self.deployment.space, self.deployment.max_record_bytes
-        grid, owner = self.table.grid, self.table.owner_of_cell
-        for i, line in enumerate(lines, start=first):
-            pos = stream_position(batch_id, i)
+        first_pos = stream_position(batch_id, first)
+        try:
+            objects, rest = decode_objects(lines, first_pos, space, max_bytes)
+        except Exception:  # noqa: BLE001 - the line-by-line path below handles every line
+            objects, rest = ObjectColumns.from_records([]), list(range(len(lines)))
+        others: list[Located] = []
+        dead: list[DeadLetter] = []
+        parsed: list[ObjectRecord] = []
+        for i in rest:
+            line, pos = lines[i], first_pos + i
             try:
                 record = parse_line(line, pos, space, max_bytes)
                 if type(record) is ObjectRecord:
-                    cx, cy = grid.cell_of(record.x, record.y)
-                    items.append(Located(record, "object", owner(cx, cy), (cx, cy, cx, cy)))
+                    parsed.append(record)
                 elif type(record) is DeadLetter:
                     dead.append(record)
                 else:
-                    items.append(self._locate(record))
+                    others.append(self._locate(record))
             except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
                 dead.append(DeadLetter.internal_error(pos, line, exc))
-        out.cpu_seconds = time.thread_time() - start
-        return out
+        if parsed:
+            objects = ObjectColumns.concat([objects, ObjectColumns.from_records(parsed)])
+        cx, cy = self.table.grid.cells_of(objects.x, objects.y)
+        owners = self.table.owners_of_cells(cx, cy)
+        return LocatedBatch(objects, owners, cx, cy, others, dead, len(lines), time.thread_time() - start)
 
     def _locate(self, record: Record) -> Located:
         """Locate a record other than an object."""
@@ -122,3 +149,55 @@ class Locator:
                 raise ValueError(f"partition {e} was routed a rectangle it does not overlap")
             targets.append((e, cells))
         return Located(record, kind, targets=tuple(targets), keywords=self.vocabulary.summary_keywords(record.dnf))
+
+
+def located_table(batch: LocatedBatch) -> pa.Table:
+    """Return the batch's records in stream order as :data:`~skpub.kernel.wire.LOCATED_SCHEMA` rows.
+
+    An object's ``evaluator`` is its owner and ``cx0..cy1`` its cell
+    ``(cx, cy, cx, cy)``; other records have evaluator -1 and, for a range
+    subscription, ``targets``, ``boxes`` (four ints per target) and
+    ``keywords``. Objects are converted column by column, without a
+    per-object Python step. ``report`` is null.
+    """
+    objects = batch.objects
+    n = len(objects)
+    cx, cy = pa.array(batch.cx, pa.int32()), pa.array(batch.cy, pa.int32())
+    columns = {
+        "evaluator": pa.array(batch.owners, pa.int32()),
+        "pos": pa.array(objects.pos, pa.int64()),
+        "kind": pa.array(np.full(n, OBJECT, dtype=np.int8)),
+        "id": pa.array(objects.ids, pa.string()),
+        "x": pa.array(objects.x),
+        "y": pa.array(objects.y),
+        "terms": objects.terms.cast(LOCATED_SCHEMA.field("terms").type),
+        "ts": pa.array(objects.ts, from_pandas=True),
+        "expires_at": pa.array(objects.expires_at, from_pandas=True),
+        "cx0": cx,
+        "cy0": cy,
+        "cx1": cx,
+        "cy1": cy,
+    }
+    nulls = {name: pa.nulls(n, LOCATED_SCHEMA.field(name).type) for name in LOCATED_SCHEMA.names if name not in columns}
+    table = pa.table({**columns, **nulls}, schema=LOCATED_SCHEMA)
+    if not batch.others:
+        return table
+    table = pa.concat_tables([table, _others_table(batch.others)])
+    order = np.argsort(table.column("pos").to_numpy(), kind="stable")
+    return table.take(pa.array(order)).combine_chunks()
+
+
+def _others_table(others: list[Located]) -> pa.Table:
+    """Return the :data:`LOCATED_SCHEMA` rows of records other than objects (subscriptions with their targets)."""
+    cols = to_columns([Routed(-1, item.record) for item in others])
+    n = len(others)
+    targets: list = [None] * n
+    boxes: list = [None] * n
+    keywords: list = [None] * n
+    for i, item in enumerate(others):
+        if item.targets:
+            targets[i] = [e for e, _ in item.targets]
+            boxes[i] = [c for _, box in item.targets for c in box]
+            keywords[i] = sorted(item.keywords)
+    cols.update(targets=targets, boxes=boxes, keywords=keywords, report=[None] * n)
+    return pa.table(cols, schema=LOCATED_SCHEMA)

@@ -24,12 +24,13 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from skpub.kernel.decode import clip
 from skpub.kernel.grid import CellBox
 from skpub.kernel.registry import IdRegistry
-from skpub.kernel.wire import KIND_CODES, KINDS, OBJECT
-from skpub.router.locate import Located
+from skpub.kernel.wire import KINDS, OBJECT, ROUTED_SCHEMA, SUBSCRIBE
 from skpub.router.summary import TextualSummaries
 
 Targets = tuple[tuple[int, CellBox], ...]
@@ -235,17 +236,56 @@ class Sequencer:
                 rejected.append((i, "internal_error", clip(f"{type(exc).__name__}: {exc}", 500)))
         return rows, ended
 
-    def sequence_located(self, items: Sequence[Located]) -> Decisions:
-        """:meth:`sequence` for records located in this process."""
-        owners = [it.evaluator for it in items]
+    def sequence_table(self, items: pa.Table) -> Decisions:
+        """:meth:`sequence` for a micro-batch's located records in stream order (:data:`LOCATED_SCHEMA` rows).
 
-        def admit(summaries: TextualSummaries, objects: list[int]) -> list[bool]:
-            return [summaries.admits(owners[i], items[i].record.term_set) for i in objects]
+        The records stay columns: the summary test runs in Arrow over the
+        objects' terms (:meth:`TextualSummaries.admits_many`), and only
+        subscriptions' targets become Python values.
+        """
+        owners = items.column("evaluator").to_numpy()
+        terms = items.column("terms").combine_chunks()
+
+        def admit(summaries: TextualSummaries, objects: list[int]) -> np.ndarray:
+            return summaries.admits_many(owners, terms)[objects]
 
         return self.sequence(
-            np.fromiter((KIND_CODES[it.kind] for it in items), np.int8, len(items)),
-            [it.record.id for it in items],
-            np.asarray(owners, dtype=np.int64),
-            {i: (it.targets, it.keywords) for i, it in enumerate(items) if it.kind == "subscribe"},
-            admit,
+            items.column("kind").to_numpy(), items.column("id").to_pylist(), owners, _subscriptions(items), admit
         )
+
+
+def _subscriptions(items: pa.Table) -> dict[int, tuple[Targets, frozenset[str]]]:
+    """Return ``item -> (targets, summary keywords)`` for the subscribe rows."""
+    rows = np.flatnonzero(pc.equal(items.column("kind"), SUBSCRIBE).to_numpy(zero_copy_only=False))
+    if not len(rows):
+        return {}
+    subset = items.take(pa.array(rows)).select(["targets", "boxes", "keywords"]).to_pydict()
+    out = {}
+    columns = (rows.tolist(), subset["targets"], subset["boxes"], subset["keywords"])
+    for i, targets, boxes, keywords in zip(*columns, strict=True):
+        out[i] = (
+            tuple((e, tuple(boxes[4 * j : 4 * j + 4])) for j, e in enumerate(targets)),
+            frozenset(keywords),
+        )
+    return out
+
+
+def routed_table(items: pa.Table, decisions: Decisions, keys: Sequence[int]) -> pa.Table:
+    """Return the routed rows (:data:`ROUTED_SCHEMA`): the items the decisions name, in their order.
+
+    Row ``r`` is item ``decisions.index[r]`` with ``evaluator`` set to
+    ``keys[decisions.evaluator[r]]`` and, for a subscription, its cell box
+    there. Records are taken from the columns (Arrow ``take``), never rebuilt
+    as Python objects.
+    """
+    taken = items.select(list(ROUTED_SCHEMA.names)).take(pa.array(decisions.index, type=pa.int64()))
+    evaluator = pa.array(np.asarray(keys, dtype=np.int32)[np.asarray(decisions.evaluator, dtype=np.int64)], pa.int32())
+    taken = taken.set_column(0, "evaluator", evaluator)
+    override = [(r, box) for r, box in enumerate(decisions.box) if box is not None]
+    if override:
+        rows = np.fromiter((r for r, _ in override), dtype=np.int64, count=len(override))
+        for c, name in enumerate(("cx0", "cy0", "cx1", "cy1")):
+            column = pc.fill_null(taken.column(name), -1).to_numpy().copy()
+            column[rows] = [box[c] for _, box in override]
+            taken = taken.set_column(taken.schema.get_field_index(name), name, pa.array(column, pa.int32()))
+    return taken.cast(ROUTED_SCHEMA)

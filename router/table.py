@@ -38,6 +38,10 @@ class RoutingTable(ABC):
         """Return the partition holding cell ``(cx, cy)``; O(1)."""
         return self._owner.item(cy, cx)
 
+    def owners_of_cells(self, cx: np.ndarray, cy: np.ndarray) -> np.ndarray:
+        """Vectorized :meth:`owner_of_cell`: ``(n,)`` int cell coordinates -> ``(n,)`` int64 partitions."""
+        return self._owner[cy, cx].astype(np.int64)
+
     def route_one(self, x: float, y: float) -> int:
         """Return the partition holding the point; O(1)."""
         cx, cy = self.grid.cell_of(x, y)

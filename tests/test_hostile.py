@@ -28,6 +28,7 @@ from skpub.app.engines.local import run_local
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.errors import ExpressionError
 from skpub.kernel.inputs import BOM, iter_lines
+from skpub.kernel.objects import decode_objects
 from skpub.kernel.oracle import replay
 from skpub.kernel.parts import STREAMS, read_stream
 from skpub.kernel.records import REASONS, DeadLetter, RangeSubscription, parse_line
@@ -47,12 +48,18 @@ def text_of(line: bytes) -> str:
 
 
 def outcome(line: bytes | str, max_record_bytes: int = MAX_RECORD_BYTES) -> str:
-    """Parse ``line`` and return its dead-letter reason or :data:`ACCEPTED`, checking the dead letter's form."""
+    """Parse ``line`` and return its dead-letter reason or :data:`ACCEPTED`, checking the dead letter's form.
+
+    A line the bulk object decoder takes must give the record ``parse_line`` gives.
+    """
     record = parse_line(line, 3, SPACE, max_record_bytes)
+    raw = line if isinstance(line, bytes) else line.encode("utf-8", "surrogatepass")
+    bulk, rest = decode_objects([raw], 3, SPACE, max_record_bytes)
+    if not rest:  # the bulk decoder took the line: it must give the very record parse_line gives
+        assert bulk.records([0]) == [record]
     if not isinstance(record, DeadLetter):
         assert record.pos == 3
         return ACCEPTED
-    raw = line if isinstance(line, bytes) else line.encode("utf-8")
     assert record.reason in OUTCOMES, record
     assert record.pos == 3
     assert record.line == text_of(raw)
@@ -459,7 +466,8 @@ def hostile_stream(seed: int = 17) -> list[bytes]:
 def write_stream(path: Path, lines: list[bytes], variant: str) -> Path:
     """Write ``lines`` as ``lf`` (no final terminator) or ``bom-crlf`` (a BOM, every line ended by CRLF)."""
     if variant == "lf":
-        path.write_bytes(b"\n".join(lines))
+        # No final terminator, unless the last line is empty: "a\n" holds one line, "a\n\n" two.
+        path.write_bytes(b"\n".join(lines) + (b"\n" if lines and not lines[-1] else b""))
     else:
         path.write_bytes(BOM + b"".join(line + b"\r\n" for line in lines))
     assert list(iter_lines(path)) == lines, "the reader gives back exactly the lines written"

@@ -190,7 +190,7 @@ def test_an_evaluator_failure_on_one_object_becomes_internal_error(tmp_path, mon
 def test_a_router_failure_on_one_line_keeps_the_batch(tmp_path, monkeypatch):
     lines = random_workload(seed=7, n=200, invalid=False)
     dep = deployment(evaluators=2, batch_size=50)
-    poison = '{"type": "object", "id": "poison", "x": 50, "y": 50, "terms": ["sushi"]}'
+    poison = '{"type": "subscribe", "id": "poison", "kind": "range", "rect": [0, 0, 60, 60], "keywords": ["sushi"]}'
     lines.insert(77, poison)
     real = skpub.router.locate.parse_line
 
@@ -205,6 +205,23 @@ def test_a_router_failure_on_one_line_keeps_the_batch(tmp_path, monkeypatch):
     assert dead == [{"line": poison, "reason": "internal_error", "message": "MemoryError: injected"}]
     expected = replay([line for line in lines if line != poison], dep)
     assert canonical(read_stream(out, "deliveries")) == canonical(expected.deliveries)
+
+
+def test_a_failing_bulk_object_decoder_sends_every_line_the_line_by_line_way(tmp_path, monkeypatch):
+    lines = random_workload(seed=8, n=300)
+    dep = deployment(evaluators=3, batch_size=40)
+    expected = replay(lines, dep)
+
+    def decode_objects(*args):
+        raise MemoryError("injected")
+
+    monkeypatch.setattr(skpub.router.locate, "decode_objects", decode_objects)
+    out, _ = local(tmp_path, lines, dep)
+    assert canonical(read_stream(out, "deliveries")) == canonical(expected.deliveries)
+    def letters(rows):
+        return sorted((d["line"], d["reason"], d["message"]) for d in rows)
+
+    assert letters(read_stream(out, "dead_letters")) == letters(expected.dead_letters)
 
 
 # --------------------------------------------------------------------------- the object-id horizon

@@ -102,7 +102,7 @@ def test_a_sequencer_caught_up_by_journals_equals_one_rebuilt_from_them():
     from skpub.kernel.text import Vocabulary
     from skpub.router.epoch import RoutingEpoch
     from skpub.router.initial import initial_table
-    from skpub.router.locate import Locator
+    from skpub.router.locate import Locator, located_table
     from skpub.router.state import decode_journal, encode_journal
     from tests.workloads import random_workload
 
@@ -113,7 +113,7 @@ def test_a_sequencer_caught_up_by_journals_equals_one_rebuilt_from_them():
     live = Sequencer(3, IdRegistry(50, journal=[]))
     stale = Sequencer(3, IdRegistry(50))
     for batch_id, start in enumerate(range(0, len(lines), 60)):
-        decisions = live.sequence_located(locator.locate_lines(lines[start : start + 60], batch_id).items)
+        decisions = live.sequence_table(located_table(locator.locate_lines(lines[start : start + 60], batch_id)))
         assert decisions.objects >= 0
         stale.replay(*decode_journal(encode_journal(live.registry.take_journal())))
         assert stale.registry.active == live.registry.active

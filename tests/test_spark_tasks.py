@@ -13,15 +13,15 @@ from skpub.app.checkpoint import Checkpoint
 from skpub.app.engines.spark_tasks import (
     _check_complete,
     _in_stream_order,
-    _located_batch,
     _rejected_letters,
+    _with_report,
     split_part,
     stage_parts,
 )
 from skpub.kernel.errors import CheckpointError
 from skpub.kernel.text import Vocabulary
 from skpub.router.initial import initial_table
-from skpub.router.locate import Locator
+from skpub.router.locate import Locator, located_table
 from skpub.router.sequencer import Decisions
 from skpub.router.summary import TextualSummaries
 from tests.workloads import deployment, random_workload
@@ -56,7 +56,7 @@ def _located(lines, batch_id=0, parts=3):
         located = locator.locate_lines(raw[first : first + size], batch_id, first)
         report = {"part": part, "first": first, "lines": len(raw[first : first + size]), "dead_letters": {},
                   "cpu_seconds": 0.0}  # fmt: skip
-        runs.append(_located_batch(located.items, json.dumps(report)))
+        runs.append(_with_report(located_table(located), json.dumps(report)))
     return runs
 
 

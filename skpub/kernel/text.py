@@ -32,24 +32,27 @@ DNF = tuple[frozenset[str], ...]
 
 _NORMALIZED: dict[str, str] = {}
 _SEPARATOR = "\x00"
-MAX_CACHED_TERMS = 1 << 16
+MAX_CACHED_TERMS = 1 << 17
 MAX_CACHED_TERM_LENGTH = 64
 
 
 def normalize_term(term: str) -> str:
     """Normalize one term: NFKC, then casefold, then NFKC again (SEMANTICS section 2).
 
-    Memoized in a plain dict (up to ``MAX_CACHED_TERMS`` terms of at most
-    ``MAX_CACHED_TERM_LENGTH`` characters, so the memo's memory is bounded
-    whatever the stream holds): workloads repeat terms heavily and
-    normalization dominates parsing. For ASCII the
-    result is ``term.lower()`` (NFKC leaves ASCII unchanged and casefold is
-    lower there), which :func:`normalize_terms` uses as a fast path.
+    Memoized in a plain dict of at most ``MAX_CACHED_TERMS`` terms of at
+    most ``MAX_CACHED_TERM_LENGTH`` characters, so the memo's memory is
+    bounded whatever the stream holds; a full memo is emptied and refills
+    with the terms in use now (workloads repeat terms heavily, and the set
+    they repeat drifts). For ASCII the result is ``term.lower()`` (NFKC
+    leaves ASCII unchanged and casefold is lower there), which
+    :func:`normalize_each` uses as a fast path.
     """
     norm = _NORMALIZED.get(term)
     if norm is None:
         norm = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", term).casefold())
-        if len(_NORMALIZED) < MAX_CACHED_TERMS and len(term) <= MAX_CACHED_TERM_LENGTH:
+        if len(term) <= MAX_CACHED_TERM_LENGTH:
+            if len(_NORMALIZED) >= MAX_CACHED_TERMS:
+                _NORMALIZED.clear()
             _NORMALIZED[term] = norm
     return norm
 
@@ -62,38 +65,37 @@ def tokenize(text: str) -> list[str]:
 def normalize_terms(terms: Iterable[str]) -> list[str]:
     """Normalize each element of a ``terms`` list as one term (not split); drop empty ones.
 
+    Raises
+    ------
+    TypeError
+        If an element is not a string.
+    """
+    out = normalize_each(terms if type(terms) is list else list(terms))
+    return out if "" not in out else [t for t in out if t]
+
+
+def normalize_each(terms: list[str]) -> list[str]:
+    """Return the normalization of every element of ``terms``, aligned with it (empty results kept).
+
     The list is joined with NUL (a normalization boundary that casefold and
     NFKC leave alone) and checked in C: an all-ASCII list is lowered in one
-    pass (NFKC leaves ASCII as it is and casefold is lower there), and a list
-    that is already NFKC and casefold-invariant is its own normalization.
-    Other lists go term by term through the memo of :func:`normalize_term`.
+    pass (NFKC leaves ASCII as it is and casefold is lower there). Other
+    lists go term by term: ASCII terms lowered, the others through the memo
+    of :func:`normalize_term`. O(total characters); callers pass whole
+    micro-batches to pay the checks once.
 
     Raises
     ------
     TypeError
         If an element is not a string.
     """
-    if type(terms) is not list:
-        terms = list(terms)
     if not terms:
         return []
     joined = _SEPARATOR.join(terms)
-    if joined.count(_SEPARATOR) == len(terms) - 1:
-        if joined.isascii():
-            fast = joined.lower().split(_SEPARATOR)
-        elif unicodedata.is_normalized("NFKC", joined) and joined.casefold() == joined:
-            fast = joined.split(_SEPARATOR)
-        else:
-            fast = None
-        if fast is not None:
-            return fast if "" not in fast else [t for t in fast if t]
+    if joined.isascii() and joined.count(_SEPARATOR) == len(terms) - 1:
+        return joined.lower().split(_SEPARATOR)
     cache = _NORMALIZED
-    out = []
-    for term in terms:
-        norm = term.lower() if term.isascii() else cache.get(term) or normalize_term(term)
-        if norm:
-            out.append(norm)
-    return out
+    return [term.lower() if term.isascii() else cache.get(term) or normalize_term(term) for term in terms]
 
 
 def parse_expression(expr: str) -> DNF:

@@ -81,6 +81,10 @@ def arrow_schema(columns: Sequence[tuple[str, str]]) -> pa.Schema:
     return pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in columns])
 
 
+ROUTED_SCHEMA = arrow_schema(ROUTED_COLUMNS)
+LOCATED_SCHEMA = arrow_schema(LOCATED_COLUMNS)
+
+
 def to_columns(rows: Sequence[Routed], evaluator_keys: Sequence[int] | None = None) -> dict[str, list]:
     """Convert routed rows to columns; ``evaluator`` holds ``evaluator_keys[row.evaluator]`` (or the index)."""
     cols: dict[str, list] = {name: [None] * len(rows) for name in NAMES}

@@ -23,7 +23,6 @@ from skpub.app.summary import BatchReport, RunObserver, RunSummary
 from skpub.evaluators.evaluator import Evaluator
 from skpub.kernel.config import Deployment
 from skpub.kernel.inputs import batches, iter_lines, take_sample
-from skpub.kernel.messages import Routed
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.text import load_vocabulary
 from skpub.router.dispatch import Router
@@ -81,9 +80,7 @@ def run_local(
     observer.start()
     for batch_id, batch in enumerate(batches(stream, deployment.batch_size)):
         routed = router.route_many(batch, batch_id, epoch)
-        per_evaluator: list[list[Routed]] = [[] for _ in evaluators]
-        for row in routed.rows:
-            per_evaluator[row.evaluator].append(row)
+        per_evaluator = routed.rows_for(len(evaluators))
         results = [ev.apply_many(rows, batch_id) for ev, rows in zip(evaluators, per_evaluator, strict=True)]
         report = BatchReport(
             batch_id,

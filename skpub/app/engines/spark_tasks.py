@@ -46,18 +46,16 @@ from skpub.kernel.registry import IdRegistry
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
 from skpub.kernel.text import load_vocabulary
-from skpub.kernel.wire import LOCATED_COLUMNS, REPORT, ROUTED_COLUMNS, SUBSCRIBE, arrow_schema, to_columns
+from skpub.kernel.wire import LOCATED_SCHEMA, REPORT
+from skpub.router.dispatch import rejected_letters
 from skpub.router.epoch import EpochLog
-from skpub.router.locate import Locator
-from skpub.router.sequencer import Sequencer
+from skpub.router.locate import Locator, located_table
+from skpub.router.sequencer import Sequencer, routed_table
 from skpub.router.state import decode_journal, decode_snapshot, encode_journal, encode_snapshot
-from skpub.router.summary import TextualSummaries
 
 ROUTER_SNAPSHOT_EVERY = 16
 CHUNK_HEADER = b"skpub-chunk-v2"
 """First line of every staged part: ``skpub-chunk-v2 <batch> <part> <index of its first line in the batch>``."""
-LOCATED_SCHEMA = arrow_schema(LOCATED_COLUMNS)
-ROUTED_SCHEMA = arrow_schema(ROUTED_COLUMNS)
 
 
 def part_header(batch_id: int, part: int, first: int) -> bytes:
@@ -114,26 +112,15 @@ class ParseTask:
                     "dead_letters": Counter(d.reason for d in letters),
                     "cpu_seconds": time.thread_time() - start,
                 }
-                yield _located_batch(located.items, json.dumps(report))
+                yield _with_report(located_table(located), json.dumps(report))
 
 
-def _located_batch(items: list, report: str) -> pa.RecordBatch:
-    """Return the located items as :data:`LOCATED_SCHEMA` rows, then the report row."""
-    cols = to_columns(items)
-    n = len(items)
-    targets: list = [None] * n
-    boxes: list = [None] * n
-    keywords: list = [None] * n
-    for i, item in enumerate(items):
-        if item.targets:
-            targets[i] = [e for e, _ in item.targets]
-            boxes[i] = [c for _, box in item.targets for c in box]
-            keywords[i] = sorted(item.keywords)
-    cols.update(targets=targets, boxes=boxes, keywords=keywords, report=[None] * n)
-    for values in cols.values():
-        values.append(None)
-    cols["kind"][-1], cols["pos"][-1], cols["report"][-1] = REPORT, -1, report
-    return pa.RecordBatch.from_pydict(cols, schema=LOCATED_SCHEMA)
+def _with_report(table: pa.Table, report: str) -> pa.RecordBatch:
+    """Return the located rows then the report row, as one record batch (one run in stream order)."""
+    row = {name: pa.nulls(1, field.type) for name, field in zip(LOCATED_SCHEMA.names, LOCATED_SCHEMA, strict=True)}
+    row.update(kind=pa.array([REPORT], pa.int8()), pos=pa.array([-1], pa.int64()), report=pa.array([report]))
+    joined = pa.concat_tables([table, pa.table(row, schema=LOCATED_SCHEMA)]).combine_chunks()
+    return pa.RecordBatch.from_arrays([column.chunk(0) for column in joined.columns], schema=LOCATED_SCHEMA)
 
 
 class SequencerTask:
@@ -162,20 +149,8 @@ class SequencerTask:
         restore = time.thread_time()
         sequencer = _sequencer_before(checkpoint, self.run_id, deployment, batch_id)
         restore = time.thread_time() - restore
-        owners = items.column("evaluator").to_numpy()
-        terms = items.column("terms").combine_chunks()
-
-        def admit(summaries: TextualSummaries, objects: list[int]) -> np.ndarray:
-            return summaries.admits_many(owners, terms)[objects]
-
-        decisions = sequencer.sequence(
-            items.column("kind").to_numpy(),
-            items.column("id").to_pylist(),
-            owners,
-            _subscriptions(items),
-            admit,
-        )
-        routed = _routed(items, decisions, self.keys)
+        decisions = sequencer.sequence_table(items)
+        routed = routed_table(items, decisions, self.keys)
         rejected = _rejected_letters(checkpoint, batch_id, items, decisions)
         write_part(self.output_root, "dead_letters", batch_id, (d.to_json() for d in rejected), "s")
         atomic_write_bytes(checkpoint.router_delta(batch_id), encode_journal(sequencer.registry.take_journal()))
@@ -245,37 +220,6 @@ def _in_stream_order(table: pa.Table) -> tuple[pa.Table, list[dict]]:
     return items.combine_chunks(), reports
 
 
-def _subscriptions(items: pa.Table) -> dict[int, tuple[tuple, frozenset[str]]]:
-    """Return ``item -> (targets, summary keywords)`` for the subscribe rows."""
-    rows = np.flatnonzero(pc.equal(items.column("kind"), SUBSCRIBE).to_numpy(zero_copy_only=False))
-    if not len(rows):
-        return {}
-    subset = items.take(pa.array(rows)).select(["targets", "boxes", "keywords"]).to_pydict()
-    out = {}
-    columns = (rows.tolist(), subset["targets"], subset["boxes"], subset["keywords"])
-    for i, targets, boxes, keywords in zip(*columns, strict=True):
-        out[i] = (
-            tuple((e, tuple(boxes[4 * j : 4 * j + 4])) for j, e in enumerate(targets)),
-            frozenset(keywords),
-        )
-    return out
-
-
-def _routed(items: pa.Table, decisions, keys: list[int]) -> pa.Table:  # noqa: ANN001
-    """Return the routed rows: the items the decisions name, with their evaluator key and cell box."""
-    taken = items.select([name for name, _ in ROUTED_COLUMNS]).take(pa.array(decisions.index, type=pa.int64()))
-    evaluator = pa.array(np.asarray(keys, dtype=np.int32)[np.asarray(decisions.evaluator, dtype=np.int64)], pa.int32())
-    taken = taken.set_column(0, "evaluator", evaluator)
-    override = [(r, box) for r, box in enumerate(decisions.box) if box is not None]
-    if override:
-        rows = np.fromiter((r for r, _ in override), dtype=np.int64, count=len(override))
-        for c, name in enumerate(("cx0", "cy0", "cx1", "cy1")):
-            column = pc.fill_null(taken.column(name), -1).to_numpy().copy()
-            column[rows] = [box[c] for _, box in override]
-            taken = taken.set_column(taken.schema.get_field_index(name), name, pa.array(column, pa.int32()))
-    return taken.cast(ROUTED_SCHEMA)
-
-
 def _rejected_letters(checkpoint: Checkpoint, batch_id: int, items: pa.Table, decisions) -> list[DeadLetter]:  # noqa: ANN001
     """Dead letters of the sequencer's rejections, with their input lines read back from the staged parts."""
     if not decisions.rejected:
@@ -284,12 +228,7 @@ def _rejected_letters(checkpoint: Checkpoint, batch_id: int, items: pa.Table, de
     for path in checkpoint.source.glob(f"chunk-{batch_id:08d}-*.raw"):
         _, _, first, part_lines = split_part(path.read_bytes(), str(path))
         lines.update(enumerate(part_lines, start=first))
-    positions = items.column("pos")
-    out = []
-    for i, reason, message in decisions.rejected:
-        pos = positions[i].as_py()
-        out.append(DeadLetter.for_line(pos, lines[position_index(pos)], reason, message))
-    return out
+    return rejected_letters(decisions, items.column("pos"), lambda pos: lines[position_index(pos)])
 
 
 def _sequencer_before(checkpoint: Checkpoint, run_id: str, deployment: Deployment, batch_id: int) -> Sequencer:
