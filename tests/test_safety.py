@@ -218,6 +218,7 @@ def test_a_failing_bulk_object_decoder_sends_every_line_the_line_by_line_way(tmp
     monkeypatch.setattr(skpub.router.locate, "decode_objects", decode_objects)
     out, _ = local(tmp_path, lines, dep)
     assert canonical(read_stream(out, "deliveries")) == canonical(expected.deliveries)
+
     def letters(rows):
         return sorted((d["line"], d["reason"], d["message"]) for d in rows)
 
