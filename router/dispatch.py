@@ -1,7 +1,8 @@
 """The routing unit in one process: the parallel stage, then the serial one.
 
 :class:`Router` runs :class:`~skpub.router.locate.Locator` (parse, validate,
-normalize, locate: per line, parallel in the Spark engine) and then the
+normalize, locate: objects in bulk, other lines one by one; parallel in the
+Spark engine) and then the
 :class:`~skpub.router.sequencer.Sequencer` (registry, placements, textual
 summaries: serial) over one micro-batch, and returns, in stream order, one
 routed row (:data:`~skpub.kernel.wire.ROUTED_SCHEMA`) per (record, evaluator)

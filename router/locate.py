@@ -102,7 +102,9 @@ class Locator:
             ``internal_error`` dead letter. Well-formed objects are decoded
             in bulk (:func:`~skpub.kernel.objects.decode_objects`), every
             other line one by one (:func:`~skpub.kernel.records.parse_line`);
-            should the bulk decoder itself fail, every line goes one by one.
+            should the bulk decoder itself fail, every line goes one by one,
+            and should locating the objects in bulk fail, each is located
+            alone.
             O(len(lines)) plus O(N_p) per range subscription and the
             expansion of its ``expr``.
         """
@@ -130,9 +132,31 @@ class Locator:
                 dead.append(DeadLetter.internal_error(pos, line, exc))
         if parsed:
             objects = ObjectColumns.concat([objects, ObjectColumns.from_records(parsed)])
-        cx, cy = self.table.grid.cells_of(objects.x, objects.y)
-        owners = self.table.owners_of_cells(cx, cy)
+        try:
+            cx, cy = self.table.grid.cells_of(objects.x, objects.y)
+            owners = self.table.owners_of_cells(cx, cy)
+        except Exception:  # noqa: BLE001 - locate one by one, so only the objects that fail are lost
+            objects, cx, cy, owners = self._locate_objects_one_by_one(objects, lines, first_pos, dead)
         return LocatedBatch(objects, owners, cx, cy, others, dead, len(lines), time.thread_time() - start)
+
+    def _locate_objects_one_by_one(
+        self, objects: ObjectColumns, lines: Sequence[bytes], first_pos: int, dead: list[DeadLetter]
+    ) -> tuple[ObjectColumns, np.ndarray, np.ndarray, np.ndarray]:
+        """Locate each object alone; one that fails becomes an ``internal_error`` dead letter (SEMANTICS 1)."""
+        grid, table = self.table.grid, self.table
+        kept, cells = [], []
+        for row, (pos, x, y) in enumerate(
+            zip(objects.pos.tolist(), objects.x.tolist(), objects.y.tolist(), strict=True)
+        ):
+            try:
+                cx, cy = grid.cell_of(x, y)
+                cells.append((cx, cy, table.owner_of_cell(cx, cy)))
+                kept.append(row)
+            except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
+                dead.append(DeadLetter.internal_error(pos, lines[pos - first_pos], exc))
+        dead.sort(key=lambda d: d.pos)
+        located = np.array(cells, dtype=np.int64).reshape(-1, 3)
+        return objects.take(np.array(kept, dtype=np.int64)), located[:, 0], located[:, 1], located[:, 2]
 
     def _locate(self, record: Record) -> Located:
         """Locate a record other than an object."""

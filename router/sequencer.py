@@ -18,7 +18,6 @@ from the placements when a sequencer is built from a registry.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -81,7 +80,6 @@ class Decisions:
     rejected: list[tuple[int, str, str]] = field(default_factory=list)
     objects: int = 0
     forwarded: int = 0
-    cpu_seconds: float = 0.0
 
 
 Admit = Callable[[TextualSummaries, list[int]], Sequence[bool]]
@@ -158,7 +156,6 @@ class Sequencer:
             per object, O(targets) per subscription. Never raises for an
             item: one that fails becomes an ``internal_error`` rejection.
         """
-        start = time.thread_time()
         out = Decisions()
         kinds = np.asarray(kinds)
         objects = np.flatnonzero(kinds == OBJECT)
@@ -182,7 +179,6 @@ class Sequencer:
         out.evaluator = evaluator[order].tolist()
         out.box = [box[r] for r in order.tolist()]
         out.rejected.sort(key=lambda r: r[0])
-        out.cpu_seconds = time.thread_time() - start
         return out
 
     def _accept_objects(self, items: np.ndarray, oids: list[str], rejected: list) -> np.ndarray:

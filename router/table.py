@@ -48,9 +48,8 @@ class RoutingTable(ABC):
         return self._owner.item(cy, cx)
 
     def route_many(self, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
-        """Vectorized :meth:`route_one`: ``(n,)`` float64 points -> ``(n,)`` int32 partitions."""
-        cx, cy = self.grid.cells_of(xs, ys)
-        return self._owner[cy, cx]
+        """Vectorized :meth:`route_one`: ``(n,)`` float64 points -> ``(n,)`` int64 partitions."""
+        return self.owners_of_cells(*self.grid.cells_of(xs, ys))
 
     def route_range(self, rect: Rect) -> list[int]:
         """Return every partition that the closed rectangle overlaps, without repeats."""

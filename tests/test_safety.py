@@ -19,6 +19,7 @@ from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.evaluator import decode_block, encode_block
 from skpub.evaluators.gi2 import GI2Index
 from skpub.kernel.errors import CheckpointError, OutputError
+from skpub.kernel.grid import FineGrid
 from skpub.kernel.oracle import replay
 from skpub.kernel.parts import read_stream
 from skpub.kernel.registry import IdRegistry
@@ -200,6 +201,30 @@ def test_a_router_failure_on_one_line_keeps_the_batch(tmp_path, monkeypatch):
         return real(line, *args)
 
     monkeypatch.setattr(skpub.router.locate, "parse_line", parse_line)
+    out, _ = local(tmp_path, lines, dep)
+    dead = read_stream(out, "dead_letters")
+    assert dead == [{"line": poison, "reason": "internal_error", "message": "MemoryError: injected"}]
+    expected = replay([line for line in lines if line != poison], dep)
+    assert canonical(read_stream(out, "deliveries")) == canonical(expected.deliveries)
+
+
+def test_an_object_that_fails_to_locate_is_the_only_one_lost(tmp_path, monkeypatch):
+    lines = random_workload(seed=7, n=400, invalid=False)
+    dep = deployment(evaluators=2, batch_size=50)
+    poison = '{"type": "object", "id": "poison", "x": 50.123, "y": 50.321, "terms": ["sushi"]}'
+    lines.insert(dep.sample_size + 77, poison)  # after the partitioning sample, which locates cells too
+    real = FineGrid.cell_of
+
+    def cells_of(self, xs, ys):
+        raise MemoryError("injected in bulk")
+
+    def cell_of(self, x, y):
+        if (x, y) == (50.123, 50.321):
+            raise MemoryError("injected")
+        return real(self, x, y)
+
+    monkeypatch.setattr(FineGrid, "cells_of", cells_of)
+    monkeypatch.setattr(FineGrid, "cell_of", cell_of)
     out, _ = local(tmp_path, lines, dep)
     dead = read_stream(out, "dead_letters")
     assert dead == [{"line": poison, "reason": "internal_error", "message": "MemoryError: injected"}]

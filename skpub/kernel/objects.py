@@ -4,9 +4,10 @@ Objects are the stream's volume, and most of them are never forwarded to an
 evaluator (their owner's textual summary holds none of their terms, Tornado
 section 3.1). Parsing each into a Python record costs far more than the
 routing decision it feeds, so the parse stage keeps a micro-batch's objects
-as :class:`ObjectColumns` (ids, coordinates, normalized terms, times) and
-builds :class:`~skpub.kernel.records.ObjectRecord`\ s only for the rows that
-go somewhere (:meth:`ObjectColumns.records`).
+as :class:`ObjectColumns` (ids, coordinates, normalized terms, times);
+records are built only for the rows that go to an evaluator, from the routed
+columns (:func:`skpub.kernel.wire.from_columns`). :meth:`ObjectColumns.records`
+is the reference conversion the fuzzers compare with ``parse_line``.
 
 :func:`decode_objects` decodes the common well-formed object line with a
 typed ``msgspec`` decoder (one C call per line, no intermediate dict) and
@@ -15,8 +16,8 @@ takes a line only when that line cannot be anything but a valid object,
 whose record then equals the one :func:`parse_line` builds (tested by
 differential fuzzing against it):
 
-- the line starts with ``{``, holds the bytes ``"object"`` and is at most
-  ``max_record_bytes`` long;
+- the line is at most ``max_record_bytes`` long, starts with ``{`` and
+  holds the bytes ``"object"``;
 - it decodes as exactly the fields ``type`` (``"object"``), ``id`` (a
   non-empty string), ``x``, ``y`` (numbers), ``terms`` (strings) and
   optionally ``ts``, ``expires_at`` (numbers or null), nothing else. The
@@ -202,7 +203,7 @@ def decode_objects(
     rest: list[int] = []
     decoded: list[_ObjectLine] = []
     for i, line in enumerate(lines):
-        if line[:1] != b"{" or b'"object"' not in line or len(line) > max_record_bytes:
+        if len(line) > max_record_bytes or line[:1] != b"{" or b'"object"' not in line:
             rest.append(i)
             continue
         try:

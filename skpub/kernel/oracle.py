@@ -1,16 +1,25 @@
 """The brute-force oracle: a direct replay of ``docs/SEMANTICS.md``.
 
 Every engine's output must equal :func:`replay`. It shares only the parser
-and the id registry with the engines (validation *is* the contract); matching
-is done by checking every active subscription against every object, with no
-index and no routing. Cost O(objects x active subscriptions) via numpy
-rectangle tests; meant for tests and small replays.
+and the id registry with the engines (validation *is* the contract);
+everything else is recomputed from scratch with no index and no routing:
 
-Range kind only for now; topk/knn slot in as further subscription handlers.
+- range (section 3.1): every active subscription is tested against every
+  arriving object (numpy rectangle tests);
+- topk and knn (sections 3.2, 3.3, 4): after every accepted record, each
+  active subscription's result is recomputed from the whole window and
+  compared with the previous one; the difference is its ``exit`` and
+  ``enter`` events (section 5). A snapshot lists the current results.
+
+Cost O(records x active subscriptions x window); meant for tests and small
+replays. Which subscription kinds count as evaluated is a parameter:
+engines that do not evaluate topk/knn yet reject them as
+``unsupported_kind``, and the oracle can replay either contract.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -19,18 +28,24 @@ import numpy as np
 from skpub.kernel.config import Deployment
 from skpub.kernel.records import (
     DeadLetter,
+    KnnSubscription,
     ObjectRecord,
     RangeSubscription,
     SnapshotMarker,
+    TopkSubscription,
     Unsubscribe,
+    parse_line,
 )
-from skpub.kernel.registry import IdRegistry
-from skpub.kernel.text import dnf_matches
+from skpub.kernel.registry import IdRegistry, kind_of
+from skpub.kernel.text import Vocabulary, dnf_matches, load_vocabulary
+
+TOLERANCE = 1e-9
+"""Scores and distances closer than this are ties, ordered by the tie-breakers (SEMANTICS section 5)."""
 
 
 @dataclass
 class OracleResult:
-    """Deliveries and dead letters as the output dictionaries of SEMANTICS section 5."""
+    """Deliveries, snapshots and dead letters as the output dictionaries of SEMANTICS section 5."""
 
     deliveries: list[dict] = field(default_factory=list)
     dead_letters: list[dict] = field(default_factory=list)
@@ -62,27 +77,205 @@ class _RangeTable:
         return [self.ids[i] for i in hits if self.alive[i] and dnf_matches(self.dnfs[i], obj.term_set)]
 
 
-def replay(lines: Iterable[bytes | str], deployment: Deployment) -> OracleResult:
+@dataclass
+class _Arrival:
+    """An accepted object with what the window needs: its ts (the watermark when absent) and arrival number."""
+
+    record: ObjectRecord
+    ts: float
+    number: int
+
+
+class _Window:
+    """The deployment window of SEMANTICS section 4, kept as every accepted object (brute force).
+
+    An object without ``ts`` takes the watermark at its arrival (0 before any
+    ``ts``): "ingestion time" on the stream's own clock, so replays are
+    deterministic (skpub decision, docs/SEMANTICS.md).
+    """
+
+    def __init__(self, deployment: Deployment) -> None:
+        self.kind, self.size = deployment.window.kind, deployment.window.size
+        self.arrivals: list[_Arrival] = []
+        self.watermark: float | None = None
+
+    def add(self, obj: ObjectRecord) -> _Arrival:
+        ts = obj.ts if obj.ts is not None else (self.watermark if self.watermark is not None else 0.0)
+        arrival = _Arrival(obj, ts, len(self.arrivals))
+        self.arrivals.append(arrival)
+        self.watermark = ts if self.watermark is None else max(self.watermark, ts)
+        return arrival
+
+    def holds(self, arrival: _Arrival) -> bool:
+        """Whether ``arrival`` is in the window now."""
+        obj, watermark = arrival.record, self.watermark
+        if obj.expires_at is not None and watermark is not None and watermark >= obj.expires_at:
+            return False
+        if self.kind == "count":
+            return arrival.number >= len(self.arrivals) - self.size
+        if self.kind == "seconds":
+            return arrival.ts > watermark - self.size
+        return True
+
+    def members(self) -> list[_Arrival]:
+        return [a for a in self.arrivals if self.holds(a)]
+
+
+def _unit(weights: dict[str, float]) -> dict[str, float]:
+    norm = math.sqrt(sum(w * w for w in weights.values()))
+    return {t: w / norm for t, w in weights.items()} if norm > 0 else {}
+
+
+def _ranked(scored: list[tuple[float, float, int, str]], descending: bool, k: int) -> list[tuple[str, float, int]]:
+    """Return the first ``k`` of ``(value, ts, pos, id)`` rows by value, ties within the tolerance by (ts, pos) desc.
+
+    Rows are sorted by exact value; a run of rows whose neighbours differ by
+    at most the tolerance is one tie group, ordered by the tie-breakers.
+    """
+    rows = sorted(scored, key=lambda r: -r[0] if descending else r[0])
+    out: list[tuple[float, float, int, str]] = []
+    start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or abs(rows[i][0] - rows[i - 1][0]) > TOLERANCE:
+            out.extend(sorted(rows[start:i], key=lambda r: (-r[1], -r[2])))
+            start = i
+            if len(out) >= k:
+                break
+    return [(oid, value, pos) for value, _, pos, oid in out[:k]]
+
+
+@dataclass
+class _Ranked:
+    """An active topk or knn subscription and its current result ``[(object id, score or dist, position)]``.
+
+    ``weights`` is a topk subscription's unit tf-idf vector, ``keywords``
+    the terms a candidate must share with it (section 3.2).
+    """
+
+    sub: TopkSubscription | KnnSubscription
+    weights: dict[str, float]
+    keywords: frozenset[str]
+    result: list[tuple[str, float, int]] = field(default_factory=list)
+
+    @property
+    def field_name(self) -> str:
+        return "score" if isinstance(self.sub, TopkSubscription) else "dist"
+
+    def candidate(self, arrival: _Arrival, window_none: bool) -> bool:
+        """Whether a window object may enter this subscription's result (sections 3.2-4)."""
+        sub, terms = self.sub, arrival.record.term_set
+        after = arrival.record.pos > sub.pos
+        if window_none and not after:
+            return False
+        if isinstance(sub, TopkSubscription):
+            return not terms.isdisjoint(self.keywords)
+        if sub.from_ == "registration" and not after:
+            return False
+        return sub.keywords <= terms if sub.match == "all" else not sub.keywords.isdisjoint(terms)
+
+    def recompute(self, window: _Window, vocabulary: Vocabulary, max_dist: float) -> list[tuple[str, float, int]]:
+        sub, rows = self.sub, []
+        for arrival in window.members():
+            if not self.candidate(arrival, window.kind == "none"):
+                continue
+            obj = arrival.record
+            dist = math.hypot(obj.x - sub.x, obj.y - sub.y)
+            if isinstance(sub, KnnSubscription):
+                rows.append((dist, arrival.ts, obj.pos, obj.id))
+                continue
+            tf: dict[str, float] = {}
+            for t in obj.terms:
+                tf[t] = tf.get(t, 0.0) + 1.0
+            w_o = _unit({t: n * vocabulary.idf(t) for t, n in tf.items()})
+            cosine = sum(w * w_o.get(t, 0.0) for t, w in self.weights.items())
+            proximity = 1.0 - dist / max_dist if max_dist > 0 else 1.0
+            rows.append((sub.alpha * proximity + (1 - sub.alpha) * cosine, arrival.ts, obj.pos, obj.id))
+        return _ranked(rows, isinstance(sub, TopkSubscription), sub.k)
+
+
+def replay(
+    lines: Iterable[bytes | str], deployment: Deployment, evaluated: tuple[type, ...] = (RangeSubscription,)
+) -> OracleResult:
     """Replay a stream of input lines and return exactly what SEMANTICS says it delivers.
 
-    ``lines`` are records without terminators, as bytes (as read) or str
-    (taken as their UTF-8 encoding).
+    Parameters
+    ----------
+    lines : iterable of bytes or str
+        Records without terminators, as bytes (as read) or str (taken as
+        their UTF-8 encoding).
+    deployment : Deployment
+        Space, window, limits and the vocabulary (idf) of the run.
+    evaluated : tuple of subscription types
+        The kinds the engine under test evaluates; other valid subscriptions
+        are ``unsupported_kind`` dead letters.
+
+    Returns
+    -------
+    OracleResult
+        Deliveries in stream order (per record: range matches, then each
+        topk/knn subscription's exits then enters, subscriptions in
+        registration order); snapshots in stream order.
     """
     result = OracleResult()
     registry = IdRegistry(deployment.object_id_horizon)
+    vocabulary = load_vocabulary(deployment.vocabulary)
+    space = deployment.space
+    max_dist = math.hypot(space.width, space.height)
     table = _RangeTable()
+    ranked: dict[str, _Ranked] = {}
+    window = _Window(deployment)
     for pos, line in enumerate(lines):
-        record = registry.parse(line, pos, deployment.space, deployment.max_record_bytes)
+        record = parse_line(line, pos, space, deployment.max_record_bytes)
         if isinstance(record, DeadLetter):
             result.dead_letters.append(record.to_json())
-        elif isinstance(record, ObjectRecord):
-            registry.accept(record)
+            continue
+        kind = kind_of(record)
+        if kind == "unsupported" and isinstance(record, evaluated):
+            kind = "subscribe"
+        rejection = registry.check(kind, record.id)
+        if rejection is not None:
+            result.dead_letters.append(DeadLetter.for_line(pos, line, *rejection).to_json())
+            continue
+        if isinstance(record, ObjectRecord):
+            registry.accept_id(kind, record.id)
+            window.add(record)
             for sub in table.matches(record):
                 result.deliveries.append({"sub": sub, "obj": record.id, "event": "match"})
         elif isinstance(record, RangeSubscription):
-            registry.accept(record, table.add(record))
+            registry.accept_id(kind, record.id, ("range", table.add(record)))
+        elif isinstance(record, TopkSubscription | KnnSubscription):
+            weights = dict(record.weights) if isinstance(record, TopkSubscription) else {}
+            registry.accept_id(kind, record.id, ("ranked", record.id))
+            unit = _unit({t: w * vocabulary.idf(t) for t, w in weights.items()})
+            ranked[record.id] = _Ranked(record, unit, frozenset(weights))
         elif isinstance(record, Unsubscribe):
-            table.alive[registry.accept(record)] = False
+            placement = registry.accept_id(kind, record.id)
+            if placement[0] == "range":
+                table.alive[placement[1]] = False
+            else:
+                del ranked[placement[1]]
         elif isinstance(record, SnapshotMarker):
-            registry.accept(record)
+            registry.accept_id(kind, record.id)
+        for sub in ranked.values():
+            now = sub.recompute(window, vocabulary, max_dist)
+            result.deliveries.extend(_events(sub, now))
+            sub.result = now
+        if isinstance(record, SnapshotMarker):
+            result.snapshots.extend(
+                {"snapshot": record.id, "sub": sid, "results": [[oid, v] for oid, v, _ in sub.result]}
+                for sid, sub in ranked.items()
+            )
     return result
+
+
+def _events(sub: _Ranked, now: list[tuple[str, float, int]]) -> list[dict]:
+    """Return the exit and enter events that turn ``sub.result`` into ``now`` (SEMANTICS section 5).
+
+    Objects are told apart by stream position: an id may recur after the
+    object-id horizon as a new object.
+    """
+    before, after = {pos for _, _, pos in sub.result}, {pos for _, _, pos in now}
+    name, sid = sub.field_name, sub.sub.id
+    exits = [{"sub": sid, "event": "exit", "obj": oid, name: v} for oid, v, pos in sub.result if pos not in after]
+    enters = [{"sub": sid, "event": "enter", "obj": oid, name: v} for oid, v, pos in now if pos not in before]
+    return exits + enters

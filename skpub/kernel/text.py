@@ -10,6 +10,7 @@ per conjunctive clause, on its least frequent keyword).
 from __future__ import annotations
 
 import json
+import math
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -32,16 +33,16 @@ DNF = tuple[frozenset[str], ...]
 
 _NORMALIZED: dict[str, str] = {}
 _SEPARATOR = "\x00"
-MAX_CACHED_TERMS = 1 << 17
+MAX_CACHED_TERMS = 1 << 16
 MAX_CACHED_TERM_LENGTH = 64
 
 
 def normalize_term(term: str) -> str:
     """Normalize one term: NFKC, then casefold, then NFKC again (SEMANTICS section 2).
 
-    Memoized in a plain dict of at most ``MAX_CACHED_TERMS`` terms of at
-    most ``MAX_CACHED_TERM_LENGTH`` characters, so the memo's memory is
-    bounded whatever the stream holds; a full memo is emptied and refills
+    Memoized in a plain dict of at most ``MAX_CACHED_TERMS`` terms whose
+    text and normalization both hold at most ``MAX_CACHED_TERM_LENGTH``
+    characters, so the memo's memory is bounded whatever the stream holds; a full memo is emptied and refills
     with the terms in use now (workloads repeat terms heavily, and the set
     they repeat drifts). For ASCII the result is ``term.lower()`` (NFKC
     leaves ASCII unchanged and casefold is lower there), which
@@ -50,7 +51,7 @@ def normalize_term(term: str) -> str:
     norm = _NORMALIZED.get(term)
     if norm is None:
         norm = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", term).casefold())
-        if len(term) <= MAX_CACHED_TERM_LENGTH:
+        if len(term) <= MAX_CACHED_TERM_LENGTH and len(norm) <= MAX_CACHED_TERM_LENGTH:
             if len(_NORMALIZED) >= MAX_CACHED_TERMS:
                 _NORMALIZED.clear()
             _NORMALIZED[term] = norm
@@ -287,6 +288,10 @@ class Vocabulary:
     def frequency(self, term: str) -> int:
         """Document frequency of ``term`` (1 when unknown)."""
         return self.df.get(term, 1)
+
+    def idf(self, term: str) -> float:
+        """``ln(N / df(term))`` (SEMANTICS section 3.2); 1 for every term when there is no vocabulary (N = 0)."""
+        return math.log(self.n_documents / self.df.get(term, 1)) if self.n_documents else 1.0
 
     def least_frequent(self, terms: Iterable[str]) -> str:
         """Return the least frequent term (ties: longest, then lexicographically first).

@@ -103,6 +103,7 @@ class ParseTask:
                 if staged_batch != batch_id:
                     raise CheckpointError(f"staged part {path} belongs to batch {staged_batch}, not {batch_id}")
                 located = locator.locate_lines(lines, batch_id, first)
+                table = located_table(located)
                 letters = located.dead_letters
                 write_part(self.output_root, "dead_letters", batch_id, (d.to_json() for d in letters), f"p{part:03d}")
                 report = {
@@ -112,7 +113,7 @@ class ParseTask:
                     "dead_letters": Counter(d.reason for d in letters),
                     "cpu_seconds": time.thread_time() - start,
                 }
-                yield _with_report(located_table(located), json.dumps(report))
+                yield _with_report(table, json.dumps(report))
 
 
 def _with_report(table: pa.Table, report: str) -> pa.RecordBatch:
