@@ -56,29 +56,26 @@ class TextualSummaries:
         Parameters
         ----------
         evaluators : ndarray, shape (n,), int
-        terms : pyarrow ListArray of string, length n
+            Object ``i``'s owner evaluator.
+        terms : pyarrow ListArray or LargeListArray of string, length n
+            Nulls (records that are not objects) hold no term.
 
         Returns
         -------
         ndarray, shape (n,), bool
-            Every term is first looked up in the union of all summaries in
-            Arrow (``is_in``, O(terms)); only the few that hit one are checked
-            against their own evaluator's summary in Python.
+            Each evaluator's objects' terms are looked up in that evaluator's
+            summary in Arrow (``is_in``): O(terms + summary keywords), with
+            no Python step per term or per object.
         """
-        n = len(terms)
-        admitted = np.zeros(n, dtype=bool)
-        union = set().union(*self.counts)
-        if n == 0 or not union:
+        admitted = np.zeros(len(terms), dtype=bool)
+        if not len(terms) or not any(self.counts):
             return admitted
+        parents = pc.list_parent_indices(terms).to_numpy()
         flat = pc.list_flatten(terms)
-        held = pc.is_in(flat, value_set=pa.array(list(union), pa.string()))
-        hits = np.flatnonzero(held.to_numpy(zero_copy_only=False))
-        if not len(hits):
-            return admitted
-        parents = pc.list_parent_indices(terms).to_numpy()[hits]
-        words = flat.take(pa.array(hits)).to_pylist()
-        counts, owners = self.counts, np.asarray(evaluators)[parents].tolist()
-        for obj, e, word in zip(parents.tolist(), owners, words, strict=True):
-            if word in counts[e]:
-                admitted[obj] = True
+        owners = np.asarray(evaluators)[parents]
+        for e, summary in enumerate(self.counts):
+            rows = np.flatnonzero(owners == e) if summary else ()
+            if len(rows):
+                held = pc.is_in(flat.take(pa.array(rows)), value_set=pa.array(list(summary), flat.type))
+                admitted[parents[rows[held.to_numpy(zero_copy_only=False)]]] = True
         return admitted
