@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
+import orjson
 import pyarrow as pa
 
 from skpub.kernel.geometry import Rect
@@ -118,36 +119,42 @@ def _optional_float(value) -> float | None:  # noqa: ANN001 - pandas gives NaN f
 def from_columns(cols: Mapping[str, Sequence], evaluator: int) -> list[Routed]:
     """Rebuild routed rows for ``evaluator`` from columns, in stream order.
 
+    Columns are read whole and zipped (no per-row lookup by name): this
+    runs for every row an evaluator receives.
+
     Raises
     ------
     ValueError
         If a row's ``kind`` is not one an evaluator applies (object,
         subscribe, unsubscribe).
     """
+    pos = [int(p) for p in cols["pos"]]
+    order = sorted(range(len(pos)), key=pos.__getitem__)
+    kinds, ids, xs, ys = cols["kind"], cols["id"], cols["x"], cols["y"]
+    terms, ts, expires_at, rects, dnfs = cols["terms"], cols["ts"], cols["expires_at"], cols["rect"], cols["dnf"]
+    cx0, cy0, cx1, cy1 = cols["cx0"], cols["cy0"], cols["cx1"], cols["cy1"]
     rows = []
-    for i in sorted(range(len(cols["pos"])), key=cols["pos"].__getitem__):
-        kind, pos = int(cols["kind"][i]), int(cols["pos"][i])
-        cells = None
-        if kind in (OBJECT, SUBSCRIBE):
-            cells = (int(cols["cx0"][i]), int(cols["cy0"][i]), int(cols["cx1"][i]), int(cols["cy1"][i]))
+    for i in order:
+        kind = int(kinds[i])
         if kind == OBJECT:
-            terms = tuple(cols["terms"][i])
+            words = tuple(terms[i])
             record = ObjectRecord(
-                pos,
-                cols["id"][i],
-                float(cols["x"][i]),
-                float(cols["y"][i]),
-                terms,
-                frozenset(terms),
-                _optional_float(cols["ts"][i]),
-                _optional_float(cols["expires_at"][i]),
+                pos[i],
+                ids[i],
+                float(xs[i]),
+                float(ys[i]),
+                words,
+                frozenset(words),
+                _optional_float(ts[i]),
+                _optional_float(expires_at[i]),
             )
         elif kind == SUBSCRIBE:
-            dnf = tuple(frozenset(clause) for clause in json.loads(cols["dnf"][i]))
-            record = RangeSubscription(pos, cols["id"][i], Rect(*(float(v) for v in cols["rect"][i])), dnf)
+            dnf = tuple(frozenset(clause) for clause in orjson.loads(dnfs[i]))
+            record = RangeSubscription(pos[i], ids[i], Rect(*(float(v) for v in rects[i])), dnf)
         elif kind == UNSUBSCRIBE:
-            record = Unsubscribe(pos, cols["id"][i])
+            rows.append(Routed(evaluator, Unsubscribe(pos[i], ids[i]), None))
+            continue
         else:
             raise ValueError(f"an evaluator receives objects and (un)subscriptions, not kind {kind}")
-        rows.append(Routed(evaluator, record, cells))
+        rows.append(Routed(evaluator, record, (int(cx0[i]), int(cy0[i]), int(cx1[i]), int(cy1[i]))))
     return rows
