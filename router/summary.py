@@ -70,7 +70,8 @@ class TextualSummaries:
         admitted = np.zeros(len(terms), dtype=bool)
         if not len(terms) or not any(self.counts):
             return admitted
-        parents = pc.list_parent_indices(terms).to_numpy()
+        lengths = pc.fill_null(pc.list_value_length(terms), 0).to_numpy()
+        parents = np.repeat(np.arange(len(terms)), lengths)  # aligned with list_flatten, which skips null rows
         flat = pc.list_flatten(terms)
         owners = np.asarray(evaluators)[parents]
         for e, summary in enumerate(self.counts):

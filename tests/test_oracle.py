@@ -15,10 +15,7 @@ import pytest
 
 from skpub.kernel.config import Window
 from skpub.kernel.oracle import replay
-from skpub.kernel.records import KnnSubscription, RangeSubscription, TopkSubscription
 from tests.workloads import deployment
-
-ALL = (RangeSubscription, TopkSubscription, KnnSubscription)
 
 
 def obj(oid, x, y, terms, **extra) -> str:
@@ -35,7 +32,7 @@ def events(result) -> list[tuple]:
 
 
 def run(lines, window: Window | None = None):
-    return replay(lines, deployment().replace(window=window or Window()), evaluated=ALL)
+    return replay(lines, deployment().replace(window=window or Window()), ranked=True)
 
 
 def test_knn_without_window_sees_only_later_objects_and_keeps_the_k_nearest():
@@ -125,7 +122,7 @@ def test_topk_scores_by_proximity_and_tf_idf_cosine(tmp_path):
     sub = {"type": "subscribe", "id": "t", "kind": "topk", "point": [0, 0], "k": 1, "alpha": 0.25,
            "weights": {"a": 2.0, "b": 1.0}}  # fmt: skip
     lines = [json.dumps(sub), obj("o", 3, 4, ["a", "a", "c"]), obj("p", 3, 4, ["zz"])]
-    result = replay(lines, deployment().replace(vocabulary=str(vocabulary)), evaluated=ALL)
+    result = replay(lines, deployment().replace(vocabulary=str(vocabulary)), ranked=True)
     idf_a, idf_b, idf_c = math.log(10), math.log(2), math.log(100)
     w_s = (2 * idf_a, 1 * idf_b)
     w_o = (2 * idf_a, 1 * idf_c)
@@ -153,3 +150,47 @@ def test_without_ranked_kinds_evaluated_they_are_unsupported():
     result = replay([knn("s", 0, 0, ["a"], 1), obj("o", 1, 1, ["a"])], deployment())
     assert [d["reason"] for d in result.dead_letters] == ["unsupported_kind"]
     assert result.deliveries == []
+
+
+def test_a_tie_chain_wider_than_the_tolerance_is_one_group():
+    lines = [
+        knn("s", 0, 0, ["a"], 1),
+        obj("a", 5, 0, ["a"], ts=1.0),
+        obj("c", 5 + 1.6e-9, 0, ["a"], ts=2.0),  # 1.6e-9 from a: alone, a stays first
+        json.dumps({"type": "snapshot", "id": "p1"}),
+        obj("b", 5 + 0.8e-9, 0, ["a"], ts=3.0),  # within 1e-9 of both: one group a, b, c ordered by ts
+        json.dumps({"type": "snapshot", "id": "p2"}),
+    ]
+    snapshots = run(lines).snapshots
+    assert [s["results"][0][0] for s in snapshots] == ["a", "b"]
+
+
+def test_a_rejected_object_takes_no_window_slot_and_moves_no_watermark():
+    lines = [
+        knn("s", 0, 0, ["a"], 1),
+        obj("o1", 1, 0, ["a"], ts=1.0),
+        obj("o1", 50, 50, ["b"], ts=99.0),  # duplicate id: rejected
+        obj("o2", 50, 50, ["b"], ts=2.0),
+    ]
+    result = run(lines, Window("seconds", 5))
+    assert [d["reason"] for d in result.dead_letters] == ["duplicate_id"]
+    assert events(result) == [("s", "enter", "o1", 1.0)]
+    counted = run(lines, Window("count", 2))
+    assert events(counted) == [("s", "enter", "o1", 1.0)]
+
+
+def test_config_refuses_windows_and_spaces_the_semantics_cannot_hold(tmp_path):
+    from skpub.kernel.config import Deployment
+    from skpub.kernel.errors import ConfigError
+    from skpub.kernel.geometry import Rect
+    from skpub.kernel.text import Vocabulary
+
+    with pytest.raises(ConfigError, match="whole number"):
+        Window("count", 2.5)
+    with pytest.raises(ConfigError, match="MaxDist"):
+        Deployment(space=Rect(-1e308, -1, 1e308, 1))
+    for n in (0, -5, 10**400, "100", 1.5):
+        path = tmp_path / "vocabulary.json"
+        path.write_text(json.dumps({"N": n, "df": {}}) if n != 10**400 else '{"N": 1' + "0" * 400 + ', "df": {}}')
+        with pytest.raises(ConfigError, match="'N'"):
+            Vocabulary.load(path)

@@ -99,3 +99,8 @@ def test_vectorized_summaries_handle_null_terms_and_sliced_arrays():
     terms = pa.array([None, ["x"], ["jazz"], None, ["jazz", "y"], []], pa.list_(pa.string())).slice(1)
     owners = np.array([0, 1, 0, 1, 1])
     assert summaries.admits_many(owners, terms).tolist() == [False, True, False, True, False]
+    # A null row may still span values in its offsets: they are not its terms.
+    masked = pa.ListArray.from_arrays(
+        pa.array([0, 1, 2, 3]), pa.array(["jazz", "jazz", "x"]), mask=pa.array([True, False, False])
+    )
+    assert summaries.admits_many(np.array([1, 1, 1]), masked).tolist() == [False, True, False]

@@ -56,6 +56,8 @@ class Window:
             raise ConfigError(f"window kind must be one of {WINDOW_KINDS}, got {self.kind!r}")
         if self.kind != "none" and not (math.isfinite(self.size) and self.size > 0):
             raise ConfigError(f"window size must be a positive number, got {self.size!r}")
+        if self.kind == "count" and not float(self.size).is_integer():
+            raise ConfigError(f"a count window holds a whole number of objects, got {self.size!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +111,8 @@ class Deployment:
         s = self.space
         if not all(math.isfinite(v) for v in s.as_list()) or s.xmin >= s.xmax or s.ymin >= s.ymax:
             raise ConfigError(f"space must be a finite non-empty rectangle, got {s.as_list()}")
+        if not math.isfinite(math.hypot(s.width, s.height)):
+            raise ConfigError(f"space {s.as_list()} has a diagonal (MaxDist) beyond a 64-bit float")
         if self.router not in ROUTERS:
             raise ConfigError(f"router must be one of {ROUTERS}, got {self.router!r}")
         for name in INTEGER_FIELDS:

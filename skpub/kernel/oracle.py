@@ -11,10 +11,10 @@ everything else is recomputed from scratch with no index and no routing:
   compared with the previous one; the difference is its ``exit`` and
   ``enter`` events (section 5). A snapshot lists the current results.
 
-Cost O(records x active subscriptions x window); meant for tests and small
-replays. Which subscription kinds count as evaluated is a parameter:
-engines that do not evaluate topk/knn yet reject them as
-``unsupported_kind``, and the oracle can replay either contract.
+Cost O(records x active ranked subscriptions x window); meant for tests
+and small replays. Whether topk/knn count as evaluated is a parameter:
+engines that do not evaluate them yet reject them as ``unsupported_kind``,
+and the oracle can replay either contract.
 """
 
 from __future__ import annotations
@@ -79,11 +79,15 @@ class _RangeTable:
 
 @dataclass
 class _Arrival:
-    """An accepted object with what the window needs: its ts (the watermark when absent) and arrival number."""
+    """An accepted object with what the window needs: its ts (the watermark when absent) and arrival number.
+
+    ``unit`` is its unit tf-idf vector, computed once when a topk subscription first scores it.
+    """
 
     record: ObjectRecord
     ts: float
     number: int
+    unit: dict[str, float] | None = None
 
 
 class _Window:
@@ -97,14 +101,14 @@ class _Window:
     def __init__(self, deployment: Deployment) -> None:
         self.kind, self.size = deployment.window.kind, deployment.window.size
         self.arrivals: list[_Arrival] = []
+        self.accepted = 0
         self.watermark: float | None = None
 
-    def add(self, obj: ObjectRecord) -> _Arrival:
+    def add(self, obj: ObjectRecord) -> None:
         ts = obj.ts if obj.ts is not None else (self.watermark if self.watermark is not None else 0.0)
-        arrival = _Arrival(obj, ts, len(self.arrivals))
-        self.arrivals.append(arrival)
+        self.arrivals.append(_Arrival(obj, ts, self.accepted))
+        self.accepted += 1
         self.watermark = ts if self.watermark is None else max(self.watermark, ts)
-        return arrival
 
     def holds(self, arrival: _Arrival) -> bool:
         """Whether ``arrival`` is in the window now."""
@@ -112,13 +116,23 @@ class _Window:
         if obj.expires_at is not None and watermark is not None and watermark >= obj.expires_at:
             return False
         if self.kind == "count":
-            return arrival.number >= len(self.arrivals) - self.size
+            return arrival.number >= self.accepted - self.size
         if self.kind == "seconds":
             return arrival.ts > watermark - self.size
         return True
 
-    def members(self) -> list[_Arrival]:
-        return [a for a in self.arrivals if self.holds(a)]
+    def members(self, earliest: int | None) -> list[_Arrival]:
+        """Return the objects in the window now, and forget the others for good.
+
+        An object that has left never comes back (the count and the watermark
+        only grow). With window ``none`` an object older than ``earliest``
+        (the oldest active ranked subscription's position; None: there is
+        none) can enter no result, now or later.
+        """
+        if self.kind == "none":
+            self.arrivals = [a for a in self.arrivals if earliest is not None and a.record.pos > earliest]
+        self.arrivals = [a for a in self.arrivals if self.holds(a)]
+        return self.arrivals
 
 
 def _unit(weights: dict[str, float]) -> dict[str, float]:
@@ -173,29 +187,31 @@ class _Ranked:
             return False
         return sub.keywords <= terms if sub.match == "all" else not sub.keywords.isdisjoint(terms)
 
-    def recompute(self, window: _Window, vocabulary: Vocabulary, max_dist: float) -> list[tuple[str, float, int]]:
+    def recompute(
+        self, members: list[_Arrival], window_none: bool, vocabulary: Vocabulary, max_dist: float
+    ) -> list[tuple[str, float, int]]:
         sub, rows = self.sub, []
-        for arrival in window.members():
-            if not self.candidate(arrival, window.kind == "none"):
+        for arrival in members:
+            if not self.candidate(arrival, window_none):
                 continue
             obj = arrival.record
             dist = math.hypot(obj.x - sub.x, obj.y - sub.y)
             if isinstance(sub, KnnSubscription):
                 rows.append((dist, arrival.ts, obj.pos, obj.id))
                 continue
-            tf: dict[str, float] = {}
-            for t in obj.terms:
-                tf[t] = tf.get(t, 0.0) + 1.0
-            w_o = _unit({t: n * vocabulary.idf(t) for t, n in tf.items()})
+            if arrival.unit is None:
+                tf: dict[str, float] = {}
+                for t in obj.terms:
+                    tf[t] = tf.get(t, 0.0) + 1.0
+                arrival.unit = _unit({t: n * vocabulary.idf(t) for t, n in tf.items()})
+            w_o = arrival.unit
             cosine = sum(w * w_o.get(t, 0.0) for t, w in self.weights.items())
             proximity = 1.0 - dist / max_dist if max_dist > 0 else 1.0
             rows.append((sub.alpha * proximity + (1 - sub.alpha) * cosine, arrival.ts, obj.pos, obj.id))
         return _ranked(rows, isinstance(sub, TopkSubscription), sub.k)
 
 
-def replay(
-    lines: Iterable[bytes | str], deployment: Deployment, evaluated: tuple[type, ...] = (RangeSubscription,)
-) -> OracleResult:
+def replay(lines: Iterable[bytes | str], deployment: Deployment, ranked: bool = False) -> OracleResult:
     """Replay a stream of input lines and return exactly what SEMANTICS says it delivers.
 
     Parameters
@@ -205,9 +221,10 @@ def replay(
         their UTF-8 encoding).
     deployment : Deployment
         Space, window, limits and the vocabulary (idf) of the run.
-    evaluated : tuple of subscription types
-        The kinds the engine under test evaluates; other valid subscriptions
-        are ``unsupported_kind`` dead letters.
+    ranked : bool
+        Whether topk and knn subscriptions are evaluated (range ones always
+        are); when not, they are ``unsupported_kind`` dead letters, as from
+        an engine that does not evaluate them yet.
 
     Returns
     -------
@@ -222,7 +239,7 @@ def replay(
     space = deployment.space
     max_dist = math.hypot(space.width, space.height)
     table = _RangeTable()
-    ranked: dict[str, _Ranked] = {}
+    active: dict[str, _Ranked] = {}
     window = _Window(deployment)
     for pos, line in enumerate(lines):
         record = parse_line(line, pos, space, deployment.max_record_bytes)
@@ -230,7 +247,7 @@ def replay(
             result.dead_letters.append(record.to_json())
             continue
         kind = kind_of(record)
-        if kind == "unsupported" and isinstance(record, evaluated):
+        if kind == "unsupported" and ranked:
             kind = "subscribe"
         rejection = registry.check(kind, record.id)
         if rejection is not None:
@@ -247,23 +264,24 @@ def replay(
             weights = dict(record.weights) if isinstance(record, TopkSubscription) else {}
             registry.accept_id(kind, record.id, ("ranked", record.id))
             unit = _unit({t: w * vocabulary.idf(t) for t, w in weights.items()})
-            ranked[record.id] = _Ranked(record, unit, frozenset(weights))
+            active[record.id] = _Ranked(record, unit, frozenset(weights))
         elif isinstance(record, Unsubscribe):
             placement = registry.accept_id(kind, record.id)
             if placement[0] == "range":
                 table.alive[placement[1]] = False
             else:
-                del ranked[placement[1]]
+                del active[placement[1]]
         elif isinstance(record, SnapshotMarker):
             registry.accept_id(kind, record.id)
-        for sub in ranked.values():
-            now = sub.recompute(window, vocabulary, max_dist)
+        members = window.members(min((sub.sub.pos for sub in active.values()), default=None))
+        for sub in active.values():
+            now = sub.recompute(members, window.kind == "none", vocabulary, max_dist)
             result.deliveries.extend(_events(sub, now))
             sub.result = now
         if isinstance(record, SnapshotMarker):
             result.snapshots.extend(
                 {"snapshot": record.id, "sub": sid, "results": [[oid, v] for oid, v, _ in sub.result]}
-                for sid, sub in ranked.items()
+                for sid, sub in active.items()
             )
     return result
 

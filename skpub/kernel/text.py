@@ -277,7 +277,9 @@ class Vocabulary:
         """
         try:
             raw = json.loads(Path(path).read_text(encoding="utf-8"))
-            n = int(raw["N"])
+            n = raw["N"]
+            if type(n) is not int or not 1 <= n < 2**53:
+                raise TypeError(f"'N' must be an integer from 1 to 2**53 - 1, got {n!r}")
             df = raw["df"]
             if not isinstance(df, dict) or not all(type(v) is int and v >= 1 for v in df.values()):
                 raise TypeError("'df' must be an object {term: df} with integer df >= 1")
