@@ -188,6 +188,15 @@ def test_an_evaluator_failure_on_one_object_becomes_internal_error(tmp_path, mon
     assert (out / "_SUCCESS").exists()
 
 
+def assert_only_the_poison_is_lost(tmp_path, lines, dep, poison):
+    """Run locally: ``poison`` alone is an internal_error letter, every other line's output equals the oracle."""
+    out, _ = local(tmp_path, lines, dep)
+    dead = read_stream(out, "dead_letters")
+    assert dead == [{"line": poison, "reason": "internal_error", "message": "MemoryError: injected"}]
+    expected = replay([line for line in lines if line != poison], dep)
+    assert canonical(read_stream(out, "deliveries")) == canonical(expected.deliveries)
+
+
 def test_a_router_failure_on_one_line_keeps_the_batch(tmp_path, monkeypatch):
     lines = random_workload(seed=7, n=200, invalid=False)
     dep = deployment(evaluators=2, batch_size=50)
@@ -201,11 +210,7 @@ def test_a_router_failure_on_one_line_keeps_the_batch(tmp_path, monkeypatch):
         return real(line, *args)
 
     monkeypatch.setattr(skpub.router.locate, "parse_line", parse_line)
-    out, _ = local(tmp_path, lines, dep)
-    dead = read_stream(out, "dead_letters")
-    assert dead == [{"line": poison, "reason": "internal_error", "message": "MemoryError: injected"}]
-    expected = replay([line for line in lines if line != poison], dep)
-    assert canonical(read_stream(out, "deliveries")) == canonical(expected.deliveries)
+    assert_only_the_poison_is_lost(tmp_path, lines, dep, poison)
 
 
 def test_an_object_that_fails_to_locate_is_the_only_one_lost(tmp_path, monkeypatch):
@@ -225,11 +230,7 @@ def test_an_object_that_fails_to_locate_is_the_only_one_lost(tmp_path, monkeypat
 
     monkeypatch.setattr(FineGrid, "cells_of", cells_of)
     monkeypatch.setattr(FineGrid, "cell_of", cell_of)
-    out, _ = local(tmp_path, lines, dep)
-    dead = read_stream(out, "dead_letters")
-    assert dead == [{"line": poison, "reason": "internal_error", "message": "MemoryError: injected"}]
-    expected = replay([line for line in lines if line != poison], dep)
-    assert canonical(read_stream(out, "deliveries")) == canonical(expected.deliveries)
+    assert_only_the_poison_is_lost(tmp_path, lines, dep, poison)
 
 
 def test_a_failing_bulk_object_decoder_sends_every_line_the_line_by_line_way(tmp_path, monkeypatch):

@@ -24,6 +24,12 @@ def sequence_objects(sequencer, ids):
     )
 
 
+def cut(ids, cuts):
+    """Split ``ids`` into consecutive micro-batches at the positions ``cuts`` (those within it)."""
+    bounds = sorted({0, len(ids), *(c for c in cuts if c <= len(ids))})
+    return [ids[lo:hi] for lo, hi in zip(bounds, bounds[1:], strict=False)]
+
+
 @settings(max_examples=150, deadline=None)
 @given(
     ids=st.lists(st.sampled_from([f"o{i}" for i in range(12)]), max_size=60),
@@ -40,10 +46,8 @@ def test_object_ids_are_decided_exactly_as_one_by_one(ids, horizon, cuts):
             reference.accept_id("object", oid)
         expected.append(not rejected)
     sequencer = Sequencer(2, IdRegistry(horizon, journal=[]))
-    bounds = sorted({0, len(ids), *(c for c in cuts if c <= len(ids))})
     got = []
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
-        batch = ids[lo:hi]
+    for batch in cut(ids, cuts):
         decisions = sequence_objects(sequencer, batch)
         rejected = {i for i, _, _ in decisions.rejected}
         got += [i not in rejected for i in range(len(batch))]
@@ -69,9 +73,7 @@ def test_journals_replay_in_bulk_to_the_same_registry(ids, horizon, cuts):
 
     sequencer = Sequencer(2, IdRegistry(horizon, journal=[]))
     replica = IdRegistry(horizon)
-    bounds = sorted({0, len(ids), *(c for c in cuts if c <= len(ids))})
-    for lo, hi in zip(bounds, bounds[1:], strict=False):
-        batch = ids[lo:hi]
+    for batch in cut(ids, cuts):
         sequence_objects(sequencer, batch)
         objects, changes = decode_journal(encode_journal(sequencer.registry.take_journal()))
         replica.replay_objects(objects)
