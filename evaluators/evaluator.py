@@ -21,12 +21,21 @@ import orjson
 
 from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.gi2 import GI2Index
+from skpub.evaluators.monitor import RankedMonitor
 from skpub.evaluators.stats import CellCostStats
 from skpub.kernel.config import Deployment
 from skpub.kernel.geometry import Rect
 from skpub.kernel.grid import CellBox
-from skpub.kernel.messages import Delivery, Routed
-from skpub.kernel.records import DeadLetter, ObjectRecord, RangeSubscription, Unsubscribe
+from skpub.kernel.messages import Delivery, Mark, RankedUpdate, Routed
+from skpub.kernel.records import (
+    DeadLetter,
+    KnnSubscription,
+    ObjectRecord,
+    RangeSubscription,
+    SnapshotMarker,
+    TopkSubscription,
+    Unsubscribe,
+)
 from skpub.kernel.text import Vocabulary
 
 STATE_BLOCK = 25
@@ -40,6 +49,7 @@ class EvaluatorBatch:
 
     evaluator: int
     deliveries: list[Delivery] = field(default_factory=list)
+    updates: list[RankedUpdate] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     stats: CellCostStats = field(default_factory=CellCostStats)
     cpu_seconds: float = 0.0
@@ -51,11 +61,17 @@ def state_block(box: CellBox) -> int:
 
 
 class Evaluator:
-    """One evaluator: range subscriptions in GI^2, per-cell costs, deliveries."""
+    """One evaluator: range subscriptions in GI^2, ranked ones in its monitor, per-cell costs, deliveries.
 
-    def __init__(self, evaluator_id: int, deployment: Deployment, vocabulary: Vocabulary) -> None:
+    ``policy`` is the ranked buffers' policy (:data:`skpub.evaluators.skyband.POLICIES`).
+    """
+
+    def __init__(
+        self, evaluator_id: int, deployment: Deployment, vocabulary: Vocabulary, policy: str = "cskyband"
+    ) -> None:
         self.evaluator_id = evaluator_id
         self.grid_size = deployment.grid_size
+        self.monitor = RankedMonitor(evaluator_id, deployment, vocabulary, policy)
         self.index = GI2Index(deployment.index_block, vocabulary)
         self.blocks: dict[int, dict[str, tuple[RangeSubscription, CellBox]]] = {}
         self.home: dict[str, int] = {}
@@ -63,8 +79,8 @@ class Evaluator:
 
     @property
     def subscriptions(self) -> int:
-        """Number of live subscriptions held."""
-        return len(self.home)
+        """Number of live subscriptions held (range and ranked)."""
+        return len(self.home) + len(self.monitor)
 
     def apply_many(self, rows: Iterable[Routed], batch_id: int) -> EvaluatorBatch:
         """Apply one micro-batch's rows, in stream order.
@@ -83,21 +99,28 @@ class Evaluator:
         start = time.thread_time()
         out = EvaluatorBatch(self.evaluator_id)
         deliveries, stats, size = out.deliveries, out.stats, self.grid_size
-        match_one = self.index.match_one
+        match_one, monitor = self.index.match_one, self.monitor
         for row in rows:
             record = row.record
             try:
                 if row.evaluator != self.evaluator_id:
                     raise EvaluatorError(f"row for evaluator {row.evaluator} reached {self.evaluator_id}")
+                monitor.advance(row.accepted, row.watermark)
                 if isinstance(record, ObjectRecord):
                     cx, cy = row.cells[0], row.cells[1]
                     matched, examined = match_one(record, cx, cy)
+                    examined += monitor.add_object(record, row.accepted - 1)
                     stats.add(cy * size + cx, cx, cy, examined)
                     deliveries.extend((record.pos, sid, record.id) for sid in matched)
                 elif isinstance(record, RangeSubscription):
                     self._insert(record, row.cells)
+                elif isinstance(record, TopkSubscription | KnnSubscription):
+                    monitor.subscribe(record)
                 elif isinstance(record, Unsubscribe):
-                    self._delete(record.id)
+                    if not monitor.unsubscribe(record.id, record.pos):
+                        self._delete(record.id)
+                elif isinstance(record, SnapshotMarker | Mark):
+                    out.updates.extend(monitor.mark(record.pos))
                 else:
                     raise EvaluatorError(f"evaluator cannot apply {type(record).__name__}")
             except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from skpub.kernel.config import Deployment
 from skpub.kernel.messages import Routed
-from skpub.kernel.records import DeadLetter, position_index
+from skpub.kernel.records import DeadLetter, position_index, stream_position
 from skpub.kernel.registry import IdRegistry
 from skpub.kernel.text import Vocabulary
 from skpub.kernel.wire import ROUTED_SCHEMA, from_columns
@@ -49,7 +49,8 @@ class RoutedBatch:
 
     ``table`` holds one :data:`~skpub.kernel.wire.ROUTED_SCHEMA` row per
     (record, evaluator); :meth:`rows_for` turns an evaluator's rows into
-    records.
+    records. ``marks`` are the ``(position, snapshot id)`` where evaluators
+    report their ranked results, in stream order (:func:`marks`).
     """
 
     batch_id: int
@@ -60,6 +61,7 @@ class RoutedBatch:
     routing_seconds: float = 0.0
     parse_cpu_seconds: float = 0.0
     sequencer_cpu_seconds: float = 0.0
+    marks: list[tuple[int, str]] = field(default_factory=list)
 
     def rows_for(self, evaluators: int) -> list[list[Routed]]:
         """Return each evaluator's routed rows as records, in stream order (``evaluators`` lists)."""
@@ -70,6 +72,19 @@ class RoutedBatch:
             from_columns(self.table.take(pa.array(order[bounds[e] : bounds[e + 1]])).to_pydict(), e)
             for e in range(evaluators)
         ]
+
+
+def marks(decisions: Decisions, items: pa.Table, end: int) -> list[tuple[int, str]]:
+    """Return the ``(position, snapshot id)`` of the batch's marks, in stream order.
+
+    They are its snapshots sent to every evaluator, then its end (id ``""``)
+    when the batch ends with a mark row.
+    """
+    out = []
+    if decisions.snapshots:
+        taken = items.take(pa.array(decisions.snapshots, pa.int64()))
+        out = list(zip(taken.column("pos").to_pylist(), taken.column("id").to_pylist(), strict=True))
+    return [*out, (end, "")] if decisions.mark else out
 
 
 def rejected_letters(
@@ -90,7 +105,10 @@ class Router:
         self.deployment = deployment
         self.vocabulary = vocabulary
         self.sequencer = Sequencer(
-            deployment.evaluators, registry if registry is not None else IdRegistry(deployment.object_id_horizon)
+            deployment.evaluators,
+            registry if registry is not None else IdRegistry(deployment.object_id_horizon),
+            deployment.window,
+            ranked=True,
         )
 
     @property
@@ -125,7 +143,8 @@ class Router:
         parse = time.thread_time() - parse + located.cpu_seconds
         serial = time.thread_time()
         decisions = self.sequencer.sequence_table(items)
-        table = routed_table(items, decisions, range(self.deployment.evaluators))
+        end = stream_position(batch_id, len(lines))
+        table = routed_table(items, decisions, range(self.deployment.evaluators), end)
         dead = rejected_letters(decisions, items.column("pos"), lambda pos: lines[position_index(pos)])
         serial = time.thread_time() - serial
         return RoutedBatch(
@@ -137,4 +156,5 @@ class Router:
             time.perf_counter() - start,
             parse,
             serial,
+            marks(decisions, items, end),
         )

@@ -34,7 +34,16 @@ from skpub.kernel.config import Deployment
 from skpub.kernel.grid import CellBox, intersect_boxes
 from skpub.kernel.messages import Routed
 from skpub.kernel.objects import ObjectColumns, decode_objects
-from skpub.kernel.records import DeadLetter, ObjectRecord, RangeSubscription, Record, parse_line, stream_position
+from skpub.kernel.records import (
+    DeadLetter,
+    KnnSubscription,
+    ObjectRecord,
+    RangeSubscription,
+    Record,
+    TopkSubscription,
+    parse_line,
+    stream_position,
+)
 from skpub.kernel.registry import kind_of
 from skpub.kernel.text import Vocabulary
 from skpub.kernel.wire import LOCATED_SCHEMA, OBJECT, to_columns
@@ -46,7 +55,8 @@ class Located:
     """One valid record other than an object, and where it goes as far as one line can tell.
 
     ``targets`` are a range subscription's ``(partition, rectangle ∩
-    partition cell box)`` pairs and ``keywords`` its summary keywords;
+    partition cell box)`` pairs and ``keywords`` its summary keywords (of a
+    topk or knn subscription, which every evaluator holds: its terms);
     ``kind`` is the registry kind (:data:`skpub.kernel.registry.KINDS`).
     """
 
@@ -161,6 +171,9 @@ class Locator:
     def _locate(self, record: Record) -> Located:
         """Locate a record other than an object."""
         kind = kind_of(record)
+        if isinstance(record, TopkSubscription | KnnSubscription):
+            terms = record.keywords if isinstance(record, KnnSubscription) else (t for t, _ in record.weights)
+            return Located(record, kind, keywords=frozenset(terms))
         if kind != "subscribe":
             return Located(record, kind)
         assert isinstance(record, RangeSubscription)
@@ -222,6 +235,7 @@ def _others_table(others: list[Located]) -> pa.Table:
         if item.targets:
             targets[i] = [e for e, _ in item.targets]
             boxes[i] = [c for _, box in item.targets for c in box]
+        if item.keywords:
             keywords[i] = sorted(item.keywords)
     cols.update(targets=targets, boxes=boxes, keywords=keywords, report=[None] * n)
     return pa.table(cols, schema=LOCATED_SCHEMA)

@@ -18,6 +18,8 @@ from the placements when a sequencer is built from a registry.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -26,25 +28,36 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from skpub.kernel.config import Window
 from skpub.kernel.decode import clip
 from skpub.kernel.grid import CellBox
 from skpub.kernel.registry import IdRegistry
-from skpub.kernel.wire import KINDS, OBJECT, ROUTED_SCHEMA, SUBSCRIBE
+from skpub.kernel.wire import KINDS, MARK, OBJECT, ROUTED_SCHEMA, SUBSCRIBE
 from skpub.router.summary import TextualSummaries
 
 Targets = tuple[tuple[int, CellBox], ...]
 """A range subscription's ``(evaluator, cell box)`` pairs."""
+Clock = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""Per item: objects accepted so far, the watermark, an object's time (:meth:`Sequencer.clock`)."""
+UNSUPPORTED = ("unsupported_kind", "this engine evaluates range subscriptions only")
+"""The rejection of a valid topk or knn subscription by an engine that does not evaluate them yet."""
 
 
 class Placement(NamedTuple):
-    """Where an active subscription lives: its evaluators and summary keywords (a tuple: cheap to build)."""
+    """Where an active subscription lives: its evaluators and summary keywords (a tuple: cheap to build).
+
+    A ``ranked`` (topk or knn) subscription lives at every evaluator, and its
+    keywords are not in the range summaries (DESIGN "Top-k and kNN").
+    """
 
     evaluators: tuple[int, ...]
     keywords: frozenset[str]
+    ranked: bool = False
 
     def to_json(self) -> list:
-        """Return ``[evaluators, sorted keywords]``, the durable form."""
-        return [list(self.evaluators), sorted(self.keywords)]
+        """Return ``[evaluators, sorted keywords]`` (``[..., true]`` when ranked), the durable form."""
+        out = [list(self.evaluators), sorted(self.keywords)]
+        return [*out, True] if self.ranked else out
 
     @classmethod
     def from_json(cls, raw: list) -> Placement:
@@ -55,10 +68,12 @@ class Placement(NamedTuple):
         TypeError, ValueError
             If ``raw`` is not of that shape.
         """
-        evaluators, keywords = raw
+        evaluators, keywords, *ranked = raw
         if not all(type(e) is int for e in evaluators) or not all(type(k) is str for k in keywords):
             raise TypeError("a placement is [[evaluator ints], [keyword strings]]")
-        return cls(tuple(evaluators), frozenset(keywords))
+        if ranked not in ([], [True]):
+            raise TypeError("a placement's third element, when present, is true (ranked)")
+        return cls(tuple(evaluators), frozenset(keywords), bool(ranked))
 
 
 @dataclass
@@ -71,7 +86,13 @@ class Decisions:
     message)`` for records the stream so far rejects (``duplicate_id``,
     ``unknown_id``, ``unsupported_kind``) and for items that failed
     (``internal_error``). ``objects`` counts accepted objects, ``forwarded``
-    those admitted by a textual summary.
+    those admitted by a textual summary; ``accepted`` are their items.
+    ``snapshots`` are the snapshot items sent to every evaluator (while
+    ranked subscriptions are active), and ``mark`` says that the batch ends
+    with a mark row to every evaluator (DESIGN "Top-k and kNN"). ``clock``
+    stamps the items (:meth:`Sequencer.clock`, set by
+    :meth:`Sequencer.sequence_table`) and ``end_clock`` is ``(objects
+    accepted, watermark)`` at the batch's end.
     """
 
     index: list[int] = field(default_factory=list)
@@ -80,6 +101,11 @@ class Decisions:
     rejected: list[tuple[int, str, str]] = field(default_factory=list)
     objects: int = 0
     forwarded: int = 0
+    accepted: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    snapshots: list[int] = field(default_factory=list)
+    mark: bool = False
+    clock: Clock | None = None
+    end_clock: tuple[int, float] = (0, math.nan)
 
 
 Admit = Callable[[TextualSummaries, list[int]], Sequence[bool]]
@@ -87,14 +113,50 @@ Admit = Callable[[TextualSummaries, list[int]], Sequence[bool]]
 
 
 class Sequencer:
-    """The routing unit's serial state: id registry, placements, textual summaries."""
+    """The routing unit's serial state: id registry, placements, textual summaries, the stream clock.
 
-    def __init__(self, evaluators: int, registry: IdRegistry) -> None:
+    Parameters
+    ----------
+    evaluators : int
+        Number of evaluators.
+    registry : IdRegistry
+        The id registry with the placements (its durable state).
+    window : Window, optional
+        The deployment window (default none).
+    ranked : bool
+        Whether topk and knn subscriptions are evaluated; when not, they are
+        ``unsupported_kind`` rejections.
+    """
+
+    def __init__(
+        self, evaluators: int, registry: IdRegistry, window: Window | None = None, ranked: bool = False
+    ) -> None:
         self.registry = registry
         self.summaries = TextualSummaries(evaluators)
+        self.window = window or Window()
+        self.ranked = ranked
+        self.ranked_keywords: Counter[str] = Counter()
+        self.ranked_active = 0
+        self.watermark = math.nan
         for placement in registry.active.values():
+            self._add_placement(placement)
+
+    def _add_placement(self, placement: Placement) -> None:
+        if placement.ranked:
+            self.ranked_keywords.update(placement.keywords)
+            self.ranked_active += 1
+        else:
             for e in placement.evaluators:
                 self.summaries.add(e, placement.keywords)
+
+    def _remove_placement(self, placement: Placement) -> None:
+        if placement.ranked:
+            self.ranked_keywords.subtract(placement.keywords)
+            self.ranked_keywords = +self.ranked_keywords
+            self.ranked_active -= 1
+        else:
+            for e in placement.evaluators:
+                self.summaries.remove(e, placement.keywords)
 
     def replay(self, objects: list[str], changes: list) -> None:
         """Apply one batch's journaled registry changes (:func:`skpub.router.state.decode_journal`), summaries too.
@@ -104,18 +166,16 @@ class Sequencer:
         CheckpointError
             If a change does not fit the registry (a damaged journal).
         """
-        registry, summaries = self.registry, self.summaries
+        registry = self.registry
         registry.replay_objects(objects)
         for change in changes:
             rtype, rid, placement = change
             ended = registry.active.get(rid) if rtype == "unsubscribe" else None
             registry.replay([change])
             if rtype == "subscribe":
-                for e in placement.evaluators:
-                    summaries.add(e, placement.keywords)
+                self._add_placement(placement)
             elif ended is not None:
-                for e in ended.evaluators:
-                    summaries.remove(e, ended.keywords)
+                self._remove_placement(ended)
 
     def sequence(
         self,
@@ -160,15 +220,17 @@ class Sequencer:
         kinds = np.asarray(kinds)
         objects = np.flatnonzero(kinds == OBJECT)
         accepted = self._accept_objects(objects, [ids[i] for i in objects.tolist()], out.rejected)
-        rows, ended = self._sequence_others(kinds, ids, subscriptions, out.rejected)
+        ranked_before = self.ranked_active
+        rows, ended = self._sequence_others(kinds, ids, subscriptions, out)
         out.objects = len(accepted)
+        out.accepted = accepted
         admitted = (
             accepted[np.asarray(admit(self.summaries, accepted.tolist()), dtype=bool)] if len(accepted) else accepted
         )
         out.forwarded = len(admitted)
+        out.mark = bool(ranked_before or self.ranked_active or any(p.ranked for p in ended))
         for placement in ended:
-            for e in placement.evaluators:
-                self.summaries.remove(e, placement.keywords)
+            self._remove_placement(placement)
         index = np.concatenate([admitted, np.fromiter((i for i, _, _ in rows), np.int64, len(rows))])
         order = np.argsort(index, kind="stable")
         evaluator = np.concatenate(
@@ -193,16 +255,18 @@ class Sequencer:
         self,
         kinds: np.ndarray,
         ids: Sequence[str],
-        subscriptions: Mapping[int, tuple[Targets, frozenset[str]]],
-        rejected: list,
+        subscriptions: Mapping[int, tuple[Targets, frozenset[str], bool]],
+        out: Decisions,
     ) -> tuple[list[tuple[int, int, CellBox | None]], list[Placement]]:
         """Decide the batch's subscribes, unsubscribes and snapshots in stream order.
 
         Returns the rows ``(item, evaluator, box)`` they send and the
         placements their unsubscribes end (removed from the summaries after
-        the batch's objects are tested).
+        the batch's objects are tested). A topk or knn subscribe, its
+        unsubscribe, and a snapshot while one is active go to every evaluator.
         """
-        registry, summaries = self.registry, self.summaries
+        registry, summaries, rejected = self.registry, self.summaries, out.rejected
+        everyone = tuple(range(len(summaries.counts)))
         rows: list[tuple[int, int, CellBox | None]] = []
         ended: list[Placement] = []
         others = np.flatnonzero(kinds != OBJECT)
@@ -210,27 +274,73 @@ class Sequencer:
             kind = KINDS[code]
             try:
                 rejection = registry.check(kind, ids[i])
+                if rejection is None and kind == "subscribe" and subscriptions[i][2] and not self.ranked:
+                    rejection = UNSUPPORTED
                 if rejection is not None:
                     rejected.append((i, *rejection))
                 elif kind == "subscribe":
                     # Everything that can fail comes before the first state change.
-                    targets, keywords = subscriptions[i]
-                    placement = Placement(tuple(e for e, _ in targets), keywords)
-                    if not all(0 <= e < len(summaries.counts) for e in placement.evaluators):
+                    targets, keywords, ranked = subscriptions[i]
+                    if ranked:
+                        targets = tuple((e, None) for e in everyone)
+                    placement = Placement(tuple(e for e, _ in targets), keywords, ranked)
+                    if not all(0 <= e < len(everyone) for e in placement.evaluators):
                         raise ValueError(f"targets {placement.evaluators} name an evaluator that does not exist")
                     registry.accept_id(kind, ids[i], placement)
-                    for e, cells in targets:
-                        summaries.add(e, keywords)
-                        rows.append((i, e, cells))
+                    self._add_placement(placement)
+                    rows.extend((i, e, cells) for e, cells in targets)
                 elif kind == "unsubscribe":
                     placement = registry.accept_id(kind, ids[i])
                     ended.append(placement)
                     rows.extend((i, e, None) for e in placement.evaluators)
                 else:
                     registry.accept_id(kind, ids[i])
+                    if self.ranked_active:
+                        out.snapshots.append(i)
+                        rows.extend((i, e, None) for e in everyone)
             except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
                 rejected.append((i, "internal_error", clip(f"{type(exc).__name__}: {exc}", 500)))
         return rows, ended
+
+    def clock(self, items: pa.Table, accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Stamp the batch's items with the stream clock and advance it (SEMANTICS section 4).
+
+        Parameters
+        ----------
+        items : pyarrow.Table
+            The batch's located records in stream order (``ts`` column, seconds).
+        accepted : ndarray of int
+            The items of the accepted objects, in stream order.
+
+        Returns
+        -------
+        (count, watermark, ts) : ndarrays of shape (len(items),)
+            ``count`` (int64): objects accepted up to and including item
+            ``i`` since the stream began; ``watermark`` (float64, NaN before
+            any object) the largest object time then; ``ts`` an accepted
+            object's time, which is the watermark at its arrival (0 before
+            any) when it has none (docs/SEMANTICS.md). O(n) in numpy.
+        """
+        n = items.num_rows
+        count_after = np.zeros(n, np.int64)
+        count_after[accepted] = 1
+        count_after = np.cumsum(count_after) + self.registry.objects_accepted - len(accepted)
+        ts = np.full(n, np.nan)
+        if len(accepted):
+            raw = pc.fill_null(items.column("ts"), math.nan).to_numpy()[accepted]
+            own = ~np.isnan(raw)
+            before = np.fmax.accumulate(np.concatenate([[self.watermark], np.where(own, raw, np.nan)]))[:-1]
+            first_clockless = np.flatnonzero(~own & np.isnan(before))
+            if len(first_clockless):  # the first object without ts, before any ts, sets the watermark to 0
+                raw = raw.copy()
+                raw[first_clockless[0]] = 0.0
+                own[first_clockless[0]] = True
+                before = np.fmax.accumulate(np.concatenate([[self.watermark], np.where(own, raw, np.nan)]))[:-1]
+            ts[accepted] = np.where(own, raw, before)
+        watermark = np.fmax.accumulate(np.concatenate([[self.watermark], ts]))[1:]
+        if n:
+            self.watermark = float(watermark[-1])
+        return count_after, watermark, ts
 
     def sequence_table(self, items: pa.Table) -> Decisions:
         """:meth:`sequence` for a micro-batch's located records in stream order (:data:`LOCATED_SCHEMA` rows).
@@ -243,38 +353,70 @@ class Sequencer:
         terms = items.column("terms").combine_chunks()
 
         def admit(summaries: TextualSummaries, objects: list[int]) -> np.ndarray:
-            return summaries.admits_many(owners, terms)[objects]
+            return summaries.admits_many(owners, terms)[objects] | self._window_needs(terms)[objects]
 
-        return self.sequence(
+        decisions = self.sequence(
             items.column("kind").to_numpy(), items.column("id").to_pylist(), owners, _subscriptions(items), admit
         )
+        decisions.clock = self.clock(items, decisions.accepted)
+        decisions.end_clock = (self.registry.objects_accepted, self.watermark)
+        return decisions
+
+    def _window_needs(self, terms: pa.ListArray) -> np.ndarray:
+        """Return, per item, whether its owner's window store needs the object (DESIGN "Top-k and kNN").
+
+        With a count or seconds window any object may enter the result of a
+        ranked subscription yet to come; with window none only one that
+        shares a term with an active one (checked after the batch's
+        subscribes: a superset).
+        """
+        n = len(terms)
+        if not self.ranked:
+            return np.zeros(n, bool)
+        if self.window.kind != "none":
+            return np.ones(n, bool)
+        if not self.ranked_keywords:
+            return np.zeros(n, bool)
+        hits = pc.is_in(pc.list_flatten(terms), pa.array(list(self.ranked_keywords), pa.string()))
+        parents = pc.list_parent_indices(terms).to_numpy()
+        out = np.zeros(n, bool)
+        out[parents[hits.to_numpy(zero_copy_only=False)]] = True
+        return out
 
 
-def _subscriptions(items: pa.Table) -> dict[int, tuple[Targets, frozenset[str]]]:
-    """Return ``item -> (targets, summary keywords)`` for the subscribe rows."""
+def _subscriptions(items: pa.Table) -> dict[int, tuple[Targets, frozenset[str], bool]]:
+    """Return ``item -> (targets, summary keywords, ranked)`` for the subscribe rows."""
     rows = np.flatnonzero(pc.equal(items.column("kind"), SUBSCRIBE).to_numpy(zero_copy_only=False))
     if not len(rows):
         return {}
-    subset = items.take(pa.array(rows)).select(["targets", "boxes", "keywords"]).to_pydict()
+    subset = items.take(pa.array(rows)).select(["targets", "boxes", "keywords", "spec"]).to_pydict()
     out = {}
-    columns = (rows.tolist(), subset["targets"], subset["boxes"], subset["keywords"])
-    for i, targets, boxes, keywords in zip(*columns, strict=True):
+    columns = (rows.tolist(), subset["targets"], subset["boxes"], subset["keywords"], subset["spec"])
+    for i, targets, boxes, keywords, spec in zip(*columns, strict=True):
         out[i] = (
-            tuple((e, tuple(boxes[4 * j : 4 * j + 4])) for j, e in enumerate(targets)),
-            frozenset(keywords),
+            tuple((e, tuple(boxes[4 * j : 4 * j + 4])) for j, e in enumerate(targets or ())),
+            frozenset(keywords or ()),
+            spec is not None,
         )
     return out
 
 
-def routed_table(items: pa.Table, decisions: Decisions, keys: Sequence[int]) -> pa.Table:
+def routed_table(items: pa.Table, decisions: Decisions, keys: Sequence[int], end: int = 0) -> pa.Table:
     """Return the routed rows (:data:`ROUTED_SCHEMA`): the items the decisions name, in their order.
 
     Row ``r`` is item ``decisions.index[r]`` with ``evaluator`` set to
     ``keys[decisions.evaluator[r]]`` and, for a subscription, its cell box
     there. Records are taken from the columns (Arrow ``take``), never rebuilt
-    as Python objects.
+    as Python objects. ``decisions.clock`` stamps ``accepted``,
+    ``watermark`` and objects' ``ts``; when ``decisions.mark``, every
+    evaluator also gets a mark row at position ``end`` (the batch's end).
     """
-    taken = items.select(list(ROUTED_SCHEMA.names)).take(pa.array(decisions.index, type=pa.int64()))
+    selected = items.select(list(ROUTED_SCHEMA.names))
+    if decisions.clock is not None:
+        count, watermark, ts = decisions.clock
+        for name, values in (("accepted", pa.array(count)), ("watermark", pa.array(watermark)), ("ts", pa.array(ts))):
+            selected = selected.set_column(selected.schema.get_field_index(name), name, values)
+    taken = selected.take(pa.array(decisions.index, type=pa.int64()))
     evaluator = pa.array(np.asarray(keys, dtype=np.int32)[np.asarray(decisions.evaluator, dtype=np.int64)], pa.int32())
     taken = taken.set_column(0, "evaluator", evaluator)
     override = [(r, box) for r, box in enumerate(decisions.box) if box is not None]
@@ -284,4 +426,18 @@ def routed_table(items: pa.Table, decisions: Decisions, keys: Sequence[int]) -> 
             column = pc.fill_null(taken.column(name), -1).to_numpy().copy()
             column[rows] = [box[c] for _, box in override]
             taken = taken.set_column(taken.schema.get_field_index(name), name, pa.array(column, pa.int32()))
-    return taken.cast(ROUTED_SCHEMA)
+    taken = taken.cast(ROUTED_SCHEMA)
+    if not decisions.mark:
+        return taken
+    count, watermark = decisions.end_clock
+    n = len(keys)
+    marks = {
+        "evaluator": pa.array(keys, pa.int32()),
+        "pos": pa.array([end] * n, pa.int64()),
+        "kind": pa.array([MARK] * n, pa.int8()),
+        "id": pa.array([""] * n, pa.string()),
+        "accepted": pa.array([count] * n, pa.int64()),
+        "watermark": pa.array([float(watermark)] * n, pa.float64()),
+    }
+    nulls = {name: pa.nulls(n, ROUTED_SCHEMA.field(name).type) for name in ROUTED_SCHEMA.names if name not in marks}
+    return pa.concat_tables([taken, pa.table({**marks, **nulls}, schema=ROUTED_SCHEMA)])

@@ -15,7 +15,7 @@ from typing import TextIO
 
 from skpub.app.metrics import Metrics
 
-STAGES = ("parse", "sequencer", "evaluators", "sink")
+STAGES = ("parse", "sequencer", "evaluators", "merge", "sink")
 
 
 @dataclass

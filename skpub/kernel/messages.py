@@ -6,6 +6,7 @@ They live in the kernel so that :mod:`skpub.router` and
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from skpub.kernel.grid import CellBox
@@ -21,9 +22,50 @@ class Routed:
 
     ``cells`` is the object's cell as ``(cx, cy, cx, cy)``, or a range
     subscription's rectangle ∩ partition as an inclusive cell box; None for
-    other records.
+    other records. ``accepted`` and ``watermark`` are the stream's clock just
+    after the record (SEMANTICS section 4): the number of objects accepted so
+    far and the largest object time (seconds; NaN before the first object),
+    which the sequencer stamps so that an evaluator keeps the global window
+    while it sees only its own objects.
     """
 
     evaluator: int
-    record: Record | DeadLetter
+    record: Record | DeadLetter | Mark
     cells: CellBox | None = None
+    accepted: int = 0
+    watermark: float = math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """The end of a micro-batch at position ``pos``, sent to every evaluator that holds ranked subscriptions.
+
+    A mark (or a snapshot) is where an evaluator reports the changes of its
+    local top-k/kNN results to the merge (DESIGN "Top-k and kNN").
+    """
+
+    pos: int
+    id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RankedUpdate:
+    """One evaluator's local result of one ranked subscription, as of stream position ``pos``.
+
+    ``entries`` are ``(object id, value, g, ts, pos)`` rows (value: score or
+    distance; g: the goodness, higher is better) of every local object whose
+    ``g`` is at least the floor of its local k-th tie group less the band;
+    ``bound`` is an upper bound on the ``g`` of every local candidate left
+    out (-inf: none was). ``ended`` marks the last update, at the
+    subscription's unsubscribe. ``field_name`` is ``score`` or ``dist``.
+    """
+
+    pos: int
+    sub: str
+    sub_pos: int
+    evaluator: int
+    k: int
+    field_name: str
+    entries: tuple[tuple[str, float, float, float, int], ...]
+    bound: float
+    ended: bool = False

@@ -39,6 +39,8 @@ from skpub.kernel.records import (
 from skpub.kernel.registry import IdRegistry, kind_of
 from skpub.kernel.text import Vocabulary, dnf_matches, load_vocabulary
 
+UNSUPPORTED = ("unsupported_kind", "this engine evaluates range subscriptions only")
+"""The rejection of a valid topk or knn subscription by an engine that does not evaluate them (skpub extension)."""
 TOLERANCE = 1e-9
 """Scores and distances closer than this are ties, ordered by the tie-breakers (SEMANTICS section 5)."""
 
@@ -247,9 +249,9 @@ def replay(lines: Iterable[bytes | str], deployment: Deployment, ranked: bool = 
             result.dead_letters.append(record.to_json())
             continue
         kind = kind_of(record)
-        if kind == "unsupported" and ranked:
-            kind = "subscribe"
         rejection = registry.check(kind, record.id)
+        if rejection is None and not ranked and isinstance(record, TopkSubscription | KnnSubscription):
+            rejection = UNSUPPORTED
         if rejection is not None:
             result.dead_letters.append(DeadLetter.for_line(pos, line, *rejection).to_json())
             continue

@@ -11,10 +11,6 @@ the high-volume stream: they are unique only among the most recent
 ``object_id_horizon`` accepted objects, kept as a FIFO ring, so the memory for
 them is bounded by the horizon, not by the stream.
 
-Until the topk/knn evaluators land, a valid topk or knn subscription is
-rejected with ``unsupported_kind`` (a documented extension of the reason
-table, see ``docs/SEMANTICS.md``), so it is neither lost nor silently ignored.
-
 Durable form: :meth:`IdRegistry.to_json` / :meth:`IdRegistry.from_json` and
 the journal are plain JSON values (versioned by the engine that stores them);
 placements go through codec functions supplied by their owner. Nothing here
@@ -35,18 +31,16 @@ from skpub.kernel.geometry import Rect
 from skpub.kernel.records import (
     DeadLetter,
     ObjectRecord,
-    RangeSubscription,
     Record,
     SnapshotMarker,
     Unsubscribe,
     parse_line,
 )
 
-SUPPORTED_SUBSCRIPTIONS = (RangeSubscription,)
 DEFAULT_OBJECT_ID_HORIZON = 1_000_000
 
-KINDS = ("object", "subscribe", "unsubscribe", "snapshot", "unsupported")
-"""Registry kinds; ``unsupported`` is a valid subscription of a kind this version does not evaluate."""
+KINDS = ("object", "subscribe", "unsubscribe", "snapshot")
+"""Registry kinds: every subscription kind (range, topk, knn) is a ``subscribe``."""
 
 Change = tuple[str, str, Any]
 """One accepted change: ``(type, id, placement)`` with type object, subscribe, unsubscribe or snapshot."""
@@ -216,8 +210,6 @@ class IdRegistry:
                 return "duplicate_id", f"snapshot id {_show(rid)} was already accepted"
         elif rid in self.subscription_ids:
             return "duplicate_id", f"subscription id {_show(rid)} was already accepted"
-        elif kind == "unsupported":
-            return "unsupported_kind", "this version evaluates range subscriptions only"
         return None
 
     def accept(self, record: Record, placement: Any = None) -> Any:
@@ -254,7 +246,7 @@ def kind_of(record: Record) -> str:
         return "unsubscribe"
     if isinstance(record, SnapshotMarker):
         return "snapshot"
-    return "subscribe" if isinstance(record, SUPPORTED_SUBSCRIPTIONS) else "unsupported"
+    return "subscribe"
 
 
 def _duplicate_object(oid: str, horizon: int) -> Rejection:

@@ -9,10 +9,13 @@ parallel parse stage tells the serial sequencer: a range subscription's
 target evaluators with their cell boxes and its summary keywords, and one
 ``report`` row per parse task.
 
-``kind`` codes are :data:`KIND_CODES` (the registry kinds). For an object,
-``evaluator`` is its owner and ``cx0..cy1`` its cell ``(cx, cy, cx, cy)``;
-for a subscription the cell box of its rectangle (after the sequencer, of
-rectangle ∩ partition).
+``kind`` codes are :data:`KIND_CODES` (the registry kinds, and ``mark`` for
+the end of a micro-batch). For an object, ``evaluator`` is its owner and
+``cx0..cy1`` its cell ``(cx, cy, cx, cy)``; for a range subscription the cell
+box of its rectangle (after the sequencer, of rectangle ∩ partition). A topk
+or knn subscription travels as ``spec``, the JSON of its fields. ``accepted``
+and ``watermark`` are the stream clock after the record (see
+:class:`~skpub.kernel.messages.Routed`).
 """
 
 from __future__ import annotations
@@ -24,14 +27,22 @@ import orjson
 import pyarrow as pa
 
 from skpub.kernel.geometry import Rect
-from skpub.kernel.messages import Routed
-from skpub.kernel.records import ObjectRecord, RangeSubscription, SnapshotMarker, Unsubscribe
+from skpub.kernel.messages import Mark, Routed
+from skpub.kernel.records import (
+    KnnSubscription,
+    ObjectRecord,
+    RangeSubscription,
+    SnapshotMarker,
+    TopkSubscription,
+    Unsubscribe,
+)
 from skpub.kernel.registry import KINDS as REGISTRY_KINDS
 
-KINDS = REGISTRY_KINDS
-"""``KINDS[code]`` is the registry kind of a ``kind`` code."""
+KINDS = (*REGISTRY_KINDS, "mark")
+"""``KINDS[code]`` is the registry kind of a ``kind`` code; ``mark`` is the end of a micro-batch."""
 KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
 OBJECT, SUBSCRIBE, UNSUBSCRIBE = KIND_CODES["object"], KIND_CODES["subscribe"], KIND_CODES["unsubscribe"]
+SNAPSHOT, MARK = KIND_CODES["snapshot"], KIND_CODES["mark"]
 REPORT = 127
 """``kind`` of a parse task's report row (``report`` holds its JSON)."""
 
@@ -51,6 +62,9 @@ ROUTED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("cy1", "int"),
     ("rect", "array<double>"),
     ("dnf", "string"),
+    ("spec", "string"),
+    ("accepted", "bigint"),
+    ("watermark", "double"),
 )
 LOCATED_COLUMNS: tuple[tuple[str, str], ...] = (
     *ROUTED_COLUMNS,
@@ -93,6 +107,7 @@ def to_columns(rows: Sequence[Routed], evaluator_keys: Sequence[int] | None = No
         rec = row.record
         cols["evaluator"][i] = row.evaluator if evaluator_keys is None else evaluator_keys[row.evaluator]
         cols["pos"][i], cols["id"][i] = rec.pos, rec.id
+        cols["accepted"][i], cols["watermark"][i] = row.accepted, row.watermark
         if row.cells is not None:
             cols["cx0"][i], cols["cy0"][i], cols["cx1"][i], cols["cy1"][i] = row.cells
         if isinstance(rec, ObjectRecord):
@@ -103,13 +118,51 @@ def to_columns(rows: Sequence[Routed], evaluator_keys: Sequence[int] | None = No
             cols["kind"][i] = SUBSCRIBE
             cols["rect"][i] = rec.rect.as_list()
             cols["dnf"][i] = json.dumps([sorted(clause) for clause in rec.dnf], ensure_ascii=False)
+        elif isinstance(rec, TopkSubscription | KnnSubscription):
+            cols["kind"][i] = SUBSCRIBE
+            cols["spec"][i] = ranked_spec(rec)
         elif isinstance(rec, Unsubscribe):
             cols["kind"][i] = UNSUBSCRIBE
         elif isinstance(rec, SnapshotMarker):
-            cols["kind"][i] = KIND_CODES["snapshot"]
+            cols["kind"][i] = SNAPSHOT
         else:
-            cols["kind"][i] = KIND_CODES["unsupported"]
+            cols["kind"][i] = MARK
     return cols
+
+
+def ranked_spec(sub: TopkSubscription | KnnSubscription) -> str:
+    """Return the ``spec`` column of a topk or knn subscription: its fields as JSON (no position, no id)."""
+    if isinstance(sub, TopkSubscription):
+        doc = {"kind": "topk", "x": sub.x, "y": sub.y, "weights": sub.weights, "k": sub.k, "alpha": sub.alpha}
+    else:
+        doc = {
+            "kind": "knn",
+            "x": sub.x,
+            "y": sub.y,
+            "keywords": sorted(sub.keywords),
+            "k": sub.k,
+            "match": sub.match,
+            "from": sub.from_,
+        }
+    return orjson.dumps(doc).decode()
+
+
+def ranked_from_spec(pos: int, sid: str, spec: str) -> TopkSubscription | KnnSubscription:
+    """Rebuild a topk or knn subscription from its ``spec`` (:func:`ranked_spec`).
+
+    Raises
+    ------
+    ValueError, KeyError, TypeError
+        If ``spec`` is not of that shape.
+    """
+    doc = orjson.loads(spec)
+    x, y, k = float(doc["x"]), float(doc["y"]), int(doc["k"])
+    if doc["kind"] == "topk":
+        weights = tuple((str(t), float(w)) for t, w in doc["weights"])
+        return TopkSubscription(pos, sid, x, y, weights, k, float(doc["alpha"]))
+    if doc["kind"] == "knn":
+        return KnnSubscription(pos, sid, x, y, frozenset(map(str, doc["keywords"])), k, doc["match"], doc["from"])
+    raise ValueError(f"a ranked subscription is topk or knn, not {doc['kind']!r}")
 
 
 def _optional_float(value) -> float | None:  # noqa: ANN001 - pandas gives NaN for nulls
@@ -125,17 +178,18 @@ def from_columns(cols: Mapping[str, Sequence], evaluator: int) -> list[Routed]:
     Raises
     ------
     ValueError
-        If a row's ``kind`` is not one an evaluator applies (object,
-        subscribe, unsubscribe).
+        If a row's ``kind`` is not one of :data:`KINDS`, or a ``spec`` is damaged.
     """
     pos = [int(p) for p in cols["pos"]]
     order = sorted(range(len(pos)), key=pos.__getitem__)
     kinds, ids, xs, ys = cols["kind"], cols["id"], cols["x"], cols["y"]
     terms, ts, expires_at, rects, dnfs = cols["terms"], cols["ts"], cols["expires_at"], cols["rect"], cols["dnf"]
     cx0, cy0, cx1, cy1 = cols["cx0"], cols["cy0"], cols["cx1"], cols["cy1"]
+    specs, accepted, watermark = cols["spec"], cols["accepted"], cols["watermark"]
     rows = []
     for i in order:
         kind = int(kinds[i])
+        clock = (int(accepted[i]), float("nan") if watermark[i] is None else float(watermark[i]))
         if kind == OBJECT:
             words = tuple(terms[i])
             record = ObjectRecord(
@@ -148,13 +202,21 @@ def from_columns(cols: Mapping[str, Sequence], evaluator: int) -> list[Routed]:
                 _optional_float(ts[i]),
                 _optional_float(expires_at[i]),
             )
+        elif kind == SUBSCRIBE and specs[i] is not None:
+            rows.append(Routed(evaluator, ranked_from_spec(pos[i], ids[i], specs[i]), None, *clock))
+            continue
         elif kind == SUBSCRIBE:
             dnf = tuple(frozenset(clause) for clause in orjson.loads(dnfs[i]))
             record = RangeSubscription(pos[i], ids[i], Rect(*(float(v) for v in rects[i])), dnf)
-        elif kind == UNSUBSCRIBE:
-            rows.append(Routed(evaluator, Unsubscribe(pos[i], ids[i]), None))
-            continue
         else:
-            raise ValueError(f"an evaluator receives objects and (un)subscriptions, not kind {kind}")
-        rows.append(Routed(evaluator, record, (int(cx0[i]), int(cy0[i]), int(cx1[i]), int(cy1[i]))))
+            other = _OTHERS.get(kind)
+            if other is None:
+                raise ValueError(f"an evaluator receives no rows of kind {kind}")
+            rows.append(Routed(evaluator, other(pos[i], ids[i]), None, *clock))
+            continue
+        rows.append(Routed(evaluator, record, (int(cx0[i]), int(cy0[i]), int(cx1[i]), int(cy1[i])), *clock))
     return rows
+
+
+_OTHERS = {UNSUBSCRIBE: Unsubscribe, SNAPSHOT: SnapshotMarker, MARK: Mark}
+"""The records rebuilt from ``(pos, id)`` alone."""

@@ -21,6 +21,7 @@ from skpub.app.engines.sink import write_batch
 from skpub.app.output import claim_output, mark_success
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
 from skpub.evaluators.evaluator import Evaluator
+from skpub.evaluators.merge import RankedMerge
 from skpub.kernel.config import Deployment
 from skpub.kernel.inputs import batches, iter_lines, take_sample
 from skpub.kernel.runtime import tune_gc
@@ -76,12 +77,16 @@ def run_local(
     stream = _replay_then(sample, lines)
     router = Router(deployment, vocabulary)
     evaluators = [Evaluator(e, deployment, vocabulary) for e in range(deployment.evaluators)]
+    merge = RankedMerge()
     tune_gc()
     observer.start()
     for batch_id, batch in enumerate(batches(stream, deployment.batch_size)):
         routed = router.route_many(batch, batch_id, epoch)
         per_evaluator = routed.rows_for(len(evaluators))
         results = [ev.apply_many(rows, batch_id) for ev, rows in zip(evaluators, per_evaluator, strict=True)]
+        merge_start = time.thread_time()
+        events, snapshots = merge.apply(routed.marks, (u for r in results for u in r.updates))
+        merge_seconds = time.thread_time() - merge_start
         report = BatchReport(
             batch_id,
             records=len(batch),
@@ -102,11 +107,14 @@ def run_local(
             routed.dead_letters + [d for r in results for d in r.dead_letters],
             statistics,
             report,
+            events,
+            snapshots,
         )
         report.stage_cpu.update(
             parse=routed.parse_cpu_seconds,
             sequencer=routed.sequencer_cpu_seconds,
             evaluators=sum(r.cpu_seconds for r in results),
+            merge=merge_seconds,
             sink=time.thread_time() - sink_start,
         )
         observer.on_batch(report)

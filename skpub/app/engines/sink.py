@@ -35,6 +35,8 @@ def write_batch(
     dead_letters: Iterable[DeadLetter],
     statistics: list[dict],
     report: BatchReport,
+    events: list[dict] = (),
+    snapshots: list[dict] = (),
 ) -> BatchReport:
     """Write one micro-batch's outputs under ``root`` and complete ``report``.
 
@@ -49,13 +51,19 @@ def write_batch(
     report : BatchReport
         The router's counters; evaluator loads, deliveries and dead letters
         are filled in here.
+    events, snapshots : list of dict
+        The ranked merge's enter/exit events (in stream order per
+        subscription, written after the range matches as the part of writer
+        ``m``) and snapshot lines.
     """
     parts = list(deliveries)
     write_lines(root, "deliveries", batch_id, b"".join(delivery_lines(part) for part in parts))
+    write_part(root, "deliveries", batch_id, events, "m")
+    write_part(root, "snapshots", batch_id, snapshots)
     dead = unique_letters(dead_letters)
     write_part(root, "dead_letters", batch_id, (d.to_json() for d in dead))
     write_part(root, "statistics", batch_id, statistics)
-    report.deliveries = sum(len(part) for part in parts)
+    report.deliveries = sum(len(part) for part in parts) + len(events)
     report.dead_letters = Counter(d.reason for d in dead)
     for row in statistics:
         report.evaluator_cost[row["evaluator"]] = row["cost"]

@@ -1,0 +1,231 @@
+"""The ranked monitor: one evaluator's top-k and kNN work over the objects its partition owns.
+
+Every topk and knn subscription is held by every evaluator (DESIGN "Top-k
+and kNN across evaluators"); each evaluator keeps, per subscription, a
+buffer (:class:`~skpub.evaluators.skyband.Skyband`) over its own window
+store (:class:`~skpub.evaluators.window.WindowStore`), and at every mark (a
+snapshot, the end of a micro-batch) reports the subscriptions whose local
+result changed as :class:`~skpub.kernel.messages.RankedUpdate` rows for the
+merge (:mod:`skpub.evaluators.merge`).
+
+Arrivals reach only the subscriptions they can enter: the subscription index
+is an inverted file from term to subscriptions (Skype section 5.3, without
+its location quadtree: every evaluator holds every subscription), a knn
+``all`` subscription filed under its rarest keyword (CkQST section 3.2),
+and an arrival is scored only against the subscriptions that share one of
+its terms; a buffer takes it only at or above its threshold (Skype
+Lemma 1: an object scoring below ``theta`` cannot affect the subscription).
+Expiries are driven by the stream clock the sequencer stamps on every row;
+an invalid buffer is refilled once, at the next mark (coalescing a
+micro-batch's expiries).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from skpub.evaluators.ranked import Entry, Handler, KnnHandler, WindowObject, handler_of
+from skpub.evaluators.skyband import Skyband
+from skpub.evaluators.window import WindowStore
+from skpub.kernel.config import Deployment
+from skpub.kernel.messages import RankedUpdate
+from skpub.kernel.records import KnnSubscription, ObjectRecord, TopkSubscription
+from skpub.kernel.text import Vocabulary
+
+
+@dataclass
+class _Held:
+    """One ranked subscription at this evaluator: its handler, buffer and what was last reported."""
+
+    handler: Handler
+    band: Skyband
+    terms: list[str]
+    reported: tuple | None = None
+
+
+@dataclass
+class MonitorStats:
+    """Counters of ranked work at one evaluator (for benchmarks and the per-cell costs)."""
+
+    offered: int = 0
+    scored: int = 0
+    refills: int = 0
+    refill_scored: int = 0
+    updates: int = 0
+
+
+class RankedMonitor:
+    """The ranked subscriptions of one evaluator over the window objects it owns.
+
+    Parameters
+    ----------
+    evaluator_id : int
+        This evaluator.
+    deployment : Deployment
+        Window, space (MaxDist is its diagonal, coordinate units).
+    vocabulary : Vocabulary
+        idf of topk scores.
+    policy : str
+        Buffer policy, one of :data:`skpub.evaluators.skyband.POLICIES`.
+    """
+
+    def __init__(
+        self, evaluator_id: int, deployment: Deployment, vocabulary: Vocabulary, policy: str = "cskyband"
+    ) -> None:
+        self.evaluator_id = evaluator_id
+        self.store = WindowStore(deployment.window)
+        self.window_none = deployment.window.kind == "none"
+        self.count_window = deployment.window.kind == "count"
+        self.max_dist = math.hypot(deployment.space.width, deployment.space.height)
+        self.vocabulary = vocabulary
+        self.policy = policy
+        self.subscriptions: dict[str, _Held] = {}
+        self.index: dict[str, set[str]] = {}
+        self.holders: dict[int, set[str]] = {}
+        self.dirty: set[str] = set()
+        self.pending: list[RankedUpdate] = []
+        self.stats = MonitorStats()
+
+    def __len__(self) -> int:
+        return len(self.subscriptions)
+
+    # --- the stream clock and objects -------------------------------------------------
+
+    def advance(self, accepted: int, watermark: float) -> None:
+        """Move to the stream clock of a row: objects that left the window leave every buffer."""
+        for obj in self.store.advance(accepted, watermark):
+            self._forget(obj.pos)
+
+    def _forget(self, pos: int) -> None:
+        for sid in self.holders.pop(pos, ()):
+            held = self.subscriptions.get(sid)
+            if held is not None and held.band.remove(pos):
+                self.dirty.add(sid)
+
+    def add_object(self, record: ObjectRecord, number: int) -> int:
+        """Take an arriving object (accepted as ``number``) into the store and the buffers; return the work done.
+
+        ``record.ts`` is the time the sequencer stamped (seconds). With
+        window none only an object some subscription can see is kept. The
+        work is the number of subscriptions scored, which the per-cell cost
+        statistics add to the range work (DkM-SKS section 4.2: the load of a
+        cell counts its kNN evaluations).
+        """
+        expires = record.expires_at if record.expires_at is not None else math.inf
+        obj = WindowObject(record.pos, record.id, record.x, record.y, record.terms, record.term_set, record.ts, expires)
+        targets: set[str] = set()
+        for t in obj.term_set:
+            targets.update(self.index.get(t, ()))
+        if (self.window_none and not targets) or not self.store.add(obj, number):
+            return 0
+        stats = self.stats
+        for sid in targets:
+            held = self.subscriptions[sid]
+            stats.scored += 1
+            scored = held.handler.goodness(obj)
+            if scored is None:
+                continue
+            kept, dropped = held.band.offer(Entry(scored[0], scored[1], obj.ts, obj.pos, obj.id, expires))
+            if kept:
+                stats.offered += 1
+                self.holders.setdefault(obj.pos, set()).add(sid)
+                self.dirty.add(sid)
+            for pos in dropped:
+                self._unhold(pos, sid)
+        return len(targets)
+
+    def _unhold(self, pos: int, sid: str) -> None:
+        holders = self.holders.get(pos)
+        if holders is not None:
+            holders.discard(sid)
+            if not holders:
+                del self.holders[pos]
+        self.dirty.add(sid)
+
+    # --- subscriptions ------------------------------------------------------------------
+
+    def subscribe(self, sub: TopkSubscription | KnnSubscription) -> None:
+        """Hold a new ranked subscription; its buffer is filled at the next mark (it starts stale)."""
+        handler = handler_of(sub, self.vocabulary, self.max_dist, self.window_none)
+        terms = self._index_terms(handler)
+        self.subscriptions[sub.id] = _Held(handler, Skyband(sub.k, self.policy, self.count_window), terms)
+        for t in terms:
+            self.index.setdefault(t, set()).add(sub.id)
+        self.dirty.add(sub.id)
+
+    def _index_terms(self, handler: Handler) -> list[str]:
+        """Return the terms a subscription is filed under: all its keywords, or a knn ``all``'s rarest (CkQST 3.2)."""
+        if isinstance(handler, KnnHandler) and handler.sub.match == "all":
+            return [min(handler.keywords, key=lambda t: (len(self.store.postings.get(t, ())), t))]
+        return sorted(handler.keywords)
+
+    def unsubscribe(self, sid: str, pos: int) -> bool:
+        """End subscription ``sid`` at position ``pos``: report its final local result; False if not held."""
+        held = self.subscriptions.get(sid)
+        if held is None:
+            return False
+        self._report(sid, held, pos, ended=True)
+        del self.subscriptions[sid]
+        for t in held.terms:
+            subs = self.index.get(t)
+            if subs is not None:
+                subs.discard(sid)
+                if not subs:
+                    del self.index[t]
+        for pos_held in list(held.band.entries):
+            self._unhold(pos_held, sid)
+        self.dirty.discard(sid)
+        if self.window_none:
+            self._prune_before_oldest()
+        return True
+
+    def _prune_before_oldest(self) -> None:
+        """Window none: forget objects older than every active subscription (none can see them)."""
+        oldest = min((h.handler.sub.pos for h in self.subscriptions.values()), default=None)
+        doomed = [p for p in self.store.objects if oldest is None or p < oldest]
+        for obj in self.store.discard(doomed):
+            self._forget(obj.pos)
+
+    # --- marks --------------------------------------------------------------------------
+
+    def mark(self, pos: int) -> list[RankedUpdate]:
+        """Report, as of position ``pos``, every subscription whose local result changed since its last report."""
+        for sid in sorted(self.dirty):
+            self._report(sid, self.subscriptions[sid], pos, ended=False)
+        self.dirty = set()
+        out, self.pending = self.pending, []
+        return out
+
+    def _report(self, sid: str, held: _Held, pos: int, ended: bool) -> None:
+        band = held.band
+        if not band.valid():
+            self._refill(held)
+        entries, bound = band.send()
+        rows = tuple((e.id, e.value, e.g, e.ts, e.pos) for e in entries)
+        if not ended and held.reported == (rows, bound):
+            return
+        held.reported = (rows, bound)
+        sub = held.handler.sub
+        self.pending.append(
+            RankedUpdate(pos, sid, sub.pos, self.evaluator_id, sub.k, held.handler.field_name, rows, bound, ended)
+        )
+        self.stats.updates += 1
+
+    def _refill(self, held: _Held) -> None:
+        """Re-evaluate one buffer from the window store (Skype Algorithm 2)."""
+        handler, band = held.handler, held.band
+        for pos in band.entries:
+            self._unhold(pos, handler.sub.id)
+        rarest = isinstance(handler, KnnHandler) and handler.sub.match == "all"
+        candidates = []
+        for obj in self.store.sharing(handler.keywords, rarest_only=rarest):
+            scored = handler.goodness(obj)
+            if scored is not None:
+                candidates.append(Entry(scored[0], scored[1], obj.ts, obj.pos, obj.id, obj.expires_at))
+        self.stats.refills += 1
+        self.stats.refill_scored += len(candidates)
+        band.refill(candidates, len(self.store))
+        sid = handler.sub.id
+        for pos in band.entries:
+            self.holders.setdefault(pos, set()).add(sid)

@@ -1,0 +1,193 @@
+"""Top-k and kNN subscriptions as an evaluator sees them: one handler per kind, entries and their order.
+
+A ranked subscription gives every window object it can see a *value*: the
+score of a ``topk`` subscription (SEMANTICS 3.2, Skype Eq 1), the distance of
+a ``knn`` one (SEMANTICS 3.3, DkM-SKS Definition 1), or None when the object
+is not a candidate. Inside skpub values are turned into a *goodness* ``g``
+(the score, or minus the distance), so that every buffer, bound and merge
+reads "higher is better" whatever the kind.
+
+The order of a result is SEMANTICS 3.2/3.3 with the skpub tie rule
+(docs/SEMANTICS.md): entries sorted by ``g``, neighbours within
+:data:`TOLERANCE` chain into one tie group, a group is ordered by (ts desc,
+position desc). Because groups chain, the order of a set is not the order of
+its subsets: :func:`rank` also returns the *floor* of the group that holds the
+k-th entry, which the buffers (:mod:`skpub.evaluators.skyband`) and the merge
+(:mod:`skpub.evaluators.merge`) use to prove that what they left out cannot
+change the first k.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from skpub.kernel.records import KnnSubscription, TopkSubscription
+from skpub.kernel.text import Vocabulary
+
+TOLERANCE = 1e-9
+"""Values closer than this are ties (SEMANTICS section 5)."""
+
+Key = tuple[float, float, int]
+"""``(g, ts, pos)`` of an entry: its goodness and its tie-breakers."""
+
+
+@dataclass(slots=True)
+class WindowObject:
+    """An accepted object held in an evaluator's window store.
+
+    ``ts`` is the object's time (the watermark at its arrival when it had
+    none, as the sequencer stamps it; seconds), ``expires_at`` +inf when it
+    has none. ``unit`` is its unit tf-idf vector, computed once, when a topk
+    subscription first scores it.
+    """
+
+    pos: int
+    id: str
+    x: float
+    y: float
+    terms: tuple[str, ...]
+    term_set: frozenset[str]
+    ts: float
+    expires_at: float
+    unit: dict[str, float] | None = None
+
+
+@dataclass(slots=True)
+class Entry:
+    """One object in one subscription's buffer: its goodness, reported value and tie-breakers."""
+
+    g: float
+    value: float
+    ts: float
+    pos: int
+    id: str
+    expires_at: float
+
+    def key(self) -> Key:
+        """Return ``(g, ts, pos)``; larger ranks first within a tie group."""
+        return (self.g, self.ts, self.pos)
+
+
+def unit_vector(weights: dict[str, float]) -> dict[str, float]:
+    """Return ``weights`` scaled to unit length (a zero vector stays empty: its cosine is 0, SEMANTICS 3.2)."""
+    norm = math.sqrt(sum(w * w for w in weights.values()))
+    return {t: w / norm for t, w in weights.items()} if norm > 0 else {}
+
+
+def object_unit(obj: WindowObject, vocabulary: Vocabulary) -> dict[str, float]:
+    """Return (and cache) the object's unit tf-idf vector ``w_o(t) = tf(t, o) * idf(t)`` (SEMANTICS 3.2)."""
+    if obj.unit is None:
+        tf: dict[str, float] = {}
+        for t in obj.terms:
+            tf[t] = tf.get(t, 0.0) + 1.0
+        obj.unit = unit_vector({t: n * vocabulary.idf(t) for t, n in tf.items()})
+    return obj.unit
+
+
+@dataclass
+class TopkHandler:
+    """A ``topk`` subscription: score = alpha * (1 - dist / MaxDist) + (1 - alpha) * cosine (Skype Eq 1).
+
+    ``weights`` is its unit tf-idf vector (``weight(t) * idf(t)``, normalized)
+    and ``keywords`` the terms a candidate must share with it.
+    """
+
+    sub: TopkSubscription
+    weights: dict[str, float]
+    keywords: frozenset[str]
+    max_dist: float
+    vocabulary: Vocabulary
+    window_none: bool
+    field_name: str = field(default="score", init=False)
+
+    @classmethod
+    def of(cls, sub: TopkSubscription, vocabulary: Vocabulary, max_dist: float, window_none: bool) -> TopkHandler:
+        """Build the handler of ``sub``."""
+        weights = unit_vector({t: w * vocabulary.idf(t) for t, w in sub.weights})
+        return cls(sub, weights, frozenset(t for t, _ in sub.weights), max_dist, vocabulary, window_none)
+
+    def goodness(self, obj: WindowObject) -> tuple[float, float] | None:
+        """Return ``(g, score)`` of ``obj``, or None when it shares no term (or, window none, came before)."""
+        if obj.term_set.isdisjoint(self.keywords) or (self.window_none and obj.pos < self.sub.pos):
+            return None
+        sub = self.sub
+        unit = object_unit(obj, self.vocabulary)
+        cosine = sum(w * unit.get(t, 0.0) for t, w in self.weights.items())
+        proximity = 1.0 - math.hypot(obj.x - sub.x, obj.y - sub.y) / self.max_dist if self.max_dist > 0 else 1.0
+        score = sub.alpha * proximity + (1 - sub.alpha) * cosine
+        return score, score
+
+
+@dataclass
+class KnnHandler:
+    """A boolean ``knn`` subscription: candidates meet the keyword predicate, ranked by distance (CkQST 3.1)."""
+
+    sub: KnnSubscription
+    keywords: frozenset[str]
+    window_none: bool
+    field_name: str = field(default="dist", init=False)
+
+    @classmethod
+    def of(cls, sub: KnnSubscription, window_none: bool) -> KnnHandler:
+        """Build the handler of ``sub``; ``from: registration`` behaves as window none does."""
+        return cls(sub, sub.keywords, window_none or sub.from_ == "registration")
+
+    def goodness(self, obj: WindowObject) -> tuple[float, float] | None:
+        """Return ``(-dist, dist)`` of ``obj``, or None when it fails the predicate or came before (if it must not)."""
+        sub = self.sub
+        if self.window_none and obj.pos < sub.pos:
+            return None
+        if not (sub.keywords <= obj.term_set if sub.match == "all" else not sub.keywords.isdisjoint(obj.term_set)):
+            return None
+        dist = math.hypot(obj.x - sub.x, obj.y - sub.y)
+        return -dist, dist
+
+
+Handler = TopkHandler | KnnHandler
+
+
+def handler_of(
+    sub: TopkSubscription | KnnSubscription, vocabulary: Vocabulary, max_dist: float, window_none: bool
+) -> Handler:
+    """Return the handler of a ranked subscription: the one place that tells the kinds apart."""
+    if isinstance(sub, TopkSubscription):
+        return TopkHandler.of(sub, vocabulary, max_dist, window_none)
+    return KnnHandler.of(sub, window_none)
+
+
+def rank(entries: list[Entry], k: int) -> tuple[list[Entry], float]:
+    """Return the tie groups that make the first ``k`` entries, in result order, and the floor of the last one.
+
+    Parameters
+    ----------
+    entries : list of Entry
+        Any set of entries (distinct positions).
+    k : int
+        The result size, at least 1.
+
+    Returns
+    -------
+    (head, floor)
+        ``head`` holds every entry of the tie groups up to and including the
+        one that holds the k-th entry (all entries when there are fewer), in
+        result order: sorted by ``g`` descending, neighbours within
+        :data:`TOLERANCE` chained into groups, each group by (ts, pos)
+        descending (docs/SEMANTICS.md, ties); the result is ``head[:k]``.
+        ``floor`` is the lowest ``g`` of the last group in ``head`` (-inf for
+        no entries). O(n log n).
+    """
+    rows = sorted(entries, key=lambda e: -e.g)
+    head: list[Entry] = []
+    floor = -math.inf
+    start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i - 1].g - rows[i].g > TOLERANCE:
+            group = rows[start:i]
+            group.sort(key=lambda e: (e.ts, e.pos), reverse=True)
+            head.extend(group)
+            floor = rows[i - 1].g
+            start = i
+            if len(head) >= k:
+                break
+    return head, floor

@@ -1,0 +1,235 @@
+"""One ranked subscription's buffer at one evaluator: the k-skyband of Skype section 6 and its baselines.
+
+The buffer keeps enough of the evaluator's window candidates that the first
+k of the subscription's local result can be read from it without looking at
+the window store, as long as it is *valid*; when an expiry makes it invalid
+it is refilled from the store (a *re-evaluation*, Skype Algorithm 2).
+
+Three policies decide how much to keep (Skype section 6, CkQST section 3.6):
+
+- ``cskyband``: the cost-based k-skyband. A re-evaluation keeps every
+  candidate whose goodness is at least theta, theta chosen by the cost model
+  of Skype Eqs 9-13 (maintenance against re-evaluations, the buffer's size
+  modelled as a lazy random walk); arrivals at or above theta enter; an
+  entry dominated by k others is dropped (Skype Definition 10, Theorem 6.1).
+- ``kmax``: the top-k' with k <= k' <= kmax, kmax = 3k (Yi et al., ICDE'03;
+  Skype's baseline with kmax 60 for k 20): the lowest entries beyond kmax
+  are dropped whatever their age.
+- ``topk``: the first k only; every expiry of a result re-evaluates.
+
+Two things differ from the papers, both because of the tie rule of
+docs/SEMANTICS.md (ties within 1e-9 chain into groups ordered by time):
+
+- *Dominance* is "ranks first in every set and leaves no earlier": p
+  dominates u when ``g_p >= g_u``, ``(ts_p, pos_p) > (ts_u, pos_u)``, p's
+  ``expires_at`` is no earlier and, with a count window, p arrived later.
+  Objects here do not leave in arrival order (``expires_at``, seconds windows
+  with late times), so "newer" alone is not enough.
+- A left-out entry can still *bridge* two tie groups. So the buffer records
+  ``bound``, the highest goodness of anything it left out, and is valid only
+  while the floor of its k-th tie group stays more than :data:`BAND` above
+  it; nothing within the band of that floor is ever dropped.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+from skpub.evaluators.ranked import Entry, rank
+
+BAND = 1e-6
+"""Entries within this of the k-th tie group's floor are never dropped (1000 times the tie tolerance)."""
+POLICIES = ("cskyband", "kmax", "topk")
+SCAN_COST = 10.0
+"""Cost of scoring one candidate in a re-evaluation, in buffer steps (one dominance test); Skype Eq 13's C_topk
+is this times the candidates. Scoring is a sparse dot product and a distance, about ten dominance tests."""
+
+
+@dataclass
+class Skyband:
+    """The buffer of one ranked subscription at one evaluator.
+
+    ``entries`` maps object position -> :class:`Entry`; every local window
+    candidate with ``g >= theta`` is held, except those dropped, whose
+    goodness is at most ``bound``. ``stale`` means it must be refilled
+    before it is read (a new subscription, or an invalid buffer).
+    ``dominators`` counts, per entry, the entries that dominate it;
+    ``ceiling`` caps the k-th goodness that drops are measured against
+    (the floor of the whole candidate set, during a refill).
+    """
+
+    k: int
+    policy: str
+    count_window: bool
+    entries: dict[int, Entry] = field(default_factory=dict)
+    dominators: dict[int, int] = field(default_factory=dict)
+    theta: float = -math.inf
+    bound: float = -math.inf
+    stale: bool = True
+    refills: int = 0
+    ceiling: float = math.inf
+
+    def _kth(self) -> float:
+        """Return the k-th highest goodness held (-inf with fewer than k)."""
+        if len(self.entries) < self.k:
+            return -math.inf
+        return heapq.nlargest(self.k, (e.g for e in self.entries.values()))[-1]
+
+    def dominates(self, p: Entry, u: Entry) -> bool:
+        """Whether ``p`` ranks before ``u`` in every set and leaves the window no earlier."""
+        return (
+            p.g >= u.g
+            and (p.ts, p.pos) > (u.ts, u.pos)
+            and p.expires_at >= u.expires_at
+            and (p.pos > u.pos or not self.count_window)
+        )
+
+    def offer(self, entry: Entry) -> tuple[bool, list[int]]:
+        """Offer an arriving candidate; return whether it was kept and the positions dropped for it.
+
+        O(len(entries)) (one dominance scan, Skype section 6 "buffer
+        maintenance"). A stale buffer takes nothing: its refill will.
+        """
+        if self.stale or entry.g < self.theta:
+            return False, []
+        if self.policy != "cskyband":
+            self.entries[entry.pos] = entry
+            return True, self._cap()
+        held = self.entries.values()
+        kth = min(self._kth(), self.ceiling)
+        beaten = sum(1 for e in held if self.dominates(e, entry))
+        if beaten >= self.k and entry.g < kth - BAND:
+            self.bound = max(self.bound, entry.g)
+            return False, []
+        dropped = []
+        for e in held:
+            if self.dominates(entry, e):
+                self.dominators[e.pos] = self.dominators.get(e.pos, 0) + 1
+        self.entries[entry.pos] = entry
+        self.dominators[entry.pos] = beaten
+        kth = min(self._kth(), self.ceiling)
+        for pos, count in list(self.dominators.items()):
+            if count >= self.k and self.entries[pos].g < kth - BAND:
+                dropped.append(pos)
+        for pos in dropped:
+            self.bound = max(self.bound, self.entries.pop(pos).g)
+            del self.dominators[pos]
+        return True, dropped
+
+    def _cap(self) -> list[int]:
+        """kmax: drop the lowest entries beyond kmax = 3k (never within the band of the k-th)."""
+        if self.policy != "kmax" or len(self.entries) <= 3 * self.k:
+            return []
+        kth = self._kth()
+        extra = len(self.entries) - 3 * self.k
+        lowest = heapq.nsmallest(extra, self.entries.values(), key=lambda e: e.g)
+        dropped = [e.pos for e in lowest if e.g < kth - BAND]
+        for pos in dropped:
+            self.bound = max(self.bound, self.entries.pop(pos).g)
+        return dropped
+
+    def remove(self, pos: int) -> bool:
+        """Forget the entry at ``pos`` (it left the window); return whether it was held.
+
+        Entries it dominated leave no later, so no count changes (Skype
+        section 6: "unlink in O(1)").
+        """
+        if self.entries.pop(pos, None) is None:
+            return False
+        self.dominators.pop(pos, None)
+        return True
+
+    def valid(self) -> bool:
+        """Whether the first k of the local result can be read from the buffer.
+
+        True when nothing was ever left out, or when it holds at least k
+        entries and the floor of its k-th tie group is more than
+        :data:`BAND` above everything left out (Skype Theorem 6.1, extended
+        to chained ties).
+        """
+        if self.stale:
+            return False
+        missing = max(self.theta, self.bound)
+        if missing == -math.inf:
+            return True
+        if len(self.entries) < self.k:
+            return False
+        _, floor = rank(list(self.entries.values()), self.k)
+        return floor - BAND > missing
+
+    def refill(self, candidates: list[Entry], window_objects: int) -> None:
+        """Re-evaluate from all of the evaluator's window candidates (Skype Algorithm 2).
+
+        Parameters
+        ----------
+        candidates : list of Entry
+            Every local window object that is a candidate, with its goodness.
+        window_objects : int
+            Objects in the local window store (|W| of the cost model).
+
+        O(c log c) for c candidates.
+        """
+        self.refills += 1
+        self.stale = False
+        self.entries, self.dominators = {}, {}
+        self.theta = self.bound = -math.inf
+        if len(candidates) <= self.k:
+            self.entries = {e.pos: e for e in candidates}
+            return
+        _, floor = rank(candidates, self.k)
+        keep = _target_size(self.policy, self.k, len(candidates), window_objects)
+        by_g = sorted(candidates, key=lambda e: -e.g)
+        if keep < len(by_g):
+            self.theta = min(by_g[keep - 1].g, floor - 2 * BAND)
+            self.bound = max((e.g for e in by_g if e.g < self.theta), default=-math.inf)
+        chosen = [e for e in by_g if e.g >= self.theta]
+        if self.policy != "cskyband":
+            self.entries = {e.pos: e for e in chosen}
+            return
+        self.ceiling = floor
+        for e in sorted(chosen, key=lambda e: (e.ts, e.pos)):
+            self.offer(e)
+        self.ceiling = math.inf
+
+    def send(self) -> tuple[list[Entry], float]:
+        """Return what the merge needs: the entries within the band of the k-th group's floor, and the bound.
+
+        The bound is the highest goodness of any local candidate not sent
+        (-inf: all were); the merge needs it to prove the global first k
+        (DESIGN "Top-k and kNN across evaluators", point 4).
+        """
+        head, floor = rank(list(self.entries.values()), self.k)
+        edge = floor - BAND
+        ranked = {h.pos for h in head}
+        sent = head + [e for e in self.entries.values() if e.g >= edge and e.pos not in ranked]
+        left = max((e.g for e in self.entries.values() if e.g < edge), default=-math.inf)
+        return sent, max(self.theta, self.bound, left)
+
+
+def _target_size(policy: str, k: int, candidates: int, window_objects: int) -> int:
+    """Return how many of the best candidates a re-evaluation keeps under ``policy``.
+
+    ``cskyband`` minimizes Skype Eq 13 over n0 (our reading, docs/ranked-papers.md 1.4):
+    per window step, maintenance ``P * E|SB|`` with ``P = n0 / |W|`` and
+    ``E|SB| = k (1 + ln(n0 / k))``, plus re-evaluation ``C_topk / E[T]`` with
+    ``C_topk = SCAN_COST * candidates`` and ``E[T] = (n0 - k + 1)(n0 - k + 2) / P``
+    (a lazy walk from n0 absorbed at k - 1, reflected at n0).
+    """
+    if policy == "topk":
+        return k
+    if policy == "kmax":
+        return 3 * k
+    w = max(window_objects, candidates, 1)
+    best, best_cost = k, math.inf
+    n0 = k
+    while n0 <= candidates:
+        p = n0 / w
+        maintenance = p * k * (1 + math.log(n0 / k))
+        reevaluation = SCAN_COST * candidates * p / ((n0 - k + 1) * (n0 - k + 2))
+        cost = maintenance + reevaluation
+        if cost < best_cost:
+            best, best_cost = n0, cost
+        n0 = max(n0 + 1, int(n0 * 1.25))
+    return best

@@ -1,0 +1,123 @@
+"""The window store: the objects an evaluator's partition owns that are in the deployment window.
+
+SEMANTICS section 4: the window is global (a count window counts every
+accepted object, a seconds window follows the global watermark), but each
+object is kept only by its owner evaluator. The sequencer stamps every row
+with the stream clock (objects accepted so far, watermark), so an evaluator
+evicts exactly what has left the global window without seeing the other
+partitions' objects (DESIGN "Top-k and kNN across evaluators").
+
+The store answers the re-evaluations of the ranked subscriptions (Skype
+section 6, Algorithm 2: "fetch all window messages with score >= theta"):
+an inverted file ``term -> positions`` gives the objects that share a term
+with a subscription, so a re-evaluation scores only those.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterable
+
+from skpub.evaluators.ranked import WindowObject
+from skpub.kernel.config import Window
+
+
+class WindowStore:
+    """The window objects one evaluator owns, with eviction by count, watermark and ``expires_at``.
+
+    Memory O(objects held + their distinct terms). :meth:`advance` is
+    amortized O(1) per evicted object (a FIFO for the count window, heaps
+    for times), plus O(terms) to unindex it.
+    """
+
+    def __init__(self, window: Window) -> None:
+        self.kind, self.size = window.kind, window.size
+        self.objects: dict[int, WindowObject] = {}
+        self.postings: dict[str, set[int]] = {}
+        self._arrivals: deque[tuple[int, int]] = deque()
+        self._by_ts: list[tuple[float, int]] = []
+        self._by_expiry: list[tuple[float, int]] = []
+        self.accepted = 0
+        self.watermark = -math.inf
+
+    def __len__(self) -> int:
+        return len(self.objects)
+
+    def holds(self, obj: WindowObject, number: int) -> bool:
+        """Whether object ``obj`` (accepted as number ``number``, 0-based) is in the window at the current clock."""
+        if self.watermark >= obj.expires_at:
+            return False
+        if self.kind == "count":
+            return number >= self.accepted - self.size
+        if self.kind == "seconds":
+            return obj.ts > self.watermark - self.size
+        return True
+
+    def add(self, obj: WindowObject, number: int) -> bool:
+        """Keep ``obj`` if it is in the window now; return whether it was kept (a late object never enters)."""
+        if not self.holds(obj, number):
+            return False
+        self.objects[obj.pos] = obj
+        for t in obj.term_set:
+            self.postings.setdefault(t, set()).add(obj.pos)
+        if self.kind == "count":
+            self._arrivals.append((number, obj.pos))
+        elif self.kind == "seconds":
+            heapq.heappush(self._by_ts, (obj.ts, obj.pos))
+        if obj.expires_at < math.inf:
+            heapq.heappush(self._by_expiry, (obj.expires_at, obj.pos))
+        return True
+
+    def advance(self, accepted: int, watermark: float) -> list[WindowObject]:
+        """Move the clock to ``accepted`` objects and ``watermark`` (NaN: none yet); return the objects that left.
+
+        The clock only moves forward (a stale stamp changes nothing).
+        """
+        self.accepted = max(self.accepted, accepted)
+        if not math.isnan(watermark):
+            self.watermark = max(self.watermark, watermark)
+        gone: list[int] = []
+        if self.kind == "count":
+            arrivals, oldest = self._arrivals, self.accepted - self.size
+            while arrivals and arrivals[0][0] < oldest:
+                gone.append(arrivals.popleft()[1])
+        elif self.kind == "seconds":
+            by_ts, edge = self._by_ts, self.watermark - self.size
+            while by_ts and by_ts[0][0] <= edge:
+                gone.append(heapq.heappop(by_ts)[1])
+        by_expiry = self._by_expiry
+        while by_expiry and by_expiry[0][0] <= self.watermark:
+            gone.append(heapq.heappop(by_expiry)[1])
+        return self.discard(gone)
+
+    def discard(self, positions: Iterable[int]) -> list[WindowObject]:
+        """Forget the objects at ``positions`` (those still held); return them."""
+        out = []
+        for pos in positions:
+            obj = self.objects.pop(pos, None)
+            if obj is None:
+                continue
+            out.append(obj)
+            for t in obj.term_set:
+                posting = self.postings[t]
+                posting.discard(pos)
+                if not posting:
+                    del self.postings[t]
+        return out
+
+    def sharing(self, terms: Iterable[str], rarest_only: bool = False) -> Iterable[WindowObject]:
+        """Return the held objects that contain at least one of ``terms`` (only the rarest one's, if asked).
+
+        ``rarest_only`` serves knn ``all``: every candidate holds every
+        keyword, so the shortest posting list is a superset of them (CkQST
+        section 3.2 indexes an AND query under its least frequent keyword).
+        """
+        lists = [self.postings.get(t, ()) for t in terms]
+        if rarest_only:
+            positions: Iterable[int] = min(lists, key=len, default=())
+        else:
+            positions = set().union(*lists) if len(lists) > 1 else (lists[0] if lists else ())
+        objects = self.objects
+        return [objects[p] for p in positions]

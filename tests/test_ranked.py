@@ -1,0 +1,196 @@
+"""Top-k and kNN: the buffers, the merge and the local engine against the brute-force oracle."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skpub.app.engines.local import run_local
+from skpub.app.summary import RunObserver, RunSummary
+from skpub.evaluators.merge import RankedMerge
+from skpub.evaluators.ranked import TOLERANCE, Entry, rank
+from skpub.evaluators.skyband import POLICIES, Skyband
+from skpub.kernel.config import Window
+from skpub.kernel.messages import RankedUpdate
+from skpub.kernel.oracle import _ranked
+from skpub.kernel.parts import read_stream
+from skpub.kernel.records import ObjectRecord
+from tests.workloads import canonical, deployment, ranked_workload, write_lines
+
+WINDOWS = [Window(), Window("count", 30), Window("seconds", 15)]
+
+# Goodness values clustered so that exact ties and chains of near ties (steps of 0.4e-9) are common.
+goodness = st.builds(
+    lambda base, step: base + step * 4e-10, st.sampled_from([0.0, 0.5, 0.5 + 1e-6, 1.0]), st.integers(0, 6)
+)
+entries = st.lists(
+    st.tuples(goodness, st.integers(0, 5), st.sampled_from([math.inf, 3.0, 6.0])), min_size=0, max_size=40
+).map(lambda rows: [Entry(g, g, float(ts), pos, f"o{pos}", exp) for pos, (g, ts, exp) in enumerate(rows)])
+
+
+def first_k(items: list[Entry], k: int) -> list[int]:
+    head, _ = rank(items, k)
+    return [e.pos for e in head[:k]]
+
+
+@given(entries, st.integers(1, 6))
+def test_rank_equals_the_oracles_independent_order(items, k):
+    expected = _ranked([(e.g, e.ts, e.pos, e.id) for e in items], True, k)
+    assert first_k(items, k) == [pos for _, _, pos in expected]
+
+
+@given(entries, st.integers(1, 6))
+def test_floor_is_the_lowest_value_of_the_kth_group(items, k):
+    head, floor = rank(items, k)
+    if not items:
+        assert floor == -math.inf
+        return
+    assert len(head) >= min(k, len(items))
+    assert floor == min(e.g for e in head)
+    below = [e.g for e in items if e.g < floor]
+    assert all(floor - g > TOLERANCE for g in below)
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries, st.integers(1, 5), st.sampled_from(POLICIES), st.booleans())
+def test_a_valid_buffer_never_loses_a_result_an_expiry_needs(items, k, policy, count_window):
+    """Arrivals, then expiries in leaving order: whenever the buffer says it is valid, its first k are the truth."""
+    band = Skyband(k, policy, count_window)
+    band.refill([], 0)
+    window: list[Entry] = []
+    for entry in items:
+        window.append(entry)
+        band.offer(entry)
+        if band.valid():
+            assert first_k(list(band.entries.values()), k) == first_k(window, k)
+
+    # Objects leave as a window makes them: in arrival order (count), or at min(expires_at, ts + T)
+    # (seconds, T = 10), everything due at the same moment together.
+    def leaves(e: Entry) -> float:
+        return e.pos if count_window else min(e.expires_at, e.ts + 10)
+
+    while window:
+        due = min(leaves(e) for e in window)
+        for gone in [e for e in window if leaves(e) == due]:
+            window.remove(gone)
+            band.remove(gone.pos)
+        if not band.valid():
+            band.refill(window, len(window))
+            assert band.valid()
+        assert first_k(list(band.entries.values()), k) == first_k(window, k)
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries, st.integers(1, 5), st.integers(1, 4), st.randoms(use_true_random=False))
+def test_merged_local_buffers_give_the_global_first_k(items, k, evaluators, rnd):
+    """Candidates spread over evaluators: the merge of their reports equals the ranking of all of them."""
+    shares: list[list[Entry]] = [[] for _ in range(evaluators)]
+    for entry in items:
+        shares[rnd.randrange(evaluators)].append(entry)
+    updates = []
+    for e, share in enumerate(shares):
+        band = Skyband(k, "cskyband", False)
+        band.refill(share, len(share) + 100)
+        sent, bound = band.send()
+        rows = tuple((x.id, x.value, x.g, x.ts, x.pos) for x in sent)
+        updates.append(RankedUpdate(5, "s", 0, e, k, "score", rows, bound))
+    merge = RankedMerge()
+    _, snapshots = merge.apply([(5, "q")], updates)
+    assert merge.unproven == 0
+    assert [row[0] for row in snapshots[0]["results"]] == [f"o{pos}" for pos in first_k(items, k)]
+
+
+def run(tmp_path, lines, dep):
+    source = tmp_path / "in.jsonl"
+    write_lines(source, lines)
+    out = tmp_path / "out"
+    observer = RunObserver(RunSummary("local", dep.router, dep.evaluators), stream=None)
+    run_local(source, out, dep, observer)
+    return out
+
+
+def results_from_events(events: list[dict]) -> dict[str, set[str]]:
+    """Fold each subscription's events in order, checking that each one is possible."""
+    held: dict[str, set[str]] = {}
+    for event in events:
+        mine = held.setdefault(event["sub"], set())
+        if event["event"] == "enter":
+            assert event["obj"] not in mine, event
+            mine.add(event["obj"])
+        else:
+            assert event["obj"] in mine, event
+            mine.remove(event["obj"])
+    return {sub: objs for sub, objs in held.items() if objs}
+
+
+def assert_equals_oracle(out, lines, dep, exact_events: bool):
+    from skpub.kernel.oracle import replay
+
+    expected = replay(lines, dep, ranked=True)
+    deliveries = read_stream(out, "deliveries")
+    matches = [d for d in deliveries if d["event"] == "match"]
+    events = [d for d in deliveries if d["event"] != "match"]
+    wanted = [d for d in expected.deliveries if d["event"] != "match"]
+    assert canonical(matches) == canonical([d for d in expected.deliveries if d["event"] == "match"])
+    assert read_stream(out, "snapshots") == expected.snapshots
+    assert canonical(read_stream(out, "dead_letters")) == canonical(expected.dead_letters)
+    assert results_from_events(events) == results_from_events(wanted)
+    if exact_events:
+        subs = {d["sub"] for d in wanted} | {d["sub"] for d in events}
+        for sub in subs:
+            assert [d for d in events if d["sub"] == sub] == [d for d in wanted if d["sub"] == sub]
+    return expected
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=lambda w: w.kind)
+@pytest.mark.parametrize("evaluators", [1, 3, 8])
+@pytest.mark.parametrize("batch_size", [1, 7, 5000])
+def test_local_engine_equals_oracle_on_ranked_workloads(tmp_path, window, evaluators, batch_size):
+    lines = ranked_workload(seed=evaluators * 7 + batch_size, n=400)
+    dep = deployment(evaluators=evaluators, batch_size=batch_size).replace(window=window)
+    out = run(tmp_path, lines, dep)
+    expected = assert_equals_oracle(out, lines, dep, exact_events=batch_size == 1)
+    assert sum(1 for s in expected.snapshots if s["results"]) > 20
+
+
+@pytest.mark.parametrize("router", ["agrid", "uniform"])
+def test_both_routers_and_near_tie_chains_equal_the_oracle(tmp_path, router):
+    lines = ranked_workload(seed=99, n=500)
+    dep = deployment(evaluators=4, router=router, batch_size=13).replace(window=Window("count", 40))
+    assert_equals_oracle(run(tmp_path, lines, dep), lines, dep, exact_events=False)
+
+
+def test_objects_without_ts_take_the_stream_clock(tmp_path):
+    """Objects without ts take the watermark (0 first); a late object never enters a seconds window."""
+    lines = ranked_workload(seed=5, n=300, times=False)
+    lines[50:50] = [
+        '{"type": "object", "id": "late", "x": 0, "y": 0, "terms": ["sushi"], "ts": -100}',
+        '{"type": "object", "id": "gone", "x": 0, "y": 0, "terms": ["sushi"], "expires_at": -1}',
+    ]
+    dep = deployment(evaluators=3, batch_size=20).replace(window=Window("seconds", 5))
+    assert_equals_oracle(run(tmp_path, lines, dep), lines, dep, exact_events=False)
+
+
+def test_the_sequencer_stamps_the_stream_clock():
+    from skpub.kernel.text import Vocabulary
+    from skpub.router.dispatch import Router
+    from skpub.router.epoch import RoutingEpoch
+    from skpub.router.initial import initial_table
+
+    dep = deployment(evaluators=2).replace(window=Window("count", 10))
+    lines = [
+        b'{"type": "object", "id": "a", "x": 1, "y": 1, "terms": ["x"]}',
+        b'{"type": "object", "id": "b", "x": 1, "y": 1, "terms": ["x"], "ts": 5}',
+        b'{"type": "object", "id": "a", "x": 1, "y": 1, "terms": ["x"], "ts": 9}',
+        b'{"type": "object", "id": "c", "x": 1, "y": 1, "terms": ["x"], "ts": 2}',
+        b'{"type": "object", "id": "d", "x": 1, "y": 1, "terms": ["x"]}',
+    ]
+    epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), []))
+    routed = Router(dep, Vocabulary()).route_many(lines, 0, epoch)
+    rows = [r for mine in routed.rows_for(2) for r in mine if isinstance(r.record, ObjectRecord)]
+    rows.sort(key=lambda r: r.record.pos)
+    assert [r.record.id for r in rows] == ["a", "b", "c", "d"]
+    assert [r.record.ts for r in rows] == [0.0, 5.0, 2.0, 5.0]
+    assert [r.accepted for r in rows] == [1, 2, 3, 4]
+    assert [r.watermark for r in rows] == [0.0, 5.0, 5.0, 5.0]
