@@ -4,7 +4,7 @@ Engine-free: the local engine calls it directly and the Spark stateful
 processor hosts it inside an executor. Records arrive as
 :class:`skpub.kernel.messages.Routed` rows in stream order.
 
-State is kept per *state block* (``STATE_BLOCK`` x ``STATE_BLOCK`` fine cells,
+State is kept per *state block* (:data:`~skpub.evaluators.window.STATE_BLOCK` squared fine cells,
 keyed by the block of the subscription's first cell in this evaluator), so a
 micro-batch rewrites only the blocks it changed and a migration can move
 whole blocks (DESIGN "Adaptivity"). The GI^2 index is derived from the blocks
@@ -23,6 +23,7 @@ from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.gi2 import GI2Index
 from skpub.evaluators.monitor import RankedMonitor
 from skpub.evaluators.stats import CellCostStats
+from skpub.evaluators.window import block_of
 from skpub.kernel.config import Deployment
 from skpub.kernel.geometry import Rect
 from skpub.kernel.grid import CellBox
@@ -38,9 +39,7 @@ from skpub.kernel.records import (
 )
 from skpub.kernel.text import Vocabulary
 
-STATE_BLOCK = 25
 BLOCK_FORMAT = 1
-_BLOCK_ROW = 1 << 20
 
 
 @dataclass
@@ -56,22 +55,20 @@ class EvaluatorBatch:
 
 
 def state_block(box: CellBox) -> int:
-    """Return the state-block key of a subscription with cell box ``box``."""
-    return (box[1] // STATE_BLOCK) * _BLOCK_ROW + box[0] // STATE_BLOCK
+    """Return the state-block key of a subscription with cell box ``box`` (the block of its first cell)."""
+    return block_of(box[0], box[1])
 
 
 class Evaluator:
     """One evaluator: range subscriptions in GI^2, ranked ones in its monitor, per-cell costs, deliveries.
 
-    ``policy`` is the ranked buffers' policy (:data:`skpub.evaluators.skyband.POLICIES`).
+    The ranked buffers follow ``deployment.skyband``.
     """
 
-    def __init__(
-        self, evaluator_id: int, deployment: Deployment, vocabulary: Vocabulary, policy: str = "cskyband"
-    ) -> None:
+    def __init__(self, evaluator_id: int, deployment: Deployment, vocabulary: Vocabulary) -> None:
         self.evaluator_id = evaluator_id
         self.grid_size = deployment.grid_size
-        self.monitor = RankedMonitor(evaluator_id, deployment, vocabulary, policy)
+        self.monitor = RankedMonitor(evaluator_id, deployment, vocabulary)
         self.index = GI2Index(deployment.index_block, vocabulary)
         self.blocks: dict[int, dict[str, tuple[RangeSubscription, CellBox]]] = {}
         self.home: dict[str, int] = {}
@@ -100,6 +97,7 @@ class Evaluator:
         out = EvaluatorBatch(self.evaluator_id)
         deliveries, stats, size = out.deliveries, out.stats, self.grid_size
         match_one, monitor = self.index.match_one, self.monitor
+        refills, refill_scored = monitor.stats.refills, monitor.stats.refill_scored
         for row in rows:
             record = row.record
             try:
@@ -109,7 +107,7 @@ class Evaluator:
                 if isinstance(record, ObjectRecord):
                     cx, cy = row.cells[0], row.cells[1]
                     matched, examined = match_one(record, cx, cy)
-                    examined += monitor.add_object(record, row.accepted - 1)
+                    examined += monitor.add_object(record, row.accepted - 1, block_of(cx, cy))
                     stats.add(cy * size + cx, cx, cy, examined)
                     deliveries.extend((record.pos, sid, record.id) for sid in matched)
                 elif isinstance(record, RangeSubscription):
@@ -125,6 +123,8 @@ class Evaluator:
                     raise EvaluatorError(f"evaluator cannot apply {type(record).__name__}")
             except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
                 out.dead_letters.append(DeadLetter.internal_error(record.pos, _describe(record), exc))
+        out.stats.reevaluations = monitor.stats.refills - refills
+        out.stats.reevaluated = monitor.stats.refill_scored - refill_scored
         out.cpu_seconds = time.thread_time() - start
         return out
 

@@ -26,6 +26,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import orjson
+
 from skpub.evaluators.ranked import TOLERANCE, Entry, rank
 from skpub.kernel.messages import RankedUpdate
 
@@ -53,6 +55,7 @@ class RankedMerge:
     def __init__(self) -> None:
         self.subscriptions: dict[str, _Merged] = {}
         self.unproven = 0
+        self.changed: set[str] = set()
 
     def apply(self, marks: Iterable[tuple[int, str]], updates: Iterable[RankedUpdate]) -> tuple[list[dict], list[dict]]:
         """Apply one micro-batch's reports, mark by mark; return its events and snapshot lines.
@@ -90,9 +93,12 @@ class RankedMerge:
                 merged = self.subscriptions[sid]
                 now = self._result(merged)
                 events.extend(_events(sid, merged, now))
+                if now != merged.result or not merged.result:
+                    self.changed.add(sid)
                 merged.result = now
                 if touched[sid]:
                     del self.subscriptions[sid]
+                    self.changed.add(sid)
             if snapshot:
                 snapshots.extend(
                     {"snapshot": snapshot, "sub": sid, "results": [[oid, v] for oid, v, _ in m.result]}
@@ -124,3 +130,82 @@ def _events(sid: str, merged: _Merged, now: Result) -> list[dict]:
     exits = [{"sub": sid, "event": "exit", "obj": oid, name: v} for oid, v, pos in merged.result if pos not in after]
     enters = [{"sub": sid, "event": "enter", "obj": oid, name: v} for oid, v, pos in now if pos not in before]
     return exits + enters
+
+
+def _result_json(merged: _Merged) -> list:
+    return [merged.sub_pos, merged.k, merged.field_name, [list(row) for row in merged.result]]
+
+
+def _merged_from_json(raw: list) -> _Merged:
+    sub_pos, k, field_name, result = raw
+    if type(sub_pos) is not int or type(k) is not int or field_name not in ("score", "dist"):
+        raise TypeError("a merged subscription is [position, k, 'score' or 'dist', result]")
+    rows = [(str(oid), float(value), int(pos)) for oid, value, pos in result]
+    return _Merged(sub_pos, k, field_name, result=rows)
+
+
+def take_changes(merge: RankedMerge) -> dict[str, list | None]:
+    """Return the results changed since the last call (None: the subscription ended), as JSON values.
+
+    The merge's durable state is its results: the reports are rebuilt by the
+    evaluators, which report every subscription again to a new merge.
+    """
+    out = {sid: _result_json(merge.subscriptions[sid]) if sid in merge.subscriptions else None for sid in merge.changed}
+    merge.changed = set()
+    return out
+
+
+def results_json(merge: RankedMerge) -> dict[str, list]:
+    """Return every result as a JSON value (a full snapshot of the merge's durable state)."""
+    return {sid: _result_json(m) for sid, m in merge.subscriptions.items()}
+
+
+def apply_changes(merge: RankedMerge, changes: dict) -> None:
+    """Apply :func:`results_json` or :func:`take_changes` output to ``merge``.
+
+    Raises
+    ------
+    ValueError
+        If ``changes`` is not of that shape (damaged state).
+    """
+    try:
+        for sid, raw in changes.items():
+            if raw is None:
+                merge.subscriptions.pop(sid, None)
+            else:
+                merge.subscriptions[sid] = _merged_from_json(raw)
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"damaged merge state: {exc}") from None
+
+
+def encode_updates(updates: list[RankedUpdate]) -> bytes:
+    """Serialize ranked reports for the driver: a JSON array of their fields (the bound as null for -inf)."""
+    return orjson.dumps(
+        [
+            [
+                u.pos,
+                u.sub,
+                u.sub_pos,
+                u.evaluator,
+                u.k,
+                u.field_name,
+                u.entries,
+                None if u.bound == -math.inf else u.bound,
+                u.ended,
+            ]
+            for u in updates
+        ]
+    )
+
+
+def decode_updates(data: bytes) -> list[RankedUpdate]:
+    """Rebuild the reports of :func:`encode_updates` (data from this run's own evaluators)."""
+    out = []
+    for pos, sub, sub_pos, evaluator, k, field_name, entries, bound, ended in orjson.loads(data):
+        rows = tuple((oid, value, g, ts, p) for oid, value, g, ts, p in entries)
+        out.append(
+            RankedUpdate(
+                pos, sub, sub_pos, evaluator, k, field_name, rows, -math.inf if bound is None else bound, ended
+            )
+        )
+    return out

@@ -25,6 +25,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import orjson
+
+from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.ranked import Entry, Handler, KnnHandler, WindowObject, handler_of
 from skpub.evaluators.skyband import Skyband
 from skpub.evaluators.window import WindowStore
@@ -32,6 +35,7 @@ from skpub.kernel.config import Deployment
 from skpub.kernel.messages import RankedUpdate
 from skpub.kernel.records import KnnSubscription, ObjectRecord, TopkSubscription
 from skpub.kernel.text import Vocabulary
+from skpub.kernel.wire import ranked_from_spec, ranked_spec
 
 
 @dataclass
@@ -66,25 +70,24 @@ class RankedMonitor:
         Window, space (MaxDist is its diagonal, coordinate units).
     vocabulary : Vocabulary
         idf of topk scores.
-    policy : str
-        Buffer policy, one of :data:`skpub.evaluators.skyband.POLICIES`.
+    The buffers follow ``deployment.skyband`` (:data:`skpub.kernel.config.SKYBANDS`).
     """
 
-    def __init__(
-        self, evaluator_id: int, deployment: Deployment, vocabulary: Vocabulary, policy: str = "cskyband"
-    ) -> None:
+    def __init__(self, evaluator_id: int, deployment: Deployment, vocabulary: Vocabulary) -> None:
         self.evaluator_id = evaluator_id
         self.store = WindowStore(deployment.window)
         self.window_none = deployment.window.kind == "none"
         self.count_window = deployment.window.kind == "count"
         self.max_dist = math.hypot(deployment.space.width, deployment.space.height)
         self.vocabulary = vocabulary
-        self.policy = policy
+        self.policy = deployment.skyband
         self.subscriptions: dict[str, _Held] = {}
         self.index: dict[str, set[str]] = {}
         self.holders: dict[int, set[str]] = {}
         self.dirty: set[str] = set()
         self.pending: list[RankedUpdate] = []
+        self.changed: dict[str, TopkSubscription | KnnSubscription | None] = {}
+        self.generation = ""
         self.stats = MonitorStats()
 
     def __len__(self) -> int:
@@ -103,8 +106,8 @@ class RankedMonitor:
             if held is not None and held.band.remove(pos):
                 self.dirty.add(sid)
 
-    def add_object(self, record: ObjectRecord, number: int) -> int:
-        """Take an arriving object (accepted as ``number``) into the store and the buffers; return the work done.
+    def add_object(self, record: ObjectRecord, number: int, block: int) -> int:
+        """Take an arriving object (accepted as ``number``, in state block ``block``) in; return the work done.
 
         ``record.ts`` is the time the sequencer stamped (seconds). With
         window none only an object some subscription can see is kept. The
@@ -113,11 +116,13 @@ class RankedMonitor:
         cell counts its kNN evaluations).
         """
         expires = record.expires_at if record.expires_at is not None else math.inf
-        obj = WindowObject(record.pos, record.id, record.x, record.y, record.terms, record.term_set, record.ts, expires)
+        obj = WindowObject(
+            record.pos, record.id, record.x, record.y, record.terms, record.term_set, record.ts, expires, number, block
+        )
         targets: set[str] = set()
         for t in obj.term_set:
             targets.update(self.index.get(t, ()))
-        if (self.window_none and not targets) or not self.store.add(obj, number):
+        if (self.window_none and not targets) or not self.store.add(obj):
             return 0
         stats = self.stats
         for sid in targets:
@@ -153,6 +158,7 @@ class RankedMonitor:
         for t in terms:
             self.index.setdefault(t, set()).add(sub.id)
         self.dirty.add(sub.id)
+        self.changed[sub.id] = sub
 
     def _index_terms(self, handler: Handler) -> list[str]:
         """Return the terms a subscription is filed under: all its keywords, or a knn ``all``'s rarest (CkQST 3.2)."""
@@ -167,6 +173,7 @@ class RankedMonitor:
             return False
         self._report(sid, held, pos, ended=True)
         del self.subscriptions[sid]
+        self.changed[sid] = None
         for t in held.terms:
             subs = self.index.get(t)
             if subs is not None:
@@ -229,3 +236,56 @@ class RankedMonitor:
         sid = handler.sub.id
         for pos in band.entries:
             self.holders.setdefault(pos, set()).add(sid)
+
+    # --- durable state (the Spark engine's state store) ---------------------------------
+
+    def take_changes(self) -> tuple[dict[int, bytes | None], dict[str, str | None]]:
+        """Return the window blocks and subscriptions changed since the last call.
+
+        Blocks as :meth:`WindowStore.take_dirty_blocks`; subscriptions as
+        ``id -> "[pos, spec]"`` JSON (:func:`skpub.kernel.wire.ranked_spec`),
+        None when ended. Buffers are not saved: a restored monitor refills
+        them from the store at its next mark.
+        """
+        subs = {
+            sid: None if sub is None else orjson.dumps([sub.pos, ranked_spec(sub)]).decode()
+            for sid, sub in self.changed.items()
+        }
+        self.changed = {}
+        return self.store.take_dirty_blocks(), subs
+
+    def forget_reports(self) -> None:
+        """Report every subscription at the next mark (a new merge knows none of the past reports)."""
+        for sid, held in self.subscriptions.items():
+            held.reported = None
+            self.dirty.add(sid)
+
+    @classmethod
+    def restore(
+        cls,
+        evaluator_id: int,
+        deployment: Deployment,
+        vocabulary: Vocabulary,
+        clock: tuple[int, float],
+        blocks: dict[int, bytes],
+        subscriptions: dict[str, str],
+    ) -> RankedMonitor:
+        """Rebuild a monitor from its saved window blocks, subscriptions and clock ``(accepted, watermark)``.
+
+        Every buffer starts stale and every subscription is reported at the
+        next mark. Raises :class:`~skpub.evaluators.errors.EvaluatorError` on
+        damaged state.
+        """
+        monitor = cls(evaluator_id, deployment, vocabulary)
+        monitor.store = WindowStore.restore(deployment.window, clock[0], clock[1], blocks)
+        subs = []
+        for sid, raw in subscriptions.items():
+            try:
+                pos, spec = orjson.loads(raw)
+                subs.append(ranked_from_spec(int(pos), sid, spec))
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise EvaluatorError(f"damaged ranked subscription {sid!r}: {exc}") from None
+        for sub in sorted(subs, key=lambda s: s.pos):
+            monitor.subscribe(sub)
+        monitor.changed = {}
+        return monitor

@@ -38,8 +38,9 @@ class WindowObject:
 
     ``ts`` is the object's time (the watermark at its arrival when it had
     none, as the sequencer stamps it; seconds), ``expires_at`` +inf when it
-    has none. ``unit`` is its unit tf-idf vector, computed once, when a topk
-    subscription first scores it.
+    has none, ``number`` its 0-based number among accepted objects and
+    ``block`` the state block of its cell. ``unit`` is its unit tf-idf
+    vector, computed once, when a topk subscription first scores it.
     """
 
     pos: int
@@ -50,6 +51,8 @@ class WindowObject:
     term_set: frozenset[str]
     ts: float
     expires_at: float
+    number: int
+    block: int
     unit: dict[str, float] | None = None
 
 

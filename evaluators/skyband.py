@@ -38,10 +38,11 @@ import math
 from dataclasses import dataclass, field
 
 from skpub.evaluators.ranked import Entry, rank
+from skpub.kernel.config import SKYBANDS
 
 BAND = 1e-6
 """Entries within this of the k-th tie group's floor are never dropped (1000 times the tie tolerance)."""
-POLICIES = ("cskyband", "kmax", "topk")
+POLICIES = SKYBANDS
 SCAN_COST = 10.0
 """Cost of scoring one candidate in a re-evaluation, in buffer steps (one dominance test); Skype Eq 13's C_topk
 is this times the candidates. Scoring is a sparse dot product and a distance, about ten dominance tests."""

@@ -6,6 +6,11 @@ on the RocksDB state store (DESIGN "The Spark engine"). State per evaluator:
 - ``blocks``: a MapState ``block (bigint) -> data (binary)`` with the
   evaluator's state blocks (:mod:`skpub.evaluators.evaluator`); a micro-batch
   rewrites only the blocks it changed;
+- ``window``: a MapState ``block -> data`` with the window objects it owns
+  (:mod:`skpub.evaluators.window`), and ``ranked``: ``sub -> [pos, spec]``
+  with the topk/knn subscriptions it holds; ``clock``: the stream clock
+  (objects accepted, watermark). Ranked buffers are derived state: a
+  restored evaluator refills them from its window;
 - ``version``: a ValueState with the last micro-batch applied.
 
 The hot :class:`~skpub.evaluators.evaluator.Evaluator` (with its GI^2 index) is
@@ -27,6 +32,8 @@ from pyspark import TaskContext
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from skpub.evaluators.evaluator import Evaluator
+from skpub.evaluators.merge import encode_updates
+from skpub.evaluators.monitor import RankedMonitor
 from skpub.kernel.config import deployment_from_text
 from skpub.kernel.parts import delivery_lines, write_lines, write_part
 from skpub.kernel.records import DeadLetter
@@ -34,10 +41,11 @@ from skpub.kernel.runtime import tune_gc
 from skpub.kernel.text import load_vocabulary
 from skpub.kernel.wire import from_columns
 
-CONTROL_DDL = "evaluator int, pos bigint, line string, reason string, message string, payload string"
+CONTROL_DDL = "evaluator int, pos bigint, line string, reason string, message string, payload string, updates binary"
 """What an evaluator sends the driver: its internal-error dead letters, and one row whose ``payload`` is
-the JSON of its batch counters (deliveries, cost, CPU seconds). Deliveries and statistics never travel:
-the evaluator writes them itself."""
+the JSON of its batch counters (deliveries, cost, CPU seconds) and whose ``updates`` are its ranked
+reports for the merge (:func:`encode_updates`). Range deliveries and statistics never travel: the
+evaluator writes them itself."""
 _CACHE: dict[tuple[str, int], tuple[int, Evaluator]] = {}
 
 
@@ -46,7 +54,7 @@ def current_batch_id() -> int:
     return int(TaskContext.get().getLocalProperty("streaming.sql.batchId"))
 
 
-def control_frame(evaluator: int, dead: list[DeadLetter], counters: dict) -> pd.DataFrame:
+def control_frame(evaluator: int, dead: list[DeadLetter], counters: dict, updates: bytes) -> pd.DataFrame:
     """Return one evaluator's control rows (:data:`CONTROL_DDL`) for the driver."""
     n = len(dead)
     return pd.DataFrame(
@@ -57,8 +65,18 @@ def control_frame(evaluator: int, dead: list[DeadLetter], counters: dict) -> pd.
             "reason": [d.reason for d in dead] + [None],
             "message": [d.message for d in dead] + [None],
             "payload": [None] * n + [json.dumps(counters)],
+            "updates": [None] * n + [updates],
         }
     ).astype({"evaluator": "int32", "pos": "Int64"})
+
+
+def _save(state, changes: dict) -> None:  # noqa: ANN001
+    """Write changed entries of a MapState; None removes the key."""
+    for key, data in changes.items():
+        if data is None:
+            state.removeKey((key,))
+        else:
+            state.updateValue((key,), (data,))
 
 
 class EvaluatorProcessor(StatefulProcessor):
@@ -76,17 +94,27 @@ class EvaluatorProcessor(StatefulProcessor):
         The deployment, as JSON (picklable and cheap to ship).
     evaluator_keys : list of int
         ``evaluator_keys[e]`` is the grouping-key value of evaluator ``e``.
+    generation : str
+        Identifies the driver's merge (new at every query start): an
+        evaluator that last reported to another merge reports every ranked
+        subscription again.
     """
 
-    def __init__(self, run_id: str, output_root: str, deployment_json: str, evaluator_keys: list[int]) -> None:
+    def __init__(
+        self, run_id: str, output_root: str, deployment_json: str, evaluator_keys: list[int], generation: str
+    ) -> None:
         self.run_id = run_id
         self.output_root = output_root
         self.deployment_json = deployment_json
         self.index_of_key = {k: e for e, k in enumerate(evaluator_keys)}
+        self.generation = generation
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Declare the state variables (runs on executors and on the driver)."""
         self.blocks = handle.getMapState("blocks", "block bigint", "data binary")
+        self.window = handle.getMapState("window", "block bigint", "data binary")
+        self.ranked = handle.getMapState("ranked", "sub string", "data string")
+        self.clock = handle.getValueState("clock", "accepted bigint, watermark double")
         self.version = handle.getValueState("version", "batch bigint")
 
     def _evaluator(self, e: int) -> Evaluator:
@@ -99,10 +127,29 @@ class EvaluatorProcessor(StatefulProcessor):
         version = self.version.get()[0] if self.version.exists() else -1
         cached = _CACHE.pop((self.run_id, e), None)
         if cached is not None and cached[0] == version:
-            return cached[1]
-        deployment = deployment_from_text(self.deployment_json)
-        blocks = {int(k[0]): bytes(v[0]) for k, v in self.blocks.iterator()} if version >= 0 else {}
-        return Evaluator.restore(e, deployment, load_vocabulary(deployment.vocabulary), blocks)
+            evaluator = cached[1]
+        else:
+            deployment = deployment_from_text(self.deployment_json)
+            vocabulary = load_vocabulary(deployment.vocabulary)
+            evaluator = Evaluator.restore(e, deployment, vocabulary, self._map(self.blocks) if version >= 0 else {})
+            if version >= 0:
+                accepted, watermark = self.clock.get()
+                evaluator.monitor = RankedMonitor.restore(
+                    e,
+                    deployment,
+                    vocabulary,
+                    (int(accepted), float(watermark)),
+                    self._map(self.window),
+                    {str(k[0]): str(v[0]) for k, v in self.ranked.iterator()},
+                )
+        if evaluator.monitor.generation != self.generation:
+            evaluator.monitor.forget_reports()
+            evaluator.monitor.generation = self.generation
+        return evaluator
+
+    @staticmethod
+    def _map(state) -> dict[int, bytes]:  # noqa: ANN001
+        return {int(k[0]): bytes(v[0]) for k, v in state.iterator()}
 
     def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:  # noqa: ANN001, N802, N803
         """Apply one micro-batch's rows for evaluator ``key`` and emit its outputs."""
@@ -113,11 +160,12 @@ class EvaluatorProcessor(StatefulProcessor):
         frame = pd.concat(list(rows), ignore_index=True)
         columns = {name: frame[name].tolist() for name in frame.columns}
         result = evaluator.apply_many(from_columns(columns, e), batch_id)
-        for block, data in evaluator.take_dirty_blocks().items():
-            if data is None:
-                self.blocks.removeKey((block,))
-            else:
-                self.blocks.updateValue((block,), (data,))
+        _save(self.blocks, evaluator.take_dirty_blocks())
+        window, ranked = evaluator.monitor.take_changes()
+        _save(self.window, window)
+        _save(self.ranked, ranked)
+        store = evaluator.monitor.store
+        self.clock.update((store.accepted, store.watermark))
         self.version.update((batch_id,))
         _CACHE[(self.run_id, e)] = (batch_id, evaluator)
         start = time.thread_time()
@@ -132,7 +180,7 @@ class EvaluatorProcessor(StatefulProcessor):
             "cpu_seconds": result.cpu_seconds,
             "sink_cpu_seconds": time.thread_time() - start,
         }
-        yield control_frame(e, result.dead_letters, counters)
+        yield control_frame(e, result.dead_letters, counters, encode_updates(result.updates))
 
     def close(self) -> None:
         """Nothing to release: the evaluator stays cached for the next micro-batch."""

@@ -18,6 +18,8 @@ class CellCostStats:
 
     Cell, row and column keys are fine-grid indices (``cy * size + cx``,
     ``cy`` and ``cx``); costs count candidate subscriptions (unitless).
+    ``reevaluations`` counts the top-k/kNN buffers refilled from the window
+    store and ``reevaluated`` the candidates they scored (Skype section 6).
     """
 
     cells: dict[int, int] = field(default_factory=dict)
@@ -25,6 +27,8 @@ class CellCostStats:
     columns: dict[int, int] = field(default_factory=dict)
     overall: int = 0
     objects: int = 0
+    reevaluations: int = 0
+    reevaluated: int = 0
 
     def add(self, cell: int, cx: int, cy: int, cost: int) -> None:
         """Account one object received in fine cell ``(cx, cy)`` with ``q_l = cost``."""
@@ -44,6 +48,8 @@ class CellCostStats:
             "cost": self.overall,
             "cpu_seconds": cpu_seconds,
             "subscriptions": subscriptions,
+            "reevaluations": self.reevaluations,
+            "reevaluated": self.reevaluated,
             "rows": {str(k): v for k, v in sorted(self.rows.items())},
             "columns": {str(k): v for k, v in sorted(self.columns.items())},
             "cells": {str(k): v for k, v in sorted(self.cells.items())},

@@ -18,10 +18,23 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
+import orjson
+
+from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.ranked import WindowObject
 from skpub.kernel.config import Window
+
+STATE_BLOCK = 25
+"""A state block is ``STATE_BLOCK`` x ``STATE_BLOCK`` fine cells: the unit an evaluator saves and a migration moves."""
+_BLOCK_ROW = 1 << 20
+BLOCK_FORMAT = 1
+
+
+def block_of(cx: int, cy: int) -> int:
+    """Return the state-block key of fine cell ``(cx, cy)``."""
+    return (cy // STATE_BLOCK) * _BLOCK_ROW + cx // STATE_BLOCK
 
 
 class WindowStore:
@@ -29,7 +42,9 @@ class WindowStore:
 
     Memory O(objects held + their distinct terms). :meth:`advance` is
     amortized O(1) per evicted object (a FIFO for the count window, heaps
-    for times), plus O(terms) to unindex it.
+    for times), plus O(terms) to unindex it. Objects are grouped by state
+    block; :meth:`take_dirty_blocks` serializes the blocks changed since
+    its last call (the Spark engine's state store).
     """
 
     def __init__(self, window: Window) -> None:
@@ -39,6 +54,8 @@ class WindowStore:
         self._arrivals: deque[tuple[int, int]] = deque()
         self._by_ts: list[tuple[float, int]] = []
         self._by_expiry: list[tuple[float, int]] = []
+        self.blocks: dict[int, set[int]] = {}
+        self.dirty: set[int] = set()
         self.accepted = 0
         self.watermark = -math.inf
 
@@ -55,11 +72,14 @@ class WindowStore:
             return obj.ts > self.watermark - self.size
         return True
 
-    def add(self, obj: WindowObject, number: int) -> bool:
+    def add(self, obj: WindowObject) -> bool:
         """Keep ``obj`` if it is in the window now; return whether it was kept (a late object never enters)."""
+        number = obj.number
         if not self.holds(obj, number):
             return False
         self.objects[obj.pos] = obj
+        self.blocks.setdefault(obj.block, set()).add(obj.pos)
+        self.dirty.add(obj.block)
         for t in obj.term_set:
             self.postings.setdefault(t, set()).add(obj.pos)
         if self.kind == "count":
@@ -100,6 +120,11 @@ class WindowStore:
             if obj is None:
                 continue
             out.append(obj)
+            block = self.blocks[obj.block]
+            block.discard(pos)
+            if not block:
+                del self.blocks[obj.block]
+            self.dirty.add(obj.block)
             for t in obj.term_set:
                 posting = self.postings[t]
                 posting.discard(pos)
@@ -121,3 +146,78 @@ class WindowStore:
             positions = set().union(*lists) if len(lists) > 1 else (lists[0] if lists else ())
         objects = self.objects
         return [objects[p] for p in positions]
+
+    def take_dirty_blocks(self) -> dict[int, bytes | None]:
+        """Return the blocks changed since the last call, serialized (:func:`encode_objects`); None for an empty one."""
+        out = {
+            b: encode_objects(self.objects[p] for p in self.blocks[b]) if b in self.blocks else None for b in self.dirty
+        }
+        self.dirty = set()
+        return out
+
+    @classmethod
+    def restore(cls, window: Window, accepted: int, watermark: float, blocks: Mapping[int, bytes]) -> WindowStore:
+        """Rebuild a store at clock ``(accepted, watermark)`` from :meth:`take_dirty_blocks` output.
+
+        Raises
+        ------
+        EvaluatorError
+            If a block is damaged or of another format.
+        """
+        store = cls(window)
+        store.advance(accepted, watermark)
+        objects = sorted((obj for data in blocks.values() for obj in decode_objects(data)), key=lambda o: o.number)
+        for obj in objects:
+            store.add(obj)
+        store.dirty = set()
+        return store
+
+
+def encode_objects(objects: Iterable[WindowObject]) -> bytes:
+    """Serialize window objects as a versioned JSON document (never pickle: state must not execute on load).
+
+    Each object is ``[pos, id, x, y, [terms], ts, expires_at or null, number, block]``.
+    """
+    rows = [
+        [
+            o.pos,
+            o.id,
+            o.x,
+            o.y,
+            list(o.terms),
+            o.ts,
+            None if o.expires_at == math.inf else o.expires_at,
+            o.number,
+            o.block,
+        ]
+        for o in objects
+    ]
+    return orjson.dumps({"format": BLOCK_FORMAT, "objects": rows})
+
+
+def decode_objects(data: bytes) -> list[WindowObject]:
+    """Rebuild window objects from :func:`encode_objects` output.
+
+    Raises
+    ------
+    EvaluatorError
+        If ``data`` is not such a document of this format version.
+    """
+    try:
+        doc = orjson.loads(data)
+        if doc.get("format") != BLOCK_FORMAT:
+            raise ValueError(f"format {doc.get('format')!r}, this skpub reads format {BLOCK_FORMAT}")
+        out = []
+        for pos, oid, x, y, terms, ts, expires_at, number, block in doc["objects"]:
+            if type(pos) is not int or not isinstance(oid, str) or not all(isinstance(t, str) for t in terms):
+                raise TypeError("an object has an integer position, a string id and string terms")
+            words = tuple(terms)
+            expires = math.inf if expires_at is None else float(expires_at)
+            out.append(
+                WindowObject(
+                    pos, oid, float(x), float(y), words, frozenset(words), float(ts), expires, int(number), int(block)
+                )
+            )
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise EvaluatorError(f"damaged window block: {exc}") from None
+    return out

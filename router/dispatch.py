@@ -108,7 +108,6 @@ class Router:
             deployment.evaluators,
             registry if registry is not None else IdRegistry(deployment.object_id_horizon),
             deployment.window,
-            ranked=True,
         )
 
     @property

@@ -7,12 +7,17 @@ equation 1). Every subscription costs 1 spread evenly over the fine cells it
 covers (registering it) plus one unit per GI^2 index cell it covers (one
 index entry each) -- Tornado keeps query counts per cell beside the object
 costs for the same reason, and a stream that starts with registrations gives
-a sample with no objects at all. :func:`skpub.router.partitioning.cost_partitioning`
+a sample with no objects at all. Top-k and kNN subscriptions live at every
+evaluator and cost where the objects they score live: an object also costs
+the number of sample topk/knn subscriptions that share a term with it, the
+per-cell form of DkM-SKS equations 4-6 (a subscription's cost is the share
+of objects carrying its keywords). :func:`skpub.router.partitioning.cost_partitioning`
 then cuts the grid so that the costliest partition is as cheap as possible.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 import numpy as np
@@ -20,7 +25,7 @@ import numpy as np
 from skpub.kernel.config import Deployment
 from skpub.kernel.geometry import Rect
 from skpub.kernel.grid import FineGrid
-from skpub.kernel.records import ObjectRecord, RangeSubscription, parse_line
+from skpub.kernel.records import KnnSubscription, ObjectRecord, RangeSubscription, TopkSubscription, parse_line
 from skpub.kernel.text import Vocabulary
 from skpub.router.agrid import AGrid
 from skpub.router.partitioning import cost_partitioning
@@ -65,6 +70,7 @@ def sample_cell_costs(
         (they cost nothing to evaluate). O(objects x matching subscriptions).
     """
     by_keyword: dict[str, list[Rect]] = {}
+    ranked: Counter[str] = Counter()
     objects: list[ObjectRecord] = []
     boxes = []
     for pos, line in enumerate(lines):
@@ -75,11 +81,16 @@ def sample_cell_costs(
             boxes.append(grid.cell_box(record.rect))
             for kw in vocabulary.summary_keywords(record.dnf):
                 by_keyword.setdefault(kw, []).append(record.rect)
+        elif isinstance(record, TopkSubscription):
+            ranked.update(t for t, _ in record.weights)
+        elif isinstance(record, KnnSubscription):
+            ranked.update(record.keywords)
     costs = subscription_costs(np.array(boxes, dtype=np.int64).reshape(-1, 4), grid.size, index_block)
     for obj in objects:
         q = sum(1 for t in obj.term_set for r in by_keyword.get(t, ()) if r.contains_point(obj.x, obj.y))
+        q_ranked = sum(ranked.get(t, 0) for t in obj.term_set)
         cx, cy = grid.cell_of(obj.x, obj.y)
-        costs[cy, cx] += 1 + q
+        costs[cy, cx] += 1 + q + q_ranked
     return costs
 
 

@@ -39,8 +39,6 @@ Targets = tuple[tuple[int, CellBox], ...]
 """A range subscription's ``(evaluator, cell box)`` pairs."""
 Clock = tuple[np.ndarray, np.ndarray, np.ndarray]
 """Per item: objects accepted so far, the watermark, an object's time (:meth:`Sequencer.clock`)."""
-UNSUPPORTED = ("unsupported_kind", "this engine evaluates range subscriptions only")
-"""The rejection of a valid topk or knn subscription by an engine that does not evaluate them yet."""
 
 
 class Placement(NamedTuple):
@@ -84,7 +82,7 @@ class Decisions:
     ``box[r]`` is a subscription's cell box there (None: the item's own cells,
     an object's cell or nothing). ``rejected`` holds ``(item, reason,
     message)`` for records the stream so far rejects (``duplicate_id``,
-    ``unknown_id``, ``unsupported_kind``) and for items that failed
+    ``unknown_id``) and for items that failed
     (``internal_error``). ``objects`` counts accepted objects, ``forwarded``
     those admitted by a textual summary; ``accepted`` are their items.
     ``snapshots`` are the snapshot items sent to every evaluator (while
@@ -123,21 +121,14 @@ class Sequencer:
         The id registry with the placements (its durable state).
     window : Window, optional
         The deployment window (default none).
-    ranked : bool
-        Whether topk and knn subscriptions are evaluated; when not, they are
-        ``unsupported_kind`` rejections.
     """
 
-    def __init__(
-        self, evaluators: int, registry: IdRegistry, window: Window | None = None, ranked: bool = False
-    ) -> None:
+    def __init__(self, evaluators: int, registry: IdRegistry, window: Window | None = None) -> None:
         self.registry = registry
         self.summaries = TextualSummaries(evaluators)
         self.window = window or Window()
-        self.ranked = ranked
         self.ranked_keywords: Counter[str] = Counter()
         self.ranked_active = 0
-        self.watermark = math.nan
         for placement in registry.active.values():
             self._add_placement(placement)
 
@@ -176,6 +167,12 @@ class Sequencer:
                 self._add_placement(placement)
             elif ended is not None:
                 self._remove_placement(ended)
+
+    @property
+    def watermark(self) -> float:
+        """The largest object time so far (seconds), NaN before the first object."""
+        w = self.registry.watermark
+        return math.nan if w is None else w
 
     def sequence(
         self,
@@ -274,8 +271,6 @@ class Sequencer:
             kind = KINDS[code]
             try:
                 rejection = registry.check(kind, ids[i])
-                if rejection is None and kind == "subscribe" and subscriptions[i][2] and not self.ranked:
-                    rejection = UNSUPPORTED
                 if rejection is not None:
                     rejected.append((i, *rejection))
                 elif kind == "subscribe":
@@ -338,8 +333,8 @@ class Sequencer:
                 before = np.fmax.accumulate(np.concatenate([[self.watermark], np.where(own, raw, np.nan)]))[:-1]
             ts[accepted] = np.where(own, raw, before)
         watermark = np.fmax.accumulate(np.concatenate([[self.watermark], ts]))[1:]
-        if n:
-            self.watermark = float(watermark[-1])
+        if n and not math.isnan(watermark[-1]):
+            self.registry.advance_clock(float(watermark[-1]))
         return count_after, watermark, ts
 
     def sequence_table(self, items: pa.Table) -> Decisions:
@@ -371,8 +366,6 @@ class Sequencer:
         subscribes: a superset).
         """
         n = len(terms)
-        if not self.ranked:
-            return np.zeros(n, bool)
         if self.window.kind != "none":
             return np.ones(n, bool)
         if not self.ranked_keywords:

@@ -17,8 +17,8 @@ from skpub.kernel.errors import CheckpointError
 from skpub.kernel.registry import Change, IdRegistry
 from skpub.router.sequencer import Placement
 
-FORMAT = 2
-_RTYPES = frozenset(("object", "subscribe", "unsubscribe", "snapshot"))
+FORMAT = 3
+_RTYPES = frozenset(("object", "subscribe", "unsubscribe", "snapshot", "clock"))
 
 
 def encode_snapshot(registry: IdRegistry) -> bytes:
@@ -79,7 +79,10 @@ def decode_journal(data: bytes) -> tuple[list[str], list[Change]]:
         for rtype, rid, placement in doc["changes"]:
             if rtype not in _RTYPES or rtype == "object" or not isinstance(rid, str):
                 raise ValueError(f"bad change {rtype!r}")
-            changes.append((rtype, rid, None if placement is None else Placement.from_json(placement)))
+            if rtype == "clock":
+                changes.append((rtype, rid, placement))
+            else:
+                changes.append((rtype, rid, None if placement is None else Placement.from_json(placement)))
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"damaged registry journal: {exc}") from None
     return objects, changes

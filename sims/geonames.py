@@ -11,7 +11,13 @@ the location and 1-3 keywords come from a random object; keywords are drawn
 only from terms below a frequency percentile (default 99: the 1% most
 frequent terms are never keywords, Tornado's *textually-selective* set);
 a fraction use AND/OR expressions; rectangle sides are uniform in
-0.01%-1.5% of the space's sides. ``live`` subscriptions are registered
+0.01%-1.5% of the space's sides. A fraction of them (``topk_fraction``,
+``knn_fraction``, 10% each by default) are topk subscriptions (Skype section
+8: k from 1 to ``max_k``, alpha uniform in [0, 1], keywords or tf-idf
+weights) and boolean kNN ones (DkM-SKS, CkQST: ``any`` or ``all``, from the
+window or from registration), at the same locations and keywords.
+``window`` is the count window the workload is meant to run with
+(:func:`deployment_of`). ``live`` subscriptions are registered
 first; then, per object, an insertion happens with probability
 ``inserts_per_object`` and each subscription is unsubscribed after a lifetime
 of N(live, (0.2 live)^2) later insertions (PS2Stream's Gaussian lifetime), so
@@ -49,12 +55,20 @@ class WorkloadSpec:
     min_side: float = 0.0001
     max_side: float = 0.015
     ts_per_object: float = 0.001
+    topk_fraction: float = 0.1
+    knn_fraction: float = 0.1
+    max_k: int = 20
+    window: int = 100_000
 
     def __post_init__(self) -> None:
         if self.live < 0 or not 0 < self.keyword_percentile <= 100:
             raise ValueError("live must be >= 0 and keyword_percentile in (0, 100]")
         if not 0 < self.min_side <= self.max_side <= 1:
             raise ValueError("need 0 < min_side <= max_side <= 1")
+        if not (0 <= self.topk_fraction and 0 <= self.knn_fraction and self.topk_fraction + self.knn_fraction <= 1):
+            raise ValueError("topk_fraction and knn_fraction must be >= 0 and sum to at most 1")
+        if self.max_k < 1 or self.window < 0:
+            raise ValueError("max_k must be >= 1 and window >= 0")
 
 
 @dataclass(frozen=True)
@@ -114,11 +128,46 @@ class _SubscriptionSampler:
                 break
         k = int(min(len(eligible), rng.integers(1, 4)))
         keywords = [eligible[i] for i in rng.choice(len(eligible), size=k, replace=False)]
+        u = rng.random()
+        if u < spec.topk_fraction:
+            return self._topk(place, keywords)
+        if u < spec.topk_fraction + spec.knn_fraction:
+            return self._knn(place, keywords)
+        return self._range(place, keywords)
+
+    def _next_id(self) -> str:
+        self.count += 1
+        return f"s{self.count - 1}"
+
+    def _topk(self, place: Place, keywords: list[str]) -> dict:
+        """Return a topk subscription as in Skype section 8: k in 1..max_k, alpha uniform in [0, 1], tf-idf weights."""
+        rng = self.rng
+        sub = {
+            "type": "subscribe", "id": self._next_id(), "kind": "topk", "point": [place.x, place.y],
+            "k": int(rng.integers(1, self.spec.max_k + 1)), "alpha": round(float(rng.random()), 3),
+        }  # fmt: skip
+        if rng.random() < 0.5:
+            sub["weights"] = {t: float(rng.integers(1, 4)) for t in keywords}
+        else:
+            sub["keywords"] = keywords
+        return sub
+
+    def _knn(self, place: Place, keywords: list[str]) -> dict:
+        """Return a boolean kNN subscription (DkM-SKS, CkQST): any or all keywords, from window or registration."""
+        rng = self.rng
+        return {
+            "type": "subscribe", "id": self._next_id(), "kind": "knn", "point": [place.x, place.y],
+            "keywords": keywords, "k": int(rng.integers(1, self.spec.max_k + 1)),
+            "match": "all" if rng.random() < 0.5 else "any",
+            "from": "registration" if rng.random() < 0.5 else "window",
+        }  # fmt: skip
+
+    def _range(self, place: Place, keywords: list[str]) -> dict:
+        rng, spec, k = self.rng, self.spec, len(keywords)
         w = rng.uniform(spec.min_side, spec.max_side) * SPACE.width
         h = rng.uniform(spec.min_side, spec.max_side) * SPACE.height
         rect = [place.x - w / 2, place.y - h / 2, place.x + w / 2, place.y + h / 2]
-        sub = {"type": "subscribe", "id": f"s{self.count}", "kind": "range", "rect": rect}
-        self.count += 1
+        sub = {"type": "subscribe", "id": self._next_id(), "kind": "range", "rect": rect}
         if k >= 2 and rng.random() < spec.or_fraction:
             sub["expr"] = (
                 f"{keywords[0]} OR {keywords[1]}" if k == 2 else f"{keywords[0]} AND ({keywords[1]} OR {keywords[2]})"
@@ -161,8 +210,14 @@ def generate(spec: WorkloadSpec) -> Iterator[str]:
             yield from insert()
 
 
+def deployment_of(spec: WorkloadSpec) -> dict:
+    """Return the deployment JSON the workload is meant for: the GeoNames space and its count window."""
+    window = {"kind": "count", "size": spec.window} if spec.window else {"kind": "none"}
+    return {"space": SPACE.as_list(), "window": window}
+
+
 def write_workload(spec: WorkloadSpec, directory: str | Path) -> tuple[Path, Path]:
-    """Write ``stream.jsonl`` and ``vocabulary.json`` into ``directory``.
+    """Write ``stream.jsonl``, ``vocabulary.json`` and ``deployment.json`` (:func:`deployment_of`) into ``directory``.
 
     Reuses them when ``spec.json`` there says they were made from the same spec.
 
@@ -188,5 +243,6 @@ def write_workload(spec: WorkloadSpec, directory: str | Path) -> tuple[Path, Pat
             fh.write(line)
             fh.write("\n")
     tmp.replace(stream)
+    atomic_write_text(directory / "deployment.json", json.dumps(deployment_of(spec)))
     atomic_write_text(marker, wanted)
     return stream, vocab

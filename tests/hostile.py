@@ -5,8 +5,7 @@ never a ``\\n``, never ending in ``\\r``) and the ``reason`` of the dead letter
 :func:`skpub.kernel.records.parse_line` must produce, or :data:`ACCEPTED` when the
 line is a valid record. Ids are unique and prefixed ``h-``, so the corpus can
 be mixed into :func:`tests.workloads.random_workload` without any line
-becoming a ``duplicate_id``; every accepted line is an object or a ``range``
-subscription, so none becomes ``unsupported_kind`` either.
+becoming a ``duplicate_id``.
 
 """
 

@@ -32,7 +32,7 @@ def events(result) -> list[tuple]:
 
 
 def run(lines, window: Window | None = None):
-    return replay(lines, deployment().replace(window=window or Window()), ranked=True)
+    return replay(lines, deployment().replace(window=window or Window()))
 
 
 def test_knn_without_window_sees_only_later_objects_and_keeps_the_k_nearest():
@@ -122,7 +122,7 @@ def test_topk_scores_by_proximity_and_tf_idf_cosine(tmp_path):
     sub = {"type": "subscribe", "id": "t", "kind": "topk", "point": [0, 0], "k": 1, "alpha": 0.25,
            "weights": {"a": 2.0, "b": 1.0}}  # fmt: skip
     lines = [json.dumps(sub), obj("o", 3, 4, ["a", "a", "c"]), obj("p", 3, 4, ["zz"])]
-    result = replay(lines, deployment().replace(vocabulary=str(vocabulary)), ranked=True)
+    result = replay(lines, deployment().replace(vocabulary=str(vocabulary)))
     idf_a, idf_b, idf_c = math.log(10), math.log(2), math.log(100)
     w_s = (2 * idf_a, 1 * idf_b)
     w_o = (2 * idf_a, 1 * idf_c)
@@ -144,12 +144,6 @@ def test_snapshots_list_every_active_ranked_subscription_and_unsubscribe_emits_n
     result = run(lines)
     assert result.snapshots == [{"snapshot": "p", "sub": "s2", "results": []}]
     assert [d["event"] for d in result.deliveries] == ["match", "enter"]
-
-
-def test_without_ranked_kinds_evaluated_they_are_unsupported():
-    result = replay([knn("s", 0, 0, ["a"], 1), obj("o", 1, 1, ["a"])], deployment())
-    assert [d["reason"] for d in result.dead_letters] == ["unsupported_kind"]
-    assert result.deliveries == []
 
 
 def test_a_tie_chain_wider_than_the_tolerance_is_one_group():

@@ -12,7 +12,7 @@ from tests.workloads import INVALID_LINES, SPACE, deployment
 @pytest.mark.parametrize(("line", "reason"), INVALID_LINES)
 def test_invalid_line_becomes_dead_letter_with_reason(line, reason):
     record = parse_line(line, 0, SPACE)
-    if reason in ("unknown_id", "unsupported_kind"):
+    if reason == "unknown_id":
         assert not isinstance(record, DeadLetter)
         result = replay([line], deployment())
         assert [d["reason"] for d in result.dead_letters] == [reason]
@@ -25,8 +25,7 @@ def test_invalid_line_becomes_dead_letter_with_reason(line, reason):
 
 def test_every_reason_is_exercised_by_the_test_workload():
     hostile = {reason for _, reason in HOSTILE_LINES} - {ACCEPTED}
-    # unsupported_kind: tests/test_oracle.py (an engine that does not evaluate topk/knn)
-    covered = {reason for _, reason in INVALID_LINES} | hostile | {"duplicate_id", "internal_error", "unsupported_kind"}
+    covered = {reason for _, reason in INVALID_LINES} | hostile | {"duplicate_id", "internal_error"}
     assert covered == set(REASONS)
 
 

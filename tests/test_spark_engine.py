@@ -10,13 +10,18 @@ import pytest
 
 from skpub.app.engines.spark import run_spark
 from skpub.app.summary import RunObserver, RunSummary
-from skpub.kernel.config import Deployment
+from skpub.kernel.config import Deployment, Window
 from skpub.kernel.errors import CheckpointError, OutputError
 from skpub.kernel.inputs import iter_lines
-from skpub.kernel.oracle import replay
 from skpub.kernel.parts import read_stream
 from skpub.sims.geonames import WorkloadSpec, write_workload
-from tests.workloads import canonical, deployment, random_workload, write_lines
+from tests.workloads import (
+    assert_outputs_equal_oracle,
+    deployment,
+    random_workload,
+    ranked_workload,
+    write_lines,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -31,10 +36,7 @@ def run(spark, tmp_path, lines, dep, name="run", overwrite=False):
 
 
 def assert_equals_oracle(out, lines, dep):
-    expected = replay(lines, dep)
-    assert canonical(read_stream(out, "deliveries")) == canonical(expected.deliveries)
-    assert canonical(read_stream(out, "dead_letters")) == canonical(expected.dead_letters)
-    return expected
+    return assert_outputs_equal_oracle(out, lines, dep)
 
 
 @pytest.mark.parametrize(
@@ -49,6 +51,18 @@ def test_spark_engine_equals_oracle(spark, tmp_path, router, evaluators, batch_s
     assert summary.batches == -(-len(lines) // batch_size)
     stats = read_stream(out, "statistics")
     assert {row["evaluator"] for row in stats} <= set(range(evaluators))
+
+
+@pytest.mark.parametrize(
+    ("window", "evaluators", "batch_size"),
+    [(Window("count", 30), 3, 37), (Window(), 4, 1000), (Window("seconds", 15), 1, 50), (Window("count", 25), 8, 7)],
+)
+def test_spark_engine_equals_oracle_on_ranked_workloads(spark, tmp_path, window, evaluators, batch_size):
+    lines = ranked_workload(seed=evaluators + batch_size, n=300 if batch_size < 10 else 450)
+    dep = deployment(evaluators=evaluators, batch_size=batch_size).replace(window=window)
+    run(spark, tmp_path, lines, dep)
+    expected = assert_outputs_equal_oracle(tmp_path / "run", lines, dep)
+    assert sum(1 for s in expected.snapshots if s["results"]) > 20
 
 
 def test_spark_engine_on_a_geonames_sample_equals_oracle(spark, tmp_path):
@@ -121,18 +135,21 @@ def _wait_for_parts(folder, count, proc, timeout_seconds=240):
 
 @pytest.mark.integration
 def test_killed_run_restarts_from_checkpoint_with_exact_output(tmp_path):
-    """SIGKILL the driver (and its JVM) mid-stream, restart: none lost, none twice.
+    """SIGKILL the driver (and its JVM) mid-stream, restart: none lost, none twice, ranked results exact.
 
-    The kill comes after the router's first registry snapshot (batch 15), so
-    the restart rebuilds the registry from a snapshot plus later deltas.
+    The kill comes after the router's and the merge's first snapshots (batch
+    15), so the restart rebuilds the registry and the merged results from a
+    snapshot plus later deltas, and the evaluators their windows from the
+    state store.
     """
-    lines = random_workload(seed=33, n=1200)
+    lines = ranked_workload(seed=33, n=1200)
     source = tmp_path / "in.jsonl"
     write_lines(source, lines)
     out = tmp_path / "out"
     args = ["--input", str(source), "--output", str(out), "--evaluators", "3", "--batch-size", "40"]
     (tmp_path / "dep.json").write_text(
-        '{"space": [0, 0, 100, 100], "grid_size": 20, "index_block": 2, "sample_size": 200}'
+        '{"space": [0, 0, 100, 100], "grid_size": 20, "index_block": 2, "sample_size": 200,'
+        ' "window": {"kind": "count", "size": 60}}'
     )
     args += ["--config", str(tmp_path / "dep.json")]
     proc = _cli(args, start_new_session=True)
@@ -149,10 +166,12 @@ def test_killed_run_restarts_from_checkpoint_with_exact_output(tmp_path):
     assert rerun.returncode == 0, output
     assert "resuming from checkpoint" in output
     assert (out / "_SUCCESS").exists()
-    dep = deployment(evaluators=3, batch_size=40)
-    assert_equals_oracle(out, lines, dep)
-    deltas = list((out / "_checkpoint" / "router").glob("delta-*.json"))
-    assert 0 < len(deltas) <= 16, "registry deltas before the last snapshot must be pruned"
+    dep = deployment(evaluators=3, batch_size=40).replace(window=Window("count", 60))
+    expected = assert_equals_oracle(out, lines, dep)
+    assert sum(1 for s in expected.snapshots if s["results"]) > 50
+    for folder in ("router", "merge"):
+        deltas = list((out / "_checkpoint" / folder).glob("delta-*.json"))
+        assert 0 < len(deltas) <= 16, f"{folder} deltas before the last snapshot must be pruned"
 
 
 @pytest.mark.integration

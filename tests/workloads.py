@@ -201,3 +201,43 @@ def write_lines(path, lines: list[str] | list[bytes]) -> None:
 def canonical(rows: list[dict]) -> list[tuple]:
     """Order-free comparison form of output rows (duplicates kept, so they show)."""
     return sorted(tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in row.items())) for row in rows)
+
+
+def results_from_events(events: list[dict]) -> dict[str, set[str]]:
+    """Fold each topk/knn subscription's events in order, checking that each one is possible; return the results."""
+    held: dict[str, set[str]] = {}
+    for event in events:
+        mine = held.setdefault(event["sub"], set())
+        if event["event"] == "enter":
+            assert event["obj"] not in mine, event
+            mine.add(event["obj"])
+        else:
+            assert event["obj"] in mine, event
+            mine.remove(event["obj"])
+    return {sub: objs for sub, objs in held.items() if objs}
+
+
+def assert_outputs_equal_oracle(out, lines: list, dep: Deployment, exact_events: bool = False):
+    """Check a run's output directory against the oracle; return the oracle's result.
+
+    Range matches and dead letters as sets; snapshots exactly, in order;
+    topk/knn events fold to the oracle's final results, and with
+    ``exact_events`` (micro-batches of one record) equal its events per
+    subscription, in order.
+    """
+    from skpub.kernel.oracle import replay
+    from skpub.kernel.parts import read_stream
+
+    expected = replay(lines, dep)
+    deliveries = read_stream(out, "deliveries")
+    matches = [d for d in deliveries if d["event"] == "match"]
+    events = [d for d in deliveries if d["event"] != "match"]
+    wanted = [d for d in expected.deliveries if d["event"] != "match"]
+    assert canonical(matches) == canonical([d for d in expected.deliveries if d["event"] == "match"])
+    assert canonical(read_stream(out, "dead_letters")) == canonical(expected.dead_letters)
+    assert read_stream(out, "snapshots") == expected.snapshots
+    assert results_from_events(events) == results_from_events(wanted)
+    if exact_events:
+        for sub in {d["sub"] for d in wanted} | {d["sub"] for d in events}:
+            assert [d for d in events if d["sub"] == sub] == [d for d in wanted if d["sub"] == sub]
+    return expected

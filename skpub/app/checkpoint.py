@@ -8,6 +8,7 @@
     epochs/epoch-<n>.json    published routing epochs
     router/              the id registry: delta-<b>.json journals,
                          snapshot-<b>.json snapshots, report-<b>.json counters
+    merge/               the ranked merge's results: delta-<b>.json changes, snapshot-<b>.json
     query/               Spark's own streaming checkpoint
 
 skpub recognizes its checkpoint by the marker file and this layout. A
@@ -33,6 +34,7 @@ _OWN = {
     "source": own_files(r"chunk-\d{8}(-\d{3})?\.raw"),  # without a part: skpub before parallel parse
     "epochs": own_files(r"epoch-\d{6}\.json"),
     "router": own_files(r"(?:delta|snapshot|report)-\d{8}\.json"),
+    "merge": own_files(r"(?:delta|snapshot)-\d{8}\.json"),
 }
 _OWN_FILES_RE = own_files(r"manifest\.json|skpub-checkpoint\.json")
 _MARKER_RE = own_files(r"skpub-checkpoint\.json")
@@ -69,6 +71,7 @@ class Checkpoint:
         self.source = self.root / "source"
         self.epochs = self.root / "epochs"
         self.router = self.root / "router"
+        self.merge = self.root / "merge"
         self.query = self.root / "query"
         self.manifest = self.root / MANIFEST
 
@@ -143,6 +146,14 @@ class Checkpoint:
     def router_files(self, kind: str) -> dict[int, Path]:
         """Batch id -> file, for ``kind`` ``delta`` or ``snapshot``."""
         return {int(p.stem.split("-")[1]): p for p in self.router.glob(f"{kind}-*.json")}
+
+    def merge_file(self, kind: str, batch_id: int) -> Path:
+        """Return the merge's ``delta`` (changes in micro-batch ``batch_id``) or ``snapshot`` (state after it)."""
+        return self.merge / f"{kind}-{batch_id:08d}.json"
+
+    def merge_files(self, kind: str) -> dict[int, Path]:
+        """Batch id -> file, for the merge's ``delta`` or ``snapshot`` files."""
+        return {int(p.stem.split("-")[1]): p for p in self.merge.glob(f"{kind}-*.json")}
 
     def router_report(self, batch_id: int) -> Path:
         """Router counters of micro-batch ``batch_id``."""

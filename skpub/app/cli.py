@@ -14,7 +14,7 @@ from pathlib import Path
 from skpub.app.metrics import Metrics
 from skpub.app.output import WORKLOAD_DIR, check_output
 from skpub.app.summary import RunObserver, RunSummary
-from skpub.kernel.config import ROUTERS, load_deployment
+from skpub.kernel.config import ROUTERS, Window, load_deployment
 from skpub.kernel.errors import SkpubError
 from skpub.kernel.inputs import skipped_entries
 
@@ -28,6 +28,11 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=99.0,
         help="keywords come from terms below this frequency percentile (default 99)",
+    )
+    parser.add_argument("--topk-fraction", type=float, default=0.1, help="share of topk subscriptions (default 0.1)")
+    parser.add_argument("--knn-fraction", type=float, default=0.1, help="share of knn subscriptions (default 0.1)")
+    parser.add_argument(
+        "--window", type=int, default=100_000, help="count window the workload runs with, 0 for none (default 100000)"
     )
 
 
@@ -61,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     workload = sub.add_parser("workload", help="write a replayable workload")
     wsub = workload.add_subparsers(dest="workload", required=True)
-    geonames = wsub.add_parser("geonames", help="GeoNames places with sampled range subscriptions")
+    geonames = wsub.add_parser("geonames", help="GeoNames places with sampled range, topk and knn subscriptions")
     geonames.add_argument("--output", required=True, help="directory for stream.jsonl and vocabulary.json")
     _workload_args(geonames)
     return parser
@@ -71,8 +76,9 @@ def _spec(args: argparse.Namespace):
     from skpub.sims.geonames import WorkloadSpec
 
     return WorkloadSpec(
-        seed=args.seed, live=args.live, objects=args.objects, keyword_percentile=args.keyword_percentile
-    )
+        seed=args.seed, live=args.live, objects=args.objects, keyword_percentile=args.keyword_percentile,
+        topk_fraction=args.topk_fraction, knn_fraction=args.knn_fraction, window=args.window,
+    )  # fmt: skip
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -98,9 +104,13 @@ def _run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        input_path, vocabulary = write_workload(_spec(args), output / WORKLOAD_DIR)
+        spec = _spec(args)
+        input_path, vocabulary = write_workload(spec, output / WORKLOAD_DIR)
         print(f"[skpub] workload: {input_path}", file=sys.stderr, flush=True)
         deployment = deployment.replace(vocabulary=deployment.vocabulary or str(vocabulary))
+        if args.config is None:
+            window = Window("count", spec.window) if spec.window else Window()
+            deployment = deployment.replace(window=window)
     summary = RunSummary(args.engine, deployment.router, deployment.evaluators)
     summary.skipped_inputs = skipped_entries(input_path)
     observer = RunObserver(summary, metrics, stream=None if args.quiet else sys.stderr)
@@ -131,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         from skpub.sims.geonames import write_workload
 
         stream, vocabulary = write_workload(_spec(args), args.output)
-        print(f"wrote {stream} and {vocabulary}")
+        print(f"wrote {stream} and {vocabulary}; run it with --config {Path(args.output) / 'deployment.json'}")
         return 0
     except SkpubError as exc:
         print(f"skpub: error: {exc}", file=sys.stderr)

@@ -38,6 +38,9 @@ def physical_memory() -> int:
 
 
 WINDOW_KINDS = ("none", "count", "seconds")
+SKYBANDS = ("cskyband", "kmax", "topk")
+"""Buffer policies of top-k/kNN subscriptions (``skpub.evaluators.skyband``): Skype's cost-based k-skyband,
+the kmax baseline, the first k only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,9 @@ class Deployment:
         Object ids are unique among the most recent this many accepted
         objects; the routing unit's memory for object ids is bounded by it
         (SEMANTICS section 1); default 1,000,000.
+    skyband : str
+        The buffer policy of top-k/kNN subscriptions, one of :data:`SKYBANDS`
+        (default ``cskyband``, Skype section 6); it never changes results.
     """
 
     space: Rect = field(default_factory=lambda: Rect(-180.0, -90.0, 180.0, 90.0))
@@ -106,6 +112,7 @@ class Deployment:
     sample_size: int = 50_000
     max_record_bytes: int = MAX_RECORD_BYTES
     object_id_horizon: int = DEFAULT_OBJECT_ID_HORIZON
+    skyband: str = "cskyband"
 
     def __post_init__(self) -> None:
         s = self.space
@@ -115,6 +122,8 @@ class Deployment:
             raise ConfigError(f"space {s.as_list()} has a diagonal (MaxDist) beyond a 64-bit float")
         if self.router not in ROUTERS:
             raise ConfigError(f"router must be one of {ROUTERS}, got {self.router!r}")
+        if self.skyband not in SKYBANDS:
+            raise ConfigError(f"skyband must be one of {SKYBANDS}, got {self.skyband!r}")
         for name in INTEGER_FIELDS:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

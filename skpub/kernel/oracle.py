@@ -12,9 +12,7 @@ everything else is recomputed from scratch with no index and no routing:
   ``enter`` events (section 5). A snapshot lists the current results.
 
 Cost O(records x active ranked subscriptions x window); meant for tests
-and small replays. Whether topk/knn count as evaluated is a parameter:
-engines that do not evaluate them yet reject them as ``unsupported_kind``,
-and the oracle can replay either contract.
+and small replays.
 """
 
 from __future__ import annotations
@@ -39,8 +37,6 @@ from skpub.kernel.records import (
 from skpub.kernel.registry import IdRegistry, kind_of
 from skpub.kernel.text import Vocabulary, dnf_matches, load_vocabulary
 
-UNSUPPORTED = ("unsupported_kind", "this engine evaluates range subscriptions only")
-"""The rejection of a valid topk or knn subscription by an engine that does not evaluate them (skpub extension)."""
 TOLERANCE = 1e-9
 """Scores and distances closer than this are ties, ordered by the tie-breakers (SEMANTICS section 5)."""
 
@@ -213,7 +209,7 @@ class _Ranked:
         return _ranked(rows, isinstance(sub, TopkSubscription), sub.k)
 
 
-def replay(lines: Iterable[bytes | str], deployment: Deployment, ranked: bool = False) -> OracleResult:
+def replay(lines: Iterable[bytes | str], deployment: Deployment) -> OracleResult:
     """Replay a stream of input lines and return exactly what SEMANTICS says it delivers.
 
     Parameters
@@ -223,10 +219,6 @@ def replay(lines: Iterable[bytes | str], deployment: Deployment, ranked: bool = 
         their UTF-8 encoding).
     deployment : Deployment
         Space, window, limits and the vocabulary (idf) of the run.
-    ranked : bool
-        Whether topk and knn subscriptions are evaluated (range ones always
-        are); when not, they are ``unsupported_kind`` dead letters, as from
-        an engine that does not evaluate them yet.
 
     Returns
     -------
@@ -250,8 +242,6 @@ def replay(lines: Iterable[bytes | str], deployment: Deployment, ranked: bool = 
             continue
         kind = kind_of(record)
         rejection = registry.check(kind, record.id)
-        if rejection is None and not ranked and isinstance(record, TopkSubscription | KnnSubscription):
-            rejection = UNSUPPORTED
         if rejection is not None:
             result.dead_letters.append(DeadLetter.for_line(pos, line, *rejection).to_json())
             continue

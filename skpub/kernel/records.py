@@ -44,7 +44,6 @@ REASONS = (
     "empty_keywords",
     "bad_expr",
     "too_large",
-    "unsupported_kind",
     "internal_error",
 )
 KINDS = ("range", "topk", "knn")

@@ -19,6 +19,7 @@ ever unpickles or executes what it loads.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -69,6 +70,7 @@ class IdRegistry:
     active: dict[str, Any] = field(default_factory=dict)
     journal: list[Change] | None = None
     objects_accepted: int = 0
+    watermark: float | None = None
 
     def _add_object(self, oid: str) -> None:
         """Accept object id ``oid``; the oldest id leaves once more than the horizon are held. O(1)."""
@@ -82,6 +84,7 @@ class IdRegistry:
         return {
             "object_id_horizon": self.object_id_horizon,
             "objects_accepted": self.objects_accepted,
+            "watermark": self.watermark,
             "objects": list(self.object_order),
             "subscriptions": sorted(self.subscription_ids),
             "snapshots": sorted(self.snapshot_ids),
@@ -102,12 +105,20 @@ class IdRegistry:
             for oid in raw["objects"]:
                 registry._add_object(_string(oid))
             registry.objects_accepted = int(raw["objects_accepted"])
+            registry.watermark = _clock(raw["watermark"])
             registry.subscription_ids = {_string(s) for s in raw["subscriptions"]}
             registry.snapshot_ids = {_string(s) for s in raw["snapshots"]}
             registry.active = {_string(s): decode_placement(p) for s, p in raw["active"].items()}
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CheckpointError(f"damaged id registry: {exc!r}") from None
         return registry
+
+    def advance_clock(self, watermark: float | None) -> None:
+        """Set the watermark (the largest object time so far, seconds; SEMANTICS section 4), journaled."""
+        if watermark != self.watermark:
+            self.watermark = watermark
+            if self.journal is not None:
+                self.journal.append(("clock", "", watermark))
 
     def take_journal(self) -> list[Change]:
         """Return the changes journaled since the last call and start a new journal."""
@@ -173,6 +184,8 @@ class IdRegistry:
             elif rtype == "unsubscribe":
                 if self.active.pop(rid, None) is None:
                     raise CheckpointError(f"damaged journal: unsubscribe of {_show(rid)}, which is not active")
+            elif rtype == "clock":
+                self.watermark = _clock(placement)
             else:
                 self.snapshot_ids.add(rid)
 
@@ -251,6 +264,15 @@ def kind_of(record: Record) -> str:
 
 def _duplicate_object(oid: str, horizon: int) -> Rejection:
     return "duplicate_id", f"object id {_show(oid)} is among the last {horizon} accepted"
+
+
+def _clock(value: Any) -> float | None:
+    """Return a durable watermark: None or a finite float."""
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise ValueError(f"a watermark is a finite number or null, not {value!r}")
+    return float(value)
 
 
 def _show(rid: str) -> str:

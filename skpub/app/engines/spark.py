@@ -37,25 +37,29 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
+import orjson
+
 from skpub.app.checkpoint import CHECKPOINT_DIR, Checkpoint
 from skpub.app.console import engine_log
 from skpub.app.engines.sink import unique_letters
 from skpub.app.engines.spark_tasks import ParseTask, SequencerTask, stage_parts, staged_batches
 from skpub.app.output import check_output, claim_output, inspect_output, mark_success
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
+from skpub.evaluators.merge import RankedMerge, apply_changes, decode_updates, results_json, take_changes
 from skpub.kernel.config import Deployment
 from skpub.kernel.errors import CheckpointError, EngineError, InputError, JavaNotFoundError
 from skpub.kernel.inputs import STDIN, input_files, iter_lines, take_sample
 from skpub.kernel.parts import write_part
 from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import tune_gc
-from skpub.kernel.storage import atomic_write_text
+from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
 from skpub.kernel.text import load_vocabulary
 from skpub.kernel.wire import LOCATED_COLUMNS, ROUTED_COLUMNS, ddl
 from skpub.router.epoch import EpochLog, RoutingEpoch
 from skpub.router.initial import initial_table
 
-MANIFEST_FORMAT = 2
+MANIFEST_FORMAT = 3
+MERGE_SNAPSHOT_EVERY = 16
 """Checkpoint layout version: 2 stages each micro-batch as parallel parts. A checkpoint of another
 version is never resumed (it is replaced with ``--overwrite``)."""
 DRIVER_JAVA_OPTIONS = "-XX:+UseSerialGC"
@@ -178,9 +182,10 @@ class Sink:
         self.output = output
         self.checkpoint = checkpoint
         self.observer = observer
+        self.merged: tuple[int, RankedMerge] | None = None
 
     def __call__(self, frame, batch_id: int) -> None:  # noqa: ANN001
-        """Collect the evaluators' control rows, write their dead letters, report the batch."""
+        """Collect the evaluators' control rows, write their dead letters, merge ranked results, report the batch."""
         start = time.thread_time()
         rows = sorted(frame.toArrow().to_pylist(), key=lambda r: (r["evaluator"], r["pos"] or 0))
         counters = [json.loads(r["payload"]) for r in rows if r["payload"] is not None]
@@ -189,12 +194,23 @@ class Sink:
         )
         write_part(self.output, "dead_letters", batch_id, (d.to_json() for d in letters), "d")
         routing = json.loads(self.checkpoint.router_report(batch_id).read_text())
+        merge_start = time.thread_time()
+        merge = self._merge_before(batch_id)
+        updates = [u for r in rows if r["updates"] for u in decode_updates(r["updates"])]
+        events, snapshots = merge.apply([(int(p), str(i)) for p, i in routing["marks"]], updates)
+        write_part(self.output, "deliveries", batch_id, events, "m")
+        write_part(self.output, "snapshots", batch_id, snapshots)
+        atomic_write_bytes(self.checkpoint.merge_file("delta", batch_id), orjson.dumps(take_changes(merge)))
+        if batch_id % MERGE_SNAPSHOT_EVERY == MERGE_SNAPSHOT_EVERY - 1:
+            atomic_write_bytes(self.checkpoint.merge_file("snapshot", batch_id), orjson.dumps(results_json(merge)))
+        self.merged = (batch_id, merge)
+        merge_seconds = time.thread_time() - merge_start
         report = BatchReport(
             batch_id,
             records=routing["records"],
             objects=routing["objects"],
             forwarded=routing["forwarded"],
-            deliveries=sum(c["deliveries"] for c in counters),
+            deliveries=sum(c["deliveries"] for c in counters) + len(events),
             dead_letters=Counter(routing["dead_letters"]) + Counter(d.reason for d in letters),
             routing_seconds=routing["parse_cpu_seconds"] + routing["sequencer_cpu_seconds"],
             epoch=routing["epoch"],
@@ -208,24 +224,55 @@ class Sink:
             sequencer=routing["sequencer_cpu_seconds"],
             restore=routing["restore_cpu_seconds"],
             evaluators=sum(c["cpu_seconds"] for c in counters),
-            sink=sum(c["sink_cpu_seconds"] for c in counters) + time.thread_time() - start,
+            merge=merge_seconds,
+            sink=sum(c["sink_cpu_seconds"] for c in counters) + time.thread_time() - start - merge_seconds,
         )
         self.observer.on_batch(report)
 
+    def _merge_before(self, batch_id: int) -> RankedMerge:
+        """Return the merge as after micro-batch ``batch_id - 1``: kept from the last call, or rebuilt.
+
+        A rebuilt merge holds the results from the newest merge snapshot
+        before ``batch_id`` and the deltas after it; its evaluators report
+        every subscription again at their first mark (a new generation).
+
+        Raises
+        ------
+        CheckpointError
+            If a delta it needs is missing or damaged.
+        """
+        if self.merged is not None and self.merged[0] == batch_id - 1:
+            return self.merged[1]
+        merge = RankedMerge()
+        snapshots = [b for b in self.checkpoint.merge_files("snapshot") if b < batch_id]
+        base = max(snapshots, default=-1)
+        deltas = self.checkpoint.merge_files("delta")
+        try:
+            if base >= 0:
+                apply_changes(merge, orjson.loads(self.checkpoint.merge_file("snapshot", base).read_bytes()))
+            for b in range(base + 1, batch_id):
+                if b not in deltas:
+                    raise CheckpointError(f"the merge's changes of batch {b} are missing from {self.checkpoint.merge}")
+                apply_changes(merge, orjson.loads(deltas[b].read_bytes()))
+        except (orjson.JSONDecodeError, ValueError) as exc:
+            raise CheckpointError(f"damaged merge state in {self.checkpoint.merge}: {exc}") from None
+        return merge
+
     def _prune_router_files(self, batch_id: int) -> None:
-        """Drop registry files no restart can need once ``batch_id`` is written.
+        """Drop registry and merge files no restart can need once ``batch_id`` is written.
 
         A replay of ``batch_id`` itself needs the newest snapshot before it and
         every delta after that snapshot; everything older goes.
         """
-        snapshots = self.checkpoint.router_files("snapshot")
-        keep = max((b for b in snapshots if b < batch_id), default=-1)
-        for b, path in snapshots.items():
-            if b < keep:
-                path.unlink(missing_ok=True)
-        for b, path in self.checkpoint.router_files("delta").items():
-            if b <= keep:
-                path.unlink(missing_ok=True)
+        for files in (self.checkpoint.router_files, self.checkpoint.merge_files):
+            snapshots = files("snapshot")
+            keep = max((b for b in snapshots if b < batch_id), default=-1)
+            for b, path in snapshots.items():
+                if b < keep:
+                    path.unlink(missing_ok=True)
+            for b, path in files("delta").items():
+                if b <= keep:
+                    path.unlink(missing_ok=True)
 
 
 def _open_checkpoint(
@@ -295,6 +342,7 @@ def _open_checkpoint(
         "parts": parts,
     }
     checkpoint.router.mkdir(parents=True, exist_ok=True)
+    checkpoint.merge.mkdir(parents=True, exist_ok=True)
     atomic_write_text(checkpoint.manifest, json.dumps(manifest))
     return manifest
 
@@ -395,7 +443,7 @@ def _run_query(
         SequencerTask(str(ckpt.root), root, run_id, deployment_json, keys, manifest["parts"]), ddl(ROUTED_COLUMNS)
     )
     outputs = routed.groupBy("evaluator").transformWithStateInPandas(
-        EvaluatorProcessor(run_id, root, deployment_json, keys),
+        EvaluatorProcessor(run_id, root, deployment_json, keys, uuid.uuid4().hex),
         CONTROL_DDL,
         "Append",
         "None",

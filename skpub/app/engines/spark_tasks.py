@@ -41,13 +41,13 @@ from skpub.evaluators.spark_processor import current_batch_id
 from skpub.kernel.config import Deployment, deployment_from_text
 from skpub.kernel.errors import CheckpointError
 from skpub.kernel.parts import write_part
-from skpub.kernel.records import DeadLetter, position_index
+from skpub.kernel.records import DeadLetter, position_index, stream_position
 from skpub.kernel.registry import IdRegistry
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
 from skpub.kernel.text import load_vocabulary
 from skpub.kernel.wire import LOCATED_SCHEMA, REPORT
-from skpub.router.dispatch import rejected_letters
+from skpub.router.dispatch import marks, rejected_letters
 from skpub.router.epoch import EpochLog
 from skpub.router.locate import Locator, located_table
 from skpub.router.sequencer import Sequencer, routed_table
@@ -151,7 +151,8 @@ class SequencerTask:
         sequencer = _sequencer_before(checkpoint, self.run_id, deployment, batch_id)
         restore = time.thread_time() - restore
         decisions = sequencer.sequence_table(items)
-        routed = routed_table(items, decisions, self.keys)
+        end = stream_position(batch_id, sum(r["lines"] for r in reports))
+        routed = routed_table(items, decisions, self.keys, end)
         rejected = _rejected_letters(checkpoint, batch_id, items, decisions)
         write_part(self.output_root, "dead_letters", batch_id, (d.to_json() for d in rejected), "s")
         atomic_write_bytes(checkpoint.router_delta(batch_id), encode_journal(sequencer.registry.take_journal()))
@@ -169,6 +170,7 @@ class SequencerTask:
             "sequencer_cpu_seconds": time.thread_time() - start,
             "restore_cpu_seconds": restore,
             "epoch": EpochLog(checkpoint.epochs).for_batch(batch_id).number,
+            "marks": marks(decisions, items, end),
         }
         atomic_write_text(checkpoint.router_report(batch_id), json.dumps(report))
         _SEQUENCERS[self.run_id] = (batch_id, sequencer)
@@ -269,7 +271,7 @@ def _sequencer_before(checkpoint: Checkpoint, run_id: str, deployment: Deploymen
         registry.replay_objects(objects)
         registry.replay(changes)
     registry.journal = []
-    return Sequencer(deployment.evaluators, registry)
+    return Sequencer(deployment.evaluators, registry, deployment.window)
 
 
 PART_BYTES = 256 << 20
