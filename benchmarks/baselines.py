@@ -663,9 +663,14 @@ def _skpub(*args: str) -> str:
 
 
 def make_workload(directory: Path, live: int, percentile: float, objects: int | None) -> tuple[Path, Path]:
-    """Write (or reuse) a GeoNames workload with ``skpub workload geonames``; return (stream, vocabulary)."""
+    """Write (or reuse) a range-only GeoNames workload with ``skpub workload geonames``; return (stream, vocabulary).
+
+    The baselines match range subscriptions only, so the workload has no
+    topk/knn subscriptions and no window.
+    """
     extra = ["--objects", str(objects)] if objects is not None else []
     args = ["--live", str(live), "--keyword-percentile", str(percentile), *extra]
+    args += ["--topk-fraction", "0", "--knn-fraction", "0", "--window", "0"]
     _skpub("workload", "geonames", "--output", str(directory), *args)
     return directory / "stream.jsonl", directory / "vocabulary.json"
 

@@ -50,15 +50,15 @@ class SkpubRun:
 
 
 _STEADY = re.compile(r"; ([\d,]+)/s after the first batch\)")
-_STAGES = re.compile(r"stage cpu\s+parse ([\d.]+) s · sequencer ([\d.]+) s · evaluators ([\d.]+) s · sink ([\d.]+) s")
+_STAGES = re.compile(r"stage cpu\s+(.*)")
+_STAGE = re.compile(r"(\w+) ([\d.]+) s")
 _SERIAL = re.compile(r"serial\s+([\d.]+)% of stage CPU, ([\d.]+) us per object")
 
 
 def run_skpub(name: str, stream: Path, vocabulary: Path, work: Path, engine: list[str]) -> SkpubRun:
     """Run ``skpub run`` with ``engine`` arguments; return its matches and reported figures."""
     matches, text = skpub_matches(stream, vocabulary, work, *engine)
-    values = map(float, _STAGES.search(text).groups())
-    stages = dict(zip(("parse", "sequencer", "evaluators", "sink"), values, strict=True))
+    stages = {name: float(value) for name, value in _STAGE.findall(_STAGES.search(text).group(1))}
     serial, per_object = map(float, _SERIAL.search(text).groups())
     steady = float(_STEADY.search(text).group(1).replace(",", ""))
     return SkpubRun(name, matches, steady, stages, serial, per_object)

@@ -37,6 +37,22 @@ from skpub.kernel.records import KnnSubscription, ObjectRecord, TopkSubscription
 from skpub.kernel.text import Vocabulary
 from skpub.kernel.wire import ranked_from_spec, ranked_spec
 
+_HANDLERS: dict[tuple, Handler] = {}
+"""Handlers shared by the evaluators of one process (a handler never changes once built)."""
+
+
+def _shared_handler(
+    sub: TopkSubscription | KnnSubscription, vocabulary: Vocabulary, max_dist: float, window_none: bool
+) -> Handler:
+    """Return the handler of ``sub``, built once per process for all the evaluators that hold it."""
+    key = (sub.pos, sub.id, id(vocabulary), max_dist, window_none)
+    handler = _HANDLERS.get(key)
+    if handler is None or handler.sub != sub:
+        if len(_HANDLERS) >= 1 << 18:
+            _HANDLERS.clear()
+        handler = _HANDLERS[key] = handler_of(sub, vocabulary, max_dist, window_none)
+    return handler
+
 
 @dataclass
 class _Held:
@@ -97,7 +113,10 @@ class RankedMonitor:
 
     def advance(self, accepted: int, watermark: float) -> None:
         """Move to the stream clock of a row: objects that left the window leave every buffer."""
-        for obj in self.store.advance(accepted, watermark):
+        store = self.store
+        if accepted == store.accepted and (watermark == store.watermark or watermark != watermark):
+            return
+        for obj in store.advance(accepted, watermark):
             self._forget(obj.pos)
 
     def _forget(self, pos: int) -> None:
@@ -119,15 +138,15 @@ class RankedMonitor:
         obj = WindowObject(
             record.pos, record.id, record.x, record.y, record.terms, record.term_set, record.ts, expires, number, block
         )
-        targets: set[str] = set()
-        for t in obj.term_set:
-            targets.update(self.index.get(t, ()))
+        index = self.index
+        hits = [index[t] for t in obj.term_set if t in index]
+        targets: set[str] = set().union(*hits) if hits else set()
         if (self.window_none and not targets) or not self.store.add(obj):
             return 0
-        stats = self.stats
+        stats, subscriptions = self.stats, self.subscriptions
+        stats.scored += len(targets)
         for sid in targets:
-            held = self.subscriptions[sid]
-            stats.scored += 1
+            held = subscriptions[sid]
             scored = held.handler.goodness(obj)
             if scored is None:
                 continue
@@ -152,7 +171,7 @@ class RankedMonitor:
 
     def subscribe(self, sub: TopkSubscription | KnnSubscription) -> None:
         """Hold a new ranked subscription; its buffer is filled at the next mark (it starts stale)."""
-        handler = handler_of(sub, self.vocabulary, self.max_dist, self.window_none)
+        handler = _shared_handler(sub, self.vocabulary, self.max_dist, self.window_none)
         terms = self._index_terms(handler)
         self.subscriptions[sub.id] = _Held(handler, Skyband(sub.k, self.policy, self.count_window), terms)
         for t in terms:
@@ -205,14 +224,25 @@ class RankedMonitor:
         return out
 
     def _report(self, sid: str, held: _Held, pos: int, ended: bool) -> None:
+        """Queue the report of one subscription at ``pos`` (refilled first if it cannot prove its first k).
+
+        An unchanged result is not reported again, except as the final report of an unsubscribe.
+        """
         band = held.band
-        if not band.valid():
-            self._refill(held)
-        entries, bound = band.send()
-        rows = tuple((e.id, e.value, e.g, e.ts, e.pos) for e in entries)
-        if not ended and held.reported == (rows, bound):
-            return
-        held.reported = (rows, bound)
+        if ended and sid not in self.dirty and held.reported is not None:
+            rows, bound = held.reported
+        else:
+            read = band.read()
+            if read is None:
+                self._refill(held)
+                read = band.read()
+                if read is None:
+                    raise EvaluatorError(f"the buffer of {sid!r} cannot prove its first k right after a refill")
+            entries, bound = read
+            rows = tuple((e.id, e.value, e.g, e.ts, e.pos) for e in entries)
+            if not ended and held.reported == (rows, bound):
+                return
+            held.reported = (rows, bound)
         sub = held.handler.sub
         self.pending.append(
             RankedUpdate(pos, sid, sub.pos, self.evaluator_id, sub.k, held.handler.field_name, rows, bound, ended)
@@ -239,20 +269,28 @@ class RankedMonitor:
 
     # --- durable state (the Spark engine's state store) ---------------------------------
 
-    def take_changes(self) -> tuple[dict[int, bytes | None], dict[str, str | None]]:
-        """Return the window blocks and subscriptions changed since the last call.
+    def take_changes(self) -> tuple[dict[int, bytes | None], bytes | None]:
+        """Return the window segments and the subscription changes since the last call.
 
-        Blocks as :meth:`WindowStore.take_dirty_blocks`; subscriptions as
-        ``id -> "[pos, spec]"`` JSON (:func:`skpub.kernel.wire.ranked_spec`),
-        None when ended. Buffers are not saved: a restored monitor refills
-        them from the store at its next mark.
+        Segments as :meth:`WindowStore.take_segments`; subscription changes
+        as one JSON document ``{id: [pos, spec] or null}``
+        (:func:`skpub.kernel.wire.ranked_spec`; null: ended), None when there
+        are none. Buffers are not saved: a restored monitor refills them
+        from the store at its next mark.
         """
-        subs = {
-            sid: None if sub is None else orjson.dumps([sub.pos, ranked_spec(sub)]).decode()
-            for sid, sub in self.changed.items()
-        }
+        changes = None
+        if self.changed:
+            changes = orjson.dumps(
+                {sid: None if sub is None else [sub.pos, ranked_spec(sub)] for sid, sub in self.changed.items()}
+            )
         self.changed = {}
-        return self.store.take_dirty_blocks(), subs
+        return self.store.take_segments(), changes
+
+    def subscriptions_json(self) -> bytes:
+        """Return every held subscription as one :meth:`take_changes` document (a compaction of the changes)."""
+        return orjson.dumps(
+            {sid: [h.handler.sub.pos, ranked_spec(h.handler.sub)] for sid, h in self.subscriptions.items()}
+        )
 
     def forget_reports(self) -> None:
         """Report every subscription at the next mark (a new merge knows none of the past reports)."""
@@ -267,25 +305,35 @@ class RankedMonitor:
         deployment: Deployment,
         vocabulary: Vocabulary,
         clock: tuple[int, float],
-        blocks: dict[int, bytes],
-        subscriptions: dict[str, str],
+        segments: dict[int, bytes],
+        changes: list[bytes],
     ) -> RankedMonitor:
-        """Rebuild a monitor from its saved window blocks, subscriptions and clock ``(accepted, watermark)``.
+        """Rebuild a monitor from its saved window segments, subscription changes and clock ``(accepted, watermark)``.
 
-        Every buffer starts stale and every subscription is reported at the
-        next mark. Raises :class:`~skpub.evaluators.errors.EvaluatorError` on
-        damaged state.
+        ``changes`` are :meth:`take_changes` documents in order (the first may
+        be a :meth:`subscriptions_json` compaction). Every buffer starts
+        stale and every subscription is reported at the next mark.
+
+        Raises
+        ------
+        EvaluatorError
+            On damaged state.
         """
         monitor = cls(evaluator_id, deployment, vocabulary)
-        monitor.store = WindowStore.restore(deployment.window, clock[0], clock[1], blocks)
-        subs = []
-        for sid, raw in subscriptions.items():
-            try:
-                pos, spec = orjson.loads(raw)
-                subs.append(ranked_from_spec(int(pos), sid, spec))
-            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise EvaluatorError(f"damaged ranked subscription {sid!r}: {exc}") from None
-        for sub in sorted(subs, key=lambda s: s.pos):
+        monitor.store = WindowStore.restore(deployment.window, clock[0], clock[1], segments)
+        held: dict[str, TopkSubscription | KnnSubscription] = {}
+        try:
+            for data in changes:
+                for sid, raw in orjson.loads(data).items():
+                    if raw is None:
+                        held.pop(sid, None)
+                    else:
+                        held[sid] = ranked_from_spec(int(raw[0]), sid, raw[1])
+        except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise EvaluatorError(f"damaged ranked subscriptions: {exc}") from None
+        for sub in sorted(held.values(), key=lambda s: s.pos):
             monitor.subscribe(sub)
         monitor.changed = {}
+        if monitor.window_none:
+            monitor._prune_before_oldest()
         return monitor

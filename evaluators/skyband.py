@@ -143,22 +143,33 @@ class Skyband:
         return True
 
     def valid(self) -> bool:
-        """Whether the first k of the local result can be read from the buffer.
+        """Whether the first k of the local result can be read from the buffer (:meth:`read`)."""
+        return self.read() is not None
 
-        True when nothing was ever left out, or when it holds at least k
-        entries and the floor of its k-th tie group is more than
-        :data:`BAND` above everything left out (Skype Theorem 6.1, extended
-        to chained ties).
+    def read(self) -> tuple[list[Entry], float] | None:
+        """Return what the merge needs, or None when the buffer cannot prove its first k.
+
+        The buffer proves them when nothing was ever left out, or when it
+        holds at least k entries and the floor of its k-th tie group is more
+        than :data:`BAND` above everything left out (Skype Theorem 6.1,
+        extended to chained ties). Then the result is the entries within
+        the band of that floor, and the bound on the goodness of every local
+        candidate not in it (-inf: none was left out), which the merge needs
+        to prove the global first k (DESIGN "Top-k and kNN across
+        evaluators", point 4). O(n log n) for n entries.
         """
         if self.stale:
-            return False
+            return None
+        held = list(self.entries.values())
         missing = max(self.theta, self.bound)
-        if missing == -math.inf:
-            return True
-        if len(self.entries) < self.k:
-            return False
-        _, floor = rank(list(self.entries.values()), self.k)
-        return floor - BAND > missing
+        head, floor = rank(held, self.k)
+        if missing != -math.inf and (len(held) < self.k or not floor - BAND > missing):
+            return None
+        edge = floor - BAND
+        ranked = {h.pos for h in head}
+        sent = head + [e for e in held if e.g >= edge and e.pos not in ranked]
+        left = max((e.g for e in held if e.g < edge), default=-math.inf)
+        return sent, max(missing, left)
 
     def refill(self, candidates: list[Entry], window_objects: int) -> None:
         """Re-evaluate from all of the evaluator's window candidates (Skype Algorithm 2).
@@ -193,20 +204,6 @@ class Skyband:
         for e in sorted(chosen, key=lambda e: (e.ts, e.pos)):
             self.offer(e)
         self.ceiling = math.inf
-
-    def send(self) -> tuple[list[Entry], float]:
-        """Return what the merge needs: the entries within the band of the k-th group's floor, and the bound.
-
-        The bound is the highest goodness of any local candidate not sent
-        (-inf: all were); the merge needs it to prove the global first k
-        (DESIGN "Top-k and kNN across evaluators", point 4).
-        """
-        head, floor = rank(list(self.entries.values()), self.k)
-        edge = floor - BAND
-        ranked = {h.pos for h in head}
-        sent = head + [e for e in self.entries.values() if e.g >= edge and e.pos not in ranked]
-        left = max((e.g for e in self.entries.values() if e.g < edge), default=-math.inf)
-        return sent, max(self.theta, self.bound, left)
 
 
 def _target_size(policy: str, k: int, candidates: int, window_objects: int) -> int:

@@ -6,11 +6,13 @@ on the RocksDB state store (DESIGN "The Spark engine"). State per evaluator:
 - ``blocks``: a MapState ``block (bigint) -> data (binary)`` with the
   evaluator's state blocks (:mod:`skpub.evaluators.evaluator`); a micro-batch
   rewrites only the blocks it changed;
-- ``window``: a MapState ``block -> data`` with the window objects it owns
-  (:mod:`skpub.evaluators.window`), and ``ranked``: ``sub -> [pos, spec]``
-  with the topk/knn subscriptions it holds; ``clock``: the stream clock
-  (objects accepted, watermark). Ranked buffers are derived state: a
-  restored evaluator refills them from its window;
+- ``window``: a MapState ``segment -> data`` with the window objects it
+  owns, one segment per micro-batch of arrival
+  (:meth:`skpub.evaluators.window.WindowStore.take_segments`), and
+  ``ranked``: ``batch -> changes`` of the topk/knn subscriptions it holds,
+  compacted every :data:`RANKED_COMPACT_EVERY` batches; ``clock``: the
+  stream clock (objects accepted, watermark). Ranked buffers are derived
+  state: a restored evaluator refills them from its window;
 - ``version``: a ValueState with the last micro-batch applied.
 
 The hot :class:`~skpub.evaluators.evaluator.Evaluator` (with its GI^2 index) is
@@ -47,6 +49,8 @@ the JSON of its batch counters (deliveries, cost, CPU seconds) and whose ``updat
 reports for the merge (:func:`encode_updates`). Range deliveries and statistics never travel: the
 evaluator writes them itself."""
 _CACHE: dict[tuple[str, int], tuple[int, Evaluator]] = {}
+RANKED_COMPACT_EVERY = 16
+"""Every this many batches an evaluator's ranked-subscription changes are replaced by one document of all."""
 
 
 def current_batch_id() -> int:
@@ -112,8 +116,8 @@ class EvaluatorProcessor(StatefulProcessor):
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Declare the state variables (runs on executors and on the driver)."""
         self.blocks = handle.getMapState("blocks", "block bigint", "data binary")
-        self.window = handle.getMapState("window", "block bigint", "data binary")
-        self.ranked = handle.getMapState("ranked", "sub string", "data string")
+        self.window = handle.getMapState("window", "segment bigint", "data binary")
+        self.ranked = handle.getMapState("ranked", "batch bigint", "data binary")
         self.clock = handle.getValueState("clock", "accepted bigint, watermark double")
         self.version = handle.getValueState("version", "batch bigint")
 
@@ -140,7 +144,7 @@ class EvaluatorProcessor(StatefulProcessor):
                     vocabulary,
                     (int(accepted), float(watermark)),
                     self._map(self.window),
-                    {str(k[0]): str(v[0]) for k, v in self.ranked.iterator()},
+                    [data for _, data in sorted(self._map(self.ranked).items())],
                 )
         if evaluator.monitor.generation != self.generation:
             evaluator.monitor.forget_reports()
@@ -156,18 +160,27 @@ class EvaluatorProcessor(StatefulProcessor):
         tune_gc()
         batch_id = current_batch_id()
         e = self.index_of_key[int(key[0])]
+        start = time.thread_time()
         evaluator = self._evaluator(e)
+        restore = time.thread_time() - start
         frame = pd.concat(list(rows), ignore_index=True)
         columns = {name: frame[name].tolist() for name in frame.columns}
         result = evaluator.apply_many(from_columns(columns, e), batch_id)
+        start = time.thread_time()
         _save(self.blocks, evaluator.take_dirty_blocks())
         window, ranked = evaluator.monitor.take_changes()
         _save(self.window, window)
-        _save(self.ranked, ranked)
+        if batch_id % RANKED_COMPACT_EVERY == RANKED_COMPACT_EVERY - 1:
+            for old in list(self._map(self.ranked)):
+                self.ranked.removeKey((old,))
+            self.ranked.updateValue((batch_id,), (evaluator.monitor.subscriptions_json(),))
+        elif ranked is not None:
+            self.ranked.updateValue((batch_id,), (ranked,))
         store = evaluator.monitor.store
         self.clock.update((store.accepted, store.watermark))
         self.version.update((batch_id,))
         _CACHE[(self.run_id, e)] = (batch_id, evaluator)
+        state = time.thread_time() - start
         start = time.thread_time()
         stats = result.stats.to_json(e, batch_id, result.cpu_seconds, evaluator.subscriptions)
         writer = f"e{e:03d}"
@@ -179,6 +192,8 @@ class EvaluatorProcessor(StatefulProcessor):
             "cost": stats["cost"],
             "cpu_seconds": result.cpu_seconds,
             "sink_cpu_seconds": time.thread_time() - start,
+            "restore_cpu_seconds": restore,
+            "state_cpu_seconds": state,
         }
         yield control_frame(e, result.dead_letters, counters, encode_updates(result.updates))
 

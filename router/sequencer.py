@@ -142,8 +142,11 @@ class Sequencer:
 
     def _remove_placement(self, placement: Placement) -> None:
         if placement.ranked:
-            self.ranked_keywords.subtract(placement.keywords)
-            self.ranked_keywords = +self.ranked_keywords
+            counts = self.ranked_keywords
+            for keyword in placement.keywords:
+                counts[keyword] -= 1
+                if not counts[keyword]:
+                    del counts[keyword]
             self.ranked_active -= 1
         else:
             for e in placement.evaluators:

@@ -4,7 +4,7 @@ from skpub.app.cli import main
 from skpub.kernel.oracle import replay
 from skpub.kernel.parts import read_stream
 from skpub.sims.geonames import WorkloadSpec, generate
-from tests.workloads import canonical, deployment, random_workload, write_lines
+from tests.workloads import canonical, deployment, random_workload, results_from_events, write_lines
 
 
 def test_run_local_writes_outputs_and_prints_summary(tmp_path, capsys):
@@ -53,12 +53,27 @@ def test_geonames_workload_is_reproducible_by_seed(tmp_path):
     records = [json.loads(line) for line in first]
     kinds = {r["type"] for r in records}
     assert kinds == {"object", "subscribe", "unsubscribe"}
+    assert sum(r["type"] == "object" for r in records) == 300
     subs = [r for r in records if r["type"] == "subscribe"]
-    assert any("expr" in s for s in subs) and any("keywords" in s for s in subs)
-    for s in subs:
+    assert {s["kind"] for s in subs} == {"range", "topk", "knn"}
+    ranges = [s for s in subs if s["kind"] == "range"]
+    assert any("expr" in s for s in ranges) and any("keywords" in s for s in ranges)
+    for s in ranges:
         w, h = s["rect"][2] - s["rect"][0], s["rect"][3] - s["rect"][1]
         assert 0.0001 * 360 <= w <= 0.015 * 360 and 0.0001 * 180 <= h <= 0.015 * 180
-    assert sum(r["type"] == "object" for r in records) == 300
+    for s in subs:
+        if s["kind"] != "range":
+            assert 1 <= s["k"] <= 20 and len(s["point"]) == 2
+        if s["kind"] == "topk":
+            assert 0 <= s["alpha"] <= 1 and ("keywords" in s or "weights" in s)
+        if s["kind"] == "knn":
+            assert s["match"] in ("any", "all") and s["from"] in ("window", "registration")
+
+
+def test_geonames_workload_without_ranked_fractions_is_range_only():
+    spec = WorkloadSpec(seed=5, live=50, objects=300, topk_fraction=0, knn_fraction=0)
+    kinds = {json.loads(line).get("kind") for line in generate(spec)}
+    assert kinds == {None, "range"}
 
 
 def test_workload_command_writes_stream_and_vocabulary(tmp_path, capsys):
@@ -67,3 +82,18 @@ def test_workload_command_writes_stream_and_vocabulary(tmp_path, capsys):
     vocab = json.loads((tmp_path / "vocabulary.json").read_text())
     assert vocab["N"] > 200_000 and all(df > 1 for df in vocab["df"].values())
     assert sum(1 for _ in (tmp_path / "stream.jsonl").open()) >= 220
+
+
+def test_default_run_shows_all_three_kinds(tmp_path, capsys):
+    """Without --input the GeoNames default runs with its window: range matches and topk/knn events."""
+    out = tmp_path / "out"
+    code = main([
+        "run", "--engine", "local", "--output", str(out), "--live", "300", "--objects", "3000",
+        "--window", "1000", "--batch-size", "700", "--keyword-percentile", "100", "--quiet",
+    ])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    deliveries = read_stream(out, "deliveries")
+    assert {d["event"] for d in deliveries} == {"match", "enter", "exit"}
+    assert any("score" in d for d in deliveries) and any("dist" in d for d in deliveries)
+    results = results_from_events([d for d in deliveries if d["event"] != "match"])
+    assert results and all(len(objs) <= 20 for objs in results.values())

@@ -91,7 +91,7 @@ def test_merged_local_buffers_give_the_global_first_k(items, k, evaluators, rnd)
     for e, share in enumerate(shares):
         band = Skyband(k, "cskyband", False)
         band.refill(share, len(share) + 100)
-        sent, bound = band.send()
+        sent, bound = band.read()
         rows = tuple((x.id, x.value, x.g, x.ts, x.pos) for x in sent)
         updates.append(RankedUpdate(5, "s", 0, e, k, "score", rows, bound))
     merge = RankedMerge()

@@ -31,7 +31,7 @@ ENGINE_LOG = "_engine.log"
 """The Spark engine's log lines (:mod:`skpub.app.console`)."""
 WORKLOAD_DIR = "_workload"
 TOP_FILES_RE = own_files(rf"{SUCCESS}|{re.escape(RUN_MARKER)}|{re.escape(ENGINE_LOG)}")
-WORKLOAD_RE = own_files(r"stream\.jsonl|vocabulary\.json|spec\.json|\.stream\.jsonl\.tmp")
+WORKLOAD_RE = own_files(r"stream\.jsonl|vocabulary\.json|spec\.json|deployment\.json|\.stream\.jsonl\.tmp")
 MARKER_FORMAT = 1
 
 

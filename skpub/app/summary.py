@@ -34,7 +34,9 @@ class BatchReport:
     epoch: int = 0
     stage_cpu: Counter = field(default_factory=Counter)
     """CPU seconds per stage: ``parse`` (parallel), ``sequencer`` (serial; on Spark ``restore``, the part of it
-    spent rebuilding its state when the task ran in another worker than the last batch), ``evaluators``, ``sink``."""
+    spent rebuilding its state when the task ran in another worker than the last batch), ``evaluators``,
+    ``merge`` (top-k/kNN results), ``sink``; on Spark also ``evaluator_restore`` (evaluators rebuilt from the
+    state store) and ``state_writes`` (evaluators saving their changed state)."""
 
 
 @dataclass
@@ -105,9 +107,11 @@ class RunSummary:
             stages = " · ".join(f"{k} {self.stage_cpu[k]:.2f} s" for k in STAGES)
             per_object = self.stage_cpu["sequencer"] / self.objects * 1e6 if self.objects else 0.0
             lines.append(f"  stage cpu         {stages}")
-            if self.stage_cpu["restore"]:
+            if self.stage_cpu["restore"] or self.stage_cpu["evaluator_restore"] or self.stage_cpu["state_writes"]:
                 lines.append(
-                    f"  sequencer restore {self.stage_cpu['restore']:.2f} s of it rebuilding state from the checkpoint"
+                    f"  state             sequencer restore {self.stage_cpu['restore']:.2f} s"
+                    f" · evaluator restore {self.stage_cpu['evaluator_restore']:.2f} s"
+                    f" · state store writes {self.stage_cpu['state_writes']:.2f} s"
                 )
             lines.append(
                 f"  serial            {self.serial_fraction:.1%} of stage CPU, {per_object:.2f} us per object"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 
 import orjson
 import pyarrow as pa
@@ -147,8 +148,12 @@ def ranked_spec(sub: TopkSubscription | KnnSubscription) -> str:
     return orjson.dumps(doc).decode()
 
 
+@lru_cache(maxsize=1 << 16)
 def ranked_from_spec(pos: int, sid: str, spec: str) -> TopkSubscription | KnnSubscription:
     """Rebuild a topk or knn subscription from its ``spec`` (:func:`ranked_spec`).
+
+    Cached: every evaluator of a process receives the same subscribe row, and
+    a record is never changed once built.
 
     Raises
     ------

@@ -223,6 +223,8 @@ class Sink:
             parse=routing["parse_cpu_seconds"],
             sequencer=routing["sequencer_cpu_seconds"],
             restore=routing["restore_cpu_seconds"],
+            evaluator_restore=sum(c["restore_cpu_seconds"] for c in counters),
+            state_writes=sum(c["state_cpu_seconds"] for c in counters),
             evaluators=sum(c["cpu_seconds"] for c in counters),
             merge=merge_seconds,
             sink=sum(c["sink_cpu_seconds"] for c in counters) + time.thread_time() - start - merge_seconds,
