@@ -89,7 +89,9 @@ def main() -> None:
     print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     rates = []
     for live in args.live:
-        stream, vocabulary = write_workload(WorkloadSpec(live=live, topk_fraction=0, knn_fraction=0, window=0), root / f"workload-{live}")
+        stream, vocabulary = write_workload(
+            WorkloadSpec(live=live, topk_fraction=0, knn_fraction=0, window=0), root / f"workload-{live}"
+        )
         dep = Deployment(evaluators=args.evaluators, vocabulary=str(vocabulary))
         rates.append((live, *matching_rate(stream, dep)))
         deliveries = set()

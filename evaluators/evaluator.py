@@ -97,7 +97,7 @@ class Evaluator:
         out = EvaluatorBatch(self.evaluator_id)
         deliveries, stats, size = out.deliveries, out.stats, self.grid_size
         match_one, monitor = self.index.match_one, self.monitor
-        refills, refill_scored = monitor.stats.refills, monitor.stats.refill_scored
+        refills, refill_scored, fills = monitor.stats.refills, monitor.stats.refill_scored, monitor.stats.fills
         for row in rows:
             record = row.record
             try:
@@ -118,13 +118,17 @@ class Evaluator:
                     if not monitor.unsubscribe(record.id, record.pos):
                         self._delete(record.id)
                 elif isinstance(record, SnapshotMarker | Mark):
-                    out.updates.extend(monitor.mark(record.pos))
+                    updates, failed = monitor.mark(record.pos)
+                    out.updates.extend(updates)
+                    if failed:
+                        raise EvaluatorError(f"top-k/kNN reports failed: {'; '.join(failed[:3])}")
                 else:
                     raise EvaluatorError(f"evaluator cannot apply {type(record).__name__}")
             except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
                 out.dead_letters.append(DeadLetter.internal_error(record.pos, _describe(record), exc))
         out.stats.reevaluations = monitor.stats.refills - refills
         out.stats.reevaluated = monitor.stats.refill_scored - refill_scored
+        out.stats.fills = monitor.stats.fills - fills
         out.cpu_seconds = time.thread_time() - start
         return out
 

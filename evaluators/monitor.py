@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import orjson
 
 from skpub.evaluators.errors import EvaluatorError
-from skpub.evaluators.ranked import Entry, Handler, KnnHandler, WindowObject, handler_of
+from skpub.evaluators.ranked import Entry, Handler, WindowObject, handler_of
 from skpub.evaluators.skyband import Skyband
 from skpub.evaluators.window import WindowStore
 from skpub.kernel.config import Deployment
@@ -66,13 +66,15 @@ class _Held:
 
 @dataclass
 class MonitorStats:
-    """Counters of ranked work at one evaluator (for benchmarks and the per-cell costs)."""
+    """Counters of ranked work at one evaluator.
 
-    offered: int = 0
-    scored: int = 0
+    Buffers filled for a new (or restored) subscription, re-evaluations
+    after expiries and the candidates they scored.
+    """
+
+    fills: int = 0
     refills: int = 0
     refill_scored: int = 0
-    updates: int = 0
 
 
 class RankedMonitor:
@@ -143,8 +145,7 @@ class RankedMonitor:
         targets: set[str] = set().union(*hits) if hits else set()
         if (self.window_none and not targets) or not self.store.add(obj):
             return 0
-        stats, subscriptions = self.stats, self.subscriptions
-        stats.scored += len(targets)
+        subscriptions = self.subscriptions
         for sid in targets:
             held = subscriptions[sid]
             scored = held.handler.goodness(obj)
@@ -152,7 +153,6 @@ class RankedMonitor:
                 continue
             kept, dropped = held.band.offer(Entry(scored[0], scored[1], obj.ts, obj.pos, obj.id, expires))
             if kept:
-                stats.offered += 1
                 self.holders.setdefault(obj.pos, set()).add(sid)
                 self.dirty.add(sid)
             for pos in dropped:
@@ -181,7 +181,7 @@ class RankedMonitor:
 
     def _index_terms(self, handler: Handler) -> list[str]:
         """Return the terms a subscription is filed under: all its keywords, or a knn ``all``'s rarest (CkQST 3.2)."""
-        if isinstance(handler, KnnHandler) and handler.sub.match == "all":
+        if handler.needs_all:
             return [min(handler.keywords, key=lambda t: (len(self.store.postings.get(t, ())), t))]
         return sorted(handler.keywords)
 
@@ -215,13 +215,24 @@ class RankedMonitor:
 
     # --- marks --------------------------------------------------------------------------
 
-    def mark(self, pos: int) -> list[RankedUpdate]:
-        """Report, as of position ``pos``, every subscription whose local result changed since its last report."""
+    def mark(self, pos: int) -> tuple[list[RankedUpdate], list[str]]:
+        """Report, as of position ``pos``, every subscription whose local result changed since its last report.
+
+        Returns the reports, and a description of each subscription whose
+        report failed (a bug): it is refilled and tried again at the next
+        mark, and every other subscription is reported all the same.
+        """
+        failed, retry = [], set()
         for sid in sorted(self.dirty):
-            self._report(sid, self.subscriptions[sid], pos, ended=False)
-        self.dirty = set()
+            try:
+                self._report(sid, self.subscriptions[sid], pos, ended=False)
+            except Exception as exc:  # noqa: BLE001 - one subscription must not stop the others
+                failed.append(f"{sid!r}: {type(exc).__name__}: {exc}")
+                self.subscriptions[sid].band.stale = True
+                retry.add(sid)
+        self.dirty = retry
         out, self.pending = self.pending, []
-        return out
+        return out, failed
 
     def _report(self, sid: str, held: _Held, pos: int, ended: bool) -> None:
         """Queue the report of one subscription at ``pos`` (refilled first if it cannot prove its first k).
@@ -247,21 +258,22 @@ class RankedMonitor:
         self.pending.append(
             RankedUpdate(pos, sid, sub.pos, self.evaluator_id, sub.k, held.handler.field_name, rows, bound, ended)
         )
-        self.stats.updates += 1
 
     def _refill(self, held: _Held) -> None:
         """Re-evaluate one buffer from the window store (Skype Algorithm 2)."""
         handler, band = held.handler, held.band
         for pos in band.entries:
             self._unhold(pos, handler.sub.id)
-        rarest = isinstance(handler, KnnHandler) and handler.sub.match == "all"
         candidates = []
-        for obj in self.store.sharing(handler.keywords, rarest_only=rarest):
+        for obj in self.store.sharing(handler.keywords, rarest_only=handler.needs_all):
             scored = handler.goodness(obj)
             if scored is not None:
                 candidates.append(Entry(scored[0], scored[1], obj.ts, obj.pos, obj.id, obj.expires_at))
-        self.stats.refills += 1
-        self.stats.refill_scored += len(candidates)
+        if band.stale:
+            self.stats.fills += 1
+        else:
+            self.stats.refills += 1
+            self.stats.refill_scored += len(candidates)
         band.refill(candidates, len(self.store))
         sid = handler.sub.id
         for pos in band.entries:

@@ -28,9 +28,6 @@ from skpub.kernel.text import Vocabulary
 TOLERANCE = 1e-9
 """Values closer than this are ties (SEMANTICS section 5)."""
 
-Key = tuple[float, float, int]
-"""``(g, ts, pos)`` of an entry: its goodness and its tie-breakers."""
-
 
 @dataclass(slots=True)
 class WindowObject:
@@ -67,10 +64,6 @@ class Entry:
     id: str
     expires_at: float
 
-    def key(self) -> Key:
-        """Return ``(g, ts, pos)``; larger ranks first within a tie group."""
-        return (self.g, self.ts, self.pos)
-
 
 def unit_vector(weights: dict[str, float]) -> dict[str, float]:
     """Return ``weights`` scaled to unit length (a zero vector stays empty: its cosine is 0, SEMANTICS 3.2)."""
@@ -103,12 +96,13 @@ class TopkHandler:
     vocabulary: Vocabulary
     window_none: bool
     field_name: str = field(default="score", init=False)
+    needs_all: bool = field(default=False, init=False)
 
     @classmethod
     def of(cls, sub: TopkSubscription, vocabulary: Vocabulary, max_dist: float, window_none: bool) -> TopkHandler:
         """Build the handler of ``sub``."""
         weights = unit_vector({t: w * vocabulary.idf(t) for t, w in sub.weights})
-        return cls(sub, weights, frozenset(t for t, _ in sub.weights), max_dist, vocabulary, window_none)
+        return cls(sub, weights, sub.keywords, max_dist, vocabulary, window_none)
 
     def goodness(self, obj: WindowObject) -> tuple[float, float] | None:
         """Return ``(g, score)`` of ``obj``, or None when it shares no term (or, window none, came before)."""
@@ -129,25 +123,28 @@ class KnnHandler:
     sub: KnnSubscription
     keywords: frozenset[str]
     window_none: bool
+    needs_all: bool
     field_name: str = field(default="dist", init=False)
 
     @classmethod
     def of(cls, sub: KnnSubscription, window_none: bool) -> KnnHandler:
         """Build the handler of ``sub``; ``from: registration`` behaves as window none does."""
-        return cls(sub, sub.keywords, window_none or sub.from_ == "registration")
+        return cls(sub, sub.keywords, window_none or sub.from_ == "registration", sub.match == "all")
 
     def goodness(self, obj: WindowObject) -> tuple[float, float] | None:
         """Return ``(-dist, dist)`` of ``obj``, or None when it fails the predicate or came before (if it must not)."""
         sub = self.sub
         if self.window_none and obj.pos < sub.pos:
             return None
-        if not (sub.keywords <= obj.term_set if sub.match == "all" else not sub.keywords.isdisjoint(obj.term_set)):
+        if not (sub.keywords <= obj.term_set if self.needs_all else not sub.keywords.isdisjoint(obj.term_set)):
             return None
         dist = math.hypot(obj.x - sub.x, obj.y - sub.y)
         return -dist, dist
 
 
 Handler = TopkHandler | KnnHandler
+"""A ranked subscription's handler: ``keywords`` are the terms a candidate shares with it, and
+``needs_all`` says that a candidate holds every one of them (knn ``all``)."""
 
 
 def handler_of(

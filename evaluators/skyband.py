@@ -15,7 +15,9 @@ Three policies decide how much to keep (Skype section 6, CkQST section 3.6):
 - ``kmax``: the top-k' with k <= k' <= kmax, kmax = 3k (Yi et al., ICDE'03;
   Skype's baseline with kmax 60 for k 20): the lowest entries beyond kmax
   are dropped whatever their age.
-- ``topk``: the first k only; every expiry of a result re-evaluates.
+- ``topk``: a re-evaluation keeps the first k only (and arrivals at or
+  above the k-th until the next one): nearly every expiry of a result
+  re-evaluates.
 
 Two things differ from the papers, both because of the tie rule of
 docs/SEMANTICS.md (ties within 1e-9 chain into groups ordered by time):
@@ -38,11 +40,20 @@ import math
 from dataclasses import dataclass, field
 
 from skpub.evaluators.ranked import Entry, rank
-from skpub.kernel.config import SKYBANDS
 
 BAND = 1e-6
 """Entries within this of the k-th tie group's floor are never dropped (1000 times the tie tolerance)."""
-POLICIES = SKYBANDS
+
+
+def below(value: float, bands: int = 1) -> float:
+    """Return ``value`` less ``bands`` bands: :data:`BAND`, or 4 ulps of ``value`` where that is wider.
+
+    Far from 0 (|value| above about 2^32 coordinate units) a float cannot
+    hold 1e-6, and the band must still leave room below the floor.
+    """
+    return value - bands * max(BAND, 4 * math.ulp(value))
+
+
 SCAN_COST = 10.0
 """Cost of scoring one candidate in a re-evaluation, in buffer steps (one dominance test); Skype Eq 13's C_topk
 is this times the candidates. Scoring is a sparse dot product and a distance, about ten dominance tests."""
@@ -69,7 +80,6 @@ class Skyband:
     theta: float = -math.inf
     bound: float = -math.inf
     stale: bool = True
-    refills: int = 0
     ceiling: float = math.inf
 
     def _kth(self) -> float:
@@ -101,8 +111,9 @@ class Skyband:
         held = self.entries.values()
         kth = min(self._kth(), self.ceiling)
         beaten = sum(1 for e in held if self.dominates(e, entry))
-        if beaten >= self.k and entry.g < kth - BAND:
-            self.bound = max(self.bound, entry.g)
+        if beaten >= self.k and (entry.g < below(kth) or self._covered(entry)):
+            if entry.g < below(kth):
+                self.bound = max(self.bound, entry.g)
             return False, []
         dropped = []
         for e in held:
@@ -111,13 +122,26 @@ class Skyband:
         self.entries[entry.pos] = entry
         self.dominators[entry.pos] = beaten
         kth = min(self._kth(), self.ceiling)
+        edge = below(kth)
         for pos, count in list(self.dominators.items()):
-            if count >= self.k and self.entries[pos].g < kth - BAND:
+            if count >= self.k and (self.entries[pos].g < edge or self._covered(self.entries[pos])):
                 dropped.append(pos)
         for pos in dropped:
-            self.bound = max(self.bound, self.entries.pop(pos).g)
+            g = self.entries.pop(pos).g
+            if g < edge:
+                self.bound = max(self.bound, g)
             del self.dominators[pos]
         return True, dropped
+
+    def _covered(self, entry: Entry) -> bool:
+        """Whether a held entry of exactly the same goodness dominates ``entry`` (then dropping it loses nothing).
+
+        ``entry`` is dominated by k others, so it is in no first k; an equal
+        value that stays at least as long bridges whatever it bridged. This
+        keeps a group of exact ties (objects at one point, equal scores) to
+        about k entries. O(len(entries)).
+        """
+        return any(e.g == entry.g and e.pos != entry.pos and self.dominates(e, entry) for e in self.entries.values())
 
     def _cap(self) -> list[int]:
         """kmax: drop the lowest entries beyond kmax = 3k (never within the band of the k-th)."""
@@ -126,7 +150,7 @@ class Skyband:
         kth = self._kth()
         extra = len(self.entries) - 3 * self.k
         lowest = heapq.nsmallest(extra, self.entries.values(), key=lambda e: e.g)
-        dropped = [e.pos for e in lowest if e.g < kth - BAND]
+        dropped = [e.pos for e in lowest if e.g < below(kth)]
         for pos in dropped:
             self.bound = max(self.bound, self.entries.pop(pos).g)
         return dropped
@@ -141,10 +165,6 @@ class Skyband:
             return False
         self.dominators.pop(pos, None)
         return True
-
-    def valid(self) -> bool:
-        """Whether the first k of the local result can be read from the buffer (:meth:`read`)."""
-        return self.read() is not None
 
     def read(self) -> tuple[list[Entry], float] | None:
         """Return what the merge needs, or None when the buffer cannot prove its first k.
@@ -163,9 +183,9 @@ class Skyband:
         held = list(self.entries.values())
         missing = max(self.theta, self.bound)
         head, floor = rank(held, self.k)
-        if missing != -math.inf and (len(held) < self.k or not floor - BAND > missing):
+        if missing != -math.inf and (len(held) < self.k or not below(floor) > missing):
             return None
-        edge = floor - BAND
+        edge = below(floor)
         ranked = {h.pos for h in head}
         sent = head + [e for e in held if e.g >= edge and e.pos not in ranked]
         left = max((e.g for e in held if e.g < edge), default=-math.inf)
@@ -183,7 +203,6 @@ class Skyband:
 
         O(c log c) for c candidates.
         """
-        self.refills += 1
         self.stale = False
         self.entries, self.dominators = {}, {}
         self.theta = self.bound = -math.inf
@@ -194,7 +213,7 @@ class Skyband:
         keep = _target_size(self.policy, self.k, len(candidates), window_objects)
         by_g = sorted(candidates, key=lambda e: -e.g)
         if keep < len(by_g):
-            self.theta = min(by_g[keep - 1].g, floor - 2 * BAND)
+            self.theta = min(by_g[keep - 1].g, below(floor, 2))
             self.bound = max((e.g for e in by_g if e.g < self.theta), default=-math.inf)
         chosen = [e for e in by_g if e.g >= self.theta]
         if self.policy != "cskyband":

@@ -10,7 +10,7 @@ on the RocksDB state store (DESIGN "The Spark engine"). State per evaluator:
   owns, one segment per micro-batch of arrival
   (:meth:`skpub.evaluators.window.WindowStore.take_segments`), and
   ``ranked``: ``batch -> changes`` of the topk/knn subscriptions it holds,
-  compacted every :data:`RANKED_COMPACT_EVERY` batches; ``clock``: the
+  compacted beyond :data:`RANKED_COMPACT_EVERY` entries; ``clock``: the
   stream clock (objects accepted, watermark). Ranked buffers are derived
   state: a restored evaluator refills them from its window;
 - ``version``: a ValueState with the last micro-batch applied.
@@ -50,7 +50,7 @@ reports for the merge (:func:`encode_updates`). Range deliveries and statistics 
 evaluator writes them itself."""
 _CACHE: dict[tuple[str, int], tuple[int, Evaluator]] = {}
 RANKED_COMPACT_EVERY = 16
-"""Every this many batches an evaluator's ranked-subscription changes are replaced by one document of all."""
+"""When an evaluator holds more than this many saved ranked-subscription changes, one document of all replaces them."""
 
 
 def current_batch_id() -> int:
@@ -170,12 +170,13 @@ class EvaluatorProcessor(StatefulProcessor):
         _save(self.blocks, evaluator.take_dirty_blocks())
         window, ranked = evaluator.monitor.take_changes()
         _save(self.window, window)
-        if batch_id % RANKED_COMPACT_EVERY == RANKED_COMPACT_EVERY - 1:
-            for old in list(self._map(self.ranked)):
-                self.ranked.removeKey((old,))
-            self.ranked.updateValue((batch_id,), (evaluator.monitor.subscriptions_json(),))
-        elif ranked is not None:
+        if ranked is not None:
             self.ranked.updateValue((batch_id,), (ranked,))
+            saved = [int(k[0]) for k in self.ranked.keys()]
+            if len(saved) > RANKED_COMPACT_EVERY:
+                for old in saved:
+                    self.ranked.removeKey((old,))
+                self.ranked.updateValue((batch_id,), (evaluator.monitor.subscriptions_json(),))
         store = evaluator.monitor.store
         self.clock.update((store.accepted, store.watermark))
         self.version.update((batch_id,))
@@ -194,6 +195,7 @@ class EvaluatorProcessor(StatefulProcessor):
             "sink_cpu_seconds": time.thread_time() - start,
             "restore_cpu_seconds": restore,
             "state_cpu_seconds": state,
+            "ranked": {key: stats[key] for key in ("reevaluations", "reevaluated", "fills")},
         }
         yield control_frame(e, result.dead_letters, counters, encode_updates(result.updates))
 

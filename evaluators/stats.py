@@ -19,7 +19,9 @@ class CellCostStats:
     Cell, row and column keys are fine-grid indices (``cy * size + cx``,
     ``cy`` and ``cx``); costs count candidate subscriptions (unitless).
     ``reevaluations`` counts the top-k/kNN buffers refilled from the window
-    store and ``reevaluated`` the candidates they scored (Skype section 6).
+    store after expiries and ``reevaluated`` the candidates they scored
+    (Skype section 6); ``fills`` the buffers filled for a new or restored
+    subscription.
     """
 
     cells: dict[int, int] = field(default_factory=dict)
@@ -29,6 +31,7 @@ class CellCostStats:
     objects: int = 0
     reevaluations: int = 0
     reevaluated: int = 0
+    fills: int = 0
 
     def add(self, cell: int, cx: int, cy: int, cost: int) -> None:
         """Account one object received in fine cell ``(cx, cy)`` with ``q_l = cost``."""
@@ -50,6 +53,7 @@ class CellCostStats:
             "subscriptions": subscriptions,
             "reevaluations": self.reevaluations,
             "reevaluated": self.reevaluated,
+            "fills": self.fills,
             "rows": {str(k): v for k, v in sorted(self.rows.items())},
             "columns": {str(k): v for k, v in sorted(self.columns.items())},
             "cells": {str(k): v for k, v in sorted(self.cells.items())},

@@ -126,7 +126,11 @@ class WindowStore:
         by_expiry = self._by_expiry
         while by_expiry and by_expiry[0][0] <= self.watermark:
             gone.append(heapq.heappop(by_expiry)[1])
-        return self.discard(gone)
+        out = self.discard(gone)
+        if len(by_expiry) > 2 * len(self.objects) + 64:  # entries of objects that left otherwise
+            self._by_expiry = [(t, p) for t, p in by_expiry if p in self.objects]
+            heapq.heapify(self._by_expiry)
+        return out
 
     def discard(self, positions: Iterable[int]) -> list[WindowObject]:
         """Forget the objects at ``positions`` (those still held); return them."""

@@ -81,9 +81,7 @@ def sample_cell_costs(
             boxes.append(grid.cell_box(record.rect))
             for kw in vocabulary.summary_keywords(record.dnf):
                 by_keyword.setdefault(kw, []).append(record.rect)
-        elif isinstance(record, TopkSubscription):
-            ranked.update(t for t, _ in record.weights)
-        elif isinstance(record, KnnSubscription):
+        elif isinstance(record, TopkSubscription | KnnSubscription):
             ranked.update(record.keywords)
     costs = subscription_costs(np.array(boxes, dtype=np.int64).reshape(-1, 4), grid.size, index_block)
     for obj in objects:

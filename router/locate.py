@@ -172,8 +172,7 @@ class Locator:
         """Locate a record other than an object."""
         kind = kind_of(record)
         if isinstance(record, TopkSubscription | KnnSubscription):
-            terms = record.keywords if isinstance(record, KnnSubscription) else (t for t, _ in record.weights)
-            return Located(record, kind, keywords=frozenset(terms))
+            return Located(record, kind, keywords=record.keywords)
         if kind != "subscribe":
             return Located(record, kind)
         assert isinstance(record, RangeSubscription)

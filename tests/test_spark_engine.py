@@ -66,13 +66,28 @@ def test_spark_engine_equals_oracle_on_ranked_workloads(spark, tmp_path, window,
 
 
 def test_spark_engine_on_a_geonames_sample_equals_oracle(spark, tmp_path):
-    stream, vocabulary = write_workload(WorkloadSpec(seed=11, live=400, objects=6000), tmp_path / "wl")
+    spec = WorkloadSpec(seed=11, live=400, objects=6000, topk_fraction=0, knn_fraction=0, window=0)
+    stream, vocabulary = write_workload(spec, tmp_path / "wl")
     lines = list(iter_lines(stream))
     dep = Deployment(evaluators=4, batch_size=3000, vocabulary=str(vocabulary), sample_size=2000)
     out, summary = run(spark, tmp_path, lines, dep, name="geo")
     expected = assert_equals_oracle(out, lines, dep)
     assert summary.objects == 6000
     assert len(expected.deliveries) > 0
+
+
+def test_spark_engine_on_a_ranked_geonames_sample_equals_oracle(spark, tmp_path):
+    """Real places, real tf-idf: topk and knn subscriptions over a count window, near and exact distance ties."""
+    spec = WorkloadSpec(seed=12, live=80, objects=1500, topk_fraction=0.4, knn_fraction=0.4, keyword_percentile=100)
+    stream, vocabulary = write_workload(spec, tmp_path / "wl")
+    lines = list(iter_lines(stream))
+    dep = Deployment(
+        evaluators=3, batch_size=400, vocabulary=str(vocabulary), sample_size=500, window=Window("count", 300)
+    )
+    out, _ = run(spark, tmp_path, lines, dep, name="geo")
+    expected = assert_equals_oracle(out, lines, dep)
+    events = [d for d in expected.deliveries if d["event"] != "match"]
+    assert len(events) > 200 and {"score", "dist"} <= {key for d in events for key in d}
 
 
 def test_finished_output_is_refused_and_overwrite_replaces_it(spark, tmp_path):

@@ -37,6 +37,10 @@ class BatchReport:
     spent rebuilding its state when the task ran in another worker than the last batch), ``evaluators``,
     ``merge`` (top-k/kNN results), ``sink``; on Spark also ``evaluator_restore`` (evaluators rebuilt from the
     state store) and ``state_writes`` (evaluators saving their changed state)."""
+    ranked: Counter = field(default_factory=Counter)
+    """Top-k/kNN work: ``reevaluations`` (buffers refilled after expiries), ``reevaluated`` (candidates they
+    scored), ``fills`` (buffers of new or restored subscriptions), ``unproven`` (merged results whose tie
+    chains outran the band, DESIGN "Top-k and kNN")."""
 
 
 @dataclass
@@ -60,6 +64,7 @@ class RunSummary:
     steady_seconds: float = 0.0
     skipped_inputs: list[str] = field(default_factory=list)
     stage_cpu: Counter = field(default_factory=Counter)
+    ranked: Counter = field(default_factory=Counter)
     log_file: str | None = None
 
     @property
@@ -103,6 +108,12 @@ class RunSummary:
             f"  evaluator cpu     max {max(cpu, default=0):.2f} s / mean {sum(cpu) / max(len(cpu), 1):.2f} s"
             f" = {self.imbalance(cpu):.2f}",
         ]
+        if self.ranked:
+            r = self.ranked
+            lines.append(
+                f"  top-k/kNN         {r['reevaluations']} re-evaluations ({r['reevaluated']} candidates scored)"
+                f" · {r['fills']} buffer fills · {r['unproven']} unproven merges"
+            )
         if self.stage_cpu:
             stages = " · ".join(f"{k} {self.stage_cpu[k]:.2f} s" for k in STAGES)
             per_object = self.stage_cpu["sequencer"] / self.objects * 1e6 if self.objects else 0.0
@@ -171,6 +182,7 @@ class RunObserver:
         for e, c in report.evaluator_cpu.items():
             s.evaluator_cpu[e] += c
         s.stage_cpu.update(report.stage_cpu)
+        s.ranked.update(report.ranked)
         now = time.perf_counter()
         if s.batches > 1:
             s.steady_objects += report.objects

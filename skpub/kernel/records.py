@@ -103,6 +103,11 @@ class TopkSubscription:
     k: int
     alpha: float
 
+    @property
+    def keywords(self) -> frozenset[str]:
+        """The terms a candidate must share with the subscription (SEMANTICS 3.2)."""
+        return frozenset(t for t, _ in self.weights)
+
 
 @dataclass(slots=True)
 class KnnSubscription:

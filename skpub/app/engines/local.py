@@ -84,7 +84,7 @@ def run_local(
         routed = router.route_many(batch, batch_id, epoch)
         per_evaluator = routed.rows_for(len(evaluators))
         results = [ev.apply_many(rows, batch_id) for ev, rows in zip(evaluators, per_evaluator, strict=True)]
-        merge_start = time.thread_time()
+        merge_start, unproven = time.thread_time(), merge.unproven
         events, snapshots = merge.apply(routed.marks, (u for r in results for u in r.updates))
         merge_seconds = time.thread_time() - merge_start
         report = BatchReport(
@@ -94,6 +94,12 @@ def run_local(
             forwarded=routed.forwarded,
             routing_seconds=routed.routing_seconds,
             epoch=epoch.number,
+        )
+        report.ranked.update(
+            reevaluations=sum(r.stats.reevaluations for r in results),
+            reevaluated=sum(r.stats.reevaluated for r in results),
+            fills=sum(r.stats.fills for r in results),
+            unproven=merge.unproven - unproven,
         )
         statistics = [
             r.stats.to_json(r.evaluator, batch_id, r.cpu_seconds, ev.subscriptions)

@@ -59,9 +59,11 @@ from skpub.router.epoch import EpochLog, RoutingEpoch
 from skpub.router.initial import initial_table
 
 MANIFEST_FORMAT = 3
+"""Checkpoint layout version: 3 adds the watermark to the router's state, the evaluators' window and
+top-k/kNN state, and the merge's results. A checkpoint of another version is never resumed (it is
+replaced with ``--overwrite``)."""
 MERGE_SNAPSHOT_EVERY = 16
-"""Checkpoint layout version: 2 stages each micro-batch as parallel parts. A checkpoint of another
-version is never resumed (it is replaced with ``--overwrite``)."""
+"""Every this many micro-batches the merge's results are saved whole (deltas in between)."""
 DRIVER_JAVA_OPTIONS = "-XX:+UseSerialGC"
 """The driver JVM (which hosts the executors in local mode) uses the serial collector.
 
@@ -196,6 +198,7 @@ class Sink:
         routing = json.loads(self.checkpoint.router_report(batch_id).read_text())
         merge_start = time.thread_time()
         merge = self._merge_before(batch_id)
+        unproven = merge.unproven
         updates = [u for r in rows if r["updates"] for u in decode_updates(r["updates"])]
         events, snapshots = merge.apply([(int(p), str(i)) for p, i in routing["marks"]], updates)
         write_part(self.output, "deliveries", batch_id, events, "m")
@@ -215,6 +218,9 @@ class Sink:
             routing_seconds=routing["parse_cpu_seconds"] + routing["sequencer_cpu_seconds"],
             epoch=routing["epoch"],
         )
+        for c in counters:
+            report.ranked.update(c["ranked"])
+        report.ranked["unproven"] += merge.unproven - unproven
         for c in sorted(counters, key=lambda c: c["evaluator"]):
             report.evaluator_cost[c["evaluator"]] = c["cost"]
             report.evaluator_cpu[c["evaluator"]] = c["cpu_seconds"]
