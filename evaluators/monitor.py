@@ -243,10 +243,10 @@ class RankedMonitor:
         if ended and sid not in self.dirty and held.reported is not None:
             rows, bound = held.reported
         else:
-            read = band.read()
+            read = band.read(self.store.objects.__contains__)
             if read is None:
                 self._refill(held)
-                read = band.read()
+                read = band.read(self.store.objects.__contains__)
                 if read is None:
                     raise EvaluatorError(f"the buffer of {sid!r} cannot prove its first k right after a refill")
             entries, bound = read

@@ -15,8 +15,8 @@ Three policies decide how much to keep (Skype section 6, CkQST section 3.6):
 - ``kmax``: the top-k' with k <= k' <= kmax, kmax = 3k (Yi et al., ICDE'03;
   Skype's baseline with kmax 60 for k 20): the lowest entries beyond kmax
   are dropped whatever their age.
-- ``topk``: a re-evaluation keeps the first k only (and arrivals at or
-  above the k-th until the next one): nearly every expiry of a result
+- ``topk``: the first k only (Skype's "no skyband"): an arrival that
+  beats the k-th pushes it out, and nearly every expiry of a result
   re-evaluates.
 
 Two things differ from the papers, both because of the tie rule of
@@ -28,7 +28,8 @@ docs/SEMANTICS.md (ties within 1e-9 chain into groups ordered by time):
   Objects here do not leave in arrival order (``expires_at``, seconds windows
   with late times), so "newer" alone is not enough.
 - A left-out entry can still *bridge* two tie groups. So the buffer records
-  ``bound``, the highest goodness of anything it left out, and is valid only
+  what it dropped (position and goodness, while the object is in the
+  window), and is valid only
   while the floor of its k-th tie group stays more than :data:`BAND` above
   it; nothing within the band of that floor is ever dropped.
 """
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from skpub.evaluators.ranked import Entry, rank
@@ -65,7 +67,8 @@ class Skyband:
 
     ``entries`` maps object position -> :class:`Entry`; every local window
     candidate with ``g >= theta`` is held, except those dropped, whose
-    goodness is at most ``bound``. ``stale`` means it must be refilled
+    positions and goodness are in ``dropped`` until they leave the window.
+    ``stale`` means it must be refilled
     before it is read (a new subscription, or an invalid buffer).
     ``dominators`` counts, per entry, the entries that dominate it;
     ``ceiling`` caps the k-th goodness that drops are measured against
@@ -78,7 +81,7 @@ class Skyband:
     entries: dict[int, Entry] = field(default_factory=dict)
     dominators: dict[int, int] = field(default_factory=dict)
     theta: float = -math.inf
-    bound: float = -math.inf
+    dropped: dict[int, float] = field(default_factory=dict)
     stale: bool = True
     ceiling: float = math.inf
 
@@ -108,28 +111,40 @@ class Skyband:
         if self.policy != "cskyband":
             self.entries[entry.pos] = entry
             return True, self._cap()
-        held = self.entries.values()
-        kth = min(self._kth(), self.ceiling)
-        beaten = sum(1 for e in held if self.dominates(e, entry))
-        if beaten >= self.k and (entry.g < below(kth) or self._covered(entry)):
-            if entry.g < below(kth):
-                self.bound = max(self.bound, entry.g)
+        k, count_window = self.k, self.count_window
+        g, ts, pos, expires = entry.g, entry.ts, entry.pos, entry.expires_at
+        top = heapq.nlargest(k, (e.g for e in self.entries.values()))
+        kth = min(top[-1] if len(top) == k else -math.inf, self.ceiling)
+        # One pass: who dominates the arrival, and whom it dominates (dominates(), inlined).
+        beaten, below_it = 0, []
+        for e in self.entries.values():
+            if e.g >= g and (e.ts, e.pos) > (ts, pos) and e.expires_at >= expires and (e.pos > pos or not count_window):
+                beaten += 1
+            elif (
+                g >= e.g and (ts, pos) > (e.ts, e.pos) and expires >= e.expires_at and (pos > e.pos or not count_window)
+            ):
+                below_it.append(e.pos)
+        if beaten >= k and (g < below(kth) or self._covered(entry)):
+            if g < below(kth):
+                self.dropped[pos] = g
             return False, []
-        dropped = []
-        for e in held:
-            if self.dominates(entry, e):
-                self.dominators[e.pos] = self.dominators.get(e.pos, 0) + 1
-        self.entries[entry.pos] = entry
-        self.dominators[entry.pos] = beaten
-        kth = min(self._kth(), self.ceiling)
+        dominators = self.dominators
+        for p in below_it:
+            dominators[p] = dominators.get(p, 0) + 1
+        self.entries[pos] = entry
+        dominators[pos] = beaten
+        if len(top) >= k - 1:
+            kth = min(sorted([*top, g], reverse=True)[k - 1] if len(top) + 1 >= k else -math.inf, self.ceiling)
         edge = below(kth)
-        for pos, count in list(self.dominators.items()):
-            if count >= self.k and (self.entries[pos].g < edge or self._covered(self.entries[pos])):
-                dropped.append(pos)
+        dropped = [
+            p
+            for p, count in dominators.items()
+            if count >= k and (self.entries[p].g < edge or self._covered(self.entries[p]))
+        ]
         for pos in dropped:
             g = self.entries.pop(pos).g
             if g < edge:
-                self.bound = max(self.bound, g)
+                self.dropped[pos] = g
             del self.dominators[pos]
         return True, dropped
 
@@ -144,15 +159,16 @@ class Skyband:
         return any(e.g == entry.g and e.pos != entry.pos and self.dominates(e, entry) for e in self.entries.values())
 
     def _cap(self) -> list[int]:
-        """kmax: drop the lowest entries beyond kmax = 3k (never within the band of the k-th)."""
-        if self.policy != "kmax" or len(self.entries) <= 3 * self.k:
+        """Drop the lowest entries beyond 3k (kmax) or k (topk), never within the band of the k-th."""
+        cap = 3 * self.k if self.policy == "kmax" else self.k
+        if len(self.entries) <= cap:
             return []
         kth = self._kth()
-        extra = len(self.entries) - 3 * self.k
+        extra = len(self.entries) - cap
         lowest = heapq.nsmallest(extra, self.entries.values(), key=lambda e: e.g)
         dropped = [e.pos for e in lowest if e.g < below(kth)]
         for pos in dropped:
-            self.bound = max(self.bound, self.entries.pop(pos).g)
+            self.dropped[pos] = self.entries.pop(pos).g
         return dropped
 
     def remove(self, pos: int) -> bool:
@@ -166,7 +182,7 @@ class Skyband:
         self.dominators.pop(pos, None)
         return True
 
-    def read(self) -> tuple[list[Entry], float] | None:
+    def read(self, alive: Callable[[int], bool] = lambda pos: True) -> tuple[list[Entry], float] | None:
         """Return what the merge needs, or None when the buffer cannot prove its first k.
 
         The buffer proves them when nothing was ever left out, or when it
@@ -176,12 +192,16 @@ class Skyband:
         the band of that floor, and the bound on the goodness of every local
         candidate not in it (-inf: none was left out), which the merge needs
         to prove the global first k (DESIGN "Top-k and kNN across
-        evaluators", point 4). O(n log n) for n entries.
+        evaluators", point 4). ``alive(pos)`` says whether a dropped object
+        is still in the window: one that left bounds nothing any more. O(n
+        log n) for n entries, plus O(dropped).
         """
         if self.stale:
             return None
         held = list(self.entries.values())
-        missing = max(self.theta, self.bound)
+        if self.dropped:
+            self.dropped = {pos: g for pos, g in self.dropped.items() if alive(pos)}
+        missing = max(self.theta, max(self.dropped.values(), default=-math.inf))
         head, floor = rank(held, self.k)
         if missing != -math.inf and (len(held) < self.k or not below(floor) > missing):
             return None
@@ -205,7 +225,7 @@ class Skyband:
         """
         self.stale = False
         self.entries, self.dominators = {}, {}
-        self.theta = self.bound = -math.inf
+        self.theta, self.dropped = -math.inf, {}
         if len(candidates) <= self.k:
             self.entries = {e.pos: e for e in candidates}
             return
@@ -214,7 +234,6 @@ class Skyband:
         by_g = sorted(candidates, key=lambda e: -e.g)
         if keep < len(by_g):
             self.theta = min(by_g[keep - 1].g, below(floor, 2))
-            self.bound = max((e.g for e in by_g if e.g < self.theta), default=-math.inf)
         chosen = [e for e in by_g if e.g >= self.theta]
         if self.policy != "cskyband":
             self.entries = {e.pos: e for e in chosen}
