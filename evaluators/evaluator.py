@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from skpub.evaluators.durable import state_document, state_rows
 from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.gi2 import GI2Index
 from skpub.evaluators.monitor import RankedMonitor
@@ -38,8 +39,6 @@ from skpub.kernel.records import (
     Unsubscribe,
 )
 from skpub.kernel.text import Vocabulary
-
-BLOCK_FORMAT = 1
 
 
 @dataclass
@@ -169,7 +168,7 @@ class Evaluator:
         Raises
         ------
         EvaluatorError
-            If a block is not a state block of :data:`BLOCK_FORMAT`.
+            If a block is not a state block of :data:`skpub.evaluators.durable.FORMAT`.
         """
         ev = cls(evaluator_id, deployment, vocabulary)
         for key, data in blocks.items():
@@ -195,7 +194,7 @@ def encode_block(block: Mapping[str, tuple[RangeSubscription, CellBox]]) -> byte
         [sub.id, sub.pos, sub.rect.as_list(), [sorted(clause) for clause in sub.dnf], list(box)]
         for sub, box in block.values()
     ]
-    return orjson.dumps({"format": BLOCK_FORMAT, "subscriptions": subs})
+    return state_document(subs, "subscriptions")
 
 
 def decode_block(data: bytes) -> dict[str, tuple[RangeSubscription, CellBox]]:
@@ -207,11 +206,8 @@ def decode_block(data: bytes) -> dict[str, tuple[RangeSubscription, CellBox]]:
         If ``data`` is not such a document of this format version.
     """
     try:
-        doc = orjson.loads(data)
-        if doc.get("format") != BLOCK_FORMAT:
-            raise ValueError(f"format {doc.get('format')!r}, this skpub reads format {BLOCK_FORMAT}")
         block = {}
-        for sid, pos, rect, dnf, box in doc["subscriptions"]:
+        for sid, pos, rect, dnf, box in state_rows(data, "subscriptions"):
             if not isinstance(sid, str) or type(pos) is not int:
                 raise TypeError("a subscription id is a string and its position an integer")
             clauses = tuple(frozenset(_strings(clause)) for clause in dnf)

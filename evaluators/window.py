@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 
 import orjson
 
+from skpub.evaluators.durable import state_document, state_rows
 from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.ranked import WindowObject
 from skpub.kernel.config import Window
@@ -30,7 +31,6 @@ from skpub.kernel.records import POSITION_BITS
 STATE_BLOCK = 25
 """A state block is ``STATE_BLOCK`` x ``STATE_BLOCK`` fine cells: the unit an evaluator saves and a migration moves."""
 _BLOCK_ROW = 1 << 20
-BLOCK_FORMAT = 1
 
 
 def block_of(cx: int, cy: int) -> int:
@@ -180,7 +180,7 @@ class WindowStore:
         for obj in self.arrived:
             if obj.pos in objects:
                 by_segment.setdefault(obj.pos >> POSITION_BITS, []).append(obj)
-        out.update((segment, encode_objects(objs)) for segment, objs in by_segment.items())
+        out.update((segment, encode_segment(objs)) for segment, objs in by_segment.items())
         out.update((segment, None) for segment in self.emptied if segment not in self.segments)
         self.arrived, self.emptied = [], set()
         return out
@@ -198,14 +198,14 @@ class WindowStore:
         """
         store = cls(window)
         store.advance(accepted, watermark)
-        objects = sorted((obj for data in segments.values() for obj in decode_objects(data)), key=lambda o: o.number)
+        objects = sorted((obj for data in segments.values() for obj in decode_segment(data)), key=lambda o: o.number)
         for obj in objects:
             store.add(obj)
         store.arrived, store.emptied = [], set()
         return store
 
 
-def encode_objects(objects: Iterable[WindowObject]) -> bytes:
+def encode_segment(objects: Iterable[WindowObject]) -> bytes:
     """Serialize window objects as a versioned JSON document (never pickle: state must not execute on load).
 
     Each object is ``[pos, id, x, y, [terms], ts, expires_at or null, number, block]``.
@@ -224,11 +224,11 @@ def encode_objects(objects: Iterable[WindowObject]) -> bytes:
         ]
         for o in objects
     ]
-    return orjson.dumps({"format": BLOCK_FORMAT, "objects": rows})
+    return state_document(rows, "objects")
 
 
-def decode_objects(data: bytes) -> list[WindowObject]:
-    """Rebuild window objects from :func:`encode_objects` output.
+def decode_segment(data: bytes) -> list[WindowObject]:
+    """Rebuild window objects from :func:`encode_segment` output.
 
     Raises
     ------
@@ -236,11 +236,8 @@ def decode_objects(data: bytes) -> list[WindowObject]:
         If ``data`` is not such a document of this format version.
     """
     try:
-        doc = orjson.loads(data)
-        if doc.get("format") != BLOCK_FORMAT:
-            raise ValueError(f"format {doc.get('format')!r}, this skpub reads format {BLOCK_FORMAT}")
         out = []
-        for pos, oid, x, y, terms, ts, expires_at, number, block in doc["objects"]:
+        for pos, oid, x, y, terms, ts, expires_at, number, block in state_rows(data, "objects"):
             if type(pos) is not int or not isinstance(oid, str) or not all(isinstance(t, str) for t in terms):
                 raise TypeError("an object has an integer position, a string id and string terms")
             words = tuple(terms)

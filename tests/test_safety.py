@@ -18,6 +18,7 @@ from skpub.app.summary import RunObserver, RunSummary
 from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.evaluator import decode_block, encode_block
 from skpub.evaluators.gi2 import GI2Index
+from skpub.evaluators.window import decode_segment, encode_segment
 from skpub.kernel.errors import CheckpointError, OutputError
 from skpub.kernel.grid import FineGrid
 from skpub.kernel.oracle import replay
@@ -316,6 +317,9 @@ def test_durable_state_is_versioned_json_and_refuses_anything_else():
     with pytest.raises(EvaluatorError, match="damaged"):
         decode_block(b'{"format": 1, "subscriptions": [["s", 1, [0, 0, 1, 1], [[7]], [0, 0, 1, 1]]]}')
     assert decode_block(encode_block({})) == {}
+    with pytest.raises(EvaluatorError, match="damaged window"):
+        decode_segment(b'{"format": 2, "objects": []}')
+    assert decode_segment(encode_segment([])) == []
 
 
 # --------------------------------------------------------------------------- bad invocations
