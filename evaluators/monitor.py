@@ -18,6 +18,15 @@ Lemma 1: an object scoring below ``theta`` cannot affect the subscription).
 Expiries are driven by the stream clock the sequencer stamps on every row;
 an invalid buffer is refilled once, at the next mark (coalescing a
 micro-batch's expiries).
+
+Reports are sparse: a subscription's *home* evaluator (its position modulo
+the evaluators) reports it at its first mark, at its end, and whenever its
+local result changes; any other evaluator only when its local result
+differs from the last one it reported, which starts as the empty result
+the merge assumes of an evaluator it has not heard from. The saved state
+keeps every subscription's last report, and a restored buffer is rebuilt
+from it (it is a valid buffer whose threshold is the report's bound), so a
+restore neither refills nor reports again.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from skpub.evaluators.durable import state_document, state_rows
 from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.ranked import Entry, Handler, WindowObject, handler_of
 from skpub.evaluators.skyband import Skyband
@@ -54,14 +64,24 @@ def _shared_handler(
     return handler
 
 
+Report = tuple[tuple[tuple[str, float, float, float, int], ...], float]
+"""A report's content: rows ``(object id, value, g, ts, position)`` and the bound (see :class:`RankedUpdate`)."""
+EMPTY_REPORT: Report = ((), -math.inf)
+"""The report the merge assumes of an evaluator it has not heard from: no candidate, nothing left out."""
+
+
 @dataclass
 class _Held:
-    """One ranked subscription at this evaluator: its handler, buffer and what was last reported."""
+    """One ranked subscription at this evaluator: its handler, buffer and what was last reported.
+
+    ``reported`` is None when the merge must hear from this evaluator at the next mark whatever the result.
+    """
 
     handler: Handler
     band: Skyband
     terms: list[str]
-    reported: tuple | None = None
+    home: bool
+    reported: Report | None
 
 
 @dataclass
@@ -98,6 +118,7 @@ class RankedMonitor:
         self.count_window = deployment.window.kind == "count"
         self.max_dist = math.hypot(deployment.space.width, deployment.space.height)
         self.vocabulary = vocabulary
+        self.evaluators = deployment.evaluators
         self.policy = deployment.skyband
         self.subscriptions: dict[str, _Held] = {}
         self.index: dict[str, set[str]] = {}
@@ -105,6 +126,7 @@ class RankedMonitor:
         self.dirty: set[str] = set()
         self.pending: list[RankedUpdate] = []
         self.changed: dict[str, TopkSubscription | KnnSubscription | None] = {}
+        self.reports_changed: set[str] = set()
         self.generation = ""
         self.stats = MonitorStats()
 
@@ -151,9 +173,12 @@ class RankedMonitor:
             scored = held.handler.goodness(obj)
             if scored is None:
                 continue
-            kept, dropped = held.band.offer(Entry(scored[0], scored[1], obj.ts, obj.pos, obj.id, expires))
+            band = held.band
+            kept, dropped = band.offer(Entry(scored[0], scored[1], obj.ts, obj.pos, obj.id, expires))
             if kept:
                 self.holders.setdefault(obj.pos, set()).add(sid)
+                self.dirty.add(sid)
+            elif obj.pos in band.dropped:  # left out, it may raise the bound of the report
                 self.dirty.add(sid)
             for pos in dropped:
                 self._unhold(pos, sid)
@@ -173,7 +198,9 @@ class RankedMonitor:
         """Hold a new ranked subscription; its buffer is filled at the next mark (it starts stale)."""
         handler = _shared_handler(sub, self.vocabulary, self.max_dist, self.window_none)
         terms = self._index_terms(handler)
-        self.subscriptions[sub.id] = _Held(handler, Skyband(sub.k, self.policy, self.count_window), terms)
+        home = sub.pos % self.evaluators == self.evaluator_id
+        band = Skyband(sub.k, self.policy, self.count_window)
+        self.subscriptions[sub.id] = _Held(handler, band, terms, home, None if home else EMPTY_REPORT)
         for t in terms:
             self.index.setdefault(t, set()).add(sub.id)
         self.dirty.add(sub.id)
@@ -186,13 +213,18 @@ class RankedMonitor:
         return sorted(handler.keywords)
 
     def unsubscribe(self, sid: str, pos: int) -> bool:
-        """End subscription ``sid`` at position ``pos``: report its final local result; False if not held."""
+        """End subscription ``sid`` at position ``pos``: report its final local result; False if not held.
+
+        The home evaluator always sends the final report (the merge ends the
+        subscription on it); another one only if its result changed since its last report.
+        """
         held = self.subscriptions.get(sid)
         if held is None:
             return False
         self._report(sid, held, pos, ended=True)
         del self.subscriptions[sid]
         self.changed[sid] = None
+        self.reports_changed.discard(sid)
         for t in held.terms:
             subs = self.index.get(t)
             if subs is not None:
@@ -229,6 +261,7 @@ class RankedMonitor:
             except Exception as exc:  # noqa: BLE001 - one subscription must not stop the others
                 failed.append(f"{sid!r}: {type(exc).__name__}: {exc}")
                 self.subscriptions[sid].band.stale = True
+                self.reports_changed.add(sid)
                 retry.add(sid)
         self.dirty = retry
         out, self.pending = self.pending, []
@@ -237,12 +270,11 @@ class RankedMonitor:
     def _report(self, sid: str, held: _Held, pos: int, ended: bool) -> None:
         """Queue the report of one subscription at ``pos`` (refilled first if it cannot prove its first k).
 
-        An unchanged result is not reported again, except as the final report of an unsubscribe.
+        A result equal to the last one reported is not sent again, except as
+        the home evaluator's final report (an unsubscribe).
         """
-        band = held.band
-        if ended and sid not in self.dirty and held.reported is not None:
-            rows, bound = held.reported
-        else:
+        if sid in self.dirty or held.reported is None:
+            band = held.band
             read = band.read(self.store.objects.__contains__)
             if read is None:
                 self._refill(held)
@@ -250,10 +282,15 @@ class RankedMonitor:
                 if read is None:
                     raise EvaluatorError(f"the buffer of {sid!r} cannot prove its first k right after a refill")
             entries, bound = read
-            rows = tuple((e.id, e.value, e.g, e.ts, e.pos) for e in entries)
-            if not ended and held.reported == (rows, bound):
+            report = (tuple((e.id, e.value, e.g, e.ts, e.pos) for e in entries), bound)
+            if report != held.reported:
+                held.reported = report
+                self.reports_changed.add(sid)
+            elif not (ended and held.home):
                 return
-            held.reported = (rows, bound)
+        elif not (ended and held.home):
+            return
+        rows, bound = held.reported
         sub = held.handler.sub
         self.pending.append(
             RankedUpdate(pos, sid, sub.pos, self.evaluator_id, sub.k, held.handler.field_name, rows, bound, ended)
@@ -282,32 +319,49 @@ class RankedMonitor:
     # --- durable state (the Spark engine's state store) ---------------------------------
 
     def take_changes(self) -> tuple[dict[int, bytes | None], bytes | None]:
-        """Return the window segments and the subscription changes since the last call.
+        """Return the window segments and the ranked changes since the last call.
 
-        Segments as :meth:`WindowStore.take_segments`; subscription changes
-        as one JSON document ``{id: [pos, spec] or null}``
-        (:func:`skpub.kernel.wire.ranked_spec`; null: ended), None when there
-        are none. Buffers are not saved: a restored monitor refills them
-        from the store at its next mark.
+        Segments as :meth:`WindowStore.take_segments`. Ranked changes as one
+        state document (:func:`skpub.evaluators.durable.state_document`,
+        key ``ranked``) ``{"subscriptions": {id: [pos, spec] or null},
+        "reports": {id: [rows, bound] or null}}`` (specs as
+        :func:`skpub.kernel.wire.ranked_spec`; a null subscription ended; a
+        null report must be refilled and sent again; the bound null for
+        -inf), None when nothing changed. Call it after a mark: every buffer
+        then reads its last report, which is what :meth:`restore` rebuilds.
         """
+        subscriptions = {sid: None if sub is None else [sub.pos, ranked_spec(sub)] for sid, sub in self.changed.items()}
+        reports = {sid: self._saved_report(self.subscriptions[sid]) for sid in self.reports_changed}
+        self.changed, self.reports_changed = {}, set()
         changes = None
-        if self.changed:
-            changes = orjson.dumps(
-                {sid: None if sub is None else [sub.pos, ranked_spec(sub)] for sid, sub in self.changed.items()}
-            )
-        self.changed = {}
+        if subscriptions or reports:
+            changes = state_document({"subscriptions": subscriptions, "reports": reports}, "ranked")
         return self.store.take_segments(), changes
 
+    @staticmethod
+    def _saved_report(held: _Held) -> list | None:
+        if held.band.stale or held.reported is None:
+            return None
+        rows, bound = held.reported
+        return [rows, None if bound == -math.inf else bound]
+
     def subscriptions_json(self) -> bytes:
-        """Return every held subscription as one :meth:`take_changes` document (a compaction of the changes)."""
-        return orjson.dumps(
-            {sid: [h.handler.sub.pos, ranked_spec(h.handler.sub)] for sid, h in self.subscriptions.items()}
-        )
+        """Return every held subscription and report as one :meth:`take_changes` document (a compaction)."""
+        subscriptions = {sid: [h.handler.sub.pos, ranked_spec(h.handler.sub)] for sid, h in self.subscriptions.items()}
+        reports = {
+            sid: self._saved_report(h)
+            for sid, h in self.subscriptions.items()
+            if h.home or h.reported != EMPTY_REPORT or h.band.stale
+        }
+        return state_document({"subscriptions": subscriptions, "reports": reports}, "ranked")
 
     def forget_reports(self) -> None:
-        """Report every subscription at the next mark (a new merge knows none of the past reports)."""
+        """Report every subscription anew at the next mark (a new merge knows none of the past reports).
+
+        The home evaluator sends each one; another evaluator only a non-empty result.
+        """
         for sid, held in self.subscriptions.items():
-            held.reported = None
+            held.reported = None if held.home else EMPTY_REPORT
             self.dirty.add(sid)
 
     @classmethod
@@ -320,11 +374,14 @@ class RankedMonitor:
         segments: dict[int, bytes],
         changes: list[bytes],
     ) -> RankedMonitor:
-        """Rebuild a monitor from its saved window segments, subscription changes and clock ``(accepted, watermark)``.
+        """Rebuild a monitor from its saved window segments, ranked changes and clock ``(accepted, watermark)``.
 
         ``changes`` are :meth:`take_changes` documents in order (the first may
-        be a :meth:`subscriptions_json` compaction). Every buffer starts
-        stale and every subscription is reported at the next mark.
+        be a :meth:`subscriptions_json` compaction). Each buffer is rebuilt
+        from its subscription's last report (:meth:`Skyband.restore`); one
+        without a saved report had reported the empty result; one whose
+        report is null, or names an object the store no longer holds, starts
+        stale and is sent at the next mark. O(window objects + reported entries).
 
         Raises
         ------
@@ -334,18 +391,47 @@ class RankedMonitor:
         monitor = cls(evaluator_id, deployment, vocabulary)
         monitor.store = WindowStore.restore(deployment.window, clock[0], clock[1], segments)
         held: dict[str, TopkSubscription | KnnSubscription] = {}
+        reports: dict[str, list | None] = {}
         try:
             for data in changes:
-                for sid, raw in orjson.loads(data).items():
+                doc = state_rows(data, "ranked")
+                for sid, raw in doc["subscriptions"].items():
+                    reports.pop(sid, None)
                     if raw is None:
                         held.pop(sid, None)
                     else:
                         held[sid] = ranked_from_spec(int(raw[0]), sid, raw[1])
+                reports.update(doc["reports"])
+            for sub in sorted(held.values(), key=lambda s: s.pos):
+                monitor.subscribe(sub)
+                monitor._rebuild(monitor.subscriptions[sub.id], reports.get(sub.id, False))
         except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
             raise EvaluatorError(f"damaged ranked subscriptions: {exc}") from None
-        for sub in sorted(held.values(), key=lambda s: s.pos):
-            monitor.subscribe(sub)
-        monitor.changed = {}
+        monitor.changed, monitor.reports_changed = {}, set()
         if monitor.window_none:
             monitor._prune_before_oldest()
         return monitor
+
+    def _rebuild(self, held: _Held, saved: list | None | bool) -> None:
+        """Set one restored subscription's buffer and last report from its saved report (False: none saved)."""
+        sid = held.handler.sub.id
+        if saved is False and not held.home:
+            held.band.restore([], -math.inf)
+            self.dirty.discard(sid)
+            return
+        if not saved:
+            held.reported = None
+            return
+        raw_rows, raw_bound = saved
+        rows = tuple((str(oid), float(value), float(g), float(ts), int(pos)) for oid, value, g, ts, pos in raw_rows)
+        bound = -math.inf if raw_bound is None else float(raw_bound)
+        held.reported = (rows, bound)
+        objects = self.store.objects
+        if any(pos not in objects for *_, pos in rows):
+            return
+        held.band.restore(
+            [Entry(g, value, ts, pos, oid, objects[pos].expires_at) for oid, value, g, ts, pos in rows], bound
+        )
+        for *_, pos in rows:
+            self.holders.setdefault(pos, set()).add(sid)
+        self.dirty.discard(sid)

@@ -211,6 +211,21 @@ class Skyband:
         left = max((e.g for e in held if e.g < edge), default=-math.inf)
         return sent, max(missing, left)
 
+    def restore(self, entries: list[Entry], bound: float) -> None:
+        """Rebuild the buffer from its last report: the ``entries`` sent, in their order, and the ``bound``.
+
+        A valid buffer that reads the same report: every local candidate the
+        report left out is at most ``bound``, which becomes theta (the
+        threshold :meth:`read` takes as the bound of what is not held).
+        O(n^2) for n entries (the dominance counts).
+        """
+        self.stale = False
+        self.entries = {e.pos: e for e in entries}
+        self.theta, self.dropped, self.ceiling = bound, {}, math.inf
+        self.dominators = {}
+        if self.policy == "cskyband":
+            self.dominators = {u.pos: sum(1 for p in entries if p is not u and self.dominates(p, u)) for u in entries}
+
     def refill(self, candidates: list[Entry], window_objects: int) -> None:
         """Re-evaluate from all of the evaluator's window candidates (Skype Algorithm 2).
 

@@ -9,10 +9,13 @@ on the RocksDB state store (DESIGN "The Spark engine"). State per evaluator:
 - ``window``: a MapState ``segment -> data`` with the window objects it
   owns, one segment per micro-batch of arrival
   (:meth:`skpub.evaluators.window.WindowStore.take_segments`), and
-  ``ranked``: ``batch -> changes`` of the topk/knn subscriptions it holds,
-  compacted beyond :data:`RANKED_COMPACT_EVERY` entries; ``clock``: the
-  stream clock (objects accepted, watermark). Ranked buffers are derived
-  state: a restored evaluator refills them from its window;
+  ``ranked``: ``batch -> changes`` of the topk/knn subscriptions it holds
+  and their last reports, compacted beyond :data:`RANKED_COMPACT_EVERY`
+  entries; ``clock``: the stream clock (objects accepted, watermark) and
+  the merge generation the evaluator last reported to. A restored
+  evaluator rebuilds its buffers from the last reports
+  (:meth:`~skpub.evaluators.monitor.RankedMonitor.restore`) and reports
+  everything anew only to another generation of the merge;
 - ``version``: a ValueState with the last micro-batch applied.
 
 The hot :class:`~skpub.evaluators.evaluator.Evaluator` (with its GI^2 index) is
@@ -118,7 +121,7 @@ class EvaluatorProcessor(StatefulProcessor):
         self.blocks = handle.getMapState("blocks", "block bigint", "data binary")
         self.window = handle.getMapState("window", "segment bigint", "data binary")
         self.ranked = handle.getMapState("ranked", "batch bigint", "data binary")
-        self.clock = handle.getValueState("clock", "accepted bigint, watermark double")
+        self.clock = handle.getValueState("clock", "accepted bigint, watermark double, generation string")
         self.version = handle.getValueState("version", "batch bigint")
 
     def _evaluator(self, e: int) -> Evaluator:
@@ -137,7 +140,7 @@ class EvaluatorProcessor(StatefulProcessor):
             vocabulary = load_vocabulary(deployment.vocabulary)
             evaluator = Evaluator.restore(e, deployment, vocabulary, self._map(self.blocks) if version >= 0 else {})
             if version >= 0:
-                accepted, watermark = self.clock.get()
+                accepted, watermark, generation = self.clock.get()
                 evaluator.monitor = RankedMonitor.restore(
                     e,
                     deployment,
@@ -146,6 +149,7 @@ class EvaluatorProcessor(StatefulProcessor):
                     self._map(self.window),
                     [data for _, data in sorted(self._map(self.ranked).items())],
                 )
+                evaluator.monitor.generation = generation
         if evaluator.monitor.generation != self.generation:
             evaluator.monitor.forget_reports()
             evaluator.monitor.generation = self.generation
@@ -178,7 +182,7 @@ class EvaluatorProcessor(StatefulProcessor):
                     self.ranked.removeKey((old,))
                 self.ranked.updateValue((batch_id,), (evaluator.monitor.subscriptions_json(),))
         store = evaluator.monitor.store
-        self.clock.update((store.accepted, store.watermark))
+        self.clock.update((store.accepted, store.watermark, evaluator.monitor.generation))
         self.version.update((batch_id,))
         _CACHE[(self.run_id, e)] = (batch_id, evaluator)
         state = time.thread_time() - start

@@ -15,7 +15,7 @@ from skpub.kernel.config import SKYBANDS, Window
 from skpub.kernel.messages import RankedUpdate
 from skpub.kernel.oracle import _ranked
 from skpub.kernel.records import ObjectRecord
-from tests.workloads import assert_outputs_equal_oracle, deployment, ranked_workload, write_lines
+from tests.workloads import assert_outputs_equal_oracle, deployment, ranked_workload, results_from_events, write_lines
 
 WINDOWS = [Window(), Window("count", 30), Window("seconds", 15)]
 
@@ -172,3 +172,70 @@ def test_every_buffer_policy_gives_the_oracles_results(tmp_path, skyband):
     lines = ranked_workload(seed=123, n=500)
     dep = deployment(evaluators=3, batch_size=11).replace(window=Window("count", 25), skyband=skyband)
     assert_outputs_equal_oracle(run(tmp_path, lines, dep), lines, dep)
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=lambda w: w.kind)
+@pytest.mark.parametrize("skyband", SKYBANDS)
+def test_restored_monitors_and_rebuilt_merges_equal_the_oracle(window, skyband):
+    """The Spark engine's state path in one process: after any micro-batch an evaluator may be rebuilt from
+    its saved window segments and ranked changes (compacted or not), and the merge from its results (a new
+    generation, which makes every evaluator report anew). Results stay the oracle's."""
+    import random
+
+    from skpub.evaluators.evaluator import Evaluator
+    from skpub.evaluators.merge import apply_changes, results_json
+    from skpub.evaluators.monitor import RankedMonitor
+    from skpub.kernel.oracle import replay
+    from skpub.kernel.text import Vocabulary
+    from skpub.router.dispatch import Router
+    from skpub.router.epoch import RoutingEpoch
+    from skpub.router.initial import initial_table
+
+    rng = random.Random(f"{window.kind}-{skyband}")
+    lines = ranked_workload(seed=31, n=500)
+    dep = deployment(evaluators=3, batch_size=17).replace(window=window, skyband=skyband)
+    vocabulary = Vocabulary()
+    epoch = RoutingEpoch(0, 0, initial_table(dep, vocabulary, []))
+    router = Router(dep, vocabulary)
+    evaluators = [Evaluator(e, dep, vocabulary) for e in range(dep.evaluators)]
+    saved = [({}, []) for _ in evaluators]
+    merge, generation = RankedMerge(), 0
+    events, snapshots, restores = [], [], 0
+    encoded = [line.encode() for line in lines]
+    for batch_id, start in enumerate(range(0, len(encoded), dep.batch_size)):
+        routed = router.route_many(encoded[start : start + dep.batch_size], batch_id, epoch)
+        results = [ev.apply_many(rows, batch_id) for ev, rows in zip(evaluators, routed.rows_for(3), strict=True)]
+        batch_events, batch_snapshots = merge.apply(routed.marks, (u for r in results for u in r.updates))
+        events += batch_events
+        snapshots += batch_snapshots
+        for ev, (segments, ranked) in zip(evaluators, saved, strict=True):
+            window_changes, changes = ev.monitor.take_changes()
+            for key, data in window_changes.items():
+                if data is None:
+                    segments.pop(key, None)
+                else:
+                    segments[key] = data
+            if changes is not None:
+                ranked.append(changes)
+            if rng.random() < 0.3:
+                ranked[:] = [ev.monitor.subscriptions_json()]
+            if rng.random() < 0.4:
+                store, reported_to = ev.monitor.store, ev.monitor.generation
+                clock = (store.accepted, store.watermark)
+                ev.monitor = RankedMonitor.restore(
+                    ev.evaluator_id, dep, vocabulary, clock, dict(segments), list(ranked)
+                )
+                ev.monitor.generation = reported_to
+                restores += 1
+        if rng.random() < 0.2:
+            merge, kept, generation = RankedMerge(), results_json(merge), generation + 1
+            apply_changes(merge, kept)
+        for ev in evaluators:  # as EvaluatorProcessor does before its next micro-batch
+            if ev.monitor.generation != str(generation):
+                ev.monitor.forget_reports()
+                ev.monitor.generation = str(generation)
+    expected = replay(lines, dep)
+    assert restores > 20
+    assert snapshots == expected.snapshots
+    wanted = [d for d in expected.deliveries if d["event"] != "match"]
+    assert results_from_events(events) == results_from_events(wanted)

@@ -58,10 +58,10 @@ from skpub.kernel.wire import LOCATED_COLUMNS, ROUTED_COLUMNS, ddl
 from skpub.router.epoch import EpochLog, RoutingEpoch
 from skpub.router.initial import initial_table
 
-MANIFEST_FORMAT = 3
-"""Checkpoint layout version: 3 adds the watermark to the router's state, the evaluators' window and
-top-k/kNN state, and the merge's results. A checkpoint of another version is never resumed (it is
-replaced with ``--overwrite``)."""
+MANIFEST_FORMAT = 4
+"""Checkpoint layout version: 4 saves the evaluators' last top-k/kNN reports and merge generation; 3 added
+the watermark to the router's state, the evaluators' window and top-k/kNN state, and the merge's results.
+A checkpoint of another version is never resumed (it is replaced with ``--overwrite``)."""
 MERGE_SNAPSHOT_EVERY = 16
 """Every this many micro-batches the merge's results are saved whole (deltas in between)."""
 DRIVER_JAVA_OPTIONS = "-XX:+UseSerialGC"
