@@ -21,8 +21,10 @@ and ``watermark`` are the stream clock after the record (see
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
+from itertools import pairwise
 
 import orjson
 import pyarrow as pa
@@ -177,8 +179,9 @@ def _optional_float(value) -> float | None:  # noqa: ANN001 - pandas gives NaN f
 def from_columns(cols: Mapping[str, Sequence], evaluator: int) -> list[Routed]:
     """Rebuild routed rows for ``evaluator`` from columns, in stream order.
 
-    Columns are read whole and zipped (no per-row lookup by name): this
-    runs for every row an evaluator receives.
+    Columns are zipped (no per-row lookup by name), and reordered only when
+    they are not in stream order already: this runs for every row an
+    evaluator receives. O(rows), or O(rows log rows) to reorder.
 
     Raises
     ------
@@ -186,40 +189,38 @@ def from_columns(cols: Mapping[str, Sequence], evaluator: int) -> list[Routed]:
         If a row's ``kind`` is not one of :data:`KINDS`, or a ``spec`` is damaged.
     """
     pos = [int(p) for p in cols["pos"]]
-    order = sorted(range(len(pos)), key=pos.__getitem__)
-    kinds, ids, xs, ys = cols["kind"], cols["id"], cols["x"], cols["y"]
-    terms, ts, expires_at, rects, dnfs = cols["terms"], cols["ts"], cols["expires_at"], cols["rect"], cols["dnf"]
-    cx0, cy0, cx1, cy1 = cols["cx0"], cols["cy0"], cols["cx1"], cols["cy1"]
-    specs, accepted, watermark = cols["spec"], cols["accepted"], cols["watermark"]
+    names = ("kind", "id", "x", "y", "terms", "ts", "expires_at", "cx0", "cy0", "cx1", "cy1", "rect", "dnf", "spec")
+    columns = [cols[name] for name in (*names, "accepted", "watermark")]
+    if any(a > b for a, b in pairwise(pos)):
+        order = sorted(range(len(pos)), key=pos.__getitem__)
+        pos = [pos[i] for i in order]
+        columns = [[values[i] for i in order] for values in columns]
     rows = []
-    for i in order:
-        kind = int(kinds[i])
-        clock = (int(accepted[i]), float("nan") if watermark[i] is None else float(watermark[i]))
+    append, nan = rows.append, math.nan
+    for p, kind, oid, x, y, words, ts, expires_at, cx0, cy0, cx1, cy1, rect, dnf, spec, accepted, watermark in zip(
+        pos, *columns, strict=True
+    ):
+        kind = int(kind)
+        accepted = int(accepted)
+        watermark = nan if watermark is None else float(watermark)
         if kind == OBJECT:
-            words = tuple(terms[i])
+            words = tuple(words)
             record = ObjectRecord(
-                pos[i],
-                ids[i],
-                float(xs[i]),
-                float(ys[i]),
-                words,
-                frozenset(words),
-                _optional_float(ts[i]),
-                _optional_float(expires_at[i]),
+                p, oid, float(x), float(y), words, frozenset(words), _optional_float(ts), _optional_float(expires_at)
             )
-        elif kind == SUBSCRIBE and specs[i] is not None:
-            rows.append(Routed(evaluator, ranked_from_spec(pos[i], ids[i], specs[i]), None, *clock))
+        elif kind == SUBSCRIBE and spec is not None:
+            append(Routed(evaluator, ranked_from_spec(p, oid, spec), None, accepted, watermark))
             continue
         elif kind == SUBSCRIBE:
-            dnf = tuple(frozenset(clause) for clause in orjson.loads(dnfs[i]))
-            record = RangeSubscription(pos[i], ids[i], Rect(*(float(v) for v in rects[i])), dnf)
+            clauses = tuple(frozenset(clause) for clause in orjson.loads(dnf))
+            record = RangeSubscription(p, oid, Rect(*(float(v) for v in rect)), clauses)
         else:
             other = _OTHERS.get(kind)
             if other is None:
                 raise ValueError(f"an evaluator receives no rows of kind {kind}")
-            rows.append(Routed(evaluator, other(pos[i], ids[i]), None, *clock))
+            append(Routed(evaluator, other(p, oid), None, accepted, watermark))
             continue
-        rows.append(Routed(evaluator, record, (int(cx0[i]), int(cy0[i]), int(cx1[i]), int(cy1[i])), *clock))
+        append(Routed(evaluator, record, (int(cx0), int(cy0), int(cx1), int(cy1)), accepted, watermark))
     return rows
 
 
