@@ -57,7 +57,7 @@ def _shared_handler(
     """Return the handler of ``sub``, built once per process for all the evaluators that hold it."""
     key = (sub.pos, sub.id, id(vocabulary), max_dist, window_none)
     handler = _HANDLERS.get(key)
-    if handler is None or handler.sub != sub:
+    if handler is None or (handler.sub is not sub and handler.sub != sub):
         if len(_HANDLERS) >= 1 << 18:
             _HANDLERS.clear()
         handler = _HANDLERS[key] = handler_of(sub, vocabulary, max_dist, window_none)
@@ -70,7 +70,7 @@ EMPTY_REPORT: Report = ((), -math.inf)
 """The report the merge assumes of an evaluator it has not heard from: no candidate, nothing left out."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Held:
     """One ranked subscription at this evaluator: its handler, buffer and what was last reported.
 
@@ -164,7 +164,7 @@ class RankedMonitor:
         )
         index = self.index
         hits = [index[t] for t in obj.term_set if t in index]
-        targets: set[str] = set().union(*hits) if hits else set()
+        targets: set[str] = hits[0] if len(hits) == 1 else set().union(*hits)
         if (self.window_none and not targets) or not self.store.add(obj):
             return 0
         subscriptions = self.subscriptions

@@ -61,7 +61,7 @@ SCAN_COST = 10.0
 is this times the candidates. Scoring is a sparse dot product and a distance, about ten dominance tests."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Skyband:
     """The buffer of one ranked subscription at one evaluator.
 
@@ -198,10 +198,12 @@ class Skyband:
         """
         if self.stale:
             return None
-        held = list(self.entries.values())
         if self.dropped:
             self.dropped = {pos: g for pos, g in self.dropped.items() if alive(pos)}
-        missing = max(self.theta, max(self.dropped.values(), default=-math.inf))
+        missing = max(self.theta, max(self.dropped.values(), default=-math.inf)) if self.dropped else self.theta
+        if not self.entries:
+            return ([], missing) if missing == -math.inf else None
+        held = list(self.entries.values())
         head, floor = rank(held, self.k)
         if missing != -math.inf and (len(held) < self.k or not below(floor) > missing):
             return None
