@@ -18,25 +18,37 @@ on the RocksDB state store (DESIGN "The Spark engine"). State per evaluator:
   everything anew only to another generation of the merge;
 - ``version``: a ValueState with the last micro-batch applied.
 
-The hot :class:`~skpub.evaluators.evaluator.Evaluator` (with its GI^2 index) is
-cached in this importable module, keyed by (run id, evaluator), and
-used only when its version equals the state store's; otherwise (another
+The hot :class:`~skpub.evaluators.evaluator.Evaluator` (with its GI^2
+index) lives in the evaluator's host (:mod:`skpub.evaluators.host`, served
+by :func:`host_handler`), or, when hosts are off or the host fails, in a
+cache in this importable module keyed by (run id, evaluator). Either copy
+is used only when its version equals the state store's; otherwise (another
 worker served the key last time, or the batch is a replay after a failure
-rolled the state back) it is rebuilt from the blocks. ``init()`` only
-declares state: it also runs on the driver.
+rolled the state back) it is rebuilt from the state store
+(:func:`restore_evaluator`). Both paths apply a batch with
+:func:`apply_batch`. ``init()`` only declares state: it also runs on the
+driver.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, fields
 
 import pandas as pd
+import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
+from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.evaluator import Evaluator
+from skpub.evaluators.host import HostError, bytes_table, connect, host_for, recv_message, send_message, table_bytes
 from skpub.evaluators.merge import encode_updates
 from skpub.evaluators.monitor import RankedMonitor
 from skpub.kernel.config import deployment_from_text
@@ -105,6 +117,10 @@ class EvaluatorProcessor(StatefulProcessor):
         Identifies the driver's merge (new at every query start): an
         evaluator that last reported to another merge reports every ranked
         subscription again.
+
+    Each evaluator runs in its host (:mod:`skpub.evaluators.host`) unless
+    :func:`use_hosts` says no on the driver; the worker applies a batch
+    itself when its host cannot.
     """
 
     def __init__(
@@ -115,6 +131,7 @@ class EvaluatorProcessor(StatefulProcessor):
         self.deployment_json = deployment_json
         self.index_of_key = {k: e for e, k in enumerate(evaluator_keys)}
         self.generation = generation
+        self.hosts = use_hosts()
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         """Declare the state variables (runs on executors and on the driver)."""
@@ -124,84 +141,289 @@ class EvaluatorProcessor(StatefulProcessor):
         self.clock = handle.getValueState("clock", "accepted bigint, watermark double, generation string")
         self.version = handle.getValueState("version", "batch bigint")
 
-    def _evaluator(self, e: int) -> Evaluator:
-        """Return evaluator ``e`` as of the state store's version.
+    def _state(self) -> EvaluatorState:
+        """Return what the state store holds for the current key."""
+        accepted, watermark, generation = self.clock.get()
+        return EvaluatorState(
+            self._map(self.blocks),
+            self._map(self.window),
+            [data for _, data in sorted(self._map(self.ranked).items())],
+            (int(accepted), float(watermark), str(generation)),
+        )
+
+    def _evaluator(self, e: int, version: int) -> Evaluator:
+        """Return evaluator ``e`` at the state store's ``version`` (-1: none yet), from this worker's cache or rebuilt.
 
         The cache entry is taken out while the batch is applied (it mutates
         the evaluator) and put back only after success, so a failed attempt
         never leaves a half-applied evaluator behind for its retry.
         """
-        version = self.version.get()[0] if self.version.exists() else -1
         cached = _CACHE.pop((self.run_id, e), None)
         if cached is not None and cached[0] == version:
-            evaluator = cached[1]
-        else:
-            deployment = deployment_from_text(self.deployment_json)
-            vocabulary = load_vocabulary(deployment.vocabulary)
-            evaluator = Evaluator.restore(e, deployment, vocabulary, self._map(self.blocks) if version >= 0 else {})
-            if version >= 0:
-                accepted, watermark, generation = self.clock.get()
-                evaluator.monitor = RankedMonitor.restore(
-                    e,
-                    deployment,
-                    vocabulary,
-                    (int(accepted), float(watermark)),
-                    self._map(self.window),
-                    [data for _, data in sorted(self._map(self.ranked).items())],
-                )
-                evaluator.monitor.generation = generation
-        if evaluator.monitor.generation != self.generation:
-            evaluator.monitor.forget_reports()
-            evaluator.monitor.generation = self.generation
-        return evaluator
+            return cached[1]
+        return restore_evaluator(e, self.deployment_json, self._state() if version >= 0 else None)
 
     @staticmethod
     def _map(state) -> dict[int, bytes]:  # noqa: ANN001
         return {int(k[0]): bytes(v[0]) for k, v in state.iterator()}
 
     def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:  # noqa: ANN001, N802, N803
-        """Apply one micro-batch's rows for evaluator ``key`` and emit its outputs."""
+        """Apply one micro-batch's rows for evaluator ``key`` (in its host if it can), save its state, emit outputs."""
         tune_gc()
-        batch_id = current_batch_id()
-        e = self.index_of_key[int(key[0])]
-        start = time.thread_time()
-        evaluator = self._evaluator(e)
-        restore = time.thread_time() - start
+        batch = BatchInput(
+            self.run_id,
+            self.index_of_key[int(key[0])],
+            current_batch_id(),
+            self.version.get()[0] if self.version.exists() else -1,
+            self.generation,
+            self.deployment_json,
+            self.output_root,
+            sum(1 for _ in self.ranked.keys()),
+        )
         frame = pd.concat(list(rows), ignore_index=True)
-        columns = {name: frame[name].tolist() for name in frame.columns}
-        result = evaluator.apply_many(from_columns(columns, e), batch_id)
+        outcome = None
+        if self.hosts:
+            try:
+                outcome = self._via_host(batch, frame)
+            except (EvaluatorError, OSError, KeyError, TypeError, ValueError) as exc:
+                print(
+                    f"skpub: evaluator {batch.evaluator} applies batch {batch.batch_id} itself: {exc}", file=sys.stderr
+                )
+        evaluator = None
+        if outcome is None:
+            start = time.thread_time()
+            evaluator = self._evaluator(batch.evaluator, batch.version)
+            restore = time.thread_time() - start
+            columns = {name: frame[name].tolist() for name in frame.columns}
+            outcome = apply_batch(evaluator, columns, batch, restore)
         start = time.thread_time()
-        _save(self.blocks, evaluator.take_dirty_blocks())
-        window, ranked = evaluator.monitor.take_changes()
-        _save(self.window, window)
-        if ranked is not None:
-            self.ranked.updateValue((batch_id,), (ranked,))
-            saved = [int(k[0]) for k in self.ranked.keys()]
-            if len(saved) > RANKED_COMPACT_EVERY:
-                for old in saved:
-                    self.ranked.removeKey((old,))
-                self.ranked.updateValue((batch_id,), (evaluator.monitor.subscriptions_json(),))
-        store = evaluator.monitor.store
-        self.clock.update((store.accepted, store.watermark, evaluator.monitor.generation))
-        self.version.update((batch_id,))
-        _CACHE[(self.run_id, e)] = (batch_id, evaluator)
-        state = time.thread_time() - start
-        start = time.thread_time()
-        stats = result.stats.to_json(e, batch_id, result.cpu_seconds, evaluator.subscriptions)
-        writer = f"e{e:03d}"
-        write_lines(self.output_root, "deliveries", batch_id, delivery_lines(result.deliveries), writer)
-        write_part(self.output_root, "statistics", batch_id, [stats], writer)
-        counters = {
-            "evaluator": e,
-            "deliveries": len(result.deliveries),
-            "cost": stats["cost"],
-            "cpu_seconds": result.cpu_seconds,
-            "sink_cpu_seconds": time.thread_time() - start,
-            "restore_cpu_seconds": restore,
-            "state_cpu_seconds": state,
-            "ranked": {key: stats[key] for key in ("reevaluations", "reevaluated", "fills")},
-        }
-        yield control_frame(e, result.dead_letters, counters, encode_updates(result.updates))
+        _save(self.blocks, outcome.blocks)
+        _save(self.window, outcome.window)
+        if outcome.compacted is not None:
+            for old in [int(k[0]) for k in self.ranked.keys()]:
+                self.ranked.removeKey((old,))
+            self.ranked.updateValue((batch.batch_id,), (outcome.compacted,))
+        elif outcome.ranked is not None:
+            self.ranked.updateValue((batch.batch_id,), (outcome.ranked,))
+        self.clock.update(outcome.clock)
+        self.version.update((batch.batch_id,))
+        if evaluator is not None:
+            _CACHE[(self.run_id, batch.evaluator)] = (batch.batch_id, evaluator)
+        outcome.counters["state_cpu_seconds"] += time.thread_time() - start
+        yield control_frame(batch.evaluator, outcome.dead_letters, outcome.counters, outcome.updates)
+
+    def _via_host(self, batch: BatchInput, frame: pd.DataFrame) -> BatchOutcome:
+        """Apply the batch in the evaluator's host, sending it the state store's state if it asks.
+
+        Raises
+        ------
+        EvaluatorError
+            If the host cannot be reached or fails (:class:`~skpub.evaluators.host.HostError`).
+        """
+        with connect(host_for(batch.evaluator)) as sock:
+            rows = table_bytes(pa.Table.from_pandas(frame, preserve_index=False))
+            send_message(sock, {"op": "apply", **asdict(batch)}, [rows])
+            header, blobs = recv_message(sock)
+            if header.get("status") == "restore":
+                state_header, state_blobs = self._state().to_message()
+                send_message(sock, state_header, state_blobs)
+                header, blobs = recv_message(sock)
+            if header.get("status") != "ok":
+                raise HostError(f"the evaluator host failed: {header.get('message')}")
+            return BatchOutcome.from_message(header, blobs)
 
     def close(self) -> None:
-        """Nothing to release: the evaluator stays cached for the next micro-batch."""
+        """Nothing to release: the evaluator stays cached (or in its host) for the next micro-batch."""
+
+
+@dataclass
+class BatchInput:
+    """What applying one micro-batch of one evaluator needs besides its rows (JSON-ready)."""
+
+    run_id: str
+    evaluator: int
+    batch_id: int
+    version: int
+    generation: str
+    deployment_json: str
+    output_root: str
+    saved_ranked: int
+
+
+@dataclass
+class EvaluatorState:
+    """An evaluator's entries in the state store: blocks, window segments, ranked changes in order, clock."""
+
+    blocks: dict[int, bytes]
+    window: dict[int, bytes]
+    ranked: list[bytes]
+    clock: tuple[int, float, str]
+
+    def to_message(self) -> tuple[dict, list[bytes]]:
+        """Return the state as a host message (header and blobs)."""
+        header = {"blocks": list(self.blocks), "window": list(self.window), "ranked": len(self.ranked)}
+        return {**header, "clock": list(self.clock)}, [*self.blocks.values(), *self.window.values(), *self.ranked]
+
+    @classmethod
+    def from_message(cls, header: dict, blobs: list[bytes]) -> EvaluatorState:
+        """Rebuild the state of :meth:`to_message`."""
+        nb, nw = len(header["blocks"]), len(header["window"])
+        accepted, watermark, generation = header["clock"]
+        return cls(
+            dict(zip(map(int, header["blocks"]), blobs[:nb], strict=True)),
+            dict(zip(map(int, header["window"]), blobs[nb : nb + nw], strict=True)),
+            blobs[nb + nw :],
+            (int(accepted), float(watermark), str(generation)),
+        )
+
+
+@dataclass
+class BatchOutcome:
+    """What one evaluator's micro-batch gives the state store and the driver."""
+
+    counters: dict
+    dead_letters: list[DeadLetter]
+    updates: bytes
+    blocks: dict[int, bytes | None]
+    window: dict[int, bytes | None]
+    ranked: bytes | None
+    compacted: bytes | None
+    clock: tuple[int, float, str]
+
+    def to_message(self) -> tuple[dict, list[bytes]]:
+        """Return the outcome as a host message (header and blobs; None entries carry no blob)."""
+        blobs = [self.updates]
+        changes = {}
+        for name in ("blocks", "window"):
+            entries = getattr(self, name)
+            changes[name] = [[k, v is not None] for k, v in entries.items()]
+            blobs += [v for v in entries.values() if v is not None]
+        for name in ("ranked", "compacted"):
+            value = getattr(self, name)
+            changes[name] = value is not None
+            if value is not None:
+                blobs.append(value)
+        header = {
+            "status": "ok",
+            "counters": self.counters,
+            "dead_letters": [[d.pos, d.line, d.reason, d.message] for d in self.dead_letters],
+            "clock": list(self.clock),
+            **changes,
+        }
+        return header, blobs
+
+    @classmethod
+    def from_message(cls, header: dict, blobs: list[bytes]) -> BatchOutcome:
+        """Rebuild the outcome of :meth:`to_message`."""
+        rest = iter(blobs[1:])
+        maps = {
+            name: {int(k): next(rest) if present else None for k, present in header[name]}
+            for name in ("blocks", "window")
+        }
+        ranked = next(rest) if header["ranked"] else None
+        compacted = next(rest) if header["compacted"] else None
+        accepted, watermark, generation = header["clock"]
+        return cls(
+            header["counters"],
+            [DeadLetter(*row) for row in header["dead_letters"]],
+            blobs[0],
+            maps["blocks"],
+            maps["window"],
+            ranked,
+            compacted,
+            (int(accepted), float(watermark), str(generation)),
+        )
+
+
+def use_hosts() -> bool:
+    """Whether evaluators run in their hosts (:mod:`skpub.evaluators.host`); ``SKPUB_EVALUATOR_HOSTS=0``: no."""
+    return os.environ.get("SKPUB_EVALUATOR_HOSTS", "1") != "0"
+
+
+def restore_evaluator(e: int, deployment_json: str, state: EvaluatorState | None) -> Evaluator:
+    """Rebuild evaluator ``e`` from its state-store entries (None: a new evaluator)."""
+    deployment = deployment_from_text(deployment_json)
+    vocabulary = load_vocabulary(deployment.vocabulary)
+    if state is None:
+        return Evaluator(e, deployment, vocabulary)
+    evaluator = Evaluator.restore(e, deployment, vocabulary, state.blocks)
+    accepted, watermark, generation = state.clock
+    clock = (accepted, watermark)
+    evaluator.monitor = RankedMonitor.restore(e, deployment, vocabulary, clock, state.window, state.ranked)
+    evaluator.monitor.generation = generation
+    return evaluator
+
+
+def apply_batch(evaluator: Evaluator, columns: dict, batch: BatchInput, restore_seconds: float) -> BatchOutcome:
+    """Apply one micro-batch's rows (columns as :func:`~skpub.kernel.wire.from_columns` reads them) to ``evaluator``.
+
+    Writes its deliveries and statistics part files, and returns the state
+    changes and the driver's counters. An evaluator that last reported to
+    another merge generation reports every ranked subscription anew.
+    """
+    e, batch_id = batch.evaluator, batch.batch_id
+    if evaluator.monitor.generation != batch.generation:
+        evaluator.monitor.forget_reports()
+        evaluator.monitor.generation = batch.generation
+    result = evaluator.apply_many(from_columns(columns, e), batch_id)
+    start = time.thread_time()
+    blocks = evaluator.take_dirty_blocks()
+    window, ranked = evaluator.monitor.take_changes()
+    compacted = None
+    if ranked is not None and batch.saved_ranked + 1 > RANKED_COMPACT_EVERY:
+        compacted = evaluator.monitor.subscriptions_json()
+    store = evaluator.monitor.store
+    state = time.thread_time() - start
+    start = time.thread_time()
+    stats = result.stats.to_json(e, batch_id, result.cpu_seconds, evaluator.subscriptions)
+    writer = f"e{e:03d}"
+    write_lines(batch.output_root, "deliveries", batch_id, delivery_lines(result.deliveries), writer)
+    write_part(batch.output_root, "statistics", batch_id, [stats], writer)
+    counters = {
+        "evaluator": e,
+        "deliveries": len(result.deliveries),
+        "cost": stats["cost"],
+        "cpu_seconds": result.cpu_seconds,
+        "sink_cpu_seconds": time.thread_time() - start,
+        "restore_cpu_seconds": restore_seconds,
+        "state_cpu_seconds": state,
+        "ranked": {key: stats[key] for key in ("reevaluations", "reevaluated", "fills")},
+    }
+    clock = (store.accepted, store.watermark, evaluator.monitor.generation)
+    return BatchOutcome(
+        counters, result.dead_letters, encode_updates(result.updates), blocks, window, ranked, compacted, clock
+    )
+
+
+def host_handler() -> Callable[[socket.socket], None]:
+    """Return the request handler of an evaluator host: it keeps the last evaluator it applied a batch to."""
+    held: dict[tuple[str, int], tuple[int, Evaluator]] = {}
+
+    def handle(conn: socket.socket) -> None:
+        tune_gc()
+        try:
+            header, blobs = recv_message(conn)
+            batch = BatchInput(**{f.name: header[f.name] for f in fields(BatchInput)})
+            key = (batch.run_id, batch.evaluator)
+            cached = held.pop(key, None)
+            held.clear()
+            start = time.thread_time()
+            if cached is not None and cached[0] == batch.version:
+                evaluator = cached[1]
+            elif batch.version < 0:
+                evaluator = restore_evaluator(batch.evaluator, batch.deployment_json, None)
+            else:
+                send_message(conn, {"status": "restore"})
+                state = EvaluatorState.from_message(*recv_message(conn))
+                evaluator = restore_evaluator(batch.evaluator, batch.deployment_json, state)
+            restore = time.thread_time() - start
+            columns = bytes_table(blobs[0]).to_pydict()
+            outcome = apply_batch(evaluator, columns, batch, restore)
+            send_message(conn, *outcome.to_message())
+            held[key] = (batch.batch_id, evaluator)
+        except Exception as exc:  # noqa: BLE001 - the worker applies the batch itself
+            held.clear()
+            with contextlib.suppress(OSError):
+                send_message(conn, {"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+
+    return handle

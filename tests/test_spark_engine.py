@@ -250,3 +250,13 @@ def test_a_byte_order_mark_at_a_chunk_start_is_data_not_stripped(spark, tmp_path
     out, _ = run(spark, tmp_path, lines, dep)
     expected = assert_equals_oracle(out, lines, dep)
     assert [d["reason"] for d in expected.dead_letters] == ["malformed_json"]
+
+
+def test_spark_engine_without_evaluator_hosts_equals_oracle(spark, tmp_path, monkeypatch):
+    """With the hosts off every worker applies its batches itself, rebuilding evaluators it did not hold."""
+    monkeypatch.setenv("SKPUB_EVALUATOR_HOSTS", "0")
+    lines = ranked_workload(seed=77, n=400)
+    dep = deployment(evaluators=3, batch_size=41).replace(window=Window("count", 30))
+    _, summary = run(spark, tmp_path, lines, dep)
+    assert_outputs_equal_oracle(tmp_path / "run", lines, dep)
+    assert summary.batches == -(-len(lines) // 41)

@@ -1,0 +1,69 @@
+"""The evaluator host's frames and lifecycle (its Spark use is covered by every Spark engine test)."""
+
+import socket
+import subprocess
+import threading
+import time
+
+import pytest
+
+from skpub.evaluators import host
+from skpub.evaluators.spark_processor import host_handler
+
+
+def test_frames_round_trip_headers_and_blobs():
+    a, b = socket.socketpair()
+    with a, b:
+        blobs = [b"", b"x" * 100_000, bytes(range(256))]
+        host.send_message(a, {"op": "apply", "n": [1, 2.5, None]}, blobs)
+        assert host.recv_message(b) == ({"op": "apply", "n": [1, 2.5, None]}, blobs)
+
+
+def test_a_cut_frame_is_an_error_not_a_hang():
+    a, b = socket.socketpair()
+    with b:
+        a.sendall(host._LENGTH.pack(50) + b'{"op"')
+        a.close()
+        with pytest.raises(host.HostError, match="closed"):
+            host.recv_message(b)
+
+
+def test_an_oversized_frame_is_refused():
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(host._LENGTH.pack(host.MAX_HEADER + 1))
+        with pytest.raises(host.HostError, match="header"):
+            host.recv_message(b)
+
+
+def test_the_handler_answers_a_bad_request_with_an_error():
+    a, b = socket.socketpair()
+    with a, b:
+        host.send_message(a, {"op": "apply"}, [])
+        host_handler()(b)
+        header, _ = host.recv_message(a)
+        assert header["status"] == "error"
+
+
+def test_a_host_serves_until_the_process_it_watches_ends(tmp_path, monkeypatch):
+    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
+    watched = subprocess.Popen(["sleep", "60"])
+    address = host.HostAddress(7, watched.pid)
+    path = address.socket_path
+    served = []
+    thread = threading.Thread(target=host.serve, args=(path, watched.pid, served.append))
+    thread.start()
+    try:
+        for _ in range(200):
+            if path.exists():
+                break
+            time.sleep(0.01)
+        host.connect(address).close()
+    finally:
+        watched.kill()
+        watched.wait()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert len(served) == 1
+    assert not path.exists()
+    assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
