@@ -61,13 +61,16 @@ def state_block(box: CellBox) -> int:
 class Evaluator:
     """One evaluator: range subscriptions in GI^2, ranked ones in its monitor, per-cell costs, deliveries.
 
-    The ranked buffers follow ``deployment.skyband``.
+    The ranked buffers follow ``deployment.skyband``. ``durable`` keeps the
+    ranked changes the Spark engine saves (:meth:`RankedMonitor.take_changes`).
     """
 
-    def __init__(self, evaluator_id: int, deployment: Deployment, vocabulary: Vocabulary) -> None:
+    def __init__(
+        self, evaluator_id: int, deployment: Deployment, vocabulary: Vocabulary, durable: bool = False
+    ) -> None:
         self.evaluator_id = evaluator_id
         self.grid_size = deployment.grid_size
-        self.monitor = RankedMonitor(evaluator_id, deployment, vocabulary)
+        self.monitor = RankedMonitor(evaluator_id, deployment, vocabulary, durable)
         self.index = GI2Index(deployment.index_block, vocabulary)
         self.blocks: dict[int, dict[str, tuple[RangeSubscription, CellBox]]] = {}
         self.home: dict[str, int] = {}
@@ -170,7 +173,7 @@ class Evaluator:
         EvaluatorError
             If a block is not a state block of :data:`skpub.evaluators.durable.FORMAT`.
         """
-        ev = cls(evaluator_id, deployment, vocabulary)
+        ev = cls(evaluator_id, deployment, vocabulary, durable=True)
         for key, data in blocks.items():
             block = decode_block(data)
             ev.blocks[key] = block

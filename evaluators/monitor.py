@@ -108,12 +108,18 @@ class RankedMonitor:
         Window, space (MaxDist is its diagonal, coordinate units).
     vocabulary : Vocabulary
         idf of topk scores.
+    durable : bool
+        Keep what :meth:`take_changes` returns (the Spark engine's state);
+        the local engine keeps nothing it does not need.
     The buffers follow ``deployment.skyband`` (:data:`skpub.kernel.config.SKYBANDS`).
     """
 
-    def __init__(self, evaluator_id: int, deployment: Deployment, vocabulary: Vocabulary) -> None:
+    def __init__(
+        self, evaluator_id: int, deployment: Deployment, vocabulary: Vocabulary, durable: bool = False
+    ) -> None:
         self.evaluator_id = evaluator_id
-        self.store = WindowStore(deployment.window)
+        self.durable = durable
+        self.store = WindowStore(deployment.window, durable)
         self.window_none = deployment.window.kind == "none"
         self.count_window = deployment.window.kind == "count"
         self.max_dist = math.hypot(deployment.space.width, deployment.space.height)
@@ -204,7 +210,8 @@ class RankedMonitor:
         for t in terms:
             self.index.setdefault(t, set()).add(sub.id)
         self.dirty.add(sub.id)
-        self.changed[sub.id] = sub
+        if self.durable:
+            self.changed[sub.id] = sub
 
     def _index_terms(self, handler: Handler) -> list[str]:
         """Return the terms a subscription is filed under: all its keywords, or a knn ``all``'s rarest (CkQST 3.2)."""
@@ -223,8 +230,9 @@ class RankedMonitor:
             return False
         self._report(sid, held, pos, ended=True)
         del self.subscriptions[sid]
-        self.changed[sid] = None
-        self.reports_changed.discard(sid)
+        if self.durable:
+            self.changed[sid] = None
+            self.reports_changed.discard(sid)
         for t in held.terms:
             subs = self.index.get(t)
             if subs is not None:
@@ -261,7 +269,8 @@ class RankedMonitor:
             except Exception as exc:  # noqa: BLE001 - one subscription must not stop the others
                 failed.append(f"{sid!r}: {type(exc).__name__}: {exc}")
                 self.subscriptions[sid].band.stale = True
-                self.reports_changed.add(sid)
+                if self.durable:
+                    self.reports_changed.add(sid)
                 retry.add(sid)
         self.dirty = retry
         out, self.pending = self.pending, []
@@ -285,7 +294,8 @@ class RankedMonitor:
             report = (tuple((e.id, e.value, e.g, e.ts, e.pos) for e in entries), bound)
             if report != held.reported:
                 held.reported = report
-                self.reports_changed.add(sid)
+                if self.durable:
+                    self.reports_changed.add(sid)
             elif not (ended and held.home):
                 return
         elif not (ended and held.home):
@@ -388,7 +398,7 @@ class RankedMonitor:
         EvaluatorError
             On damaged state.
         """
-        monitor = cls(evaluator_id, deployment, vocabulary)
+        monitor = cls(evaluator_id, deployment, vocabulary, durable=True)
         monitor.store = WindowStore.restore(deployment.window, clock[0], clock[1], segments)
         held: dict[str, TopkSubscription | KnnSubscription] = {}
         reports: dict[str, list | None] = {}

@@ -345,7 +345,7 @@ def restore_evaluator(e: int, deployment_json: str, state: EvaluatorState | None
     deployment = deployment_from_text(deployment_json)
     vocabulary = load_vocabulary(deployment.vocabulary)
     if state is None:
-        return Evaluator(e, deployment, vocabulary)
+        return Evaluator(e, deployment, vocabulary, durable=True)
     evaluator = Evaluator.restore(e, deployment, vocabulary, state.blocks)
     accepted, watermark, generation = state.clock
     clock = (accepted, watermark)

@@ -45,6 +45,9 @@ class WindowStore:
     amortized O(1) per evicted object (a FIFO for the count window, heaps
     for times), plus O(terms) to unindex it.
 
+    ``durable`` keeps what :meth:`take_segments` needs (the arrivals since
+    its last call); without it the store keeps only the window.
+
     Saved state (the Spark engine's state store) is one *segment* per
     micro-batch of arrivals: :meth:`take_segments` serializes the objects
     that arrived since its last call and names the segments whose objects
@@ -56,8 +59,9 @@ class WindowStore:
     for a migration to take.
     """
 
-    def __init__(self, window: Window) -> None:
+    def __init__(self, window: Window, durable: bool = False) -> None:
         self.kind, self.size = window.kind, window.size
+        self.durable = durable
         self.objects: dict[int, WindowObject] = {}
         self.postings: dict[str, set[int]] = {}
         self._arrivals: deque[tuple[int, int]] = deque()
@@ -90,7 +94,8 @@ class WindowStore:
         self.objects[pos] = obj
         segment = pos >> POSITION_BITS
         self.segments[segment] = self.segments.get(segment, 0) + 1
-        self.arrived.append(obj)
+        if self.durable:
+            self.arrived.append(obj)
         postings = self.postings
         for t in obj.term_set:
             posting = postings.get(t)
@@ -146,7 +151,8 @@ class WindowStore:
                 self.segments[segment] = left
             else:
                 del self.segments[segment]
-                self.emptied.add(segment)
+                if self.durable:
+                    self.emptied.add(segment)
             for t in obj.term_set:
                 posting = self.postings[t]
                 posting.discard(pos)
@@ -196,7 +202,7 @@ class WindowStore:
         EvaluatorError
             If a segment is damaged or of another format.
         """
-        store = cls(window)
+        store = cls(window, durable=True)
         store.advance(accepted, watermark)
         objects = sorted((obj for data in segments.values() for obj in decode_segment(data)), key=lambda o: o.number)
         for obj in objects:

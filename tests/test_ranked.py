@@ -197,7 +197,7 @@ def test_restored_monitors_and_rebuilt_merges_equal_the_oracle(window, skyband):
     vocabulary = Vocabulary()
     epoch = RoutingEpoch(0, 0, initial_table(dep, vocabulary, []))
     router = Router(dep, vocabulary)
-    evaluators = [Evaluator(e, dep, vocabulary) for e in range(dep.evaluators)]
+    evaluators = [Evaluator(e, dep, vocabulary, durable=True) for e in range(dep.evaluators)]
     saved = [({}, []) for _ in evaluators]
     merge, generation = RankedMerge(), 0
     events, snapshots, restores = [], [], 0
@@ -239,3 +239,27 @@ def test_restored_monitors_and_rebuilt_merges_equal_the_oracle(window, skyband):
     assert snapshots == expected.snapshots
     wanted = [d for d in expected.deliveries if d["event"] != "match"]
     assert results_from_events(events) == results_from_events(wanted)
+
+
+def test_an_evaluator_that_saves_nothing_keeps_only_its_window():
+    """The local engine's evaluators keep no arrival log or change set: memory follows the window, not the stream."""
+    from skpub.evaluators.evaluator import Evaluator
+    from skpub.kernel.text import Vocabulary
+    from skpub.router.dispatch import Router
+    from skpub.router.epoch import RoutingEpoch
+    from skpub.router.initial import initial_table
+
+    dep = deployment(evaluators=2, batch_size=50).replace(window=Window("count", 20))
+    vocabulary = Vocabulary()
+    epoch = RoutingEpoch(0, 0, initial_table(dep, vocabulary, []))
+    router = Router(dep, vocabulary)
+    evaluators = [Evaluator(e, dep, vocabulary) for e in range(2)]
+    encoded = [line.encode() for line in ranked_workload(seed=3, n=400)]
+    for batch_id, start in enumerate(range(0, len(encoded), 50)):
+        routed = router.route_many(encoded[start : start + 50], batch_id, epoch)
+        for ev, rows in zip(evaluators, routed.rows_for(2), strict=True):
+            ev.apply_many(rows, batch_id)
+    for ev in evaluators:
+        assert len(ev.monitor.store) <= 20
+        assert ev.monitor.store.arrived == [] and ev.monitor.store.emptied == set()
+        assert ev.monitor.changed == {} and ev.monitor.reports_changed == set()
