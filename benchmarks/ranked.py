@@ -9,9 +9,10 @@ over a count window of ``--window`` objects. Every run goes through the
 
 1. throughput: objects/s (overall, and after the first micro-batch, which
    registers the live subscriptions) of the local engine and of Spark on
-   each ``--spark`` master, per live count, k and subscription churn
+   each ``--spark`` master, per live count, k, subscription churn
    (``inserts``: new subscriptions per object, each living ``live``
-   insertions; PS2Stream's set-up, 0 is Skype's static set);
+   insertions; PS2Stream's set-up, 0 is Skype's static set) and number of
+   evaluators (every topk/knn subscription is held by each of them);
 2. buffers: re-evaluations per expired object, candidates they scored,
    evaluator CPU, for the three buffer policies (``cskyband``, ``kmax``,
    ``topk``) on the same stream, and kmax / cSkyband (the issue's target:
@@ -27,7 +28,7 @@ over a count window of ``--window`` objects. Every run goes through the
 Run::
 
     .venv/bin/python -m benchmarks.ranked [--live 20000] [--max-k 20] [--inserts 0.1 0.02] \\
-        [--window 100000] [--spark 'local[2]'] [--work bench-out/ranked]
+        [--evaluators 4 2] [--window 100000] [--spark 'local[2]'] [--work bench-out/ranked]
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import json
 import re
 import sys
 import tempfile
-from itertools import islice
+from itertools import islice, product
 from pathlib import Path
 
 import numpy as np
@@ -143,6 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-k", type=int, nargs="+", default=[20])
     parser.add_argument("--inserts", type=float, nargs="+", default=[0.1, 0.02], help="new subscriptions per object")
     parser.add_argument("--window", type=int, default=100_000)
+    parser.add_argument("--evaluators", type=int, nargs="+", default=[4, 2], help="evaluator counts to run")
     parser.add_argument("--spark", nargs="*", default=["local[2]"], help="Spark masters to run")
     parser.add_argument("--work", default="bench-out/ranked")
     parser.add_argument(
@@ -155,22 +157,23 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     root = Path(args.work)
     throughput, buffers, balance = [], [], []
-    for live in args.live if "throughput" in args.parts else []:
-        for max_k in args.max_k:
-            for inserts in args.inserts:
-                name = f"live {live:,}, k 1-{max_k}, inserts {inserts}"
-                directory = make_workload(root, live, max_k, inserts, args.window)
-                print(f"[{name}] local", file=sys.stderr, flush=True)
-                local = run(directory, root, "--engine", "local")
-                row = f"| {live:,} | 1-{max_k} | {inserts} | {local['objects']:,} | {local['events']:,} "
-                row += f"| {local['overall']:,.0f} | {local['steady']:,.0f} "
-                for master in args.spark:
-                    print(f"[{name}] spark {master}", file=sys.stderr, flush=True)
-                    spark = run(directory, root, "--engine", "spark", "--master", master)
-                    row += f"| {spark['overall']:,.0f} | {spark['steady']:,.0f} "
-                    if spark["events"] != local["events"]:
-                        row += "(events differ!) "
-                throughput.append(row + f"| {local['unproven']} |")
+    for live, max_k, inserts, evaluators in product(
+        args.live if "throughput" in args.parts else [], args.max_k, args.inserts, args.evaluators
+    ):
+        name = f"live {live:,}, k 1-{max_k}, inserts {inserts}, {evaluators} evaluators"
+        directory = make_workload(root, live, max_k, inserts, args.window)
+        print(f"[{name}] local", file=sys.stderr, flush=True)
+        flags = ("--evaluators", str(evaluators))
+        local = run(directory, root, "--engine", "local", *flags)
+        row = f"| {live:,} | 1-{max_k} | {inserts} | {evaluators} | {local['objects']:,} | {local['events']:,} "
+        row += f"| {local['overall']:,.0f} | {local['steady']:,.0f} "
+        for master in args.spark:
+            print(f"[{name}] spark {master}", file=sys.stderr, flush=True)
+            spark = run(directory, root, "--engine", "spark", "--master", master, *flags)
+            row += f"| {spark['overall']:,.0f} | {spark['steady']:,.0f} "
+            if spark["events"] != local["events"]:
+                row += "(events differ!) "
+        throughput.append(row + f"| {local['unproven']} |")
     live, objects, window, batch = args.buffers
     buffer_stream = make_workload(root, live, args.max_k[0], 0.0, window, percentile=100.0, objects=objects)
     expired = None
@@ -198,9 +201,10 @@ def main(argv: list[str] | None = None) -> None:
         )
     masters = "".join(f" spark {m} | spark {m} after first |" for m in args.spark)
     print(
-        f"\n| live topk+knn | k | inserts/object | objects | events | local | local after first |{masters} unproven |"
+        "\n| live topk+knn | k | inserts/object | evaluators | objects | events | local | local after first |"
+        f"{masters} unproven |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(args.spark) + "---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(args.spark) + "---:|")
     print("\n".join(throughput))
     print(
         f"\nBuffers ({buffer_stream.name}, micro-batches of {batch}; expired objects = objects - window = {expired}):\n"
