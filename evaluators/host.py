@@ -14,10 +14,14 @@ host that dies, or answers with an error, costs a rebuild, never a result
 
 Messages are frames on a Unix socket in a directory only this user can
 enter: a JSON header and binary blobs (Arrow IPC for rows, the state
-documents as they are); nothing is unpickled. A host serves one connection
-at a time (Spark never runs two tasks of one evaluator at once), and exits
-when the process it watches (the executor's JVM) is gone or after
-:data:`IDLE_SECONDS` without a request.
+documents as they are); nothing is unpickled. Every read has a timeout, so
+a stuck host or client costs a fallback, never a hang. A host serves one
+connection at a time (two tasks of one evaluator, as with speculation or
+two queries in one JVM, wait for each other; the version check keeps them
+exact), writes no output itself (the task writes what it returns), and
+exits, between requests, when the process it watches (the executor's JVM)
+is gone or after :data:`IDLE_SECONDS` without a request. A worker whose
+host cannot start applies its batches itself from then on.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import contextlib
 import fcntl
 import os
 import socket
+import stat
 import struct
 import subprocess
 import sys
@@ -41,6 +46,14 @@ from skpub.evaluators.errors import EvaluatorError
 
 IDLE_SECONDS = 600.0
 """A host exits after this long without a request."""
+REQUEST_SECONDS = 1800.0
+"""The longest a task waits for its host's answer (a micro-batch's evaluation), seconds."""
+READ_SECONDS = 120.0
+"""The longest a host waits for a message of its client, seconds."""
+START_SECONDS = 30.0
+"""The longest a task waits for a host it started to listen, seconds."""
+MAX_SOCKET_PATH = 100
+"""Unix socket paths are limited to about 107 bytes; a longer temp dir means no hosts."""
 MAX_HEADER = 1 << 26
 MAX_BLOBS = 1 << 20
 _LENGTH = struct.Struct("!Q")
@@ -53,10 +66,10 @@ class HostError(EvaluatorError):
 def send_message(sock: socket.socket, header: dict, blobs: list[bytes] = ()) -> None:  # type: ignore[assignment]
     """Send one frame: the header as JSON, then the blobs, each preceded by its length (bytes)."""
     head = orjson.dumps(header)
-    parts = [_LENGTH.pack(len(head)), head, _LENGTH.pack(len(blobs))]
+    sock.sendall(_LENGTH.pack(len(head)) + head + _LENGTH.pack(len(blobs)))
     for blob in blobs:
-        parts += [_LENGTH.pack(len(blob)), blob]
-    sock.sendall(b"".join(parts))
+        sock.sendall(_LENGTH.pack(len(blob)))
+        sock.sendall(blob)
 
 
 def _read_exact(stream, n: int) -> bytes:  # noqa: ANN001
@@ -73,6 +86,8 @@ def recv_message(sock: socket.socket) -> tuple[dict, list[bytes]]:
     ------
     HostError
         If the connection ends early or the frame exceeds the bounds.
+    TimeoutError
+        If the socket's timeout passes first.
     """
     stream = sock.makefile("rb")
     size = _LENGTH.unpack(_read_exact(stream, 8))[0]
@@ -109,9 +124,9 @@ def _host_directory() -> Path:
     """
     directory = Path(tempfile.gettempdir()) / f"skpub-hosts-{os.getuid()}"
     directory.mkdir(mode=0o700, exist_ok=True)
-    info = directory.stat()
-    if info.st_uid != os.getuid() or info.st_mode & 0o077:
-        raise HostError(f"{directory} is not private to this user")
+    info = directory.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise HostError(f"{directory} is not a directory private to this user")
     return directory
 
 
@@ -133,8 +148,17 @@ class HostAddress:
 
     @property
     def socket_path(self) -> Path:
-        """The host's Unix socket (its directory is private to this user)."""
-        return _host_directory() / f"{self.watch}-e{self.evaluator}.sock"
+        """The host's Unix socket (its directory is private to this user).
+
+        Raises
+        ------
+        HostError
+            If the directory is not private, or the path too long for a Unix socket.
+        """
+        path = _host_directory() / f"{self.watch}-e{self.evaluator}.sock"
+        if len(str(path)) > MAX_SOCKET_PATH:
+            raise HostError(f"{path} is too long for a Unix socket")
+        return path
 
 
 def host_for(evaluator: int) -> HostAddress:
@@ -142,14 +166,28 @@ def host_for(evaluator: int) -> HostAddress:
     return HostAddress(evaluator, _watched_pid())
 
 
-def connect(address: HostAddress, timeout: float = 30.0) -> socket.socket:
+_STARTED: list[subprocess.Popen] = []
+"""Hosts this worker started (reaped when they exit)."""
+_FAILED_START: list[str] = []
+"""Why a host this worker started did not answer: then the worker uses no hosts any more."""
+
+
+def connect(address: HostAddress) -> socket.socket:
     """Connect to the host at ``address``, starting it first if none runs.
+
+    Reads on the connection time out after :data:`REQUEST_SECONDS`.
 
     Raises
     ------
     HostError
-        If no host answers within ``timeout`` seconds.
+        If this worker could not start a host before, or no host answers
+        within :data:`START_SECONDS` (or the one started exits).
     """
+    if _FAILED_START:
+        raise HostError(f"evaluator hosts are off in this worker: {_FAILED_START[0]}")
+    for child in list(_STARTED):
+        if child.poll() is not None:
+            _STARTED.remove(child)
     path = address.socket_path
     with contextlib.suppress(OSError):
         return _connected(path)
@@ -159,23 +197,26 @@ def connect(address: HostAddress, timeout: float = 30.0) -> socket.socket:
             return _connected(path)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
-        log = open(f"{path}.log", "wb")  # noqa: SIM115 - handed to the child
-        subprocess.Popen(  # noqa: S603 - our own interpreter and module
-            [sys.executable, "-m", "skpub.evaluators.host", str(path), str(address.watch)],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            start_new_session=True,
-            close_fds=True,
-        )
-        log.close()
-        deadline = time.monotonic() + timeout
+        with open(f"{path}.log", "wb") as log:
+            child = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+                [sys.executable, "-P", "-m", "skpub.evaluators.host", str(path), str(address.watch)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd="/",
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+                start_new_session=True,
+                close_fds=True,
+            )
+        _STARTED.append(child)
+        deadline = time.monotonic() + START_SECONDS
         while True:
             try:
                 return _connected(path)
             except OSError as exc:
-                if time.monotonic() > deadline:
-                    raise HostError(f"no evaluator host answered at {path}: {exc}") from None
+                if child.poll() is not None or time.monotonic() > deadline:
+                    _FAILED_START.append(f"the host at {path} did not start ({exc}; see {path}.log)")
+                    raise HostError(_FAILED_START[0]) from None
                 time.sleep(0.02)
 
 
@@ -186,6 +227,7 @@ def _connected(path: Path) -> socket.socket:
     except OSError:
         sock.close()
         raise
+    sock.settimeout(REQUEST_SECONDS)
     return sock
 
 
@@ -197,6 +239,7 @@ def serve(path: Path, watch: int, handle) -> None:  # noqa: ANN001
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
     os.chmod(path, 0o600)
+    bound = path.stat().st_ino
     listener.listen(4)
     listener.settimeout(1.0)
     last = time.monotonic()
@@ -213,18 +256,14 @@ def serve(path: Path, watch: int, handle) -> None:  # noqa: ANN001
             except TimeoutError:
                 continue
             with conn:
-                conn.settimeout(None)
+                conn.settimeout(READ_SECONDS)
                 handle(conn)
             last = time.monotonic()
     finally:
         listener.close()
-        for leftover in (path, Path(f"{path}.lock")):
-            with contextlib.suppress(FileNotFoundError):
-                leftover.unlink()
-        log = Path(f"{path}.log")
         with contextlib.suppress(OSError):
-            if not log.stat().st_size:
-                log.unlink()
+            if path.stat().st_ino == bound:  # not a successor's socket
+                path.unlink()
 
 
 if __name__ == "__main__":

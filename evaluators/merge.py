@@ -148,7 +148,9 @@ def take_changes(merge: RankedMerge) -> dict[str, list | None]:
     """Return the results changed since the last call (None: the subscription ended), as JSON values.
 
     The merge's durable state is its results: the reports are rebuilt by the
-    evaluators, which report every subscription again to a new merge.
+    evaluators, which report anew to a new merge (each subscription's home
+    evaluator always, the others their non-empty results; an evaluator not
+    heard from counts as empty).
     """
     out = {sid: _result_json(merge.subscriptions[sid]) if sid in merge.subscriptions else None for sid in merge.changed}
     merge.changed = set()

@@ -88,8 +88,8 @@ class _Held:
 class MonitorStats:
     """Counters of ranked work at one evaluator.
 
-    Buffers filled for a new (or restored) subscription, re-evaluations
-    after expiries and the candidates they scored.
+    Buffers filled for a new subscription (or a restored one whose report
+    could not be rebuilt), re-evaluations after expiries and the candidates they scored.
     """
 
     fills: int = 0
@@ -338,7 +338,9 @@ class RankedMonitor:
         :func:`skpub.kernel.wire.ranked_spec`; a null subscription ended; a
         null report must be refilled and sent again; the bound null for
         -inf), None when nothing changed. Call it after a mark: every buffer
-        then reads its last report, which is what :meth:`restore` rebuilds.
+        then reads its last report (or a tighter bound, when a dropped object
+        has left since: the saved bound stays a valid, looser one), which is
+        what :meth:`restore` rebuilds.
         """
         subscriptions = {sid: None if sub is None else [sub.pos, ranked_spec(sub)] for sid, sub in self.changed.items()}
         reports = {sid: self._saved_report(self.subscriptions[sid]) for sid in self.reports_changed}

@@ -46,7 +46,6 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
-from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.evaluator import Evaluator
 from skpub.evaluators.host import HostError, bytes_table, connect, host_for, recv_message, send_message, table_bytes
 from skpub.evaluators.merge import encode_updates
@@ -115,8 +114,8 @@ class EvaluatorProcessor(StatefulProcessor):
         ``evaluator_keys[e]`` is the grouping-key value of evaluator ``e``.
     generation : str
         Identifies the driver's merge (new at every query start): an
-        evaluator that last reported to another merge reports every ranked
-        subscription again.
+        evaluator that last reported to another merge reports anew (each
+        subscription's home evaluator, and the others their non-empty results).
 
     Each evaluator runs in its host (:mod:`skpub.evaluators.host`) unless
     :func:`use_hosts` says no on the driver; the worker applies a batch
@@ -177,7 +176,6 @@ class EvaluatorProcessor(StatefulProcessor):
             self.version.get()[0] if self.version.exists() else -1,
             self.generation,
             self.deployment_json,
-            self.output_root,
             sum(1 for _ in self.ranked.keys()),
         )
         frame = pd.concat(list(rows), ignore_index=True)
@@ -185,7 +183,8 @@ class EvaluatorProcessor(StatefulProcessor):
         if self.hosts:
             try:
                 outcome = self._via_host(batch, frame)
-            except (EvaluatorError, OSError, KeyError, TypeError, ValueError) as exc:
+                _CACHE.pop((self.run_id, batch.evaluator), None)
+            except Exception as exc:  # noqa: BLE001 - whatever the host did, the worker can apply the batch
                 print(
                     f"skpub: evaluator {batch.evaluator} applies batch {batch.batch_id} itself: {exc}", file=sys.stderr
                 )
@@ -210,6 +209,11 @@ class EvaluatorProcessor(StatefulProcessor):
         if evaluator is not None:
             _CACHE[(self.run_id, batch.evaluator)] = (batch.batch_id, evaluator)
         outcome.counters["state_cpu_seconds"] += time.thread_time() - start
+        start = time.thread_time()
+        writer = f"e{batch.evaluator:03d}"
+        write_lines(self.output_root, "deliveries", batch.batch_id, outcome.deliveries, writer)
+        write_part(self.output_root, "statistics", batch.batch_id, [outcome.statistics], writer)
+        outcome.counters["sink_cpu_seconds"] = time.thread_time() - start
         yield control_frame(batch.evaluator, outcome.dead_letters, outcome.counters, outcome.updates)
 
     def _via_host(self, batch: BatchInput, frame: pd.DataFrame) -> BatchOutcome:
@@ -246,7 +250,6 @@ class BatchInput:
     version: int
     generation: str
     deployment_json: str
-    output_root: str
     saved_ranked: int
 
 
@@ -284,6 +287,8 @@ class BatchOutcome:
     counters: dict
     dead_letters: list[DeadLetter]
     updates: bytes
+    deliveries: bytes
+    statistics: dict
     blocks: dict[int, bytes | None]
     window: dict[int, bytes | None]
     ranked: bytes | None
@@ -292,7 +297,7 @@ class BatchOutcome:
 
     def to_message(self) -> tuple[dict, list[bytes]]:
         """Return the outcome as a host message (header and blobs; None entries carry no blob)."""
-        blobs = [self.updates]
+        blobs = [self.updates, self.deliveries]
         changes = {}
         for name in ("blocks", "window"):
             entries = getattr(self, name)
@@ -306,6 +311,7 @@ class BatchOutcome:
         header = {
             "status": "ok",
             "counters": self.counters,
+            "statistics": self.statistics,
             "dead_letters": [[d.pos, d.line, d.reason, d.message] for d in self.dead_letters],
             "clock": list(self.clock),
             **changes,
@@ -315,7 +321,7 @@ class BatchOutcome:
     @classmethod
     def from_message(cls, header: dict, blobs: list[bytes]) -> BatchOutcome:
         """Rebuild the outcome of :meth:`to_message`."""
-        rest = iter(blobs[1:])
+        rest = iter(blobs[2:])
         maps = {
             name: {int(k): next(rest) if present else None for k, present in header[name]}
             for name in ("blocks", "window")
@@ -327,6 +333,8 @@ class BatchOutcome:
             header["counters"],
             [DeadLetter(*row) for row in header["dead_letters"]],
             blobs[0],
+            blobs[1],
+            header["statistics"],
             maps["blocks"],
             maps["window"],
             ranked,
@@ -357,9 +365,10 @@ def restore_evaluator(e: int, deployment_json: str, state: EvaluatorState | None
 def apply_batch(evaluator: Evaluator, columns: dict, batch: BatchInput, restore_seconds: float) -> BatchOutcome:
     """Apply one micro-batch's rows (columns as :func:`~skpub.kernel.wire.from_columns` reads them) to ``evaluator``.
 
-    Writes its deliveries and statistics part files, and returns the state
-    changes and the driver's counters. An evaluator that last reported to
-    another merge generation reports every ranked subscription anew.
+    Returns its deliveries (part-file bytes) and statistics, which the task
+    writes, the state changes and the driver's counters. An evaluator that
+    last reported to another merge generation reports anew (the home
+    evaluator every ranked subscription, the others their non-empty results).
     """
     e, batch_id = batch.evaluator, batch.batch_id
     if evaluator.monitor.generation != batch.generation:
@@ -376,9 +385,7 @@ def apply_batch(evaluator: Evaluator, columns: dict, batch: BatchInput, restore_
     state = time.thread_time() - start
     start = time.thread_time()
     stats = result.stats.to_json(e, batch_id, result.cpu_seconds, evaluator.subscriptions)
-    writer = f"e{e:03d}"
-    write_lines(batch.output_root, "deliveries", batch_id, delivery_lines(result.deliveries), writer)
-    write_part(batch.output_root, "statistics", batch_id, [stats], writer)
+    deliveries = delivery_lines(result.deliveries)
     counters = {
         "evaluator": e,
         "deliveries": len(result.deliveries),
@@ -390,8 +397,9 @@ def apply_batch(evaluator: Evaluator, columns: dict, batch: BatchInput, restore_
         "ranked": {key: stats[key] for key in ("reevaluations", "reevaluated", "fills")},
     }
     clock = (store.accepted, store.watermark, evaluator.monitor.generation)
+    updates = encode_updates(result.updates)
     return BatchOutcome(
-        counters, result.dead_letters, encode_updates(result.updates), blocks, window, ranked, compacted, clock
+        counters, result.dead_letters, updates, deliveries, stats, blocks, window, ranked, compacted, clock
     )
 
 

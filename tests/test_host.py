@@ -67,3 +67,16 @@ def test_a_host_serves_until_the_process_it_watches_ends(tmp_path, monkeypatch):
     assert len(served) == 1
     assert not path.exists()
     assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_host_that_cannot_start_turns_hosts_off_in_that_worker(tmp_path, monkeypatch):
+    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(host, "_FAILED_START", [])
+    monkeypatch.setattr(host.sys, "executable", "/bin/false")
+    address = host.HostAddress(3, 1)
+    started = time.monotonic()
+    with pytest.raises(host.HostError, match="did not start"):
+        host.connect(address)
+    assert time.monotonic() - started < host.START_SECONDS
+    with pytest.raises(host.HostError, match="hosts are off"):
+        host.connect(address)

@@ -251,7 +251,8 @@ class Sink:
 
         A rebuilt merge holds the results from the newest merge snapshot
         before ``batch_id`` and the deltas after it; its evaluators report
-        every subscription again at their first mark (a new generation).
+        anew at their first mark (a new generation: each subscription's home
+        evaluator, and the others their non-empty results).
 
         Raises
         ------
