@@ -164,14 +164,16 @@ class RankedMonitor:
         statistics add to the range work (DkM-SKS section 4.2: the load of a
         cell counts its kNN evaluations).
         """
+        index = self.index
+        hits = [index[t] for t in record.term_set if t in index] if index else []
+        targets: set[str] = hits[0] if len(hits) == 1 else set().union(*hits)
+        if self.window_none and not targets:
+            return 0
         expires = record.expires_at if record.expires_at is not None else math.inf
         obj = WindowObject(
             record.pos, record.id, record.x, record.y, record.terms, record.term_set, record.ts, expires, number, block
         )
-        index = self.index
-        hits = [index[t] for t in obj.term_set if t in index]
-        targets: set[str] = hits[0] if len(hits) == 1 else set().union(*hits)
-        if (self.window_none and not targets) or not self.store.add(obj):
+        if not self.store.add(obj):
             return 0
         subscriptions = self.subscriptions
         for sid in targets:
