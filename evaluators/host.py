@@ -191,6 +191,7 @@ def connect(address: HostAddress) -> socket.socket:
     path = address.socket_path
     with contextlib.suppress(OSError):
         return _connected(path)
+    _sweep(path.parent)
     with open(f"{path}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         with contextlib.suppress(OSError):
@@ -218,6 +219,21 @@ def connect(address: HostAddress) -> socket.socket:
                     _FAILED_START.append(f"the host at {path} did not start ({exc}; see {path}.log)")
                     raise HostError(_FAILED_START[0]) from None
                 time.sleep(0.02)
+
+
+def _sweep(directory: Path) -> None:
+    """Remove the files of hosts whose JVM is gone (named ``<jvm pid>-e<evaluator>.sock[.lock|.log]``)."""
+    for entry in directory.iterdir():
+        pid = entry.name.split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+        except OSError:
+            continue
 
 
 def _connected(path: Path) -> socket.socket:

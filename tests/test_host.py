@@ -1,5 +1,6 @@
 """The evaluator host's frames and lifecycle (its Spark use is covered by every Spark engine test)."""
 
+import os
 import socket
 import subprocess
 import threading
@@ -80,3 +81,20 @@ def test_a_host_that_cannot_start_turns_hosts_off_in_that_worker(tmp_path, monke
     assert time.monotonic() - started < host.START_SECONDS
     with pytest.raises(host.HostError, match="hosts are off"):
         host.connect(address)
+
+
+def test_starting_a_host_sweeps_the_files_of_hosts_whose_jvm_is_gone(tmp_path, monkeypatch):
+    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(host, "_FAILED_START", [])
+    monkeypatch.setattr(host.sys, "executable", "/bin/false")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    directory = host.HostAddress(0, 1).socket_path.parent
+    stale = [directory / f"{gone.pid}-e0.sock.lock", directory / f"{gone.pid}-e0.sock.log"]
+    alive = directory / f"{os.getpid()}-e0.sock.lock"
+    for f in [*stale, alive]:
+        f.write_text("")
+    with pytest.raises(host.HostError):
+        host.connect(host.HostAddress(1, os.getpid()))
+    assert not any(f.exists() for f in stale)
+    assert alive.exists()
