@@ -111,7 +111,8 @@ class Evaluator:
                     matched, examined = match_one(record, cx, cy)
                     examined += monitor.add_object(record, row.accepted - 1, block_of(cx, cy))
                     stats.add(cy * size + cx, cx, cy, examined)
-                    deliveries.extend((record.pos, sid, record.id) for sid in matched)
+                    if matched:
+                        deliveries.extend((record.pos, sid, record.id) for sid in matched)
                 elif isinstance(record, RangeSubscription):
                     self._insert(record, row.cells)
                 elif isinstance(record, TopkSubscription | KnnSubscription):

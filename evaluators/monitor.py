@@ -203,15 +203,30 @@ class RankedMonitor:
     # --- subscriptions ------------------------------------------------------------------
 
     def subscribe(self, sub: TopkSubscription | KnnSubscription) -> None:
-        """Hold a new ranked subscription; its buffer is filled at the next mark (it starts stale)."""
+        """Hold a new ranked subscription; its buffer is filled at the next mark (it starts stale).
+
+        When no object the store holds shares a keyword with it, the buffer
+        is valid and empty at once (what a fill would give), and only the
+        home evaluator reports it at the next mark: another one's result is
+        the empty one the merge assumes. With rare keywords that is most new
+        subscriptions at most evaluators.
+        """
         handler = _shared_handler(sub, self.vocabulary, self.max_dist, self.window_none)
         terms = self._index_terms(handler)
         home = sub.pos % self.evaluators == self.evaluator_id
-        band = Skyband(sub.k, self.policy, self.count_window)
+        postings = self.store.postings
+        stale = any(t in postings for t in terms)
+        band = Skyband(sub.k, self.policy, self.count_window, stale=stale)
         self.subscriptions[sub.id] = _Held(handler, band, terms, home, None if home else EMPTY_REPORT)
+        index = self.index
         for t in terms:
-            self.index.setdefault(t, set()).add(sub.id)
-        self.dirty.add(sub.id)
+            subs = index.get(t)
+            if subs is None:
+                index[t] = {sub.id}
+            else:
+                subs.add(sub.id)
+        if stale or home:
+            self.dirty.add(sub.id)
         if self.durable:
             self.changed[sub.id] = sub
 
@@ -227,11 +242,11 @@ class RankedMonitor:
         The home evaluator always sends the final report (the merge ends the
         subscription on it); another one only if its result changed since its last report.
         """
-        held = self.subscriptions.get(sid)
+        held = self.subscriptions.pop(sid, None)
         if held is None:
             return False
-        self._report(sid, held, pos, ended=True)
-        del self.subscriptions[sid]
+        if held.home or held.reported is None or sid in self.dirty:
+            self._report(sid, held, pos, ended=True)
         if self.durable:
             self.changed[sid] = None
             self.reports_changed.discard(sid)
@@ -435,6 +450,7 @@ class RankedMonitor:
             return
         if not saved:
             held.reported = None
+            self.dirty.add(sid)
             return
         raw_rows, raw_bound = saved
         rows = tuple((str(oid), float(value), float(g), float(ts), int(pos)) for oid, value, g, ts, pos in raw_rows)

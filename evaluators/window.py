@@ -116,19 +116,25 @@ class WindowStore:
 
         The clock only moves forward (a stale stamp changes nothing).
         """
-        self.accepted = max(self.accepted, accepted)
-        if not math.isnan(watermark):
-            self.watermark = max(self.watermark, watermark)
+        if accepted > self.accepted:
+            self.accepted = accepted
+        if watermark > self.watermark:  # NaN (no watermark yet) compares False
+            self.watermark = watermark
+        arrivals, by_ts, by_expiry, kind = self._arrivals, self._by_ts, self._by_expiry, self.kind
+        oldest, edge = self.accepted - self.size, self.watermark - self.size
+        if not (
+            (by_expiry and by_expiry[0][0] <= self.watermark)
+            or (kind == "count" and arrivals and arrivals[0][0] < oldest)
+            or (kind == "seconds" and by_ts and by_ts[0][0] <= edge)
+        ):
+            return []  # nothing leaves: the common case, once per routed row
         gone: list[int] = []
-        if self.kind == "count":
-            arrivals, oldest = self._arrivals, self.accepted - self.size
+        if kind == "count":
             while arrivals and arrivals[0][0] < oldest:
                 gone.append(arrivals.popleft()[1])
-        elif self.kind == "seconds":
-            by_ts, edge = self._by_ts, self.watermark - self.size
+        elif kind == "seconds":
             while by_ts and by_ts[0][0] <= edge:
                 gone.append(heapq.heappop(by_ts)[1])
-        by_expiry = self._by_expiry
         while by_expiry and by_expiry[0][0] <= self.watermark:
             gone.append(heapq.heappop(by_expiry)[1])
         out = self.discard(gone)

@@ -25,6 +25,7 @@ import numpy as np
 from skpub.kernel.config import Deployment
 from skpub.kernel.geometry import Rect
 from skpub.kernel.grid import FineGrid
+from skpub.kernel.objects import ObjectColumns, decode_objects
 from skpub.kernel.records import KnnSubscription, ObjectRecord, RangeSubscription, TopkSubscription, parse_line
 from skpub.kernel.text import Vocabulary
 from skpub.router.agrid import AGrid
@@ -59,7 +60,7 @@ def subscription_costs(boxes: np.ndarray, size: int, index_block: int) -> np.nda
 
 
 def sample_cell_costs(
-    lines: Iterable[bytes], grid: FineGrid, vocabulary: Vocabulary, index_block: int, max_record_bytes: int
+    lines: Iterable[bytes | str], grid: FineGrid, vocabulary: Vocabulary, index_block: int, max_record_bytes: int
 ) -> np.ndarray:
     """Estimate per-cell cost from a sample of input lines.
 
@@ -67,32 +68,41 @@ def sample_cell_costs(
     -------
     ndarray, shape (grid.size, grid.size), float64
         Cost per fine cell, indexed ``[cy, cx]``. Invalid lines are ignored
-        (they cost nothing to evaluate). O(objects x matching subscriptions).
+        (they cost nothing to evaluate). O(objects x matching subscriptions);
+        objects are decoded in bulk (:func:`~skpub.kernel.objects.decode_objects`), other lines one by one.
     """
+    lines = [line.encode() if isinstance(line, str) else line for line in lines]
+    try:
+        objects, rest = decode_objects(lines, 0, grid.space, max_record_bytes)
+    except Exception:  # noqa: BLE001 - a failing bulk decoder leaves every line to the line-by-line path
+        objects, rest = ObjectColumns.from_records([]), list(range(len(lines)))
+    parsed = [parse_line(lines[i], i, grid.space, max_record_bytes) for i in rest]
+    more = ObjectColumns.from_records([r for r in parsed if type(r) is ObjectRecord])
+    objects = ObjectColumns.concat([objects, more])
     by_keyword: dict[str, list[Rect]] = {}
     ranked: Counter[str] = Counter()
-    objects: list[ObjectRecord] = []
     boxes = []
-    for pos, line in enumerate(lines):
-        record = parse_line(line, pos, grid.space, max_record_bytes)
-        if isinstance(record, ObjectRecord):
-            objects.append(record)
-        elif isinstance(record, RangeSubscription):
+    for record in parsed:
+        if isinstance(record, RangeSubscription):
             boxes.append(grid.cell_box(record.rect))
             for kw in vocabulary.summary_keywords(record.dnf):
                 by_keyword.setdefault(kw, []).append(record.rect)
         elif isinstance(record, TopkSubscription | KnnSubscription):
             ranked.update(record.keywords)
     costs = subscription_costs(np.array(boxes, dtype=np.int64).reshape(-1, 4), grid.size, index_block)
-    for obj in objects:
-        q = sum(1 for t in obj.term_set for r in by_keyword.get(t, ()) if r.contains_point(obj.x, obj.y))
-        q_ranked = sum(ranked.get(t, 0) for t in obj.term_set)
-        cx, cy = grid.cell_of(obj.x, obj.y)
-        costs[cy, cx] += 1 + q + q_ranked
+    cxs, cys = grid.cells_of(objects.x, objects.y)
+    work = np.ones(len(objects))
+    if by_keyword or ranked:
+        columns = objects.x.tolist(), objects.y.tolist(), objects.terms.to_pylist()
+        for i, (x, y, terms) in enumerate(zip(*columns, strict=True)):
+            term_set = set(terms)
+            q = sum(1 for t in term_set for r in by_keyword.get(t, ()) if r.contains_point(x, y))
+            work[i] += q + sum(ranked.get(t, 0) for t in term_set)
+    np.add.at(costs, (cys, cxs), work)
     return costs
 
 
-def initial_table(deployment: Deployment, vocabulary: Vocabulary, sample: Iterable[str]) -> RoutingTable:
+def initial_table(deployment: Deployment, vocabulary: Vocabulary, sample: Iterable[bytes | str]) -> RoutingTable:
     """Build the epoch-0 routing table of a deployment.
 
     ``router = "agrid"``: A-Grid over the cost partitioning of the sample;

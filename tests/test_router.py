@@ -168,3 +168,48 @@ def test_initial_partitioning_balances_a_sample_of_subscriptions_only():
         minlength=8,
     )
     assert counts.max() / counts.mean() < 1.6
+
+
+def test_sample_costs_equal_tornado_equation_1_record_by_record():
+    """The bulk-decoded sample costs what each parsed record costs alone: 1 + covering range subscriptions sharing a
+    term + ranked subscriptions sharing a term, per object, plus the subscriptions' registration costs."""
+    import json
+
+    from skpub.kernel.records import KnnSubscription, ObjectRecord, RangeSubscription, TopkSubscription, parse_line
+    from skpub.kernel.text import Vocabulary
+    from skpub.router.initial import sample_cell_costs, subscription_costs
+
+    rng = np.random.default_rng(11)
+    words = ["a", "b", "c", "d"]
+    lines = []
+    for i in range(600):
+        x, y = rng.uniform(-5, 105, 2)
+        kind = i % 6
+        if kind < 3:
+            terms = list(rng.choice(words, rng.integers(1, 4)))
+            extra = {"ts": 1.0} if kind == 1 else {"bogus": 1} if kind == 2 and i % 12 == 2 else {}
+            lines.append(json.dumps({"type": "object", "id": f"o{i}", "x": x, "y": y, "terms": terms, **extra}))
+        elif kind == 3:
+            rect = [x, y, x + rng.uniform(0, 30), y + rng.uniform(0, 30)]
+            spec = {"kind": "range", "rect": rect, "expr": "a OR b"}
+            lines.append(json.dumps({"type": "subscribe", "id": f"s{i}", **spec}))
+        elif kind == 4:
+            spec = {"kind": "topk", "point": [x, y], "k": 3, "alpha": 0.5, "keywords": ["c"]}
+            lines.append(json.dumps({"type": "subscribe", "id": f"t{i}", **spec}))
+        else:
+            spec = {"kind": "knn", "point": [x, y], "keywords": ["d", "a"], "k": 2}
+            lines.append(json.dumps({"type": "subscribe", "id": f"k{i}", **spec}).encode())
+    lines.append(b"not json")
+    grid = FineGrid(SPACE, 20)
+    records = [parse_line(line, i, SPACE, 10_000) for i, line in enumerate(lines)]
+    ranges = [r for r in records if isinstance(r, RangeSubscription)]
+    ranked = [t for r in records if isinstance(r, TopkSubscription | KnnSubscription) for t in r.keywords]
+    boxes = np.array([grid.cell_box(r.rect) for r in ranges], dtype=np.int64).reshape(-1, 4)
+    expected = subscription_costs(boxes, grid.size, 4)
+    summary = Vocabulary().summary_keywords
+    for obj in (r for r in records if isinstance(r, ObjectRecord)):
+        cx, cy = grid.cell_of(obj.x, obj.y)
+        q = sum(1 for t in obj.term_set for r in ranges if t in summary(r.dnf) and r.rect.contains_point(obj.x, obj.y))
+        expected[cy, cx] += 1 + q + sum(ranked.count(t) for t in obj.term_set)
+    assert sum(isinstance(r, ObjectRecord) for r in records) > 150
+    np.testing.assert_allclose(sample_cell_costs(lines, grid, Vocabulary(), 4, 10_000), expected)
