@@ -90,15 +90,12 @@ def sample_cell_costs(
         elif isinstance(record, TopkSubscription | KnnSubscription):
             ranked.update(record.keywords)
     costs = subscription_costs(np.array(boxes, dtype=np.int64).reshape(-1, 4), grid.size, index_block)
-    cxs, cys = grid.cells_of(objects.x, objects.y)
-    work = np.ones(len(objects))
-    if by_keyword or ranked:
-        columns = objects.x.tolist(), objects.y.tolist(), objects.terms.to_pylist()
-        for i, (x, y, terms) in enumerate(zip(*columns, strict=True)):
-            term_set = set(terms)
-            q = sum(1 for t in term_set for r in by_keyword.get(t, ()) if r.contains_point(x, y))
-            work[i] += q + sum(ranked.get(t, 0) for t in term_set)
-    np.add.at(costs, (cys, cxs), work)
+    columns = objects.x.tolist(), objects.y.tolist(), objects.terms.to_pylist()
+    for x, y, terms in zip(*columns, strict=True):
+        term_set = set(terms)
+        q = sum(1 for t in term_set for r in by_keyword.get(t, ()) if r.contains_point(x, y))
+        cx, cy = grid.cell_of(x, y)
+        costs[cy, cx] += 1 + q + sum(ranked.get(t, 0) for t in term_set)
     return costs
 
 
