@@ -172,23 +172,23 @@ def ranked_from_spec(pos: int, sid: str, spec: str) -> TopkSubscription | KnnSub
     raise ValueError(f"a ranked subscription is topk or knn, not {doc['kind']!r}")
 
 
-def _optional_float(value) -> float | None:  # noqa: ANN001 - pandas gives NaN for nulls
-    return None if value is None or value != value else float(value)
-
-
 def from_columns(cols: Mapping[str, Sequence], evaluator: int) -> list[Routed]:
-    """Rebuild routed rows for ``evaluator`` from columns, in stream order.
+    """Rebuild routed rows for ``evaluator`` from columns of Python values, in stream order.
 
-    Columns are zipped (no per-row lookup by name), and reordered only when
-    they are not in stream order already: this runs for every row an
-    evaluator receives. O(rows), or O(rows log rows) to reorder.
+    ``cols`` maps every :data:`ROUTED_SCHEMA` name to a list of Python
+    values: ``pyarrow.Table.to_pydict`` (nulls None) or ``Series.tolist``
+    of a pandas frame (null floats NaN, and integer columns with nulls as
+    floats). Columns are zipped (no per-row lookup by name), and reordered
+    only when they are not in stream order already: this runs for every row
+    an evaluator receives, so a value is converted only where the two
+    sources differ. O(rows), or O(rows log rows) to reorder.
 
     Raises
     ------
     ValueError
         If a row's ``kind`` is not one of :data:`KINDS`, or a ``spec`` is damaged.
     """
-    pos = [int(p) for p in cols["pos"]]
+    pos = cols["pos"]
     names = ("kind", "id", "x", "y", "terms", "ts", "expires_at", "cx0", "cy0", "cx1", "cy1", "rect", "dnf", "spec")
     columns = [cols[name] for name in (*names, "accepted", "watermark")]
     if any(a > b for a, b in pairwise(pos)):
@@ -200,27 +200,32 @@ def from_columns(cols: Mapping[str, Sequence], evaluator: int) -> list[Routed]:
     for p, kind, oid, x, y, words, ts, expires_at, cx0, cy0, cx1, cy1, rect, dnf, spec, accepted, watermark in zip(
         pos, *columns, strict=True
     ):
-        kind = int(kind)
-        accepted = int(accepted)
-        watermark = nan if watermark is None else float(watermark)
+        if watermark is None:
+            watermark = nan
         if kind == OBJECT:
             words = tuple(words)
             record = ObjectRecord(
-                p, oid, float(x), float(y), words, frozenset(words), _optional_float(ts), _optional_float(expires_at)
+                p,
+                oid,
+                x,
+                y,
+                words,
+                frozenset(words),
+                None if ts is None or ts != ts else ts,
+                None if expires_at is None or expires_at != expires_at else expires_at,
             )
+            append(Routed(evaluator, record, (int(cx0), int(cy0), int(cx1), int(cy1)), accepted, watermark))
         elif kind == SUBSCRIBE and spec is not None:
             append(Routed(evaluator, ranked_from_spec(p, oid, spec), None, accepted, watermark))
-            continue
         elif kind == SUBSCRIBE:
             clauses = tuple(frozenset(clause) for clause in orjson.loads(dnf))
             record = RangeSubscription(p, oid, Rect(*(float(v) for v in rect)), clauses)
+            append(Routed(evaluator, record, (int(cx0), int(cy0), int(cx1), int(cy1)), accepted, watermark))
         else:
             other = _OTHERS.get(kind)
             if other is None:
                 raise ValueError(f"an evaluator receives no rows of kind {kind}")
             append(Routed(evaluator, other(p, oid), None, accepted, watermark))
-            continue
-        append(Routed(evaluator, record, (int(cx0), int(cy0), int(cx1), int(cy1)), accepted, watermark))
     return rows
 
 
