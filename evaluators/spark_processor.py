@@ -209,6 +209,7 @@ class EvaluatorProcessor(StatefulProcessor):
         if evaluator is not None:
             _CACHE[(self.run_id, batch.evaluator)] = (batch.batch_id, evaluator)
         outcome.counters["state_cpu_seconds"] += time.thread_time() - start
+        outcome.counters["hosted"] = evaluator is None
         start = time.thread_time()
         writer = f"e{batch.evaluator:03d}"
         write_lines(self.output_root, "deliveries", batch.batch_id, outcome.deliveries, writer)

@@ -76,18 +76,29 @@ def test_spark_engine_on_a_geonames_sample_equals_oracle(spark, tmp_path):
     assert len(expected.deliveries) > 0
 
 
-def test_spark_engine_on_a_ranked_geonames_sample_equals_oracle(spark, tmp_path):
-    """Real places, real tf-idf: topk and knn subscriptions over a count window, near and exact distance ties."""
+def test_spark_engine_on_a_ranked_geonames_sample_equals_oracle(spark, tmp_path, monkeypatch):
+    """Real places, real tf-idf: topk and knn subscriptions over a count window, near and exact distance ties.
+
+    The vocabulary path is relative, as a user types it: the evaluator hosts, which run elsewhere, still apply
+    every batch.
+    """
     spec = WorkloadSpec(seed=12, live=80, objects=1500, topk_fraction=0.4, knn_fraction=0.4, keyword_percentile=100)
     stream, vocabulary = write_workload(spec, tmp_path / "wl")
     lines = list(iter_lines(stream))
+    monkeypatch.chdir(tmp_path)
     dep = Deployment(
-        evaluators=3, batch_size=400, vocabulary=str(vocabulary), sample_size=500, window=Window("count", 300)
+        evaluators=3,
+        batch_size=400,
+        vocabulary=str(vocabulary.relative_to(tmp_path)),
+        sample_size=500,
+        window=Window("count", 300),
     )
-    out, _ = run(spark, tmp_path, lines, dep, name="geo")
+    out, summary = run(spark, tmp_path, lines, dep, name="geo")
     expected = assert_equals_oracle(out, lines, dep)
     events = [d for d in expected.deliveries if d["event"] != "match"]
     assert len(events) > 200 and {"score", "dist"} <= {key for d in events for key in d}
+    assert summary.hosts["hosted"] == summary.hosts["applied"] == 3 * summary.batches
+    assert f"{3 * summary.batches} of {3 * summary.batches} evaluator batches applied in a host" in summary.format()
 
 
 def test_finished_output_is_refused_and_overwrite_replaces_it(spark, tmp_path):

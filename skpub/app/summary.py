@@ -41,6 +41,9 @@ class BatchReport:
     """Top-k/kNN work: ``reevaluations`` (buffers refilled after expiries), ``reevaluated`` (candidates they
     scored), ``fills`` (buffers of new or restored subscriptions), ``unproven`` (merged results whose tie
     chains outran the band, DESIGN "Top-k and kNN")."""
+    hosts: Counter = field(default_factory=Counter)
+    """Spark: ``applied`` evaluator batches, ``hosted`` those applied in an evaluator host (the rest were applied
+    by the task itself, after rebuilding the evaluator when its worker did not hold it)."""
 
 
 @dataclass
@@ -65,6 +68,7 @@ class RunSummary:
     skipped_inputs: list[str] = field(default_factory=list)
     stage_cpu: Counter = field(default_factory=Counter)
     ranked: Counter = field(default_factory=Counter)
+    hosts: Counter = field(default_factory=Counter)
     log_file: str | None = None
 
     @property
@@ -128,6 +132,11 @@ class RunSummary:
                 f"  serial            {self.serial_fraction:.1%} of stage CPU, {per_object:.2f} us per object"
                 f" (speed-up bound {1 / max(self.serial_fraction, 1e-9):,.1f}x)"
             )
+        if self.hosts["applied"]:
+            lines.append(
+                f"  evaluator hosts   {self.hosts['hosted']} of {self.hosts['applied']} evaluator batches applied"
+                " in a host (the others by their task; the engine log says why)"
+            )
         if self.log_file:
             lines.append(f"  engine log        {self.log_file}")
         if self.skipped_inputs:
@@ -183,6 +192,7 @@ class RunObserver:
             s.evaluator_cpu[e] += c
         s.stage_cpu.update(report.stage_cpu)
         s.ranked.update(report.ranked)
+        s.hosts.update(report.hosts)
         now = time.perf_counter()
         if s.batches > 1:
             s.steady_objects += report.objects

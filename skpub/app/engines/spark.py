@@ -229,6 +229,7 @@ class Sink:
         )
         for c in counters:
             report.ranked.update(c["ranked"])
+        report.hosts.update(applied=len(counters), hosted=sum(bool(c["hosted"]) for c in counters))
         report.ranked["unproven"] += merge.unproven - unproven
         for c in sorted(counters, key=lambda c: c["evaluator"]):
             report.evaluator_cost[c["evaluator"]] = c["cost"]
@@ -411,6 +412,8 @@ def run_spark(
     if not all(f.is_file() for f in input_files(input_path)):
         raise InputError(f"the Spark engine reads regular files, and {input_path} is not one; use --engine local")
     output = Path(output_dir).absolute()
+    if deployment.vocabulary:  # tasks and evaluator hosts read it from other working directories
+        deployment = deployment.replace(vocabulary=str(Path(deployment.vocabulary).absolute()))
     ckpt = Checkpoint(checkpoint or output / CHECKPOINT_DIR)
     check_output(output, overwrite)
     ckpt.check_owned()
