@@ -133,10 +133,9 @@ class RunSummary:
                 f" (speed-up bound {1 / max(self.serial_fraction, 1e-9):,.1f}x)"
             )
         if self.hosts["applied"]:
-            lines.append(
-                f"  evaluator hosts   {self.hosts['hosted']} of {self.hosts['applied']} evaluator batches applied"
-                " in a host (the others by their task; the engine log says why)"
-            )
+            hosted, applied = self.hosts["hosted"], self.hosts["applied"]
+            why = "" if hosted == applied else " (the others by their task; the engine log says why)"
+            lines.append(f"  evaluator hosts   {hosted} of {applied} evaluator batches applied in a host{why}")
         if self.log_file:
             lines.append(f"  engine log        {self.log_file}")
         if self.skipped_inputs:
