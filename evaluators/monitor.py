@@ -203,7 +203,7 @@ class RankedMonitor:
     # --- subscriptions ------------------------------------------------------------------
 
     def subscribe(self, sub: TopkSubscription | KnnSubscription) -> None:
-        """Hold a new ranked subscription; its buffer is filled at the next mark (it starts stale).
+        """Hold a new ranked subscription; its buffer is filled at the next mark (it starts stale), if it must be.
 
         When no object the store holds shares a keyword with it, the buffer
         is valid and empty at once (what a fill would give), and only the
@@ -242,11 +242,12 @@ class RankedMonitor:
         The home evaluator always sends the final report (the merge ends the
         subscription on it); another one only if its result changed since its last report.
         """
-        held = self.subscriptions.pop(sid, None)
+        held = self.subscriptions.get(sid)
         if held is None:
             return False
         if held.home or held.reported is None or sid in self.dirty:
             self._report(sid, held, pos, ended=True)
+        del self.subscriptions[sid]
         if self.durable:
             self.changed[sid] = None
             self.reports_changed.discard(sid)
@@ -458,6 +459,8 @@ class RankedMonitor:
         held.reported = (rows, bound)
         objects = self.store.objects
         if any(pos not in objects for *_, pos in rows):
+            held.band.stale = True
+            self.dirty.add(sid)
             return
         held.band.restore(
             [Entry(g, value, ts, pos, oid, objects[pos].expires_at) for oid, value, g, ts, pos in rows], bound

@@ -69,7 +69,8 @@ class Skyband:
     candidate with ``g >= theta`` is held, except those dropped, whose
     positions and goodness are in ``dropped`` until they leave the window.
     ``stale`` means it must be refilled
-    before it is read (a new subscription, or an invalid buffer).
+    before it is read (a new subscription whose keywords the window store
+    holds, or an invalid buffer).
     ``dominators`` counts, per entry, the entries that dominate it;
     ``ceiling`` caps the k-th goodness that drops are measured against
     (the floor of the whole candidate set, during a refill).

@@ -137,11 +137,7 @@ class WindowStore:
                 gone.append(heapq.heappop(by_ts)[1])
         while by_expiry and by_expiry[0][0] <= self.watermark:
             gone.append(heapq.heappop(by_expiry)[1])
-        out = self.discard(gone)
-        if len(by_expiry) > 2 * len(self.objects) + 64:  # entries of objects that left otherwise
-            self._by_expiry = [(t, p) for t, p in by_expiry if p in self.objects]
-            heapq.heapify(self._by_expiry)
-        return out
+        return self.discard(gone)
 
     def discard(self, positions: Iterable[int]) -> list[WindowObject]:
         """Forget the objects at ``positions`` (those still held); return them."""
@@ -164,6 +160,9 @@ class WindowStore:
                 posting.discard(pos)
                 if not posting:
                     del self.postings[t]
+        if len(self._by_expiry) > 2 * len(self.objects) + 64:  # entries of objects that left otherwise
+            self._by_expiry = [(t, p) for t, p in self._by_expiry if p in self.objects]
+            heapq.heapify(self._by_expiry)
         return out
 
     def sharing(self, terms: Iterable[str], rarest_only: bool = False) -> Iterable[WindowObject]:

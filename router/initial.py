@@ -71,7 +71,7 @@ def sample_cell_costs(
         (they cost nothing to evaluate). O(objects x matching subscriptions);
         objects are decoded in bulk (:func:`~skpub.kernel.objects.decode_objects`), other lines one by one.
     """
-    lines = [line.encode() if isinstance(line, str) else line for line in lines]
+    lines = [line.encode("utf-8", "surrogatepass") if isinstance(line, str) else line for line in lines]
     try:
         objects, rest = decode_objects(lines, 0, grid.space, max_record_bytes)
     except Exception:  # noqa: BLE001 - a failing bulk decoder leaves every line to the line-by-line path

@@ -263,3 +263,39 @@ def test_an_evaluator_that_saves_nothing_keeps_only_its_window():
         assert len(ev.monitor.store) <= 20
         assert ev.monitor.store.arrived == [] and ev.monitor.store.emptied == set()
         assert ev.monitor.changed == {} and ev.monitor.reports_changed == set()
+
+
+def test_an_unsubscribe_whose_report_fails_leaves_the_monitor_whole(monkeypatch):
+    """The subscription stays held when its final report fails, so later objects and marks still work."""
+    from skpub.evaluators.monitor import RankedMonitor
+    from skpub.kernel.records import KnnSubscription
+    from skpub.kernel.text import Vocabulary
+
+    monitor = RankedMonitor(0, deployment(evaluators=1).replace(window=Window("count", 10)), Vocabulary())
+    monitor.subscribe(KnnSubscription(0, "s", 0.5, 0.5, frozenset({"a"}), 1, "any", "window"))
+    monitor.mark(0)
+    monitor.add_object(ObjectRecord(1, "p", 0.4, 0.4, ("a",), frozenset({"a"}), 0.0, None), 0, 0)
+    with monkeypatch.context() as patch:
+        patch.setattr(Skyband, "read", lambda self, alive=None: None)
+        with pytest.raises(Exception, match="cannot prove"):
+            monitor.unsubscribe("s", 2)
+    monitor.add_object(ObjectRecord(3, "o", 0.5, 0.5, ("a",), frozenset({"a"}), 0.0, None), 1, 0)
+    updates, failed = monitor.mark(4)
+    assert not failed and [u.sub for u in updates] == ["s"]
+    assert monitor.unsubscribe("s", 5) and not monitor.subscriptions and not monitor.index
+
+
+def test_a_restored_report_of_objects_gone_is_sent_again_even_without_candidates():
+    """A saved report naming objects the restored store no longer holds is replaced at the next mark."""
+    from skpub.evaluators.durable import state_document
+    from skpub.evaluators.monitor import RankedMonitor
+    from skpub.kernel.records import KnnSubscription
+    from skpub.kernel.text import Vocabulary
+    from skpub.kernel.wire import ranked_spec
+
+    sub = KnnSubscription(0, "s", 0.5, 0.5, frozenset({"a"}), 1, "any", "window")
+    saved = {"subscriptions": {"s": [0, ranked_spec(sub)]}, "reports": {"s": [[["o5", 0.1, -0.1, 0.0, 5]], None]}}
+    dep = deployment(evaluators=2).replace(window=Window("count", 10))
+    monitor = RankedMonitor.restore(1, dep, Vocabulary(), (20, math.nan), {}, [state_document(saved, "ranked")])
+    updates, failed = monitor.mark(30)
+    assert not failed and [(u.sub, u.entries, u.bound) for u in updates] == [("s", (), -math.inf)]

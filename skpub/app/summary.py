@@ -134,7 +134,7 @@ class RunSummary:
             )
         if self.hosts["applied"]:
             hosted, applied = self.hosts["hosted"], self.hosts["applied"]
-            why = "" if hosted == applied else " (the others by their task; the engine log says why)"
+            why = "" if hosted == applied else " (the others by their task: hosts off, or see the engine log)"
             lines.append(f"  evaluator hosts   {hosted} of {applied} evaluator batches applied in a host{why}")
         if self.log_file:
             lines.append(f"  engine log        {self.log_file}")
