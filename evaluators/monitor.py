@@ -26,7 +26,8 @@ differs from the last one it reported, which starts as the empty result
 the merge assumes of an evaluator it has not heard from. The saved state
 keeps every subscription's last report, and a restored buffer is rebuilt
 from it (it is a valid buffer whose threshold is the report's bound), so a
-restore neither refills nor reports again.
+restore neither refills nor reports again (unless the report names an
+object the restored store no longer holds: then it is refilled and sent).
 """
 
 from __future__ import annotations
@@ -241,12 +242,30 @@ class RankedMonitor:
 
         The home evaluator always sends the final report (the merge ends the
         subscription on it); another one only if its result changed since its last report.
+
+        Raises
+        ------
+        Exception
+            Whatever reading the final result raised (a bug). The subscription
+            is ended all the same, and the home evaluator sends its last
+            report as the final one, so the merge ends it too.
         """
         held = self.subscriptions.get(sid)
         if held is None:
             return False
-        if held.home or held.reported is None or sid in self.dirty:
-            self._report(sid, held, pos, ended=True)
+        try:
+            if held.home or held.reported is None or sid in self.dirty:
+                self._report(sid, held, pos, ended=True)
+        except Exception:
+            if held.home:
+                self._queue(sid, held, pos, held.reported or EMPTY_REPORT, ended=True)
+            raise
+        finally:
+            self._end(sid, held)
+        return True
+
+    def _end(self, sid: str, held: _Held) -> None:
+        """Forget an ended subscription: its buffer, index entries and saved state."""
         del self.subscriptions[sid]
         if self.durable:
             self.changed[sid] = None
@@ -262,7 +281,6 @@ class RankedMonitor:
         self.dirty.discard(sid)
         if self.window_none:
             self._prune_before_oldest()
-        return True
 
     def _prune_before_oldest(self) -> None:
         """Window none: forget objects older than every active subscription (none can see them)."""
@@ -318,7 +336,10 @@ class RankedMonitor:
                 return
         elif not (ended and held.home):
             return
-        rows, bound = held.reported
+        self._queue(sid, held, pos, held.reported, ended)
+
+    def _queue(self, sid: str, held: _Held, pos: int, report: Report, ended: bool) -> None:
+        rows, bound = report
         sub = held.handler.sub
         self.pending.append(
             RankedUpdate(pos, sid, sub.pos, self.evaluator_id, sub.k, held.handler.field_name, rows, bound, ended)

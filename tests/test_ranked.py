@@ -265,24 +265,26 @@ def test_an_evaluator_that_saves_nothing_keeps_only_its_window():
         assert ev.monitor.changed == {} and ev.monitor.reports_changed == set()
 
 
-def test_an_unsubscribe_whose_report_fails_leaves_the_monitor_whole(monkeypatch):
-    """The subscription stays held when its final report fails, so later objects and marks still work."""
+def test_an_unsubscribe_whose_report_fails_ends_the_subscription_all_the_same(monkeypatch):
+    """A failing final report (a bug) still ends the subscription: the home evaluator sends its last report as the
+    final one, so the merge ends it, and later objects and marks neither fail nor bring it back."""
     from skpub.evaluators.monitor import RankedMonitor
     from skpub.kernel.records import KnnSubscription
     from skpub.kernel.text import Vocabulary
 
     monitor = RankedMonitor(0, deployment(evaluators=1).replace(window=Window("count", 10)), Vocabulary())
     monitor.subscribe(KnnSubscription(0, "s", 0.5, 0.5, frozenset({"a"}), 1, "any", "window"))
-    monitor.mark(0)
+    (first,), _ = monitor.mark(0)
     monitor.add_object(ObjectRecord(1, "p", 0.4, 0.4, ("a",), frozenset({"a"}), 0.0, None), 0, 0)
     with monkeypatch.context() as patch:
         patch.setattr(Skyband, "read", lambda self, alive=None: None)
         with pytest.raises(Exception, match="cannot prove"):
             monitor.unsubscribe("s", 2)
+    assert not monitor.subscriptions and not monitor.index and not monitor.holders
     monitor.add_object(ObjectRecord(3, "o", 0.5, 0.5, ("a",), frozenset({"a"}), 0.0, None), 1, 0)
-    updates, failed = monitor.mark(4)
-    assert not failed and [u.sub for u in updates] == ["s"]
-    assert monitor.unsubscribe("s", 5) and not monitor.subscriptions and not monitor.index
+    (final,), failed = monitor.mark(4)
+    assert not failed and final.ended and (final.sub, final.entries, final.bound) == ("s", first.entries, first.bound)
+    assert monitor.mark(5) == ([], []) and not monitor.unsubscribe("s", 6)
 
 
 def test_a_restored_report_of_objects_gone_is_sent_again_even_without_candidates():
