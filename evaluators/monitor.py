@@ -219,13 +219,8 @@ class RankedMonitor:
         stale = any(t in postings for t in terms)
         band = Skyband(sub.k, self.policy, self.count_window, stale=stale)
         self.subscriptions[sub.id] = _Held(handler, band, terms, home, None if home else EMPTY_REPORT)
-        index = self.index
         for t in terms:
-            subs = index.get(t)
-            if subs is None:
-                index[t] = {sub.id}
-            else:
-                subs.add(sub.id)
+            self.index.setdefault(t, set()).add(sub.id)
         if stale or home:
             self.dirty.add(sub.id)
         if self.durable:

@@ -265,8 +265,8 @@ class EvaluatorState:
 
     def to_message(self) -> tuple[dict, list[bytes]]:
         """Return the state as a host message (header and blobs)."""
-        header = {"blocks": list(self.blocks), "window": list(self.window), "ranked": len(self.ranked)}
-        return {**header, "clock": list(self.clock)}, [*self.blocks.values(), *self.window.values(), *self.ranked]
+        header = {"blocks": list(self.blocks), "window": list(self.window), "clock": list(self.clock)}
+        return header, [*self.blocks.values(), *self.window.values(), *self.ranked]
 
     @classmethod
     def from_message(cls, header: dict, blobs: list[bytes]) -> EvaluatorState:
