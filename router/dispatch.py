@@ -101,20 +101,13 @@ def rejected_letters(
 class Router:
     """A routing unit: a locator per epoch and the sequencer's state."""
 
-    def __init__(
-        self,
-        deployment: Deployment,
-        vocabulary: Vocabulary,
-        registry: IdRegistry | None = None,
-        presence: list | None = None,
-    ) -> None:
+    def __init__(self, deployment: Deployment, vocabulary: Vocabulary, registry: IdRegistry | None = None) -> None:
         self.deployment = deployment
         self.vocabulary = vocabulary
         self.sequencer = Sequencer(
             deployment.evaluators,
             registry if registry is not None else IdRegistry(deployment.object_id_horizon),
             deployment.window,
-            presence,
         )
 
     @property

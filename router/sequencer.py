@@ -22,7 +22,6 @@ import math
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise
 from typing import NamedTuple
 
 import numpy as np
@@ -31,11 +30,9 @@ import pyarrow.compute as pc
 
 from skpub.kernel.config import Window
 from skpub.kernel.decode import clip
-from skpub.kernel.errors import CheckpointError
 from skpub.kernel.grid import CellBox
 from skpub.kernel.registry import IdRegistry
 from skpub.kernel.wire import KINDS, MARK, OBJECT, ROUTED_SCHEMA, SUBSCRIBE
-from skpub.router.presence import TermPresence, check_arrivals
 from skpub.router.summary import TextualSummaries
 
 Targets = tuple[tuple[int, CellBox], ...]
@@ -47,24 +44,18 @@ Clock = tuple[np.ndarray, np.ndarray, np.ndarray]
 class Placement(NamedTuple):
     """Where an active subscription lives: its evaluators and summary keywords (a tuple: cheap to build).
 
-    A ``ranked`` (topk or knn) subscription lives at its home evaluator and
-    at every evaluator whose window store may hold one of its keywords
-    (:mod:`skpub.router.presence`); its keywords are not in the range
-    summaries. It keeps its stream position ``pos`` and ``spec`` (the JSON
-    of its fields, :data:`~skpub.kernel.wire.ROUTED_COLUMNS`) so it can be
-    sent to another evaluator later (DESIGN "Top-k and kNN").
+    A ``ranked`` (topk or knn) subscription lives at every evaluator, and its
+    keywords are not in the range summaries (DESIGN "Top-k and kNN").
     """
 
     evaluators: tuple[int, ...]
     keywords: frozenset[str]
     ranked: bool = False
-    pos: int = -1
-    spec: str | None = None
 
     def to_json(self) -> list:
-        """Return ``[evaluators, sorted keywords]`` (``[..., true, pos, spec]`` when ranked), the durable form."""
+        """Return ``[evaluators, sorted keywords]`` (``[..., true]`` when ranked), the durable form."""
         out = [list(self.evaluators), sorted(self.keywords)]
-        return [*out, True, self.pos, self.spec] if self.ranked else out
+        return [*out, True] if self.ranked else out
 
     @classmethod
     def from_json(cls, raw: list) -> Placement:
@@ -78,12 +69,9 @@ class Placement(NamedTuple):
         evaluators, keywords, *ranked = raw
         if not all(type(e) is int for e in evaluators) or not all(type(k) is str for k in keywords):
             raise TypeError("a placement is [[evaluator ints], [keyword strings]]")
-        if not ranked:
-            return cls(tuple(evaluators), frozenset(keywords))
-        flag, pos, spec = ranked
-        if flag is not True or type(pos) is not int or type(spec) is not str:
-            raise TypeError("a ranked placement ends with true, its position (int) and its spec (str)")
-        return cls(tuple(evaluators), frozenset(keywords), True, pos, spec)
+        if ranked not in ([], [True]):
+            raise TypeError("a placement's third element, when present, is true (ranked)")
+        return cls(tuple(evaluators), frozenset(keywords), bool(ranked))
 
 
 @dataclass
@@ -102,10 +90,7 @@ class Decisions:
     with a mark row to every evaluator (DESIGN "Top-k and kNN"). ``clock``
     stamps the items (:meth:`Sequencer.clock`, set by
     :meth:`Sequencer.sequence_table`) and ``end_clock`` is ``(objects
-    accepted, watermark)`` at the batch's end, ``start_clock`` at its start.
-    ``late`` holds ``(id, placement, evaluator)`` for the ranked subscriptions of
-    earlier batches sent to one more evaluator before this batch's objects
-    (:meth:`Sequencer.sequence`); they travel first, stamped ``start_clock``.
+    accepted, watermark)`` at the batch's end.
     """
 
     index: list[int] = field(default_factory=list)
@@ -119,12 +104,7 @@ class Decisions:
     mark: bool = False
     clock: Clock | None = None
     end_clock: tuple[int, float] = (0, math.nan)
-    start_clock: tuple[int, float] = (0, math.nan)
-    late: list[tuple[str, Placement, int]] = field(default_factory=list)
 
-
-Arrivals = list[dict[str, float]]
-"""``arrivals[e]`` maps each term of the batch's objects at evaluator ``e`` to its value there (:func:`arrivals`)."""
 
 Admit = Callable[[TextualSummaries, list[int]], Sequence[bool]]
 """``admit(summaries, objects)``: for the accepted object items ``objects``, whether each passes its owner's summary."""
@@ -141,69 +121,44 @@ class Sequencer:
         The id registry with the placements (its durable state).
     window : Window, optional
         The deployment window (default none).
-    presence : list of dict, optional
-        With a count or seconds window, the term presence at the registry's
-        clock (:meth:`TermPresence.to_json`, part of the durable state);
-        None for a registry that has accepted no object yet.
-
-    Raises
-    ------
-    ValueError
-        If ``presence`` is missing for a registry that has accepted objects,
-        or does not have one map per evaluator.
     """
 
-    def __init__(
-        self, evaluators: int, registry: IdRegistry, window: Window | None = None, presence: list | None = None
-    ) -> None:
+    def __init__(self, evaluators: int, registry: IdRegistry, window: Window | None = None) -> None:
         self.registry = registry
         self.summaries = TextualSummaries(evaluators)
         self.window = window or Window()
         self.ranked_keywords: Counter[str] = Counter()
-        self.ranked_index: dict[str, set[str]] = {}
         self.ranked_active = 0
-        self.presence: TermPresence | None = None
-        self.arrivals: list[dict[str, float]] | None = None
-        if self.window.kind != "none":
-            if presence is None and registry.objects_accepted:
-                raise ValueError("a registry that has accepted objects needs its term presence")
-            self.presence = TermPresence.from_json(presence or [{}] * evaluators, evaluators, self.window)
-        for rid, placement in registry.active.items():
-            self._add_placement(rid, placement)
+        for placement in registry.active.values():
+            self._add_placement(placement)
 
-    def _add_placement(self, rid: str, placement: Placement) -> None:
+    def _add_placement(self, placement: Placement) -> None:
         if placement.ranked:
             self.ranked_keywords.update(placement.keywords)
-            for keyword in placement.keywords:
-                self.ranked_index.setdefault(keyword, set()).add(rid)
             self.ranked_active += 1
         else:
             for e in placement.evaluators:
                 self.summaries.add(e, placement.keywords)
 
-    def _remove_placement(self, rid: str, placement: Placement) -> None:
+    def _remove_placement(self, placement: Placement) -> None:
         if placement.ranked:
-            counts, index = self.ranked_keywords, self.ranked_index
+            counts = self.ranked_keywords
             for keyword in placement.keywords:
                 counts[keyword] -= 1
                 if not counts[keyword]:
                     del counts[keyword]
-                index[keyword].discard(rid)
-                if not index[keyword]:
-                    del index[keyword]
             self.ranked_active -= 1
         else:
             for e in placement.evaluators:
                 self.summaries.remove(e, placement.keywords)
 
-    def replay(self, objects: list[str], changes: list, arrivals: list | None = None) -> None:
-        """Apply one batch's journal (:func:`skpub.router.state.decode_journal`): registry, summaries, term presence.
+    def replay(self, objects: list[str], changes: list) -> None:
+        """Apply one batch's journaled registry changes (:func:`skpub.router.state.decode_journal`), summaries too.
 
         Raises
         ------
         CheckpointError
-            If a change does not fit the registry, or the arrivals this
-            sequencer's presence (a damaged journal).
+            If a change does not fit the registry (a damaged journal).
         """
         registry = self.registry
         registry.replay_objects(objects)
@@ -212,28 +167,9 @@ class Sequencer:
             ended = registry.active.get(rid) if rtype == "unsubscribe" else None
             registry.replay([change])
             if rtype == "subscribe":
-                self._add_placement(rid, placement)
+                self._add_placement(placement)
             elif ended is not None:
-                self._remove_placement(rid, ended)
-        if (arrivals is None) != (self.presence is None):
-            raise CheckpointError("damaged journal: its term presence does not fit the window")
-        if self.presence is not None:
-            try:
-                self.presence.observe(check_arrivals(arrivals, len(self.presence.last)))
-            except (TypeError, ValueError) as exc:
-                raise CheckpointError(f"damaged journal: {exc}") from None
-            self.presence.prune(registry.objects_accepted, self.watermark)
-
-    def presence_json(self) -> list | None:
-        """Return the term presence's durable form (None with window none), for a router snapshot."""
-        return None if self.presence is None else self.presence.to_json()
-
-    def take_journal(self) -> tuple[list, list | None]:
-        """Return the registry changes and the term-presence arrivals since the last call (the batch's journal)."""
-        arrivals, self.arrivals = self.arrivals, None
-        if self.presence is not None and arrivals is None:
-            arrivals = [{} for _ in self.presence.last]
-        return self.registry.take_journal(), arrivals
+                self._remove_placement(ended)
 
     @property
     def watermark(self) -> float:
@@ -246,9 +182,8 @@ class Sequencer:
         kinds: np.ndarray,
         ids: Sequence[str],
         owners: np.ndarray,
-        subscriptions: Mapping[int, tuple[Targets, frozenset[str], str | None, int]],
+        subscriptions: Mapping[int, tuple[Targets, frozenset[str]]],
         admit: Admit,
-        arrivals: Arrivals | None = None,
     ) -> Decisions:
         """Decide one micro-batch, given its records' compact columns in stream order.
 
@@ -261,17 +196,10 @@ class Sequencer:
         owners : ndarray, shape (n,), int
             An object's owner evaluator (ignored for other kinds).
         subscriptions : mapping
-            ``item -> (targets, summary keywords, spec, pos)`` for every
-            ``subscribe`` item; ``spec`` is a topk or knn subscription's JSON
-            (None for a range one) and ``pos`` its stream position.
+            ``item -> (targets, summary keywords)`` for every ``subscribe`` item.
         admit : callable
             Tests the batch's accepted objects against the textual summaries
             (:meth:`TextualSummaries.admits` or its vectorized form).
-        arrivals : list of dict, optional
-            With a count or seconds window, the term presence the batch's
-            objects bring (:func:`arrivals`): it places the ranked
-            subscriptions (:meth:`_sequence_late`) and is journaled. Without
-            it they go to every evaluator.
 
         Returns
         -------
@@ -288,28 +216,21 @@ class Sequencer:
             per object, O(targets) per subscription. Never raises for an
             item: one that fails becomes an ``internal_error`` rejection.
         """
-        out = Decisions(start_clock=self._clock_now())
+        out = Decisions()
         kinds = np.asarray(kinds)
         objects = np.flatnonzero(kinds == OBJECT)
         accepted = self._accept_objects(objects, [ids[i] for i in objects.tolist()], out.rejected)
         ranked_before = self.ranked_active
-        lazy = arrivals is not None and self.presence is not None
-        if lazy:
-            cut = self.presence.cut(*out.start_clock)
-            out.late = self._sequence_late(arrivals, cut)
-            self.presence.observe(arrivals)
-            self.arrivals = arrivals
-        place = (lambda keywords, pos: self._ranked_evaluators(keywords, pos, cut)) if lazy else None
-        rows, ended = self._sequence_others(kinds, ids, subscriptions, out, place)
+        rows, ended = self._sequence_others(kinds, ids, subscriptions, out)
         out.objects = len(accepted)
         out.accepted = accepted
         admitted = (
             accepted[np.asarray(admit(self.summaries, accepted.tolist()), dtype=bool)] if len(accepted) else accepted
         )
         out.forwarded = len(admitted)
-        out.mark = bool(ranked_before or self.ranked_active or any(p.ranked for _, p in ended))
-        for rid, placement in ended:
-            self._remove_placement(rid, placement)
+        out.mark = bool(ranked_before or self.ranked_active or any(p.ranked for p in ended))
+        for placement in ended:
+            self._remove_placement(placement)
         index = np.concatenate([admitted, np.fromiter((i for i, _, _ in rows), np.int64, len(rows))])
         order = np.argsort(index, kind="stable")
         evaluator = np.concatenate(
@@ -330,68 +251,24 @@ class Sequencer:
         rejected.extend((int(items[k]), *rejection) for k, rejection in rejections.items())
         return np.delete(items, list(rejections))
 
-    def _sequence_late(self, arrivals: Arrivals, cut: float) -> list[tuple[str, Placement, int]]:
-        """Send the active ranked subscriptions to the evaluators where one of their keywords arrives anew.
-
-        A keyword arrives anew at ``e`` when the batch brings it there and
-        it is not present at the batch's start (``cut``,
-        :meth:`TermPresence.cut`). Invariant (DESIGN "Top-k and kNN", point
-        2): an active ranked subscription lives at every evaluator where one
-        of its keywords is present. So at its new evaluator no object in the
-        window shares a keyword with it from its registration to the batch's
-        start, and sending it at the batch's start is what sending it at its
-        registration would have given (a valid, empty local result). Returns
-        ``(id, placement, evaluator)`` per send, in order of position;
-        placements are journaled. O(keywords arriving anew x their
-        subscriptions).
-        """
-        registry, index, presence = self.registry, self.ranked_index, self.presence
-        late: list[tuple[str, Placement, int]] = []
-        for e, terms in enumerate(arrivals):
-            for term in presence.absent(e, terms.keys() & index.keys(), cut):
-                for rid in index[term]:
-                    placement = registry.active[rid]
-                    if e not in placement.evaluators:
-                        placement = placement._replace(evaluators=tuple(sorted((*placement.evaluators, e))))
-                        registry.place(rid, placement)
-                        late.append((rid, placement, e))
-        late.sort(key=lambda sent: (sent[1].pos, sent[2]))
-        return late
-
-    def _ranked_evaluators(self, keywords: frozenset[str], pos: int, cut: float) -> tuple[int, ...]:
-        """Return where a new ranked subscription lives: its home and where a keyword is present or arrives.
-
-        The home evaluator (``pos`` modulo the evaluators) always holds it,
-        and reports it (:class:`~skpub.evaluators.monitor.RankedMonitor`).
-        The presence already holds the batch's arrivals, so a keyword that
-        arrives anywhere in the batch counts (a superset of where it arrives
-        after the subscription). O(evaluators x keywords).
-        """
-        holders = self.presence.holders(keywords, cut)
-        home = pos % len(self.presence.last)
-        return tuple(holders) if home in holders else tuple(sorted((*holders, home)))
-
     def _sequence_others(
         self,
         kinds: np.ndarray,
         ids: Sequence[str],
-        subscriptions: Mapping[int, tuple[Targets, frozenset[str], str | None, int]],
+        subscriptions: Mapping[int, tuple[Targets, frozenset[str], bool]],
         out: Decisions,
-        place: Callable[[frozenset[str], int], tuple[int, ...]] | None,
-    ) -> tuple[list[tuple[int, int, CellBox | None]], list[tuple[str, Placement]]]:
+    ) -> tuple[list[tuple[int, int, CellBox | None]], list[Placement]]:
         """Decide the batch's subscribes, unsubscribes and snapshots in stream order.
 
         Returns the rows ``(item, evaluator, box)`` they send and the
-        ``(id, placement)`` their unsubscribes end (removed from the
-        summaries after the batch's objects are tested). A topk or knn
-        subscribe goes where ``place(keywords, pos)`` says (every evaluator
-        when None), its unsubscribe where it lives, and a snapshot while one
-        is active to every evaluator.
+        placements their unsubscribes end (removed from the summaries after
+        the batch's objects are tested). A topk or knn subscribe, its
+        unsubscribe, and a snapshot while one is active go to every evaluator.
         """
         registry, summaries, rejected = self.registry, self.summaries, out.rejected
         everyone = tuple(range(len(summaries.counts)))
         rows: list[tuple[int, int, CellBox | None]] = []
-        ended: list[tuple[str, Placement]] = []
+        ended: list[Placement] = []
         others = np.flatnonzero(kinds != OBJECT)
         for i, code in zip(others.tolist(), kinds[others].tolist(), strict=True):
             kind = KINDS[code]
@@ -401,21 +278,18 @@ class Sequencer:
                     rejected.append((i, *rejection))
                 elif kind == "subscribe":
                     # Everything that can fail comes before the first state change.
-                    targets, keywords, spec, pos = subscriptions[i]
-                    if spec is None:
-                        placement = Placement(tuple(e for e, _ in targets), keywords)
-                    else:
-                        evaluators = everyone if place is None else place(keywords, pos)
-                        targets = tuple((e, None) for e in evaluators)
-                        placement = Placement(evaluators, keywords, True, pos, spec)
+                    targets, keywords, ranked = subscriptions[i]
+                    if ranked:
+                        targets = tuple((e, None) for e in everyone)
+                    placement = Placement(tuple(e for e, _ in targets), keywords, ranked)
                     if not all(0 <= e < len(everyone) for e in placement.evaluators):
                         raise ValueError(f"targets {placement.evaluators} name an evaluator that does not exist")
                     registry.accept_id(kind, ids[i], placement)
-                    self._add_placement(ids[i], placement)
+                    self._add_placement(placement)
                     rows.extend((i, e, cells) for e, cells in targets)
                 elif kind == "unsubscribe":
                     placement = registry.accept_id(kind, ids[i])
-                    ended.append((ids[i], placement))
+                    ended.append(placement)
                     rows.extend((i, e, None) for e in placement.evaluators)
                 else:
                     registry.accept_id(kind, ids[i])
@@ -471,33 +345,20 @@ class Sequencer:
 
         The records stay columns: the summary test runs in Arrow over the
         objects' terms (:meth:`TextualSummaries.admits_many`), and only
-        subscriptions' targets and the objects' terms (for the term
-        presence) become Python values.
+        subscriptions' targets become Python values.
         """
         owners = items.column("evaluator").to_numpy()
         terms = items.column("terms").combine_chunks()
-        kinds = items.column("kind").to_numpy()
 
         def admit(summaries: TextualSummaries, objects: list[int]) -> np.ndarray:
             return summaries.admits_many(owners, terms)[objects] | self._window_needs(terms)[objects]
 
         decisions = self.sequence(
-            kinds,
-            items.column("id").to_pylist(),
-            owners,
-            _subscriptions(items),
-            admit,
-            None if self.presence is None else arrivals(items, self.window, self._clock_now(), len(self.presence.last)),
+            items.column("kind").to_numpy(), items.column("id").to_pylist(), owners, _subscriptions(items), admit
         )
         decisions.clock = self.clock(items, decisions.accepted)
         decisions.end_clock = (self.registry.objects_accepted, self.watermark)
-        if self.presence is not None:
-            self.presence.prune(*decisions.end_clock)
         return decisions
-
-    def _clock_now(self) -> tuple[int, float]:
-        """``(objects accepted, watermark)`` so far: the clock a batch starts from."""
-        return self.registry.objects_accepted, self.watermark
 
     def _window_needs(self, terms: pa.ListArray) -> np.ndarray:
         """Return, per item, whether its owner's window store needs the object (DESIGN "Top-k and kNN").
@@ -519,60 +380,19 @@ class Sequencer:
         return out
 
 
-def arrivals(items: pa.Table, window: Window, clock: tuple[int, float], evaluators: int) -> Arrivals:
-    """Return the term presence a batch's objects bring: per owner evaluator, each term's value.
-
-    Values are upper bounds computed before the sequencer decides the
-    batch, as if every object were accepted (a duplicate makes the later
-    numbers and times at most larger, so presence only lasts longer):
-
-    - count window: the number of the last object with the term, counting
-      from ``clock[0]`` objects accepted;
-    - seconds window: the watermark after that object (at least its time),
-      from the watermark ``clock[1]``; an object before any time stamps 0
-      (SEMANTICS section 4).
-
-    Both grow along the stream, so a dict built in stream order keeps each
-    term's largest. O(term occurrences), in Arrow and numpy but for one dict
-    per evaluator.
-    """
-    kinds = items.column("kind").to_numpy()
-    objects = np.flatnonzero(kinds == OBJECT)
-    out: Arrivals = [{} for _ in range(evaluators)]
-    if not len(objects):
-        return out
-    if window.kind == "count":
-        values = clock[0] + np.arange(len(objects), dtype=np.int64)
-    else:
-        ts = pc.fill_null(items.column("ts"), math.nan).to_numpy()[objects]
-        values = np.nan_to_num(np.fmax.accumulate(np.concatenate([[clock[1]], ts]))[1:], nan=0.0)
-    taken = items.column("terms").combine_chunks().take(pa.array(objects, pa.int64()))
-    parents = pc.list_parent_indices(taken).to_numpy()
-    owners = items.column("evaluator").to_numpy()[objects][parents]
-    order = np.argsort(owners, kind="stable")
-    words = pc.list_flatten(taken).take(pa.array(order, pa.int64()))
-    ordered_values = values[parents][order]
-    bounds = np.searchsorted(owners[order], np.arange(evaluators + 1)).tolist()
-    for e, (lo, hi) in enumerate(pairwise(bounds)):
-        if hi > lo:
-            out[e] = dict(zip(words.slice(lo, hi - lo).to_pylist(), ordered_values[lo:hi].tolist(), strict=True))
-    return out
-
-
-def _subscriptions(items: pa.Table) -> dict[int, tuple[Targets, frozenset[str], str | None, int]]:
-    """Return ``item -> (targets, summary keywords, spec, pos)`` for the subscribe rows (spec None: range)."""
+def _subscriptions(items: pa.Table) -> dict[int, tuple[Targets, frozenset[str], bool]]:
+    """Return ``item -> (targets, summary keywords, ranked)`` for the subscribe rows."""
     rows = np.flatnonzero(pc.equal(items.column("kind"), SUBSCRIBE).to_numpy(zero_copy_only=False))
     if not len(rows):
         return {}
-    subset = items.take(pa.array(rows)).select(["targets", "boxes", "keywords", "spec", "pos"]).to_pydict()
+    subset = items.take(pa.array(rows)).select(["targets", "boxes", "keywords", "spec"]).to_pydict()
     out = {}
-    columns = (rows.tolist(), subset["targets"], subset["boxes"], subset["keywords"], subset["spec"], subset["pos"])
-    for i, targets, boxes, keywords, spec, pos in zip(*columns, strict=True):
+    columns = (rows.tolist(), subset["targets"], subset["boxes"], subset["keywords"], subset["spec"])
+    for i, targets, boxes, keywords, spec in zip(*columns, strict=True):
         out[i] = (
             tuple((e, tuple(boxes[4 * j : 4 * j + 4])) for j, e in enumerate(targets or ())),
             frozenset(keywords or ()),
-            spec,
-            pos,
+            spec is not None,
         )
     return out
 
@@ -586,8 +406,6 @@ def routed_table(items: pa.Table, decisions: Decisions, keys: Sequence[int], end
     as Python objects. ``decisions.clock`` stamps ``accepted``,
     ``watermark`` and objects' ``ts``; when ``decisions.mark``, every
     evaluator also gets a mark row at position ``end`` (the batch's end).
-    The ranked subscriptions sent late (``decisions.late``) come first, at
-    their own positions, stamped with the batch's start clock.
     """
     selected = items.select(list(ROUTED_SCHEMA.names))
     if decisions.clock is not None:
@@ -604,30 +422,18 @@ def routed_table(items: pa.Table, decisions: Decisions, keys: Sequence[int], end
             column = pc.fill_null(taken.column(name), -1).to_numpy().copy()
             column[rows] = [box[c] for _, box in override]
             taken = taken.set_column(taken.schema.get_field_index(name), name, pa.array(column, pa.int32()))
-    tables = [taken.cast(ROUTED_SCHEMA)]
-    if decisions.late:
-        count, watermark = decisions.start_clock
-        late = {
-            "evaluator": [keys[e] for _, _, e in decisions.late],
-            "pos": [p.pos for _, p, _ in decisions.late],
-            "kind": [SUBSCRIBE] * len(decisions.late),
-            "id": [rid for rid, _, _ in decisions.late],
-            "spec": [p.spec for _, p, _ in decisions.late],
-        }
-        tables.insert(0, _extra_rows(late, count, watermark))
-    if decisions.mark:
-        count, watermark = decisions.end_clock
-        marks = {"evaluator": list(keys), "pos": [end] * len(keys), "kind": [MARK] * len(keys), "id": [""] * len(keys)}
-        tables.append(_extra_rows(marks, count, watermark))
-    return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
-
-
-def _extra_rows(columns: dict[str, list], count: int, watermark: float) -> pa.Table:
-    """Return routed rows of ``columns`` (Python lists) stamped ``(count, watermark)``, nulls elsewhere."""
-    n = len(columns["pos"])
-    columns = {**columns, "accepted": [count] * n, "watermark": [float(watermark)] * n}
-    arrays = {
-        name: pa.array(columns[name], field.type) if name in columns else pa.nulls(n, field.type)
-        for name, field in zip(ROUTED_SCHEMA.names, ROUTED_SCHEMA, strict=True)
+    taken = taken.cast(ROUTED_SCHEMA)
+    if not decisions.mark:
+        return taken
+    count, watermark = decisions.end_clock
+    n = len(keys)
+    marks = {
+        "evaluator": pa.array(keys, pa.int32()),
+        "pos": pa.array([end] * n, pa.int64()),
+        "kind": pa.array([MARK] * n, pa.int8()),
+        "id": pa.array([""] * n, pa.string()),
+        "accepted": pa.array([count] * n, pa.int64()),
+        "watermark": pa.array([float(watermark)] * n, pa.float64()),
     }
-    return pa.table(arrays, schema=ROUTED_SCHEMA)
+    nulls = {name: pa.nulls(n, ROUTED_SCHEMA.field(name).type) for name in ROUTED_SCHEMA.names if name not in marks}
+    return pa.concat_tables([taken, pa.table({**marks, **nulls}, schema=ROUTED_SCHEMA)])

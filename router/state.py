@@ -1,8 +1,7 @@
 """The routing unit's durable state: id-registry snapshots and per-batch journals.
 
-The Spark engine persists, per micro-batch, the registry's changes and the
-term-presence arrivals (a journal, O(batch); :mod:`skpub.router.presence`)
-and every few batches the whole registry and term presence (a snapshot), so
+The Spark engine persists, per micro-batch, the registry's changes (a
+journal, O(batch)) and every few batches the whole registry (a snapshot), so
 a replayed batch starts from exactly the state its first attempt saw (DESIGN
 "What skpub 0.1 does differently"). Both are JSON documents
 ``{"format": FORMAT, "kind": ..., ...}``: loading them parses data and never
@@ -16,21 +15,19 @@ import orjson
 
 from skpub.kernel.errors import CheckpointError
 from skpub.kernel.registry import Change, IdRegistry
-from skpub.router.presence import check_arrivals
 from skpub.router.sequencer import Placement
 
-FORMAT = 4
-_RTYPES = frozenset(("object", "subscribe", "unsubscribe", "snapshot", "place", "clock"))
+FORMAT = 3
+_RTYPES = frozenset(("object", "subscribe", "unsubscribe", "snapshot", "clock"))
 
 
-def encode_snapshot(registry: IdRegistry, presence: list | None = None) -> bytes:
-    """Return the whole registry and term presence (:meth:`Sequencer.presence_json`) as a versioned JSON document."""
-    doc = {"format": FORMAT, "kind": "registry", "registry": registry.to_json(Placement.to_json), "presence": presence}
-    return orjson.dumps(doc)
+def encode_snapshot(registry: IdRegistry) -> bytes:
+    """Return the whole registry as a versioned JSON document (UTF-8 bytes)."""
+    return orjson.dumps({"format": FORMAT, "kind": "registry", "registry": registry.to_json(Placement.to_json)})
 
 
-def decode_snapshot(data: bytes) -> tuple[IdRegistry, list | None]:
-    """Rebuild ``(registry, term presence)`` from :func:`encode_snapshot` output.
+def decode_snapshot(data: bytes) -> IdRegistry:
+    """Rebuild a registry from :func:`encode_snapshot` output.
 
     Raises
     ------
@@ -38,19 +35,19 @@ def decode_snapshot(data: bytes) -> tuple[IdRegistry, list | None]:
         If the bytes are not such a document of this format version.
     """
     doc = _document(data, "registry")
-    return IdRegistry.from_json(doc["registry"], Placement.from_json), _presence(doc)
+    return IdRegistry.from_json(doc["registry"], Placement.from_json)
 
 
-def encode_journal(changes: list[Change], arrivals: list | None = None) -> bytes:
-    """Return one micro-batch's registry changes and term-presence arrivals as a versioned JSON document.
+def encode_journal(changes: list[Change]) -> bytes:
+    """Return one micro-batch's registry changes as a versioned JSON document (encoded in C by orjson).
 
     Object ids are kept apart, in order, as one list (they are the volume, and
     their namespace is their own, so they replay in bulk); the other changes
-    keep their order. Encoded in C by orjson.
+    keep their order.
     """
     objects = [rid for rtype, rid, _ in changes if rtype == "object"]
     others = [change for change in changes if change[0] != "object"] if len(objects) < len(changes) else []
-    doc = {"format": FORMAT, "kind": "journal", "objects": objects, "changes": others, "presence": arrivals}
+    doc = {"format": FORMAT, "kind": "journal", "objects": objects, "changes": others}
     return orjson.dumps(doc, default=_placement_json)
 
 
@@ -63,10 +60,10 @@ def _placement_json(value: object) -> list:
     raise TypeError(f"a registry change cannot hold {type(value).__name__}")
 
 
-def decode_journal(data: bytes) -> tuple[list[str], list[Change], list | None]:
-    """Rebuild the ``(object ids, other changes, term-presence arrivals)`` of :func:`encode_journal`.
+def decode_journal(data: bytes) -> tuple[list[str], list[Change]]:
+    """Rebuild the ``(object ids, other changes)`` of :func:`encode_journal`.
 
-    Apply them with :meth:`Sequencer.replay`.
+    Apply them with :meth:`IdRegistry.replay_objects` and :meth:`IdRegistry.replay`.
 
     Raises
     ------
@@ -88,24 +85,7 @@ def decode_journal(data: bytes) -> tuple[list[str], list[Change], list | None]:
                 changes.append((rtype, rid, None if placement is None else Placement.from_json(placement)))
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"damaged registry journal: {exc}") from None
-    return objects, changes, _presence(doc)
-
-
-def _presence(doc: dict) -> list | None:
-    """Return a document's term presence: None, or a list of maps from terms to numbers (checked).
-
-    Raises
-    ------
-    CheckpointError
-        If it is neither.
-    """
-    raw = doc.get("presence")
-    if raw is None:
-        return None
-    try:
-        return check_arrivals(raw, len(raw) if isinstance(raw, list) else -1)
-    except (TypeError, ValueError) as exc:
-        raise CheckpointError(f"damaged term presence: {exc}") from None
+    return objects, changes
 
 
 def _document(data: bytes, kind: str) -> dict:

@@ -2,7 +2,6 @@ import pytest
 
 from skpub.app.engines.local import run_local
 from skpub.app.summary import RunObserver, RunSummary
-from skpub.kernel.config import Window
 from skpub.kernel.errors import OutputError
 from skpub.kernel.oracle import replay
 from skpub.kernel.parts import read_stream
@@ -12,9 +11,8 @@ from skpub.kernel.wire import from_columns, to_columns
 from skpub.router.dispatch import Router
 from skpub.router.epoch import RoutingEpoch
 from skpub.router.initial import initial_table
-from skpub.router.sequencer import Sequencer
 from skpub.router.state import decode_journal, decode_snapshot, encode_journal, encode_snapshot
-from tests.workloads import canonical, deployment, random_workload, ranked_workload, write_lines
+from tests.workloads import canonical, deployment, random_workload, write_lines
 
 
 def run(tmp_path, lines, dep, overwrite=False):
@@ -81,23 +79,21 @@ def test_wire_format_round_trips_routed_rows():
         assert from_columns(cols, e) == mine
 
 
-@pytest.mark.parametrize("window", [Window(), Window("count", 30), Window("seconds", 15)], ids=lambda w: w.kind)
-def test_router_journal_replays_to_the_same_router_state(window):
-    """Registry, summaries, ranked placements and term presence, through journals and a snapshot."""
-    dep = deployment(evaluators=4).replace(window=window)
+def test_registry_journal_replays_to_the_same_router_state():
+    dep = deployment(evaluators=4)
     vocabulary = Vocabulary()
-    lines = ranked_workload(seed=12, n=400) if window.kind != "none" else random_workload(seed=12, n=400)
+    lines = random_workload(seed=12, n=400)
     epoch = RoutingEpoch(0, 0, initial_table(dep, vocabulary, lines))
     journaled = Router(dep, vocabulary, IdRegistry(dep.object_id_horizon, journal=[]))
-    replica = Sequencer(dep.evaluators, IdRegistry(dep.object_id_horizon), dep.window)
+    replica = IdRegistry(dep.object_id_horizon)
     for batch_id, start in enumerate(range(0, len(lines), 50)):
         journaled.route_many([line.encode() for line in lines[start : start + 50]], batch_id, epoch)
-        replica.replay(*decode_journal(encode_journal(*journaled.sequencer.take_journal())))
-        snapshot, presence = decode_snapshot(encode_snapshot(replica.registry, replica.presence_json()))
-        rebuilt = Router(dep, vocabulary, snapshot, presence)
+        objects, changes = decode_journal(encode_journal(journaled.registry.take_journal()))
+        replica.replay_objects(objects)
+        replica.replay(changes)
+        snapshot = decode_snapshot(encode_snapshot(replica))
+        rebuilt = Router(dep, vocabulary, snapshot)
         assert snapshot.active == journaled.registry.active
         assert snapshot.object_ids == journaled.registry.object_ids
         assert list(snapshot.object_order) == list(journaled.registry.object_order)
         assert rebuilt.sequencer.summaries.counts == journaled.sequencer.summaries.counts
-        assert rebuilt.sequencer.ranked_index == journaled.sequencer.ranked_index
-        assert presence == journaled.sequencer.presence_json()

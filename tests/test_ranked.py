@@ -2,7 +2,6 @@
 
 import math
 
-import pyarrow.compute as pc
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -302,44 +301,3 @@ def test_a_restored_report_of_objects_gone_is_sent_again_even_without_candidates
     monitor = RankedMonitor.restore(1, dep, Vocabulary(), (20, math.nan), {}, [state_document(saved, "ranked")])
     updates, failed = monitor.mark(30)
     assert not failed and [(u.sub, u.entries, u.bound) for u in updates] == [("s", (), -math.inf)]
-
-
-@pytest.mark.parametrize("window", WINDOWS[1:], ids=lambda w: w.kind)
-@pytest.mark.parametrize("evaluators,batch_size", [(3, 1), (4, 9), (8, 60)])
-def test_a_ranked_subscription_lives_wherever_its_keywords_are_in_a_window(window, evaluators, batch_size):
-    """The invariant of the lazy placement (DESIGN "Top-k and kNN", point 2), after every micro-batch: an evaluator
-    holds a live topk/knn subscription exactly when its placement names it, and it does whenever its window store
-    holds an object with one of the subscription's keywords. Late sends do happen, and the home always holds it."""
-    from skpub.evaluators.evaluator import Evaluator
-    from skpub.kernel.records import stream_position
-    from skpub.kernel.text import Vocabulary
-    from skpub.kernel.wire import SUBSCRIBE
-    from skpub.router.dispatch import Router
-    from skpub.router.epoch import RoutingEpoch
-    from skpub.router.initial import initial_table
-
-    dep = deployment(evaluators=evaluators, batch_size=batch_size).replace(window=window)
-    vocabulary = Vocabulary()
-    lines = ranked_workload(seed=evaluators * 11 + batch_size, n=500)
-    epoch = RoutingEpoch(0, 0, initial_table(dep, vocabulary, lines[:200]))
-    router = Router(dep, vocabulary)
-    monitors = [Evaluator(e, dep, vocabulary) for e in range(evaluators)]
-    encoded = [line.encode() for line in lines]
-    late = 0
-    for batch_id, start in enumerate(range(0, len(encoded), batch_size)):
-        routed = router.route_many(encoded[start : start + batch_size], batch_id, epoch)
-        table = routed.table
-        sent_late = pc.and_(
-            pc.equal(table.column("kind"), SUBSCRIBE), pc.less(table.column("pos"), stream_position(batch_id, 0))
-        )
-        late += pc.sum(sent_late).as_py() or 0
-        for ev, rows in zip(monitors, routed.rows_for(evaluators), strict=True):
-            assert not ev.apply_many(rows, batch_id).dead_letters
-        for e, ev in enumerate(monitors):
-            postings, held = ev.monitor.store.postings, ev.monitor.subscriptions
-            for rid, placement in router.registry.active.items():
-                if placement.ranked:
-                    assert (rid in held) == (e in placement.evaluators), (rid, e)
-                    if placement.pos % evaluators == e or not placement.keywords.isdisjoint(postings):
-                        assert rid in held, (rid, e)
-    assert late > 0

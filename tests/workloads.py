@@ -17,8 +17,6 @@ from skpub.kernel.geometry import Rect
 
 SPACE = Rect(0.0, 0.0, 100.0, 100.0)
 TERMS = ["sushi", "ramen", "jazz", "Café", "bar", "CAFÉ", "noodle"]
-RARE_TERMS = [f"rare{i}" for i in range(24)]
-"""Keywords that are absent from most evaluators' windows most of the time: ranked subscriptions follow them."""
 
 INVALID_LINES = [
     ("not json at all", "malformed_json"),
@@ -131,7 +129,7 @@ def random_workload(seed: int, n: int = 600, invalid: bool = True) -> list[str]:
 def _ranked_subscription(rng: np.random.Generator, sid: str) -> dict:
     point = [_coordinate(rng), _coordinate(rng)]
     k = int(rng.integers(1, 6))
-    words = _words(rng, int(rng.integers(1, 4)), replace=False)
+    words = [TERMS[i] for i in rng.choice(len(TERMS), size=int(rng.integers(1, 4)), replace=False)]
     if rng.random() < 0.5:
         alpha = float(rng.choice([0.0, 0.5, 1.0, round(float(rng.random()), 3)]))
         record = {"type": "subscribe", "id": sid, "kind": "topk", "point": point, "k": k, "alpha": alpha}
@@ -146,12 +144,6 @@ def _ranked_subscription(rng: np.random.Generator, sid: str) -> dict:
     if rng.random() < 0.3:
         record["from"] = str(rng.choice(["window", "registration"]))
     return record
-
-
-def _words(rng: np.random.Generator, n: int, replace: bool) -> list[str]:
-    """Return ``n`` terms: from :data:`TERMS` (two in three draws) or from :data:`RARE_TERMS`."""
-    pool = TERMS if rng.random() < 2 / 3 else RARE_TERMS
-    return [pool[i] for i in rng.choice(len(pool), size=n, replace=replace)]
 
 
 def ranked_workload(seed: int, n: int = 600, times: bool = True) -> list[str]:
@@ -185,7 +177,8 @@ def ranked_workload(seed: int, n: int = 600, times: bool = True) -> list[str]:
             lines.append(json.dumps({"type": "snapshot", "id": f"q{snaps}"}))
             snaps += 1
         else:
-            words = _words(rng, int(rng.integers(1, 4)), replace=True)
+            k = int(rng.integers(1, 4))
+            words = [TERMS[i] for i in rng.choice(len(TERMS), size=k, replace=True)]
             x, y = float(rng.integers(0, 11) * 10.0), float(rng.integers(0, 11) * 10.0)
             if rng.random() < 0.3:
                 x = min(100.0, x + float(rng.integers(0, 4)) * 4e-10)

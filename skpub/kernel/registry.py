@@ -44,8 +44,7 @@ KINDS = ("object", "subscribe", "unsubscribe", "snapshot")
 """Registry kinds: every subscription kind (range, topk, knn) is a ``subscribe``."""
 
 Change = tuple[str, str, Any]
-"""One accepted change: ``(type, id, placement)`` with type object, subscribe, unsubscribe, snapshot,
-``place`` (an active subscription's new placement) or ``clock`` (the watermark in place of a placement)."""
+"""One accepted change: ``(type, id, placement)`` with type object, subscribe, unsubscribe or snapshot."""
 
 Rejection = tuple[str, str]
 """``(reason, message)`` of a record the stream so far rejects."""
@@ -185,10 +184,6 @@ class IdRegistry:
             elif rtype == "unsubscribe":
                 if self.active.pop(rid, None) is None:
                     raise CheckpointError(f"damaged journal: unsubscribe of {_show(rid)}, which is not active")
-            elif rtype == "place":
-                if rid not in self.active:
-                    raise CheckpointError(f"damaged journal: placement of {_show(rid)}, which is not active")
-                self.active[rid] = placement
             elif rtype == "clock":
                 self.watermark = _clock(placement)
             else:
@@ -254,20 +249,6 @@ class IdRegistry:
         if self.journal is not None:
             self.journal.append((kind, rid, placement))
         return ended
-
-    def place(self, rid: str, placement: Any) -> None:
-        """Give active subscription ``rid`` a new placement (journaled). O(1).
-
-        Raises
-        ------
-        KeyError
-            If ``rid`` is not active.
-        """
-        if rid not in self.active:
-            raise KeyError(rid)
-        self.active[rid] = placement
-        if self.journal is not None:
-            self.journal.append(("place", rid, placement))
 
 
 def kind_of(record: Record) -> str:

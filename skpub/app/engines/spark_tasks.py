@@ -155,10 +155,9 @@ class SequencerTask:
         routed = routed_table(items, decisions, self.keys, end)
         rejected = _rejected_letters(checkpoint, batch_id, items, decisions)
         write_part(self.output_root, "dead_letters", batch_id, (d.to_json() for d in rejected), "s")
-        atomic_write_bytes(checkpoint.router_delta(batch_id), encode_journal(*sequencer.take_journal()))
+        atomic_write_bytes(checkpoint.router_delta(batch_id), encode_journal(sequencer.registry.take_journal()))
         if batch_id % ROUTER_SNAPSHOT_EVERY == ROUTER_SNAPSHOT_EVERY - 1:
-            snapshot = encode_snapshot(sequencer.registry, sequencer.presence_json())
-            atomic_write_bytes(checkpoint.router_snapshot(batch_id), snapshot)
+            atomic_write_bytes(checkpoint.router_snapshot(batch_id), encode_snapshot(sequencer.registry))
         dead = Counter(d.reason for d in rejected)
         for r in reports:
             dead.update(r["dead_letters"])
@@ -262,19 +261,17 @@ def _sequencer_before(checkpoint: Checkpoint, run_id: str, deployment: Deploymen
     snapshots = [b for b in checkpoint.router_files("snapshot") if b < batch_id]
     base = max(snapshots, default=-1)
     if base >= 0:
-        registry, presence = decode_snapshot(checkpoint.router_snapshot(base).read_bytes())
+        registry = decode_snapshot(checkpoint.router_snapshot(base).read_bytes())
     else:
-        registry, presence = IdRegistry(deployment.object_id_horizon), None
-    try:
-        sequencer = Sequencer(deployment.evaluators, registry, deployment.window, presence)
-    except ValueError as exc:
-        raise CheckpointError(f"router snapshot of batch {base}: {exc}") from None
+        registry = IdRegistry(deployment.object_id_horizon)
     for b in range(base + 1, batch_id):
         if b not in deltas:
             raise CheckpointError(f"router changes of batch {b} are missing from {checkpoint.router}")
-        sequencer.replay(*decode_journal(deltas[b].read_bytes()))
+        objects, changes = decode_journal(deltas[b].read_bytes())
+        registry.replay_objects(objects)
+        registry.replay(changes)
     registry.journal = []
-    return sequencer
+    return Sequencer(deployment.evaluators, registry, deployment.window)
 
 
 PART_BYTES = 256 << 20
