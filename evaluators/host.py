@@ -5,16 +5,17 @@ of evaluator e often lands in another worker than the one that applied e's
 last micro-batch, which must then rebuild e from the state store (on
 ``local[2]`` that was half of the tasks, about a second each on the 100k
 window of benchmark (e)). A host is a long-lived process that holds e
-across micro-batches: the worker sends it the batch's rows and the state
-store's version, the host applies them (rebuilding e first, from state the
+across micro-batches: the worker sends it the file of the batch's routed
+rows (the sequencer task wrote it) and the state store's version, the host
+reads and applies them (rebuilding e first, from state the
 worker sends, only when its copy is not of that version) and returns what
 the worker writes to the state store. The state store stays the truth: a
 host that dies, or answers with an error, costs a rebuild, never a result
 (the worker then applies the batch itself).
 
 Messages are frames on a Unix socket in a directory only this user can
-enter: a JSON header and binary blobs (Arrow IPC for rows, the state
-documents as they are); nothing is unpickled. Every read has a timeout, so
+enter: a JSON header and binary blobs (the state documents as they are);
+nothing is unpickled. Every read has a timeout, so
 a stuck host or client costs a fallback, never a hang. A host serves one
 connection at a time (two tasks of one evaluator, as with speculation or
 two queries in one JVM, wait for each other; the version check keeps them
@@ -40,7 +41,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
-import pyarrow as pa
 
 from skpub.evaluators.errors import EvaluatorError
 
@@ -99,19 +99,6 @@ def recv_message(sock: socket.socket) -> tuple[dict, list[bytes]]:
         raise HostError(f"{count} blobs")
     blobs = [_read_exact(stream, _LENGTH.unpack(_read_exact(stream, 8))[0]) for _ in range(count)]
     return header, blobs
-
-
-def table_bytes(table: pa.Table) -> bytes:
-    """Return ``table`` as an Arrow IPC stream."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
-
-
-def bytes_table(data: bytes) -> pa.Table:
-    """Return the table of an Arrow IPC stream."""
-    return pa.ipc.open_stream(data).read_all()
 
 
 def _host_directory() -> Path:

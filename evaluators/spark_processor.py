@@ -1,7 +1,10 @@
 """The Spark stateful processor that hosts one evaluator per grouping key.
 
 Used as ``groupBy("evaluator").transformWithStateInPandas(EvaluatorProcessor(...))``
-on the RocksDB state store (DESIGN "The Spark engine"). State per evaluator:
+on the RocksDB state store (DESIGN "The Spark engine"). Its input is one row
+per evaluator, ``(evaluator, path)`` (:data:`~skpub.kernel.wire.ROUTED_FILE_COLUMNS`):
+the file of routed rows the sequencer task wrote for it, which the evaluator
+(in its host, or the worker) reads as Arrow. State per evaluator:
 
 - ``blocks``: a MapState ``block (bigint) -> data (binary)`` with the
   evaluator's state blocks (:mod:`skpub.evaluators.evaluator`); a micro-batch
@@ -40,14 +43,15 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
+from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.evaluator import Evaluator
-from skpub.evaluators.host import HostError, bytes_table, connect, host_for, recv_message, send_message, table_bytes
+from skpub.evaluators.host import HostError, connect, host_for, recv_message, send_message
 from skpub.evaluators.merge import encode_updates
 from skpub.evaluators.monitor import RankedMonitor
 from skpub.kernel.config import deployment_from_text
@@ -55,7 +59,7 @@ from skpub.kernel.parts import delivery_lines, write_lines, write_part
 from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.text import load_vocabulary
-from skpub.kernel.wire import from_columns
+from skpub.kernel.wire import bytes_table, from_columns
 
 CONTROL_DDL = "evaluator int, pos bigint, line string, reason string, message string, payload string, updates binary"
 """What an evaluator sends the driver: its internal-error dead letters, and one row whose ``payload`` is
@@ -178,11 +182,14 @@ class EvaluatorProcessor(StatefulProcessor):
             self.deployment_json,
             sum(1 for _ in self.ranked.keys()),
         )
-        frame = pd.concat(list(rows), ignore_index=True)
+        paths = set(pd.concat(list(rows), ignore_index=True)["path"].tolist())
+        if len(paths) != 1:
+            raise EvaluatorError(f"evaluator {batch.evaluator} got {len(paths)} files of routed rows, not one")
+        batch.rows_path = paths.pop()
         outcome = None
         if self.hosts:
             try:
-                outcome = self._via_host(batch, frame)
+                outcome = self._via_host(batch)
                 _CACHE.pop((self.run_id, batch.evaluator), None)
             except Exception as exc:  # noqa: BLE001 - whatever the host did, the worker can apply the batch
                 print(
@@ -193,8 +200,7 @@ class EvaluatorProcessor(StatefulProcessor):
             start = time.thread_time()
             evaluator = self._evaluator(batch.evaluator, batch.version)
             restore = time.thread_time() - start
-            columns = {name: frame[name].tolist() for name in frame.columns}
-            outcome = apply_batch(evaluator, columns, batch, restore)
+            outcome = apply_batch(evaluator, read_rows(batch.rows_path), batch, restore)
         start = time.thread_time()
         _save(self.blocks, outcome.blocks)
         _save(self.window, outcome.window)
@@ -217,8 +223,8 @@ class EvaluatorProcessor(StatefulProcessor):
         outcome.counters["sink_cpu_seconds"] = time.thread_time() - start
         yield control_frame(batch.evaluator, outcome.dead_letters, outcome.counters, outcome.updates)
 
-    def _via_host(self, batch: BatchInput, frame: pd.DataFrame) -> BatchOutcome:
-        """Apply the batch in the evaluator's host, sending it the state store's state if it asks.
+    def _via_host(self, batch: BatchInput) -> BatchOutcome:
+        """Apply the batch in the evaluator's host (it reads the rows), sending it the state store's state if it asks.
 
         Raises
         ------
@@ -226,8 +232,7 @@ class EvaluatorProcessor(StatefulProcessor):
             If the host cannot be reached or fails (:class:`~skpub.evaluators.host.HostError`).
         """
         with connect(host_for(batch.evaluator)) as sock:
-            rows = table_bytes(pa.Table.from_pandas(frame, preserve_index=False))
-            send_message(sock, {"op": "apply", **asdict(batch)}, [rows])
+            send_message(sock, {"op": "apply", **asdict(batch)})
             header, blobs = recv_message(sock)
             if header.get("status") == "restore":
                 state_header, state_blobs = self._state().to_message()
@@ -252,6 +257,7 @@ class BatchInput:
     generation: str
     deployment_json: str
     saved_ranked: int
+    rows_path: str = ""
 
 
 @dataclass
@@ -404,6 +410,17 @@ def apply_batch(evaluator: Evaluator, columns: dict, batch: BatchInput, restore_
     )
 
 
+def read_rows(path: str) -> dict[str, list]:
+    """Return the routed rows of file ``path`` (written by the sequencer task) as columns of Python values.
+
+    Raises
+    ------
+    OSError, pyarrow.ArrowInvalid
+        If the file cannot be read as an Arrow IPC stream.
+    """
+    return bytes_table(Path(path).read_bytes()).to_pydict()
+
+
 def host_handler() -> Callable[[socket.socket], None]:
     """Return the request handler of an evaluator host: it keeps the last evaluator it applied a batch to."""
     held: dict[tuple[str, int], tuple[int, Evaluator]] = {}
@@ -411,7 +428,7 @@ def host_handler() -> Callable[[socket.socket], None]:
     def handle(conn: socket.socket) -> None:
         tune_gc()
         try:
-            header, blobs = recv_message(conn)
+            header, _ = recv_message(conn)
             batch = BatchInput(**{f.name: header[f.name] for f in fields(BatchInput)})
             key = (batch.run_id, batch.evaluator)
             cached = held.pop(key, None)
@@ -426,8 +443,7 @@ def host_handler() -> Callable[[socket.socket], None]:
                 state = EvaluatorState.from_message(*recv_message(conn))
                 evaluator = restore_evaluator(batch.evaluator, batch.deployment_json, state)
             restore = time.thread_time() - start
-            columns = bytes_table(blobs[0]).to_pydict()
-            outcome = apply_batch(evaluator, columns, batch, restore)
+            outcome = apply_batch(evaluator, read_rows(batch.rows_path), batch, restore)
             send_message(conn, *outcome.to_message())
             held[key] = (batch.batch_id, evaluator)
         except Exception as exc:  # noqa: BLE001 - the worker applies the batch itself

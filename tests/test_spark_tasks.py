@@ -11,15 +11,16 @@ from hypothesis import strategies as st
 
 from skpub.app.checkpoint import Checkpoint
 from skpub.app.engines.spark_tasks import (
+    PARSE_REPORT_SCHEMA,
     _check_complete,
     _in_stream_order,
     _rejected_letters,
-    _with_report,
     split_part,
     stage_parts,
 )
 from skpub.kernel.errors import CheckpointError
 from skpub.kernel.text import Vocabulary
+from skpub.kernel.wire import table_bytes
 from skpub.router.initial import initial_table
 from skpub.router.locate import Locator, located_table
 from skpub.router.sequencer import Decisions
@@ -45,7 +46,8 @@ def test_staged_parts_give_back_every_line_once_in_order(tmp_path_factory, lines
     assert got == lines
 
 
-def _located(lines, batch_id=0, parts=3):
+def _located(directory, lines, batch_id=0, parts=3):
+    """Parse ``lines`` as the parse tasks do: each part's located rows to a file, a report row naming it."""
     dep = deployment(evaluators=3)
     locator = Locator(dep, Vocabulary(), initial_table(dep, Vocabulary(), lines))
     raw = [line.encode() for line in lines]
@@ -54,14 +56,16 @@ def _located(lines, batch_id=0, parts=3):
     for part in range(parts):
         first = part * size
         located = locator.locate_lines(raw[first : first + size], batch_id, first)
+        path = directory / f"rows-{batch_id:08d}-{part:03d}.arrow"
+        path.write_bytes(table_bytes(located_table(located)))
         report = {"part": part, "first": first, "lines": len(raw[first : first + size]), "dead_letters": {},
-                  "cpu_seconds": 0.0}  # fmt: skip
-        runs.append(_with_report(located_table(located), json.dumps(report)))
+                  "cpu_seconds": 0.0, "path": str(path)}  # fmt: skip
+        runs.append(pa.RecordBatch.from_pydict({"report": [json.dumps(report)]}, schema=PARSE_REPORT_SCHEMA))
     return runs
 
 
-def test_parse_runs_arriving_in_any_order_are_put_in_stream_order():
-    runs = _located(random_workload(seed=3, n=300))
+def test_parse_reports_arriving_in_any_order_give_the_rows_in_stream_order(tmp_path):
+    runs = _located(tmp_path, random_workload(seed=3, n=300))
     random.Random(1).shuffle(runs)
     items, reports = _in_stream_order(pa.Table.from_batches(runs))
     positions = items.column("pos").to_numpy()
@@ -75,11 +79,14 @@ def test_parse_runs_arriving_in_any_order_are_put_in_stream_order():
         _check_complete(gap, 3, 0)
 
 
-def test_rows_after_the_last_report_are_refused_not_dropped():
-    runs = _located(random_workload(seed=3, n=60))
-    table = pa.Table.from_batches(runs)
-    with pytest.raises(CheckpointError, match="after the last parse report"):
-        _in_stream_order(table.slice(0, table.num_rows - 1))
+def test_a_part_whose_rows_cannot_be_read_is_refused_not_dropped(tmp_path):
+    runs = _located(tmp_path, random_workload(seed=3, n=60))
+    (tmp_path / "rows-00000000-001.arrow").write_bytes(b"not arrow")
+    with pytest.raises(CheckpointError, match="part 1 cannot be read"):
+        _in_stream_order(pa.Table.from_batches(runs))
+    (tmp_path / "rows-00000000-001.arrow").unlink()
+    with pytest.raises(CheckpointError, match="part 1 cannot be read"):
+        _in_stream_order(pa.Table.from_batches(runs))
 
 
 def test_rejections_get_their_own_input_line_from_the_staged_parts(tmp_path):
@@ -87,7 +94,7 @@ def test_rejections_get_their_own_input_line_from_the_staged_parts(tmp_path):
     checkpoint = Checkpoint(tmp_path / "ck")
     checkpoint.source.mkdir(parents=True)
     stage_parts([line.encode() for line in lines], 0, 3, checkpoint.source)
-    items, _ = _in_stream_order(pa.Table.from_batches(_located(lines)))
+    items, _ = _in_stream_order(pa.Table.from_batches(_located(tmp_path, lines)))
     decisions = Decisions(rejected=[(i, "unknown_id", "no") for i in (0, 4, 9)])
     letters = _rejected_letters(checkpoint, 0, items, decisions)
     assert [d.line for d in letters] == [lines[0], lines[4], lines[9]]
@@ -104,3 +111,19 @@ def test_vectorized_summaries_handle_null_terms_and_sliced_arrays():
         pa.array([0, 1, 2, 3]), pa.array(["jazz", "jazz", "x"]), mask=pa.array([True, False, False])
     )
     assert summaries.admits_many(np.array([1, 1, 1]), masked).tolist() == [False, True, False]
+
+
+def test_row_files_are_the_checkpoints_own_and_nothing_else_there_is(tmp_path):
+    """Located and routed row files (and their temporary names) belong to the checkpoint; anything else is foreign."""
+    from skpub.app.checkpoint import checkpoint_foreign_entries
+
+    checkpoint = Checkpoint(tmp_path / "ck")
+    checkpoint.create()
+    for path in (checkpoint.located_file(3, 1), checkpoint.routed_file(3, 0)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+    (checkpoint.routed / ".rows-00000004-002.arrow.x1y2.tmp").write_bytes(b"")
+    assert checkpoint_foreign_entries(checkpoint.root) == []
+    assert sorted(p.name for p in checkpoint.row_files()[3]) == ["rows-00000003-000.arrow", "rows-00000003-001.arrow"]
+    (checkpoint.routed / "notes.txt").write_text("mine")
+    assert checkpoint_foreign_entries(checkpoint.root) == ["routed/notes.txt"]

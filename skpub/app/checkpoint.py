@@ -9,6 +9,10 @@
     router/              the id registry: delta-<b>.json journals,
                          snapshot-<b>.json snapshots, report-<b>.json counters
     merge/               the ranked merge's results: delta-<b>.json changes, snapshot-<b>.json
+    located/rows-<b>-<p>.arrow micro-batch b's located rows of part p (Arrow IPC stream),
+                         written by the parse task, read by the sequencer task
+    routed/rows-<b>-<e>.arrow  micro-batch b's routed rows for evaluator e (Arrow IPC stream),
+                         written by the sequencer task, read by the evaluator's task
     query/               Spark's own streaming checkpoint
 
 skpub recognizes its checkpoint by the marker file and this layout. A
@@ -35,6 +39,8 @@ _OWN = {
     "epochs": own_files(r"epoch-\d{6}\.json"),
     "router": own_files(r"(?:delta|snapshot|report)-\d{8}\.json"),
     "merge": own_files(r"(?:delta|snapshot)-\d{8}\.json"),
+    "located": own_files(r"rows-\d{8}-\d{3}\.arrow"),
+    "routed": own_files(r"rows-\d{8}-\d{3}\.arrow"),
 }
 _OWN_FILES_RE = own_files(r"manifest\.json|skpub-checkpoint\.json")
 _MARKER_RE = own_files(r"skpub-checkpoint\.json")
@@ -72,6 +78,8 @@ class Checkpoint:
         self.epochs = self.root / "epochs"
         self.router = self.root / "router"
         self.merge = self.root / "merge"
+        self.located = self.root / "located"
+        self.routed = self.root / "routed"
         self.query = self.root / "query"
         self.manifest = self.root / MANIFEST
 
@@ -154,6 +162,22 @@ class Checkpoint:
     def merge_files(self, kind: str) -> dict[int, Path]:
         """Batch id -> file, for the merge's ``delta`` or ``snapshot`` files."""
         return {int(p.stem.split("-")[1]): p for p in self.merge.glob(f"{kind}-*.json")}
+
+    def located_file(self, batch_id: int, part: int) -> Path:
+        """Return the file of micro-batch ``batch_id``'s located rows of staged part ``part``."""
+        return self.located / f"rows-{batch_id:08d}-{part:03d}.arrow"
+
+    def routed_file(self, batch_id: int, evaluator: int) -> Path:
+        """Return the file of micro-batch ``batch_id``'s routed rows for evaluator ``evaluator`` (its index)."""
+        return self.routed / f"rows-{batch_id:08d}-{evaluator:03d}.arrow"
+
+    def row_files(self) -> dict[int, list[Path]]:
+        """Batch id -> its located and routed row files."""
+        out: dict[int, list[Path]] = {}
+        for folder in (self.located, self.routed):
+            for path in folder.glob("rows-*.arrow"):
+                out.setdefault(int(path.stem.split("-")[1]), []).append(path)
+        return out
 
     def router_report(self, batch_id: int) -> Path:
         """Router counters of micro-batch ``batch_id``."""

@@ -1,13 +1,13 @@
 """The columnar wire format of records between engine stages (parse -> sequencer -> evaluators).
 
-Engines that move records between processes (Spark's shuffles) send them as
-Arrow columns. :data:`ROUTED_COLUMNS` is what an evaluator receives: one row
-per (record, evaluator), :func:`to_columns` and :func:`from_columns` convert
+Engines that move records between processes (the Spark engine, through
+files its tasks name) send them as Arrow columns. :data:`ROUTED_COLUMNS` is
+what an evaluator receives: one row per (record, evaluator),
+:func:`to_columns` and :func:`from_columns` convert
 :class:`~skpub.kernel.messages.Routed` rows losslessly (plain Python lists, so
 the format is testable without Spark). :data:`LOCATED_COLUMNS` adds what the
 parallel parse stage tells the serial sequencer: a range subscription's
-target evaluators with their cell boxes and its summary keywords, and one
-``report`` row per parse task.
+target evaluators with their cell boxes and its summary keywords.
 
 ``kind`` codes are :data:`KIND_CODES` (the registry kinds, and ``mark`` for
 the end of a micro-batch). For an object, ``evaluator`` is its owner and
@@ -46,8 +46,6 @@ KINDS = (*REGISTRY_KINDS, "mark")
 KIND_CODES = {kind: code for code, kind in enumerate(KINDS)}
 OBJECT, SUBSCRIBE, UNSUBSCRIBE = KIND_CODES["object"], KIND_CODES["subscribe"], KIND_CODES["unsubscribe"]
 SNAPSHOT, MARK = KIND_CODES["snapshot"], KIND_CODES["mark"]
-REPORT = 127
-"""``kind`` of a parse task's report row (``report`` holds its JSON)."""
 
 ROUTED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("evaluator", "int"),
@@ -69,12 +67,13 @@ ROUTED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("accepted", "bigint"),
     ("watermark", "double"),
 )
+ROUTED_FILE_COLUMNS: tuple[tuple[str, str], ...] = (("evaluator", "int"), ("path", "string"))
+"""What Spark carries from the sequencer to an evaluator's task: the file of its routed rows (one row)."""
 LOCATED_COLUMNS: tuple[tuple[str, str], ...] = (
     *ROUTED_COLUMNS,
     ("targets", "array<int>"),
     ("boxes", "array<int>"),
     ("keywords", "array<string>"),
-    ("report", "string"),
 )
 NAMES = tuple(name for name, _ in ROUTED_COLUMNS)
 _ARROW_TYPES = {
@@ -101,6 +100,25 @@ def arrow_schema(columns: Sequence[tuple[str, str]]) -> pa.Schema:
 
 ROUTED_SCHEMA = arrow_schema(ROUTED_COLUMNS)
 LOCATED_SCHEMA = arrow_schema(LOCATED_COLUMNS)
+
+
+def table_bytes(table: pa.Table) -> bytes:
+    """Return ``table`` as an Arrow IPC stream (how the Spark engine's tasks hand rows on, through files)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def bytes_table(data: bytes) -> pa.Table:
+    """Return the table of an Arrow IPC stream (:func:`table_bytes`).
+
+    Raises
+    ------
+    pyarrow.ArrowInvalid
+        If ``data`` is not one.
+    """
+    return pa.ipc.open_stream(data).read_all()
 
 
 def to_columns(rows: Sequence[Routed], evaluator_keys: Sequence[int] | None = None) -> dict[str, list]:

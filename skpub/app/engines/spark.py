@@ -42,7 +42,7 @@ import orjson
 from skpub.app.checkpoint import CHECKPOINT_DIR, Checkpoint
 from skpub.app.console import engine_log
 from skpub.app.engines.sink import unique_letters
-from skpub.app.engines.spark_tasks import ParseTask, SequencerTask, stage_parts, staged_batches
+from skpub.app.engines.spark_tasks import PARSE_REPORT_COLUMNS, ParseTask, SequencerTask, stage_parts, staged_batches
 from skpub.app.output import check_output, claim_output, inspect_output, mark_success
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
 from skpub.evaluators.merge import RankedMerge, apply_changes, decode_updates, results_json, take_changes
@@ -54,7 +54,7 @@ from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
 from skpub.kernel.text import load_vocabulary
-from skpub.kernel.wire import LOCATED_COLUMNS, ROUTED_COLUMNS, ddl
+from skpub.kernel.wire import ROUTED_FILE_COLUMNS, ddl
 from skpub.router.epoch import EpochLog, RoutingEpoch
 from skpub.router.initial import initial_table
 
@@ -278,11 +278,17 @@ class Sink:
         return merge
 
     def _prune_router_files(self, batch_id: int) -> None:
-        """Drop registry and merge files no restart can need once ``batch_id`` is written.
+        """Drop registry, merge and row files no restart can need once ``batch_id`` is written.
 
         A replay of ``batch_id`` itself needs the newest snapshot before it and
-        every delta after that snapshot; everything older goes.
+        every delta after that snapshot; everything older goes. Located and
+        routed rows are read by the batch's own tasks, which have run (a
+        replay parses and sequences the batch again and writes them anew).
         """
+        for b, paths in self.checkpoint.row_files().items():
+            if b <= batch_id:
+                for path in paths:
+                    path.unlink(missing_ok=True)
         for files in (self.checkpoint.router_files, self.checkpoint.merge_files):
             snapshots = files("snapshot")
             keep = max((b for b in snapshots if b < batch_id), default=-1)
@@ -459,9 +465,9 @@ def _run_query(
         .select("path", "content")
     )
     root = str(output)
-    located = files.mapInArrow(ParseTask(str(ckpt.root), root, deployment_json), ddl(LOCATED_COLUMNS))
+    located = files.mapInArrow(ParseTask(str(ckpt.root), root, deployment_json), ddl(PARSE_REPORT_COLUMNS))
     routed = located.repartition(1).mapInArrow(
-        SequencerTask(str(ckpt.root), root, run_id, deployment_json, keys, manifest["parts"]), ddl(ROUTED_COLUMNS)
+        SequencerTask(str(ckpt.root), root, run_id, deployment_json, keys, manifest["parts"]), ddl(ROUTED_FILE_COLUMNS)
     )
     outputs = routed.groupBy("evaluator").transformWithStateInPandas(
         EvaluatorProcessor(run_id, root, deployment_json, keys, uuid.uuid4().hex),

@@ -3,16 +3,21 @@
 ``ParseTask`` runs in one task per staged part file (``mapInArrow`` over the
 ``binaryFile`` source): it parses, validates, normalizes and locates its
 lines (:class:`~skpub.router.locate.Locator`), writes their dead letters
-straight to the output (``dead_letters/part-<batch>-p<part>.jsonl``) and
-emits the located records in the columns of
-:data:`skpub.kernel.wire.LOCATED_COLUMNS`, plus one report row.
+straight to the output (``dead_letters/part-<batch>-p<part>.jsonl``),
+writes the located records (:data:`skpub.kernel.wire.LOCATED_COLUMNS`) to a
+file in the checkpoint (``located/``, Arrow IPC) and emits one report row
+that names it.
 
-``SequencerTask`` runs in the one task after ``repartition(1)``: it puts the
-records in stream order, runs the :class:`~skpub.router.sequencer.Sequencer`
+``SequencerTask`` runs in the one task after ``repartition(1)``: it reads the
+parts' records in stream order, runs the :class:`~skpub.router.sequencer.Sequencer`
 on their compact columns (kind, id, owner, terms; targets and keywords of
-subscriptions), and emits the routed rows by taking them from the parsed
-columns (Arrow ``take``: the records are never rebuilt as Python objects
-here). It saves the id registry's changes (and every
+subscriptions), and writes each evaluator's routed rows to a file
+(``routed/``), taking them from the parsed columns (Arrow ``take``: the
+records are never rebuilt as Python objects here); it emits one row per
+evaluator naming its file. Rows travel through files rather than Spark's
+shuffles because Spark's conversions of a batch's rows to its own format,
+and to pandas for the stateful evaluators, cost about as much as applying
+them (DESIGN "The Spark engine"). It saves the id registry's changes (and every
 ``ROUTER_SNAPSHOT_EVERY`` batches the whole registry) under the batch id,
 writes its own dead letters (``part-<batch>-s.jsonl``) and the batch's
 routing report for the driver.
@@ -46,7 +51,7 @@ from skpub.kernel.registry import IdRegistry
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
 from skpub.kernel.text import load_vocabulary
-from skpub.kernel.wire import LOCATED_SCHEMA, REPORT
+from skpub.kernel.wire import LOCATED_SCHEMA, ROUTED_FILE_COLUMNS, arrow_schema, bytes_table, table_bytes
 from skpub.router.dispatch import marks, rejected_letters
 from skpub.router.epoch import EpochLog
 from skpub.router.locate import Locator, located_table
@@ -88,12 +93,18 @@ class ParseTask:
         self.deployment_json = deployment_json
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """Parse and locate each part's lines; yield located rows and a report row per part."""
+        """Parse and locate each part's lines; write its located rows to a file; yield a report row per part.
+
+        The rows go through a file in the checkpoint, as the routed rows do
+        (:meth:`SequencerTask.__call__`); the report names it.
+        """
+        checkpoint = Checkpoint(self.checkpoint_root)
+        checkpoint.located.mkdir(parents=True, exist_ok=True)
         tune_gc()
         batch_id = current_batch_id()
         deployment = deployment_from_text(self.deployment_json)
         vocabulary = load_vocabulary(deployment.vocabulary)
-        epoch = EpochLog(Checkpoint(self.checkpoint_root).epochs).for_batch(batch_id)
+        epoch = EpochLog(checkpoint.epochs).for_batch(batch_id)
         locator = Locator(deployment, vocabulary, epoch.table)
         for batch in batches:
             paths, contents = batch.column("path").to_pylist(), batch.column("content")
@@ -103,7 +114,8 @@ class ParseTask:
                 if staged_batch != batch_id:
                     raise CheckpointError(f"staged part {path} belongs to batch {staged_batch}, not {batch_id}")
                 located = locator.locate_lines(lines, batch_id, first)
-                table = located_table(located)
+                path = checkpoint.located_file(batch_id, part)
+                atomic_write_bytes(path, table_bytes(located_table(located)))
                 letters = located.dead_letters
                 write_part(self.output_root, "dead_letters", batch_id, (d.to_json() for d in letters), f"p{part:03d}")
                 report = {
@@ -112,16 +124,14 @@ class ParseTask:
                     "lines": len(lines),
                     "dead_letters": Counter(d.reason for d in letters),
                     "cpu_seconds": time.thread_time() - start,
+                    "path": str(path),
                 }
-                yield _with_report(table, json.dumps(report))
+                yield pa.RecordBatch.from_pydict({"report": [json.dumps(report)]}, schema=PARSE_REPORT_SCHEMA)
 
 
-def _with_report(table: pa.Table, report: str) -> pa.RecordBatch:
-    """Return the located rows then the report row, as one record batch (one run in stream order)."""
-    row = {name: pa.nulls(1, field.type) for name, field in zip(LOCATED_SCHEMA.names, LOCATED_SCHEMA, strict=True)}
-    row.update(kind=pa.array([REPORT], pa.int8()), pos=pa.array([-1], pa.int64()), report=pa.array([report]))
-    joined = pa.concat_tables([table, pa.table(row, schema=LOCATED_SCHEMA)]).combine_chunks()
-    return pa.RecordBatch.from_arrays([column.chunk(0) for column in joined.columns], schema=LOCATED_SCHEMA)
+PARSE_REPORT_COLUMNS: tuple[tuple[str, str], ...] = (("report", "string"),)
+"""What a parse task yields per staged part: its report (JSON), which names the file of its located rows."""
+PARSE_REPORT_SCHEMA = arrow_schema(PARSE_REPORT_COLUMNS)
 
 
 class SequencerTask:
@@ -138,10 +148,17 @@ class SequencerTask:
         self.parts = parts
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """Sequence the micro-batch; yield its routed rows (:data:`ROUTED_SCHEMA`)."""
+        """Sequence the micro-batch, write each evaluator's routed rows, yield their files (ROUTED_FILE_COLUMNS).
+
+        The rows (:data:`ROUTED_SCHEMA`) go to a file per evaluator in the
+        checkpoint (Arrow IPC, written atomically; a replay of the batch
+        writes the same rows again) rather than through Spark's shuffle:
+        Spark's conversions of a hundred thousand rows to its own format and
+        to pandas cost about as much as applying them (DESIGN "Spark engine").
+        """
         tune_gc()
         batch_id = current_batch_id()
-        table = pa.Table.from_batches(list(batches), schema=LOCATED_SCHEMA)
+        table = pa.Table.from_batches(list(batches), schema=PARSE_REPORT_SCHEMA)
         start = time.thread_time()
         items, reports = _in_stream_order(table)
         _check_complete(reports, self.parts, batch_id)
@@ -173,11 +190,33 @@ class SequencerTask:
             "marks": marks(decisions, items, end),
         }
         atomic_write_text(checkpoint.router_report(batch_id), json.dumps(report))
+        files = _write_routed(checkpoint, batch_id, routed, self.keys)
         _SEQUENCERS[self.run_id] = (batch_id, sequencer)
-        yield from routed.to_batches()
+        yield pa.RecordBatch.from_pydict(
+            {"evaluator": [self.keys[e] for e in files], "path": [str(p) for p in files.values()]},
+            schema=arrow_schema(ROUTED_FILE_COLUMNS),
+        )
 
 
 _SEQUENCERS: dict[str, tuple[int, Sequencer]] = {}
+
+
+def _write_routed(checkpoint: Checkpoint, batch_id: int, routed: pa.Table, keys: list[int]) -> dict[int, Path]:
+    """Write each evaluator's routed rows (stream order kept) to its file; return evaluator index -> file.
+
+    Only evaluators with rows get a file, as only they had rows to group.
+    """
+    checkpoint.routed.mkdir(parents=True, exist_ok=True)
+    column = routed.column("evaluator").to_numpy()
+    order = np.argsort(column, kind="stable")
+    files = {}
+    for e, key in enumerate(keys):
+        lo, hi = np.searchsorted(column[order], [key, key + 1])
+        if hi > lo:
+            path = checkpoint.routed_file(batch_id, e)
+            atomic_write_bytes(path, table_bytes(routed.take(pa.array(order[lo:hi]))))
+            files[e] = path
+    return files
 
 
 def _check_complete(reports: list[dict], parts: int, batch_id: int) -> None:
@@ -201,22 +240,26 @@ def _check_complete(reports: list[dict], parts: int, batch_id: int) -> None:
 
 
 def _in_stream_order(table: pa.Table) -> tuple[pa.Table, list[dict]]:
-    """Return the located rows in stream order, and the parse tasks' reports.
+    """Return the batch's located rows in stream order, read from the files the parse reports name, and the reports.
 
-    Each parse task's output is one run of rows in stream order ending with
-    its report row; the shuffle delivers the runs in any order. The runs are
-    put in order of their first position and joined without copying; a
-    full sort is the fallback should runs ever overlap.
+    The shuffle delivers the reports (:data:`PARSE_REPORT_SCHEMA` rows) in
+    any order; the parts tile the batch in order of ``part`` (checked by
+    :func:`_check_complete`), so their rows are joined in that order without
+    copying; a full sort is the fallback should they ever overlap.
+
+    Raises
+    ------
+    CheckpointError
+        If a part's file is missing or is not Arrow.
     """
-    kinds = table.column("kind").to_numpy()
-    ends = np.flatnonzero(kinds == REPORT)
-    if len(kinds) and kinds[-1] != REPORT:
-        raise CheckpointError("parsed rows arrived after the last parse report: a parse task's output was cut")
-    reports = [json.loads(table.column("report")[int(e)].as_py()) for e in ends]
-    starts = np.concatenate([[0], ends[:-1] + 1]) if len(ends) else np.zeros(0, dtype=np.int64)
-    positions = table.column("pos").to_numpy()
-    runs = sorted((positions[a], int(a), int(b)) for a, b in zip(starts, ends, strict=True) if b > a)
-    items = pa.concat_tables([table.slice(a, b - a) for _, a, b in runs]) if runs else table.slice(0, 0)
+    reports = sorted((json.loads(raw) for raw in table.column("report").to_pylist()), key=lambda r: r["part"])
+    tables = []
+    for r in reports:
+        try:
+            tables.append(bytes_table(Path(r["path"]).read_bytes()))
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise CheckpointError(f"the located rows of part {r['part']} cannot be read: {exc}") from None
+    items = pa.concat_tables(tables) if tables else LOCATED_SCHEMA.empty_table()
     order = items.column("pos").to_numpy()
     if len(order) > 1 and not (np.diff(order) > 0).all():
         items = items.take(pc.sort_indices(items.column("pos")))
