@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
@@ -173,6 +174,10 @@ class EvaluatorProcessor(StatefulProcessor):
     def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:  # noqa: ANN001, N802, N803
         """Apply one micro-batch's rows for evaluator ``key`` (in its host if it can), save its state, emit outputs."""
         tune_gc()
+        files = set(pd.concat(list(rows), ignore_index=True)[["path", "rows"]].itertuples(index=False, name=None))
+        if len(files) != 1:
+            raise EvaluatorError(f"evaluator key {key[0]} got {len(files)} files of routed rows, not one")
+        ((rows_path, rows_count),) = files
         batch = BatchInput(
             self.run_id,
             self.index_of_key[int(key[0])],
@@ -181,11 +186,9 @@ class EvaluatorProcessor(StatefulProcessor):
             self.generation,
             self.deployment_json,
             sum(1 for _ in self.ranked.keys()),
+            rows_path,
+            int(rows_count),
         )
-        paths = set(pd.concat(list(rows), ignore_index=True)["path"].tolist())
-        if len(paths) != 1:
-            raise EvaluatorError(f"evaluator {batch.evaluator} got {len(paths)} files of routed rows, not one")
-        batch.rows_path = paths.pop()
         outcome = None
         if self.hosts:
             try:
@@ -200,7 +203,7 @@ class EvaluatorProcessor(StatefulProcessor):
             start = time.thread_time()
             evaluator = self._evaluator(batch.evaluator, batch.version)
             restore = time.thread_time() - start
-            outcome = apply_batch(evaluator, read_rows(batch.rows_path), batch, restore)
+            outcome = apply_batch(evaluator, read_rows(batch), batch, restore)
         start = time.thread_time()
         _save(self.blocks, outcome.blocks)
         _save(self.window, outcome.window)
@@ -248,7 +251,7 @@ class EvaluatorProcessor(StatefulProcessor):
 
 @dataclass
 class BatchInput:
-    """What applying one micro-batch of one evaluator needs besides its rows (JSON-ready)."""
+    """What applying one micro-batch of one evaluator needs: state version, file of routed rows (JSON-ready)."""
 
     run_id: str
     evaluator: int
@@ -257,7 +260,8 @@ class BatchInput:
     generation: str
     deployment_json: str
     saved_ranked: int
-    rows_path: str = ""
+    rows_path: str
+    rows: int
 
 
 @dataclass
@@ -410,15 +414,21 @@ def apply_batch(evaluator: Evaluator, columns: dict, batch: BatchInput, restore_
     )
 
 
-def read_rows(path: str) -> dict[str, list]:
-    """Return the routed rows of file ``path`` (written by the sequencer task) as columns of Python values.
+def read_rows(batch: BatchInput) -> dict[str, list]:
+    """Return the batch's routed rows (the file the sequencer task wrote) as columns of Python values.
 
     Raises
     ------
-    OSError, pyarrow.ArrowInvalid
-        If the file cannot be read as an Arrow IPC stream.
+    EvaluatorError
+        If the file cannot be read as Arrow, or does not hold the rows the sequencer counted.
     """
-    return bytes_table(Path(path).read_bytes()).to_pydict()
+    try:
+        table = bytes_table(Path(batch.rows_path).read_bytes())
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise EvaluatorError(f"the routed rows of evaluator {batch.evaluator} cannot be read: {exc}") from None
+    if table.num_rows != batch.rows:
+        raise EvaluatorError(f"{batch.rows_path} holds {table.num_rows} routed rows, not {batch.rows}")
+    return table.to_pydict()
 
 
 def host_handler() -> Callable[[socket.socket], None]:
@@ -443,7 +453,7 @@ def host_handler() -> Callable[[socket.socket], None]:
                 state = EvaluatorState.from_message(*recv_message(conn))
                 evaluator = restore_evaluator(batch.evaluator, batch.deployment_json, state)
             restore = time.thread_time() - start
-            outcome = apply_batch(evaluator, read_rows(batch.rows_path), batch, restore)
+            outcome = apply_batch(evaluator, read_rows(batch), batch, restore)
             send_message(conn, *outcome.to_message())
             held[key] = (batch.batch_id, evaluator)
         except Exception as exc:  # noqa: BLE001 - the worker applies the batch itself

@@ -194,7 +194,7 @@ def located_table(batch: LocatedBatch) -> pa.Table:
     ``(cx, cy, cx, cy)``; other records have evaluator -1 and, for a range
     subscription, ``targets``, ``boxes`` (four ints per target) and
     ``keywords``. Objects are converted column by column, without a
-    per-object Python step. ``report`` is null.
+    per-object Python step.
     """
     objects = batch.objects
     n = len(objects)
@@ -236,5 +236,5 @@ def _others_table(others: list[Located]) -> pa.Table:
             boxes[i] = [c for _, box in item.targets for c in box]
         if item.keywords:
             keywords[i] = sorted(item.keywords)
-    cols.update(targets=targets, boxes=boxes, keywords=keywords, report=[None] * n)
+    cols.update(targets=targets, boxes=boxes, keywords=keywords)
     return pa.table(cols, schema=LOCATED_SCHEMA)

@@ -198,6 +198,8 @@ def test_killed_run_restarts_from_checkpoint_with_exact_output(tmp_path):
     for folder in ("router", "merge"):
         deltas = list((out / "_checkpoint" / folder).glob("delta-*.json"))
         assert 0 < len(deltas) <= 16, f"{folder} deltas before the last snapshot must be pruned"
+    for folder in ("located", "routed"):
+        assert not list((out / "_checkpoint" / folder).iterdir()), f"{folder} rows of finished batches must be deleted"
 
 
 @pytest.mark.integration

@@ -20,7 +20,7 @@ from skpub.app.engines.spark_tasks import (
 )
 from skpub.kernel.errors import CheckpointError
 from skpub.kernel.text import Vocabulary
-from skpub.kernel.wire import table_bytes
+from skpub.kernel.wire import bytes_table, table_bytes
 from skpub.router.initial import initial_table
 from skpub.router.locate import Locator, located_table
 from skpub.router.sequencer import Decisions
@@ -57,9 +57,10 @@ def _located(directory, lines, batch_id=0, parts=3):
         first = part * size
         located = locator.locate_lines(raw[first : first + size], batch_id, first)
         path = directory / f"rows-{batch_id:08d}-{part:03d}.arrow"
-        path.write_bytes(table_bytes(located_table(located)))
+        rows = located_table(located)
+        path.write_bytes(table_bytes(rows))
         report = {"part": part, "first": first, "lines": len(raw[first : first + size]), "dead_letters": {},
-                  "cpu_seconds": 0.0, "path": str(path)}  # fmt: skip
+                  "cpu_seconds": 0.0, "path": str(path), "rows": rows.num_rows}  # fmt: skip
         runs.append(pa.RecordBatch.from_pydict({"report": [json.dumps(report)]}, schema=PARSE_REPORT_SCHEMA))
     return runs
 
@@ -67,11 +68,12 @@ def _located(directory, lines, batch_id=0, parts=3):
 def test_parse_reports_arriving_in_any_order_give_the_rows_in_stream_order(tmp_path):
     runs = _located(tmp_path, random_workload(seed=3, n=300))
     random.Random(1).shuffle(runs)
-    items, reports = _in_stream_order(pa.Table.from_batches(runs))
+    items, reports = _in_stream_order(pa.Table.from_batches(runs), 3, 0)
     positions = items.column("pos").to_numpy()
     assert (np.diff(positions) > 0).all() and len(positions) > 200
     assert sorted(r["part"] for r in reports) == [0, 1, 2]
-    _check_complete(reports, 3, 0)
+    with pytest.raises(CheckpointError, match="parts"):
+        _in_stream_order(pa.Table.from_batches(runs[:2]), 3, 0)
     with pytest.raises(CheckpointError, match="parts"):
         _check_complete(reports[:2], 3, 0)
     gap = [dict(r, first=r["first"] + 1) if r["part"] == 2 else r for r in reports]
@@ -79,14 +81,19 @@ def test_parse_reports_arriving_in_any_order_give_the_rows_in_stream_order(tmp_p
         _check_complete(gap, 3, 0)
 
 
-def test_a_part_whose_rows_cannot_be_read_is_refused_not_dropped(tmp_path):
+def test_a_part_whose_rows_cannot_be_read_or_are_cut_is_refused_not_dropped(tmp_path):
     runs = _located(tmp_path, random_workload(seed=3, n=60))
-    (tmp_path / "rows-00000000-001.arrow").write_bytes(b"not arrow")
+    part_1 = tmp_path / "rows-00000000-001.arrow"
+    rows = part_1.read_bytes()
+    part_1.write_bytes(table_bytes(bytes_table(rows).slice(1)))
+    with pytest.raises(CheckpointError, match="holds .* located rows, not"):
+        _in_stream_order(pa.Table.from_batches(runs), 3, 0)
+    part_1.write_bytes(b"not arrow")
     with pytest.raises(CheckpointError, match="part 1 cannot be read"):
-        _in_stream_order(pa.Table.from_batches(runs))
-    (tmp_path / "rows-00000000-001.arrow").unlink()
+        _in_stream_order(pa.Table.from_batches(runs), 3, 0)
+    part_1.unlink()
     with pytest.raises(CheckpointError, match="part 1 cannot be read"):
-        _in_stream_order(pa.Table.from_batches(runs))
+        _in_stream_order(pa.Table.from_batches(runs), 3, 0)
 
 
 def test_rejections_get_their_own_input_line_from_the_staged_parts(tmp_path):
@@ -94,7 +101,7 @@ def test_rejections_get_their_own_input_line_from_the_staged_parts(tmp_path):
     checkpoint = Checkpoint(tmp_path / "ck")
     checkpoint.source.mkdir(parents=True)
     stage_parts([line.encode() for line in lines], 0, 3, checkpoint.source)
-    items, _ = _in_stream_order(pa.Table.from_batches(_located(tmp_path, lines)))
+    items, _ = _in_stream_order(pa.Table.from_batches(_located(tmp_path, lines)), 3, 0)
     decisions = Decisions(rejected=[(i, "unknown_id", "no") for i in (0, 4, 9)])
     letters = _rejected_letters(checkpoint, 0, items, decisions)
     assert [d.line for d in letters] == [lines[0], lines[4], lines[9]]
@@ -127,3 +134,31 @@ def test_row_files_are_the_checkpoints_own_and_nothing_else_there_is(tmp_path):
     assert sorted(p.name for p in checkpoint.row_files()[3]) == ["rows-00000003-000.arrow", "rows-00000003-001.arrow"]
     (checkpoint.routed / "notes.txt").write_text("mine")
     assert checkpoint_foreign_entries(checkpoint.root) == ["routed/notes.txt"]
+
+
+def test_routed_rows_go_to_one_file_per_evaluator_with_rows_in_stream_order(tmp_path):
+    """Each evaluator's file holds exactly its rows, in the routed table's order; no file without rows; the prune
+    deletes a batch's row files, temporary names included, and nothing else."""
+    from skpub.app.engines.spark_tasks import _write_routed
+
+    checkpoint = Checkpoint(tmp_path / "ck")
+    checkpoint.create()
+    keys = [7, 3, 11]
+    evaluator = pa.array([3, 7, 3, 3, 7, 3], pa.int32())
+    routed = pa.table({"evaluator": evaluator, "pos": pa.array([1, 2, 5, 9, 12, 20], pa.int64())})
+    files = _write_routed(checkpoint, 4, routed, keys)
+    assert sorted(files) == [0, 1]
+    for e, (path, rows) in files.items():
+        table = bytes_table(path.read_bytes())
+        expected = [
+            p for k, p in zip(evaluator.to_pylist(), routed.column("pos").to_pylist(), strict=True) if k == keys[e]
+        ]
+        assert table.column("pos").to_pylist() == expected and rows == len(expected)
+    (checkpoint.routed / ".rows-00000004-002.arrow.killed.tmp").write_bytes(b"")
+    (checkpoint.routed / "rows-x.arrow").write_bytes(b"")
+    assert sorted(p.name for p in checkpoint.row_files()[4]) == [
+        ".rows-00000004-002.arrow.killed.tmp",
+        "rows-00000004-000.arrow",
+        "rows-00000004-001.arrow",
+    ]
+    assert list(checkpoint.row_files()) == [4]

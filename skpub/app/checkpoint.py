@@ -39,10 +39,11 @@ _OWN = {
     "epochs": own_files(r"epoch-\d{6}\.json"),
     "router": own_files(r"(?:delta|snapshot|report)-\d{8}\.json"),
     "merge": own_files(r"(?:delta|snapshot)-\d{8}\.json"),
-    "located": own_files(r"rows-\d{8}-\d{3}\.arrow"),
-    "routed": own_files(r"rows-\d{8}-\d{3}\.arrow"),
+    "located": own_files(r"rows-\d{8}-\d{3,}\.arrow"),
+    "routed": own_files(r"rows-\d{8}-\d{3,}\.arrow"),
 }
 _OWN_FILES_RE = own_files(r"manifest\.json|skpub-checkpoint\.json")
+_ROW_FILE_RE = own_files(r"rows-(\d{8})-\d{3,}\.arrow")
 _MARKER_RE = own_files(r"skpub-checkpoint\.json")
 
 
@@ -172,11 +173,17 @@ class Checkpoint:
         return self.routed / f"rows-{batch_id:08d}-{evaluator:03d}.arrow"
 
     def row_files(self) -> dict[int, list[Path]]:
-        """Batch id -> its located and routed row files."""
+        """Batch id -> its located and routed row files, with the temporary names a killed write leaves.
+
+        Only names of skpub's own layout count (anything else there is
+        foreign, :func:`checkpoint_foreign_entries`).
+        """
         out: dict[int, list[Path]] = {}
         for folder in (self.located, self.routed):
-            for path in folder.glob("rows-*.arrow"):
-                out.setdefault(int(path.stem.split("-")[1]), []).append(path)
+            for path in folder.glob("*rows-*.arrow*") if folder.is_dir() else ():
+                match = _ROW_FILE_RE.fullmatch(path.name)
+                if match is not None:
+                    out.setdefault(int(match.group(1) or match.group(2)), []).append(path)
         return out
 
     def router_report(self, batch_id: int) -> Path:

@@ -67,8 +67,8 @@ ROUTED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("accepted", "bigint"),
     ("watermark", "double"),
 )
-ROUTED_FILE_COLUMNS: tuple[tuple[str, str], ...] = (("evaluator", "int"), ("path", "string"))
-"""What Spark carries from the sequencer to an evaluator's task: the file of its routed rows (one row)."""
+ROUTED_FILE_COLUMNS: tuple[tuple[str, str], ...] = (("evaluator", "int"), ("path", "string"), ("rows", "bigint"))
+"""What Spark carries from the sequencer to an evaluator's task: the file of its routed rows and their number."""
 LOCATED_COLUMNS: tuple[tuple[str, str], ...] = (
     *ROUTED_COLUMNS,
     ("targets", "array<int>"),
@@ -194,12 +194,12 @@ def from_columns(cols: Mapping[str, Sequence], evaluator: int) -> list[Routed]:
     """Rebuild routed rows for ``evaluator`` from columns of Python values, in stream order.
 
     ``cols`` maps every :data:`ROUTED_SCHEMA` name to a list of Python
-    values: ``pyarrow.Table.to_pydict`` (nulls None) or ``Series.tolist``
-    of a pandas frame (null floats NaN, and integer columns with nulls as
-    floats). Columns are zipped (no per-row lookup by name), and reordered
-    only when they are not in stream order already: this runs for every row
-    an evaluator receives, so a value is converted only where the two
-    sources differ. O(rows), or O(rows log rows) to reorder.
+    values, as ``pyarrow.Table.to_pydict`` gives them (nulls None), or as
+    ``Series.tolist`` of a pandas frame does (null floats NaN, and integer
+    columns with nulls as floats); a null ``ts`` may also be NaN. Columns
+    are zipped (no per-row lookup by name), and reordered only when they
+    are not in stream order already: this runs for every row an evaluator
+    receives, so a value is converted only where the two sources differ. O(rows), or O(rows log rows) to reorder.
 
     Raises
     ------

@@ -78,9 +78,10 @@ ARROW_MAX_BYTES_PER_BATCH = 2**31 - 1
 """Spark's "no byte limit" value for Arrow batches sent to Python (rows per batch stay capped at 10,000).
 
 With any other value Spark measures the Arrow batch after every row it adds
-(``ArrowWriter.sizeInBytes``), which costs O(columns) per row and, with our
-list columns, made the sequencer's input take 8 s per 100k rows (seen in
-``jstack``; 0.3 s without the check)."""
+(``ArrowWriter.sizeInBytes``), which costs O(columns) per row: with our list
+columns that made the sequencer's input take 8 s per 100k rows (seen in
+``jstack``; 0.3 s without the check), when located rows still went through
+Spark (they now go through files; the setting stays for the rows that do)."""
 
 
 def require_java() -> str:
@@ -234,7 +235,7 @@ class Sink:
         for c in sorted(counters, key=lambda c: c["evaluator"]):
             report.evaluator_cost[c["evaluator"]] = c["cost"]
             report.evaluator_cpu[c["evaluator"]] = c["cpu_seconds"]
-        self._prune_router_files(batch_id)
+        self._prune_files(batch_id)
         report.stage_cpu.update(
             parse=routing["parse_cpu_seconds"],
             sequencer=routing["sequencer_cpu_seconds"],
@@ -277,7 +278,7 @@ class Sink:
             raise CheckpointError(f"damaged merge state in {self.checkpoint.merge}: {exc}") from None
         return merge
 
-    def _prune_router_files(self, batch_id: int) -> None:
+    def _prune_files(self, batch_id: int) -> None:
         """Drop registry, merge and row files no restart can need once ``batch_id`` is written.
 
         A replay of ``batch_id`` itself needs the newest snapshot before it and

@@ -99,7 +99,6 @@ class ParseTask:
         (:meth:`SequencerTask.__call__`); the report names it.
         """
         checkpoint = Checkpoint(self.checkpoint_root)
-        checkpoint.located.mkdir(parents=True, exist_ok=True)
         tune_gc()
         batch_id = current_batch_id()
         deployment = deployment_from_text(self.deployment_json)
@@ -114,8 +113,9 @@ class ParseTask:
                 if staged_batch != batch_id:
                     raise CheckpointError(f"staged part {path} belongs to batch {staged_batch}, not {batch_id}")
                 located = locator.locate_lines(lines, batch_id, first)
-                path = checkpoint.located_file(batch_id, part)
-                atomic_write_bytes(path, table_bytes(located_table(located)))
+                rows = located_table(located)
+                rows_file = checkpoint.located_file(batch_id, part)
+                atomic_write_bytes(rows_file, table_bytes(rows))
                 letters = located.dead_letters
                 write_part(self.output_root, "dead_letters", batch_id, (d.to_json() for d in letters), f"p{part:03d}")
                 report = {
@@ -124,7 +124,8 @@ class ParseTask:
                     "lines": len(lines),
                     "dead_letters": Counter(d.reason for d in letters),
                     "cpu_seconds": time.thread_time() - start,
-                    "path": str(path),
+                    "path": str(rows_file),
+                    "rows": rows.num_rows,
                 }
                 yield pa.RecordBatch.from_pydict({"report": [json.dumps(report)]}, schema=PARSE_REPORT_SCHEMA)
 
@@ -132,6 +133,7 @@ class ParseTask:
 PARSE_REPORT_COLUMNS: tuple[tuple[str, str], ...] = (("report", "string"),)
 """What a parse task yields per staged part: its report (JSON), which names the file of its located rows."""
 PARSE_REPORT_SCHEMA = arrow_schema(PARSE_REPORT_COLUMNS)
+ROUTED_FILE_SCHEMA = arrow_schema(ROUTED_FILE_COLUMNS)
 
 
 class SequencerTask:
@@ -154,14 +156,13 @@ class SequencerTask:
         checkpoint (Arrow IPC, written atomically; a replay of the batch
         writes the same rows again) rather than through Spark's shuffle:
         Spark's conversions of a hundred thousand rows to its own format and
-        to pandas cost about as much as applying them (DESIGN "Spark engine").
+        to pandas cost about as much as applying them (DESIGN "The Spark engine").
         """
         tune_gc()
         batch_id = current_batch_id()
         table = pa.Table.from_batches(list(batches), schema=PARSE_REPORT_SCHEMA)
         start = time.thread_time()
-        items, reports = _in_stream_order(table)
-        _check_complete(reports, self.parts, batch_id)
+        items, reports = _in_stream_order(table, self.parts, batch_id)
         checkpoint = Checkpoint(self.checkpoint_root)
         deployment = deployment_from_text(self.deployment_json)
         restore = time.thread_time()
@@ -193,29 +194,35 @@ class SequencerTask:
         files = _write_routed(checkpoint, batch_id, routed, self.keys)
         _SEQUENCERS[self.run_id] = (batch_id, sequencer)
         yield pa.RecordBatch.from_pydict(
-            {"evaluator": [self.keys[e] for e in files], "path": [str(p) for p in files.values()]},
-            schema=arrow_schema(ROUTED_FILE_COLUMNS),
+            {
+                "evaluator": [self.keys[e] for e in files],
+                "path": [str(path) for path, _ in files.values()],
+                "rows": [rows for _, rows in files.values()],
+            },
+            schema=ROUTED_FILE_SCHEMA,
         )
 
 
 _SEQUENCERS: dict[str, tuple[int, Sequencer]] = {}
 
 
-def _write_routed(checkpoint: Checkpoint, batch_id: int, routed: pa.Table, keys: list[int]) -> dict[int, Path]:
-    """Write each evaluator's routed rows (stream order kept) to its file; return evaluator index -> file.
+def _write_routed(
+    checkpoint: Checkpoint, batch_id: int, routed: pa.Table, keys: list[int]
+) -> dict[int, tuple[Path, int]]:
+    """Write each evaluator's routed rows (stream order kept) to its file; return evaluator index -> (file, rows).
 
     Only evaluators with rows get a file, as only they had rows to group.
     """
-    checkpoint.routed.mkdir(parents=True, exist_ok=True)
     column = routed.column("evaluator").to_numpy()
     order = np.argsort(column, kind="stable")
+    ordered = column[order]
     files = {}
     for e, key in enumerate(keys):
-        lo, hi = np.searchsorted(column[order], [key, key + 1])
+        lo, hi = np.searchsorted(ordered, [key, key + 1])
         if hi > lo:
             path = checkpoint.routed_file(batch_id, e)
             atomic_write_bytes(path, table_bytes(routed.take(pa.array(order[lo:hi]))))
-            files[e] = path
+            files[e] = (path, int(hi - lo))
     return files
 
 
@@ -239,26 +246,32 @@ def _check_complete(reports: list[dict], parts: int, batch_id: int) -> None:
         expected += r["lines"]
 
 
-def _in_stream_order(table: pa.Table) -> tuple[pa.Table, list[dict]]:
+def _in_stream_order(table: pa.Table, parts: int, batch_id: int) -> tuple[pa.Table, list[dict]]:
     """Return the batch's located rows in stream order, read from the files the parse reports name, and the reports.
 
     The shuffle delivers the reports (:data:`PARSE_REPORT_SCHEMA` rows) in
-    any order; the parts tile the batch in order of ``part`` (checked by
-    :func:`_check_complete`), so their rows are joined in that order without
-    copying; a full sort is the fallback should they ever overlap.
+    any order; once they are checked to tile the batch
+    (:func:`_check_complete`), the parts' rows are joined in order of
+    ``part`` without copying; a full sort is the fallback should they ever
+    overlap.
 
     Raises
     ------
     CheckpointError
-        If a part's file is missing or is not Arrow.
+        If the parts do not tile the batch, or a part's file is missing, is
+        not Arrow or does not hold the rows its report counts.
     """
     reports = sorted((json.loads(raw) for raw in table.column("report").to_pylist()), key=lambda r: r["part"])
+    _check_complete(reports, parts, batch_id)
     tables = []
     for r in reports:
         try:
-            tables.append(bytes_table(Path(r["path"]).read_bytes()))
+            rows = bytes_table(Path(r["path"]).read_bytes())
         except (OSError, pa.ArrowInvalid) as exc:
             raise CheckpointError(f"the located rows of part {r['part']} cannot be read: {exc}") from None
+        if rows.num_rows != r["rows"]:
+            raise CheckpointError(f"part {r['part']}'s file holds {rows.num_rows} located rows, not {r['rows']}")
+        tables.append(rows)
     items = pa.concat_tables(tables) if tables else LOCATED_SCHEMA.empty_table()
     order = items.column("pos").to_numpy()
     if len(order) > 1 and not (np.diff(order) > 0).all():
