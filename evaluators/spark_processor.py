@@ -2,7 +2,7 @@
 
 Used as ``groupBy("evaluator").transformWithStateInPandas(EvaluatorProcessor(...))``
 on the RocksDB state store (DESIGN "The Spark engine"). Its input is one row
-per evaluator, ``(evaluator, path)`` (:data:`~skpub.kernel.wire.ROUTED_FILE_COLUMNS`):
+per evaluator, ``(evaluator, path, rows)`` (:data:`~skpub.kernel.wire.ROUTED_FILE_COLUMNS`):
 the file of routed rows the sequencer task wrote for it, which the evaluator
 (in its host, or the worker) reads as Arrow. State per evaluator:
 
@@ -200,10 +200,11 @@ class EvaluatorProcessor(StatefulProcessor):
                 )
         evaluator = None
         if outcome is None:
+            columns = read_rows(batch)  # first: a bad file fails the task before a rebuild
             start = time.thread_time()
             evaluator = self._evaluator(batch.evaluator, batch.version)
             restore = time.thread_time() - start
-            outcome = apply_batch(evaluator, read_rows(batch), batch, restore)
+            outcome = apply_batch(evaluator, columns, batch, restore)
         start = time.thread_time()
         _save(self.blocks, outcome.blocks)
         _save(self.window, outcome.window)

@@ -137,8 +137,8 @@ def test_row_files_are_the_checkpoints_own_and_nothing_else_there_is(tmp_path):
 
 
 def test_routed_rows_go_to_one_file_per_evaluator_with_rows_in_stream_order(tmp_path):
-    """Each evaluator's file holds exactly its rows, in the routed table's order; no file without rows; the prune
-    deletes a batch's row files, temporary names included, and nothing else."""
+    """Each evaluator's file holds exactly its rows, in the routed table's order; no file without rows; the files
+    the prune deletes (row_files) are a batch's row files, temporary names included, and nothing else."""
     from skpub.app.engines.spark_tasks import _write_routed
 
     checkpoint = Checkpoint(tmp_path / "ck")
@@ -162,3 +162,20 @@ def test_routed_rows_go_to_one_file_per_evaluator_with_rows_in_stream_order(tmp_
         "rows-00000004-001.arrow",
     ]
     assert list(checkpoint.row_files()) == [4]
+
+
+def test_an_evaluator_refuses_a_routed_file_that_is_missing_or_not_of_the_counted_rows(tmp_path):
+    from skpub.evaluators.errors import EvaluatorError
+    from skpub.evaluators.spark_processor import BatchInput, read_rows
+
+    path = tmp_path / "rows-00000002-001.arrow"
+    path.write_bytes(table_bytes(pa.table({"pos": pa.array([4, 8, 15], pa.int64())})))
+
+    def batch(rows, rows_path=str(path)):
+        return BatchInput("run", 1, 2, 1, "g", "{}", 0, rows_path, rows)
+
+    assert read_rows(batch(3)) == {"pos": [4, 8, 15]}
+    with pytest.raises(EvaluatorError, match="holds 3 routed rows, not 4"):
+        read_rows(batch(4))
+    with pytest.raises(EvaluatorError, match="cannot be read"):
+        read_rows(batch(3, str(tmp_path / "gone.arrow")))

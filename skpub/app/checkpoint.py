@@ -44,6 +44,7 @@ _OWN = {
 }
 _OWN_FILES_RE = own_files(r"manifest\.json|skpub-checkpoint\.json")
 _ROW_FILE_RE = own_files(r"rows-(\d{8})-\d{3,}\.arrow")
+"""Row files and their temporary names: the batch is group 1 in a name, group 2 in a temporary name (own_files)."""
 _MARKER_RE = own_files(r"skpub-checkpoint\.json")
 
 

@@ -252,8 +252,8 @@ def _in_stream_order(table: pa.Table, parts: int, batch_id: int) -> tuple[pa.Tab
     The shuffle delivers the reports (:data:`PARSE_REPORT_SCHEMA` rows) in
     any order; once they are checked to tile the batch
     (:func:`_check_complete`), the parts' rows are joined in order of
-    ``part`` without copying; a full sort is the fallback should they ever
-    overlap.
+    ``part`` without copying; a full sort is the fallback should positions
+    ever be out of order within a part.
 
     Raises
     ------
