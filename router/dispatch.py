@@ -29,7 +29,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import pyarrow as pa
 
 from skpub.kernel.config import Deployment
@@ -40,7 +39,7 @@ from skpub.kernel.text import Vocabulary
 from skpub.kernel.wire import ROUTED_SCHEMA, from_columns
 from skpub.router.epoch import RoutingEpoch
 from skpub.router.locate import Locator, located_table
-from skpub.router.sequencer import Decisions, Sequencer, routed_table
+from skpub.router.sequencer import Decisions, Sequencer, evaluator_tables, routed_table
 
 
 @dataclass
@@ -65,13 +64,8 @@ class RoutedBatch:
 
     def rows_for(self, evaluators: int) -> list[list[Routed]]:
         """Return each evaluator's routed rows as records, in stream order (``evaluators`` lists)."""
-        keys = self.table.column("evaluator").to_numpy()
-        order = np.argsort(keys, kind="stable")
-        bounds = np.searchsorted(keys[order], np.arange(evaluators + 1))
-        return [
-            from_columns(self.table.take(pa.array(order[bounds[e] : bounds[e + 1]])).to_pydict(), e)
-            for e in range(evaluators)
-        ]
+        tables = evaluator_tables(self.table, range(evaluators))
+        return [from_columns(table.to_pydict(), e) for e, table in enumerate(tables)]
 
 
 def marks(decisions: Decisions, items: pa.Table, end: int) -> list[tuple[int, str]]:

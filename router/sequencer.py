@@ -397,6 +397,22 @@ def _subscriptions(items: pa.Table) -> dict[int, tuple[Targets, frozenset[str], 
     return out
 
 
+def evaluator_tables(routed: pa.Table, keys: Sequence[int]) -> list[pa.Table]:
+    """Return, per key of ``keys``, the routed rows whose ``evaluator`` is that key, in the table's (stream) order.
+
+    One stable sort of the ``evaluator`` column, then one Arrow ``take`` per
+    key. O(rows log rows).
+    """
+    column = routed.column("evaluator").to_numpy()
+    order = np.argsort(column, kind="stable")
+    ordered = column[order]
+    tables = []
+    for key in keys:
+        lo, hi = np.searchsorted(ordered, [key, key + 1])
+        tables.append(routed.take(pa.array(order[lo:hi])))
+    return tables
+
+
 def routed_table(items: pa.Table, decisions: Decisions, keys: Sequence[int], end: int = 0) -> pa.Table:
     """Return the routed rows (:data:`ROUTED_SCHEMA`): the items the decisions name, in their order.
 

@@ -194,12 +194,11 @@ def from_columns(cols: Mapping[str, Sequence], evaluator: int) -> list[Routed]:
     """Rebuild routed rows for ``evaluator`` from columns of Python values, in stream order.
 
     ``cols`` maps every :data:`ROUTED_SCHEMA` name to a list of Python
-    values, as ``pyarrow.Table.to_pydict`` gives them (nulls None), or as
-    ``Series.tolist`` of a pandas frame does (null floats NaN, and integer
-    columns with nulls as floats); a null ``ts`` may also be NaN. Columns
-    are zipped (no per-row lookup by name), and reordered only when they
-    are not in stream order already: this runs for every row an evaluator
-    receives, so a value is converted only where the two sources differ. O(rows), or O(rows log rows) to reorder.
+    values, as ``pyarrow.Table.to_pydict`` (or :func:`to_columns`) gives
+    them: nulls None, and a ``ts`` or ``watermark`` the stream clock left
+    unset NaN. Columns are zipped (no per-row lookup by name), and reordered
+    only when they are not in stream order already: this runs for every row
+    an evaluator receives. O(rows), or O(rows log rows) to reorder.
 
     Raises
     ------
@@ -232,13 +231,13 @@ def from_columns(cols: Mapping[str, Sequence], evaluator: int) -> list[Routed]:
                 None if ts is None or ts != ts else ts,
                 None if expires_at is None or expires_at != expires_at else expires_at,
             )
-            append(Routed(evaluator, record, (int(cx0), int(cy0), int(cx1), int(cy1)), accepted, watermark))
+            append(Routed(evaluator, record, (cx0, cy0, cx1, cy1), accepted, watermark))
         elif kind == SUBSCRIBE and spec is not None:
             append(Routed(evaluator, ranked_from_spec(p, oid, spec), None, accepted, watermark))
         elif kind == SUBSCRIBE:
             clauses = tuple(frozenset(clause) for clause in orjson.loads(dnf))
-            record = RangeSubscription(p, oid, Rect(*(float(v) for v in rect)), clauses)
-            append(Routed(evaluator, record, (int(cx0), int(cy0), int(cx1), int(cy1)), accepted, watermark))
+            record = RangeSubscription(p, oid, Rect(*rect), clauses)
+            append(Routed(evaluator, record, (cx0, cy0, cx1, cy1), accepted, watermark))
         else:
             other = _OTHERS.get(kind)
             if other is None:

@@ -55,7 +55,7 @@ from skpub.kernel.wire import LOCATED_SCHEMA, ROUTED_FILE_COLUMNS, arrow_schema,
 from skpub.router.dispatch import marks, rejected_letters
 from skpub.router.epoch import EpochLog
 from skpub.router.locate import Locator, located_table
-from skpub.router.sequencer import Sequencer, routed_table
+from skpub.router.sequencer import Sequencer, evaluator_tables, routed_table
 from skpub.router.state import decode_journal, decode_snapshot, encode_journal, encode_snapshot
 
 ROUTER_SNAPSHOT_EVERY = 16
@@ -213,16 +213,12 @@ def _write_routed(
 
     Only evaluators with rows get a file, as only they had rows to group.
     """
-    column = routed.column("evaluator").to_numpy()
-    order = np.argsort(column, kind="stable")
-    ordered = column[order]
     files = {}
-    for e, key in enumerate(keys):
-        lo, hi = np.searchsorted(ordered, [key, key + 1])
-        if hi > lo:
+    for e, rows in enumerate(evaluator_tables(routed, keys)):
+        if rows.num_rows:
             path = checkpoint.routed_file(batch_id, e)
-            atomic_write_bytes(path, table_bytes(routed.take(pa.array(order[lo:hi]))))
-            files[e] = (path, int(hi - lo))
+            atomic_write_bytes(path, table_bytes(rows))
+            files[e] = (path, rows.num_rows)
     return files
 
 
