@@ -5,15 +5,22 @@ index entries). CPython's default collector thresholds (700, 10, 10) rescan
 them over and over while a micro-batch allocates its records; measured on
 the GeoNames default this cost about a third of the local engine's time.
 :func:`tune_gc` freezes what exists at startup and raises the first
-threshold so the young generation is collected every 100,000 allocations.
-Reference cycles are still collected; only less often.
+threshold so the young generation is collected once a million container
+objects more have been allocated than freed. A young collection visits
+every object that grew the heap since the last one, and every object each
+of them refers to, so its cost follows the growth of long-lived state (a
+window filling up, subscriptions arriving), not the records a batch
+allocates and frees. Measured on the ranked GeoNames benchmark (235,000
+objects, 100,000-object window, 4 evaluators, local engine): 1.49 s of young
+collections at 100,000, 0.47 s at 1,000,000. Reference cycles are still
+collected; only less often.
 """
 
 from __future__ import annotations
 
 import gc
 
-GEN0_THRESHOLD = 100_000
+GEN0_THRESHOLD = 1_000_000
 
 
 def tune_gc() -> None:
