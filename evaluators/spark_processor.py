@@ -60,7 +60,7 @@ from skpub.kernel.parts import delivery_lines, write_lines, write_part
 from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.text import load_vocabulary
-from skpub.kernel.wire import bytes_table, from_columns
+from skpub.kernel.wire import bytes_table, from_columns, table_columns
 
 CONTROL_DDL = "evaluator int, pos bigint, line string, reason string, message string, payload string, updates binary"
 """What an evaluator sends the driver: its internal-error dead letters, and one row whose ``payload`` is
@@ -429,7 +429,7 @@ def read_rows(batch: BatchInput) -> dict[str, list]:
         raise EvaluatorError(f"the routed rows of evaluator {batch.evaluator} cannot be read: {exc}") from None
     if table.num_rows != batch.rows:
         raise EvaluatorError(f"{batch.rows_path} holds {table.num_rows} routed rows, not {batch.rows}")
-    return table.to_pydict()
+    return table_columns(table)
 
 
 def host_handler() -> Callable[[socket.socket], None]:

@@ -36,7 +36,7 @@ from skpub.kernel.messages import Routed
 from skpub.kernel.records import DeadLetter, position_index, stream_position
 from skpub.kernel.registry import IdRegistry
 from skpub.kernel.text import Vocabulary
-from skpub.kernel.wire import ROUTED_SCHEMA, from_columns
+from skpub.kernel.wire import ROUTED_SCHEMA, from_columns, table_columns
 from skpub.router.epoch import RoutingEpoch
 from skpub.router.locate import Locator, located_table
 from skpub.router.sequencer import Decisions, Sequencer, evaluator_tables, routed_table
@@ -65,7 +65,7 @@ class RoutedBatch:
     def rows_for(self, evaluators: int) -> list[list[Routed]]:
         """Return each evaluator's routed rows as records, in stream order (``evaluators`` lists)."""
         tables = evaluator_tables(self.table, range(evaluators))
-        return [from_columns(table.to_pydict(), e) for e, table in enumerate(tables)]
+        return [from_columns(table_columns(table), e) for e, table in enumerate(tables)]
 
 
 def marks(decisions: Decisions, items: pa.Table, end: int) -> list[tuple[int, str]]:

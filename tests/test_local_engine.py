@@ -1,3 +1,4 @@
+import pyarrow as pa
 import pytest
 
 from skpub.app.engines.local import run_local
@@ -7,7 +8,7 @@ from skpub.kernel.oracle import replay
 from skpub.kernel.parts import read_stream
 from skpub.kernel.registry import IdRegistry
 from skpub.kernel.text import Vocabulary
-from skpub.kernel.wire import from_columns, to_columns
+from skpub.kernel.wire import from_columns, table_columns, to_columns
 from skpub.router.dispatch import Router
 from skpub.router.epoch import RoutingEpoch
 from skpub.router.initial import initial_table
@@ -77,6 +78,22 @@ def test_wire_format_round_trips_routed_rows():
         assert to_columns(mine)["evaluator"] == [e] * len(mine)
         assert set(cols["evaluator"]) <= {keys[e]}
         assert from_columns(cols, e) == mine
+
+
+def test_table_columns_equal_arrow_values_with_terms_as_tuples():
+    """The bulk conversion equals ``to_pydict`` on whole, taken, sliced and chunked tables (terms as tuples)."""
+    dep = deployment(evaluators=3)
+    lines = random_workload(seed=10, n=300)
+    vocabulary = Vocabulary()
+    epoch = RoutingEpoch(0, 0, initial_table(dep, vocabulary, lines))
+    table = Router(dep, vocabulary).route_many([line.encode() for line in lines], 2, epoch).table
+    assert sum(len(t or ()) for t in table.column("terms").to_pylist()) > 100
+    taken = table.take(pa.array(list(range(table.num_rows - 1, 0, -3))))
+    chunked = pa.concat_tables([table.slice(0, 40), table.slice(40)])
+    for candidate in (table, taken, table.slice(17, 60), chunked):
+        expected = candidate.to_pydict()
+        expected["terms"] = [tuple(t or ()) for t in expected["terms"]]
+        assert repr(table_columns(candidate)) == repr(expected)  # repr: NaN times equal as text, not as floats
 
 
 def test_registry_journal_replays_to_the_same_router_state():

@@ -190,6 +190,27 @@ def ranked_from_spec(pos: int, sid: str, spec: str) -> TopkSubscription | KnnSub
     raise ValueError(f"a ranked subscription is topk or knn, not {doc['kind']!r}")
 
 
+def table_columns(table: pa.Table) -> dict[str, list]:
+    """Return ``table``'s columns as lists of Python values, as ``to_pydict`` does, the terms as tuples.
+
+    The terms (most of a batch's values: about nine per object) are
+    converted in bulk, as one list of strings cut at the list offsets, not
+    one Arrow scalar at a time. A null list (a row that is not an object)
+    becomes a tuple too, which :func:`from_columns` never reads. O(values).
+    """
+    cols = {}
+    for name in table.column_names:
+        column = table.column(name)
+        if name == "terms":
+            terms = column.combine_chunks()  # offsets index its values even when it is a slice
+            flat = terms.values.to_numpy(zero_copy_only=False).tolist()
+            offsets = terms.offsets.to_numpy().tolist()
+            cols[name] = [tuple(flat[a:b]) for a, b in pairwise(offsets)]
+        else:
+            cols[name] = column.to_pylist()
+    return cols
+
+
 def from_columns(cols: Mapping[str, Sequence], evaluator: int) -> list[Routed]:
     """Rebuild routed rows for ``evaluator`` from columns of Python values, in stream order.
 
