@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import socket
 import sys
@@ -283,12 +284,11 @@ class EvaluatorState:
     def from_message(cls, header: dict, blobs: list[bytes]) -> EvaluatorState:
         """Rebuild the state of :meth:`to_message`."""
         nb, nw = len(header["blocks"]), len(header["window"])
-        accepted, watermark, generation = header["clock"]
         return cls(
             dict(zip(map(int, header["blocks"]), blobs[:nb], strict=True)),
             dict(zip(map(int, header["window"]), blobs[nb : nb + nw], strict=True)),
             blobs[nb + nw :],
-            (int(accepted), float(watermark), str(generation)),
+            clock_of(header["clock"]),
         )
 
 
@@ -340,7 +340,6 @@ class BatchOutcome:
         }
         ranked = next(rest) if header["ranked"] else None
         compacted = next(rest) if header["compacted"] else None
-        accepted, watermark, generation = header["clock"]
         return cls(
             header["counters"],
             [DeadLetter(*row) for row in header["dead_letters"]],
@@ -351,8 +350,18 @@ class BatchOutcome:
             maps["window"],
             ranked,
             compacted,
-            (int(accepted), float(watermark), str(generation)),
+            clock_of(header["clock"]),
         )
+
+
+def clock_of(raw: list) -> tuple[int, float, str]:
+    """Rebuild a clock ``(objects accepted, watermark in seconds, generation)`` from a host message.
+
+    JSON has no infinity: orjson writes the watermark of an evaluator that
+    has seen no object yet (-inf) as null, which reads back as -inf.
+    """
+    accepted, watermark, generation = raw
+    return int(accepted), -math.inf if watermark is None else float(watermark), str(generation)
 
 
 def use_hosts() -> bool:

@@ -1,5 +1,6 @@
 """The evaluator host's frames and lifecycle (its Spark use is covered by every Spark engine test)."""
 
+import math
 import os
 import socket
 import subprocess
@@ -9,7 +10,7 @@ import time
 import pytest
 
 from skpub.evaluators import host
-from skpub.evaluators.spark_processor import host_handler
+from skpub.evaluators.spark_processor import BatchOutcome, EvaluatorState, host_handler
 
 
 def test_frames_round_trip_headers_and_blobs():
@@ -18,6 +19,20 @@ def test_frames_round_trip_headers_and_blobs():
         blobs = [b"", b"x" * 100_000, bytes(range(256))]
         host.send_message(a, {"op": "apply", "n": [1, 2.5, None]}, blobs)
         assert host.recv_message(b) == ({"op": "apply", "n": [1, 2.5, None]}, blobs)
+
+
+@pytest.mark.parametrize("watermark", [-math.inf, 0.0, 1.5e9])
+def test_state_and_outcome_messages_keep_the_clock_through_json(watermark):
+    """A watermark of -inf (no object yet) survives a host message, whose JSON writes it as null."""
+    a, b = socket.socketpair()
+    with a, b:
+        state = EvaluatorState({3: b"block"}, {7: b"segment"}, [b"ranked"], (0, watermark, "g1"))
+        host.send_message(a, *state.to_message())
+        assert EvaluatorState.from_message(*host.recv_message(b)) == state
+        clock = (4, watermark, "")
+        outcome = BatchOutcome({"evaluator": 1}, [], b"[]", b"", {}, {3: None}, {7: b"s"}, None, None, clock)
+        host.send_message(a, *outcome.to_message())
+        assert BatchOutcome.from_message(*host.recv_message(b)) == outcome
 
 
 def test_a_cut_frame_is_an_error_not_a_hang():
