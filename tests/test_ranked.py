@@ -1,5 +1,6 @@
 """Top-k and kNN: the buffers, the merge and the local engine against the brute-force oracle."""
 
+import json
 import math
 
 import pytest
@@ -129,6 +130,39 @@ def test_both_routers_and_near_tie_chains_equal_the_oracle(tmp_path, router):
     lines = ranked_workload(seed=99, n=500)
     dep = deployment(evaluators=4, router=router, batch_size=13).replace(window=Window("count", 40))
     assert_outputs_equal_oracle(run(tmp_path, lines, dep), lines, dep, exact_events=False)
+
+
+@pytest.mark.parametrize(("evaluators", "batch_size"), [(1, 1), (3, 1), (4, 9)])
+def test_ids_recurring_after_the_horizon_are_new_objects_in_ranked_results(tmp_path, evaluators, batch_size):
+    """Object ids cycle through 8 values with a horizon of 6 and a window of 30: one result can hold several objects
+    of one id, told apart by position, in snapshots and (one record per batch) in every event."""
+    from skpub.kernel.oracle import replay
+    from skpub.kernel.parts import read_stream
+    from tests.workloads import canonical
+
+    lines, count = [], 0
+    for line in ranked_workload(seed=evaluators + batch_size, n=500):
+        doc = json.loads(line)
+        if doc["type"] == "object":
+            doc["id"], count = f"o{count % 8}", count + 1
+        lines.append(json.dumps(doc))
+    dep = deployment(evaluators=evaluators, batch_size=batch_size)
+    dep = dep.replace(window=Window("count", 30), object_id_horizon=6)
+    out = run(tmp_path, lines, dep)
+    expected = replay(lines, dep)
+    assert any(len({oid for oid, _ in s["results"]}) < len(s["results"]) for s in expected.snapshots)
+    assert read_stream(out, "snapshots") == expected.snapshots
+    assert canonical(read_stream(out, "dead_letters")) == canonical(expected.dead_letters)
+    deliveries = read_stream(out, "deliveries")
+    assert canonical([d for d in deliveries if d["event"] == "match"]) == canonical(
+        [d for d in expected.deliveries if d["event"] == "match"]
+    )
+    if batch_size == 1:
+        events = [d for d in deliveries if d["event"] != "match"]
+        wanted = [d for d in expected.deliveries if d["event"] != "match"]
+        assert {d["sub"] for d in events} == {d["sub"] for d in wanted}
+        for sub in {d["sub"] for d in wanted}:
+            assert [d for d in events if d["sub"] == sub] == [d for d in wanted if d["sub"] == sub]
 
 
 def test_objects_without_ts_take_the_stream_clock(tmp_path):

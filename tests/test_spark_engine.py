@@ -54,12 +54,17 @@ def test_spark_engine_equals_oracle(spark, tmp_path, router, evaluators, batch_s
 
 
 @pytest.mark.parametrize(
-    ("window", "evaluators", "batch_size"),
-    [(Window("count", 30), 3, 37), (Window(), 4, 1000), (Window("seconds", 15), 1, 50), (Window("count", 25), 8, 7)],
+    ("window", "evaluators", "batch_size", "router"),
+    [
+        (Window("count", 30), 3, 37, "uniform"),
+        (Window(), 4, 1000, "agrid"),
+        (Window("seconds", 15), 3, 50, "agrid"),
+        (Window("count", 25), 8, 7, "agrid"),
+    ],
 )
-def test_spark_engine_equals_oracle_on_ranked_workloads(spark, tmp_path, window, evaluators, batch_size):
+def test_spark_engine_equals_oracle_on_ranked_workloads(spark, tmp_path, window, evaluators, batch_size, router):
     lines = ranked_workload(seed=evaluators + batch_size, n=300 if batch_size < 10 else 450)
-    dep = deployment(evaluators=evaluators, batch_size=batch_size).replace(window=window)
+    dep = deployment(evaluators=evaluators, batch_size=batch_size, router=router).replace(window=window)
     run(spark, tmp_path, lines, dep)
     expected = assert_outputs_equal_oracle(tmp_path / "run", lines, dep)
     assert sum(1 for s in expected.snapshots if s["results"]) > 20
