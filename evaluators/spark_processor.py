@@ -415,7 +415,7 @@ def apply_batch(evaluator: Evaluator, columns: dict, batch: BatchInput, restore_
         "sink_cpu_seconds": time.thread_time() - start,
         "restore_cpu_seconds": restore_seconds,
         "state_cpu_seconds": state,
-        "ranked": {key: stats[key] for key in ("reevaluations", "reevaluated", "fills")},
+        "ranked": {key: stats[key] for key in ("reevaluations", "reevaluated", "reevaluation_cpu_seconds", "fills")},
     }
     clock = (store.accepted, store.watermark, evaluator.monitor.generation)
     updates = encode_updates(result.updates)

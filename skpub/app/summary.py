@@ -39,8 +39,8 @@ class BatchReport:
     state store) and ``state_writes`` (evaluators saving their changed state)."""
     ranked: Counter = field(default_factory=Counter)
     """Top-k/kNN work: ``reevaluations`` (buffers refilled after expiries), ``reevaluated`` (candidates they
-    scored), ``fills`` (buffers of new or restored subscriptions), ``unproven`` (merged results whose tie
-    chains outran the band, DESIGN "Top-k and kNN")."""
+    scored), ``reevaluation_cpu_seconds`` (the thread CPU they took), ``fills`` (buffers of new or restored
+    subscriptions), ``unproven`` (merged results whose tie chains outran the band, DESIGN "Top-k and kNN")."""
     hosts: Counter = field(default_factory=Counter)
     """Spark: ``applied`` evaluator batches, ``hosted`` those applied in an evaluator host (the rest were applied
     by the task itself, after rebuilding the evaluator when its worker did not hold it)."""
@@ -115,7 +115,8 @@ class RunSummary:
         if self.ranked:
             r = self.ranked
             lines.append(
-                f"  top-k/kNN         {r['reevaluations']} re-evaluations ({r['reevaluated']} candidates scored)"
+                f"  top-k/kNN         {r['reevaluations']} re-evaluations ({r['reevaluated']} candidates scored,"
+                f" {r['reevaluation_cpu_seconds']:.3f} s CPU)"
                 f" · {r['fills']} buffer fills · {r['unproven']} unproven merges"
             )
         if self.stage_cpu:
