@@ -109,6 +109,7 @@ import numpy as np
 import orjson
 
 from skpub.kernel.errors import ExpressionError
+from skpub.kernel.runtime import GEN0_THRESHOLD
 from skpub.kernel.text import parse_expression
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -223,14 +224,14 @@ def _drive(stream_path: str | Path, live: int | None, matcher: _Matcher, batch: 
 
 @contextlib.contextmanager
 def _gc_tuned() -> Iterator[None]:
-    """Tune the collector as skpub's engines do (``tune_gc``: freeze the heap, gen-0 every 100k); undo on exit.
+    """Tune the collector as skpub's engines do (``tune_gc``: freeze the heap, ``GEN0_THRESHOLD``); undo on exit.
 
     Without it CPython's collector rescans the millions of live match tuples
     (and whatever the caller holds) over and over while a run allocates.
     """
     threshold = gc.get_threshold()
     gc.freeze()
-    gc.set_threshold(100_000, 50, 100)
+    gc.set_threshold(GEN0_THRESHOLD, 50, 100)
     try:
         yield
     finally:

@@ -99,7 +99,7 @@ def run(directory: Path, work: Path, *args: str, config: dict | None = None) -> 
         "steady": steady,
         "reevaluations": reevaluations,
         "reevaluated": scored,
-        "reevaluation_cpu": float(ranked[2]),
+        "reevaluation_cpu_seconds": float(ranked[2]),
         "fills": fills,
         "unproven": unproven,
         "cost_ratio": float(_COST.search(text).group(1)),
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
         reevaluations[policy] = r["reevaluations"]
         per_expired = (
             f"{r['reevaluations'] / expired:.3f} | {r['reevaluated'] / expired:.1f}"
-            f" | {r['reevaluation_cpu'] / expired * 1e6:.2f}"
+            f" | {r['reevaluation_cpu_seconds'] / expired * 1e6:.2f}"
         )
         buffers.append(
             f"| {policy} | {r['reevaluations']:,} | {per_expired} "

@@ -100,7 +100,7 @@ class Evaluator:
         deliveries, stats, size = out.deliveries, out.stats, self.grid_size
         match_one, monitor = self.index.match_one, self.monitor
         refills, refill_scored, fills = monitor.stats.refills, monitor.stats.refill_scored, monitor.stats.fills
-        refill_seconds = monitor.stats.refill_seconds
+        refill_cpu_seconds = monitor.stats.refill_cpu_seconds
         for row in rows:
             record = row.record
             try:
@@ -132,7 +132,7 @@ class Evaluator:
                 out.dead_letters.append(DeadLetter.internal_error(record.pos, _describe(record), exc))
         out.stats.reevaluations = monitor.stats.refills - refills
         out.stats.reevaluated = monitor.stats.refill_scored - refill_scored
-        out.stats.reevaluation_seconds = monitor.stats.refill_seconds - refill_seconds
+        out.stats.reevaluation_cpu_seconds = monitor.stats.refill_cpu_seconds - refill_cpu_seconds
         out.stats.fills = monitor.stats.fills - fills
         out.cpu_seconds = time.thread_time() - start
         return out

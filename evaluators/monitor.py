@@ -99,7 +99,7 @@ class MonitorStats:
     fills: int = 0
     refills: int = 0
     refill_scored: int = 0
-    refill_seconds: float = 0.0
+    refill_cpu_seconds: float = 0.0
 
 
 class RankedMonitor:
@@ -365,7 +365,7 @@ class RankedMonitor:
         else:
             self.stats.refills += 1
             self.stats.refill_scored += len(candidates)
-            self.stats.refill_seconds += time.thread_time() - start
+            self.stats.refill_cpu_seconds += time.thread_time() - start
 
     # --- durable state (the Spark engine's state store) ---------------------------------
 

@@ -36,6 +36,7 @@ docs/SEMANTICS.md (ties within 1e-9 chain into groups ordered by time):
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Callable
@@ -71,7 +72,11 @@ class Skyband:
     ``stale`` means it must be refilled
     before it is read (a new subscription whose keywords the window store
     holds, or an invalid buffer).
-    ``dominators`` counts, per entry, the entries that dominate it;
+    ``dominators`` counts, per entry, the entries that dominate it, and
+    ``high`` holds the entries dominated by k or more (those a drop may
+    take: the few kept within the band of the k-th, or covered by none);
+    ``best`` caches the k highest goodness values held, ascending (None:
+    rebuilt at the next arrival, after an entry among them left);
     ``ceiling`` caps the k-th goodness that drops are measured against
     (the floor of the whole candidate set, during a refill).
     """
@@ -81,6 +86,8 @@ class Skyband:
     count_window: bool
     entries: dict[int, Entry] = field(default_factory=dict)
     dominators: dict[int, int] = field(default_factory=dict)
+    high: set[int] = field(default_factory=set)
+    best: list[float] | None = None
     theta: float = -math.inf
     dropped: dict[int, float] = field(default_factory=dict)
     stale: bool = True
@@ -105,7 +112,8 @@ class Skyband:
         """Offer an arriving candidate; return whether it was kept and the positions dropped for it.
 
         O(len(entries)) (one dominance scan, Skype section 6 "buffer
-        maintenance"). A stale buffer takes nothing: its refill will.
+        maintenance"), plus a drop test of the entries dominated k times or
+        more (``high``). A stale buffer takes nothing: its refill will.
         """
         if self.stale or entry.g < self.theta:
             return False, []
@@ -114,8 +122,10 @@ class Skyband:
             return True, self._cap()
         k, count_window = self.k, self.count_window
         g, ts, pos, expires = entry.g, entry.ts, entry.pos, entry.expires_at
-        top = heapq.nlargest(k, (e.g for e in self.entries.values()))
-        kth = min(top[-1] if len(top) == k else -math.inf, self.ceiling)
+        best = self.best
+        if best is None:
+            best = self.best = sorted(heapq.nlargest(k, (e.g for e in self.entries.values())))
+        kth = min(best[0] if len(best) == k else -math.inf, self.ceiling)
         # One pass: who dominates the arrival, and whom it dominates (dominates(), inlined).
         beaten, below_it = 0, []
         for e in self.entries.values():
@@ -129,25 +139,39 @@ class Skyband:
             if g < below(kth):
                 self.dropped[pos] = g
             return False, []
-        dominators = self.dominators
+        dominators, high = self.dominators, self.high
         for p in below_it:
-            dominators[p] = dominators.get(p, 0) + 1
+            count = dominators[p] = dominators.get(p, 0) + 1
+            if count == k:
+                high.add(p)
         self.entries[pos] = entry
         dominators[pos] = beaten
-        if len(top) >= k - 1:
-            kth = min(sorted([*top, g], reverse=True)[k - 1] if len(top) + 1 >= k else -math.inf, self.ceiling)
+        if beaten >= k:
+            high.add(pos)
+        if len(best) < k:
+            bisect.insort(best, g)
+        elif g > best[0]:
+            del best[0]
+            bisect.insort(best, g)
+        kth = min(best[0] if len(best) == k else -math.inf, self.ceiling)
+        if not high:
+            return True, []
         edge = below(kth)
-        dropped = [
-            p
-            for p, count in dominators.items()
-            if count >= k and (self.entries[p].g < edge or self._covered(self.entries[p]))
-        ]
+        dropped = [p for p in high if self.entries[p].g < edge or self._covered(self.entries[p])]
         for pos in dropped:
             g = self.entries.pop(pos).g
+            self._forget_best(g)
             if g < edge:
                 self.dropped[pos] = g
-            del self.dominators[pos]
+            del dominators[pos]
+            high.discard(pos)
         return True, dropped
+
+    def _forget_best(self, g: float) -> None:
+        """Invalidate ``best`` when an entry of goodness ``g`` that may be among its values leaves."""
+        best = self.best
+        if best is not None and (len(best) < self.k or g >= best[0]):
+            self.best = None
 
     def _covered(self, entry: Entry) -> bool:
         """Whether a held entry of exactly the same goodness dominates ``entry`` (then dropping it loses nothing).
@@ -178,9 +202,12 @@ class Skyband:
         Entries it dominated leave no later, so no count changes (Skype
         section 6: "unlink in O(1)").
         """
-        if self.entries.pop(pos, None) is None:
+        entry = self.entries.pop(pos, None)
+        if entry is None:
             return False
+        self._forget_best(entry.g)
         self.dominators.pop(pos, None)
+        self.high.discard(pos)
         return True
 
     def read(self, alive: Callable[[int], bool] = lambda pos: True) -> tuple[list[Entry], float] | None:
@@ -228,6 +255,8 @@ class Skyband:
         self.dominators = {}
         if self.policy == "cskyband":
             self.dominators = {u.pos: sum(1 for p in entries if p is not u and self.dominates(p, u)) for u in entries}
+        self.high = {pos for pos, count in self.dominators.items() if count >= self.k}
+        self.best = None
 
     def refill(self, candidates: list[Entry], window_objects: int) -> None:
         """Re-evaluate from all of the evaluator's window candidates (Skype Algorithm 2).
@@ -242,7 +271,7 @@ class Skyband:
         O(c log c) for c candidates.
         """
         self.stale = False
-        self.entries, self.dominators = {}, {}
+        self.entries, self.dominators, self.high, self.best = {}, {}, set(), None
         self.theta, self.dropped = -math.inf, {}
         if len(candidates) <= self.k:
             self.entries = {e.pos: e for e in candidates}

@@ -20,7 +20,7 @@ class CellCostStats:
     ``cy`` and ``cx``); costs count candidate subscriptions (unitless).
     ``reevaluations`` counts the top-k/kNN buffers refilled from the window
     store after expiries, ``reevaluated`` the candidates they scored and
-    ``reevaluation_seconds`` their thread CPU time (Skype section 6);
+    ``reevaluation_cpu_seconds`` their thread CPU time (Skype section 6);
     ``fills`` the buffers filled for a new or restored subscription.
     """
 
@@ -31,7 +31,7 @@ class CellCostStats:
     objects: int = 0
     reevaluations: int = 0
     reevaluated: int = 0
-    reevaluation_seconds: float = 0.0
+    reevaluation_cpu_seconds: float = 0.0
     fills: int = 0
 
     def add(self, cell: int, cx: int, cy: int, cost: int) -> None:
@@ -54,7 +54,7 @@ class CellCostStats:
             "subscriptions": subscriptions,
             "reevaluations": self.reevaluations,
             "reevaluated": self.reevaluated,
-            "reevaluation_cpu_seconds": self.reevaluation_seconds,
+            "reevaluation_cpu_seconds": self.reevaluation_cpu_seconds,
             "fills": self.fills,
             "rows": {str(k): v for k, v in sorted(self.rows.items())},
             "columns": {str(k): v for k, v in sorted(self.columns.items())},

@@ -59,6 +59,7 @@ def test_spark_engine_equals_oracle(spark, tmp_path, router, evaluators, batch_s
         (Window("count", 30), 3, 37, "uniform"),
         (Window(), 4, 1000, "agrid"),
         (Window("seconds", 15), 3, 50, "agrid"),
+        (Window("seconds", 15), 1, 120, "agrid"),
         (Window("count", 25), 8, 7, "agrid"),
     ],
 )

@@ -196,13 +196,14 @@ def table_columns(table: pa.Table) -> dict[str, list]:
     The terms (most of a batch's values: about nine per object) are
     converted in bulk, as one list of strings cut at the list offsets, not
     one Arrow scalar at a time. A null list (a row that is not an object)
-    becomes a tuple too, which :func:`from_columns` never reads. O(values).
+    becomes a tuple too, which :func:`from_columns` never reads. O(values)
+    (of a slice, the values of the array it slices).
     """
     cols = {}
     for name in table.column_names:
         column = table.column(name)
         if name == "terms":
-            terms = column.combine_chunks()  # offsets index its values even when it is a slice
+            terms = column.combine_chunks()  # one array; its offsets index its values, a slice's included
             flat = terms.values.to_numpy(zero_copy_only=False).tolist()
             offsets = terms.offsets.to_numpy().tolist()
             cols[name] = [tuple(flat[a:b]) for a, b in pairwise(offsets)]
@@ -215,11 +216,12 @@ def from_columns(cols: Mapping[str, Sequence], evaluator: int) -> list[Routed]:
     """Rebuild routed rows for ``evaluator`` from columns of Python values, in stream order.
 
     ``cols`` maps every :data:`ROUTED_SCHEMA` name to a list of Python
-    values, as ``pyarrow.Table.to_pydict`` (or :func:`to_columns`) gives
-    them: nulls None, and a ``ts`` or ``watermark`` the stream clock left
-    unset NaN. Columns are zipped (no per-row lookup by name), and reordered
-    only when they are not in stream order already: this runs for every row
-    an evaluator receives. O(rows), or O(rows log rows) to reorder.
+    values, as :func:`table_columns` (or ``pyarrow.Table.to_pydict``, or
+    :func:`to_columns`) gives them: nulls None, an object's terms a tuple or
+    a list, and a ``ts`` or ``watermark`` the stream clock left unset NaN.
+    Columns are zipped (no per-row lookup by name), and reordered only when
+    they are not in stream order already: this runs for every row an
+    evaluator receives. O(rows), or O(rows log rows) to reorder.
 
     Raises
     ------

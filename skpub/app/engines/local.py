@@ -98,7 +98,7 @@ def run_local(
         report.ranked.update(
             reevaluations=sum(r.stats.reevaluations for r in results),
             reevaluated=sum(r.stats.reevaluated for r in results),
-            reevaluation_cpu_seconds=sum(r.stats.reevaluation_seconds for r in results),
+            reevaluation_cpu_seconds=sum(r.stats.reevaluation_cpu_seconds for r in results),
             fills=sum(r.stats.fills for r in results),
             unproven=merge.unproven - unproven,
         )
