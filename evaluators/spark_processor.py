@@ -44,10 +44,8 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
@@ -61,7 +59,7 @@ from skpub.kernel.parts import delivery_lines, write_lines, write_part
 from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.text import load_vocabulary
-from skpub.kernel.wire import bytes_table, from_columns, table_columns
+from skpub.kernel.wire import from_columns, read_rows_file, table_columns
 
 CONTROL_DDL = "evaluator int, pos bigint, line string, reason string, message string, payload string, updates binary"
 """What an evaluator sends the driver: its internal-error dead letters, and one row whose ``payload`` is
@@ -433,11 +431,9 @@ def read_rows(batch: BatchInput) -> dict[str, list]:
         If the file cannot be read as Arrow, or does not hold the rows the sequencer counted.
     """
     try:
-        table = bytes_table(Path(batch.rows_path).read_bytes())
-    except (OSError, pa.ArrowInvalid) as exc:
-        raise EvaluatorError(f"the routed rows of evaluator {batch.evaluator} cannot be read: {exc}") from None
-    if table.num_rows != batch.rows:
-        raise EvaluatorError(f"{batch.rows_path} holds {table.num_rows} routed rows, not {batch.rows}")
+        table = read_rows_file(batch.rows_path, batch.rows, "routed rows", f"evaluator {batch.evaluator}")
+    except ValueError as exc:
+        raise EvaluatorError(str(exc)) from None
     return table_columns(table)
 
 

@@ -25,6 +25,7 @@ import math
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from itertools import pairwise
+from pathlib import Path
 
 import orjson
 import pyarrow as pa
@@ -119,6 +120,25 @@ def bytes_table(data: bytes) -> pa.Table:
         If ``data`` is not one.
     """
     return pa.ipc.open_stream(data).read_all()
+
+
+def read_rows_file(path: str | Path, rows: int, noun: str, owner: str) -> pa.Table:
+    """Return the table a task wrote to ``path`` (:func:`table_bytes`), checked to hold ``rows`` rows.
+
+    ``noun`` and ``owner`` name the rows in messages ("located rows", "part 3").
+
+    Raises
+    ------
+    ValueError
+        If the file cannot be read, is not an Arrow IPC stream, or holds another number of rows (cut or foreign).
+    """
+    try:
+        table = bytes_table(Path(path).read_bytes())
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise ValueError(f"the {noun} of {owner} cannot be read: {exc}") from None
+    if table.num_rows != rows:
+        raise ValueError(f"{path} holds {table.num_rows} {noun}, not {rows}")
+    return table
 
 
 def to_columns(rows: Sequence[Routed], evaluator_keys: Sequence[int] | None = None) -> dict[str, list]:

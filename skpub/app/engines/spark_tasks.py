@@ -51,7 +51,7 @@ from skpub.kernel.registry import IdRegistry
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
 from skpub.kernel.text import load_vocabulary
-from skpub.kernel.wire import LOCATED_SCHEMA, ROUTED_FILE_COLUMNS, arrow_schema, bytes_table, table_bytes
+from skpub.kernel.wire import LOCATED_SCHEMA, ROUTED_FILE_COLUMNS, arrow_schema, read_rows_file, table_bytes
 from skpub.router.dispatch import marks, rejected_letters
 from skpub.router.epoch import EpochLog
 from skpub.router.locate import Locator, located_table
@@ -262,12 +262,9 @@ def _in_stream_order(table: pa.Table, parts: int, batch_id: int) -> tuple[pa.Tab
     tables = []
     for r in reports:
         try:
-            rows = bytes_table(Path(r["path"]).read_bytes())
-        except (OSError, pa.ArrowInvalid) as exc:
-            raise CheckpointError(f"the located rows of part {r['part']} cannot be read: {exc}") from None
-        if rows.num_rows != r["rows"]:
-            raise CheckpointError(f"part {r['part']}'s file holds {rows.num_rows} located rows, not {r['rows']}")
-        tables.append(rows)
+            tables.append(read_rows_file(r["path"], r["rows"], "located rows", f"part {r['part']}"))
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
     items = pa.concat_tables(tables) if tables else LOCATED_SCHEMA.empty_table()
     order = items.column("pos").to_numpy()
     if len(order) > 1 and not (np.diff(order) > 0).all():
