@@ -1,18 +1,19 @@
 """The Augmented Grid (A-Grid) with neighbor-based range routing (Tornado section 3.1).
 
-Each fine cell stores its partition; the partitions map (PM) stores each
-partition's cell box. To route a range R, start from the partition of R's
-corner cell and follow, from each partition's *dominant cell* (its first cell
-inside R, here the min-x/min-y one), two shortcuts: to the cell just right of
-the partition on the dominant cell's row and to the cell just above it on the
-dominant cell's column (Algorithm 1). Every partition is expanded once and
-looks up at most two cells, so routing costs O(N_p) for N_p overlapped
-partitions, independent of the grid size (Lemma 1).
+Each fine cell stores its rectangle; the partitions map (PM) stores each
+rectangle's cell box and owner. A partition is one rectangle in Tornado; here,
+after the balancer's corner shifts and migrations, it may be several, and the
+search runs over rectangles. To route a range R, start from the rectangle of
+R's corner cell and follow, from each rectangle's *dominant cell* (its first
+cell inside R, here the min-x/min-y one), two shortcuts: to the cell just
+right of the rectangle on the dominant cell's row and to the cell just above
+it on the dominant cell's column (Algorithm 1). Every rectangle is expanded
+once and looks up at most two cells, so routing costs O(N_r) for N_r
+overlapped rectangles, independent of the grid size (Lemma 1).
 
-Where the dominant cell is the partition's own corner (the partition does
-not stick out of R on that side) the shortcut target is fixed, so it is
-precomputed per partition; only partitions on R's lower and left borders
-read the grid.
+Where the dominant cell is the rectangle's own corner (it does not stick out
+of R on that side) the shortcut target is fixed, so it is precomputed per
+rectangle; only rectangles on R's lower and left borders read the grid.
 """
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ class AGrid(RoutingTable):
 
     def __init__(self, grid: FineGrid, partitioning: Partitioning) -> None:
         super().__init__(grid, partitioning)
-        owner, last = self._owner, grid.size - 1
-        self._right = [owner.item(y0, x1 + 1) if x1 < last else -1 for x0, y0, x1, y1 in self._boxes]
-        self._up = [owner.item(y1 + 1, x0) if y1 < last else -1 for x0, y0, x1, y1 in self._boxes]
-        self._seen = [False] * partitioning.count
+        rect_of, last = self._rect_of, grid.size - 1
+        self._right = [rect_of.item(y0, x1 + 1) if x1 < last else -1 for x0, y0, x1, y1 in self._boxes]
+        self._up = [rect_of.item(y1 + 1, x0) if y1 < last else -1 for x0, y0, x1, y1 in self._boxes]
+        self._seen = [False] * len(self._boxes)
 
-    def route_cells(self, box: CellBox) -> list[int]:
-        """Neighbor-based search (Tornado Algorithm 1); O(N_p).
+    def route_rects(self, box: CellBox) -> list[int]:
+        """Neighbor-based search (Tornado Algorithm 1); O(N_r).
 
         Parameters
         ----------
@@ -49,14 +50,14 @@ class AGrid(RoutingTable):
         Returns
         -------
         list of int
-            The overlapped partitions, each once, in visiting order.
+            The overlapped rectangles, each once, in visiting order.
         """
         return self.neighbor_search(box)[0]
 
     def neighbor_search(self, box: CellBox) -> tuple[list[int], int]:
-        """Run Algorithm 1 and return ``(partitions, shortcut cells followed)``; cells <= 2 N_p + 1."""
+        """Run Algorithm 1 and return ``(rectangles, shortcut cells followed)``; cells <= 2 N_r + 1."""
         rx0, ry0, rx1, ry1 = box
-        owner_item, boxes, right, up, seen = self._owner.item, self._boxes, self._right, self._up, self._seen
+        owner_item, boxes, right, up, seen = self._rect_of.item, self._boxes, self._right, self._up, self._seen
         first = owner_item(ry0, rx0)
         result = [first]
         seen[first] = True

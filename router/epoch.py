@@ -44,6 +44,7 @@ class RoutingEpoch:
             "space": grid.space.as_list(),
             "grid_size": grid.size,
             "boxes": self.table.partitioning.boxes.tolist(),
+            "owners": self.table.partitioning.owners.tolist(),
         }
 
     @classmethod
@@ -58,10 +59,11 @@ class RoutingEpoch:
         try:
             grid = FineGrid(Rect(*raw["space"]), int(raw["grid_size"]))
             boxes = np.array(raw["boxes"], dtype=np.int32)
+            owners = np.array(raw.get("owners", range(len(boxes))), dtype=np.int32)
             if raw["kind"] == "uniform":
                 table: RoutingTable = UniformGrid(grid, len(boxes))
             elif raw["kind"] == "agrid":
-                table = AGrid(grid, Partitioning(grid.size, boxes))
+                table = AGrid(grid, Partitioning(grid.size, boxes, owners))
             else:
                 raise EpochError(f"unknown routing table kind {raw['kind']!r}")
             return cls(int(raw["number"]), int(raw["from_batch"]), table)

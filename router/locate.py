@@ -11,7 +11,8 @@ record:
   the fine cell of each and the evaluator that owns it (Tornado section 3.1:
   the partition holding the point), computed for the whole batch at once;
 - a range subscription with every partition its rectangle overlaps (A-Grid
-  neighbor search, O(N_p)), the cell box of rectangle ∩ partition for each,
+  neighbor search, O(N_p)), the cell box of rectangle ∩ partition for each
+  (its bounding box when the partition has several rectangles),
   and the textual-summary keywords (one per clause, its least frequent);
 - any other record as it is.
 
@@ -31,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from skpub.kernel.config import Deployment
-from skpub.kernel.grid import CellBox, intersect_boxes
+from skpub.kernel.grid import CellBox
 from skpub.kernel.messages import Routed
 from skpub.kernel.objects import ObjectColumns, decode_objects
 from skpub.kernel.records import (
@@ -178,13 +179,8 @@ class Locator:
         assert isinstance(record, RangeSubscription)
         table = self.table
         box = table.grid.cell_box(record.rect)
-        targets = []
-        for e in table.route_cells(box):
-            cells = intersect_boxes(box, table.partitioning.box(e))
-            if cells is None:
-                raise ValueError(f"partition {e} was routed a rectangle it does not overlap")
-            targets.append((e, cells))
-        return Located(record, kind, targets=tuple(targets), keywords=self.vocabulary.summary_keywords(record.dnf))
+        targets = tuple(table.route_parts(box))
+        return Located(record, kind, targets=targets, keywords=self.vocabulary.summary_keywords(record.dnf))
 
 
 def located_table(batch: LocatedBatch) -> pa.Table:

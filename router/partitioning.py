@@ -1,7 +1,7 @@
-"""Partitions: non-overlapping rectangles of fine cells that tile the grid.
+"""Partitions: disjoint rectangles of fine cells that tile the grid, each owned by an evaluator.
 
-Partition ``p`` is evaluator ``p``'s spatial range (Tornado section 3.1). Two
-constructions:
+Partition ``p``, the rectangles evaluator ``p`` owns, is its spatial range
+(Tornado section 3.1). Two initial constructions (one rectangle each):
 
 - :func:`cost_partitioning`, Tornado section 4.1: a priority queue of
   partitions ordered by cost; the costliest is split where the larger half's
@@ -24,52 +24,74 @@ from skpub.router.errors import RoutingError
 
 @dataclass(frozen=True)
 class Partitioning:
-    """A tiling of the ``size x size`` fine grid by ``n`` cell rectangles.
+    """A tiling of the ``size x size`` fine grid by disjoint cell rectangles, each owned by an evaluator.
+
+    Evaluator ``p``'s *partition* is the union of the rectangles it owns. The
+    initial partitionings give every evaluator one rectangle; the balancer's
+    corner shifts, split/merge and migrations (``skpub.balancer``) leave
+    partitions of several rectangles. Routing stays neighbor-based over the
+    rectangles (:class:`skpub.router.agrid.AGrid`).
 
     Attributes
     ----------
     size : int
         Fine-grid cells per side.
-    boxes : ndarray, shape (n, 4), int32
-        Inclusive cell boxes ``[cx0, cy0, cx1, cy1]``; row ``p`` is partition ``p``.
+    boxes : ndarray, shape (r, 4), int32
+        Inclusive cell rectangles ``[cx0, cy0, cx1, cy1]``, disjoint, covering the grid.
+    owners : ndarray, shape (r,), int32
+        ``owners[i]`` is the evaluator owning rectangle ``i``; None means
+        ``arange(r)`` (one rectangle per evaluator). Every evaluator
+        ``0 .. count - 1`` owns at least one rectangle.
+    rect_of : ndarray, shape (size, size), int32
+        ``rect_of[cy, cx]`` is the rectangle holding cell ``(cx, cy)`` (derived).
     owner : ndarray, shape (size, size), int32
-        ``owner[cy, cx]`` is the partition holding cell ``(cx, cy)`` (derived).
+        ``owner[cy, cx]`` is the evaluator holding cell ``(cx, cy)`` (derived).
 
     Raises
     ------
     RoutingError
-        If the boxes leave a cell uncovered or cover one twice.
+        If the rectangles leave a cell uncovered or cover one twice, or an
+        evaluator below the largest owner owns no rectangle.
     """
 
     size: int
     boxes: np.ndarray
+    owners: np.ndarray | None = None
+    rect_of: np.ndarray = field(init=False, repr=False, compare=False)
     owner: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         boxes = np.asarray(self.boxes, dtype=np.int32).reshape(-1, 4)
-        owner = np.full((self.size, self.size), -1, dtype=np.int32)
+        owners = np.arange(len(boxes), dtype=np.int32) if self.owners is None else np.asarray(self.owners, np.int32)
+        if owners.shape != (len(boxes),):
+            raise RoutingError("one owner per rectangle")
+        if len(boxes) == 0 or set(owners.tolist()) != set(range(int(owners.max()) + 1)):
+            raise RoutingError("every evaluator 0 .. n-1 must own at least one rectangle")
+        rect_of = np.full((self.size, self.size), -1, dtype=np.int32)
         area = 0
-        for p, (x0, y0, x1, y1) in enumerate(boxes.tolist()):
+        for i, (x0, y0, x1, y1) in enumerate(boxes.tolist()):
             if not (0 <= x0 <= x1 < self.size and 0 <= y0 <= y1 < self.size):
-                raise RoutingError(f"partition {p} box {(x0, y0, x1, y1)} is outside the grid")
-            owner[y0 : y1 + 1, x0 : x1 + 1] = p
+                raise RoutingError(f"rectangle {i} {(x0, y0, x1, y1)} is outside the grid")
+            rect_of[y0 : y1 + 1, x0 : x1 + 1] = i
             area += (x1 - x0 + 1) * (y1 - y0 + 1)
-        if area != self.size * self.size or (owner < 0).any():
+        if area != self.size * self.size or (rect_of < 0).any():
             raise RoutingError("partitions must tile the fine grid exactly once")
-        boxes.flags.writeable = False
-        owner.flags.writeable = False
+        owner = owners[rect_of]
+        for array in (boxes, owners, rect_of, owner):
+            array.flags.writeable = False
         object.__setattr__(self, "boxes", boxes)
+        object.__setattr__(self, "owners", owners)
+        object.__setattr__(self, "rect_of", rect_of)
         object.__setattr__(self, "owner", owner)
 
     @property
     def count(self) -> int:
-        """Number of partitions."""
-        return len(self.boxes)
+        """Number of partitions (evaluators)."""
+        return int(self.owners.max()) + 1
 
-    def box(self, p: int) -> CellBox:
-        """Return partition ``p``'s inclusive cell box."""
-        x0, y0, x1, y1 = self.boxes[p].tolist()
-        return x0, y0, x1, y1
+    def boxes_of(self, p: int) -> list[CellBox]:
+        """Return the inclusive cell rectangles of evaluator ``p``'s partition, in rectangle order."""
+        return [tuple(b) for b in self.boxes[self.owners == p].tolist()]
 
 
 def _box_cost(prefix: np.ndarray, box: CellBox) -> float:

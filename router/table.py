@@ -27,7 +27,9 @@ class RoutingTable(ABC):
         self.grid = grid
         self.partitioning = partitioning
         self._owner = partitioning.owner
+        self._rect_of = partitioning.rect_of
         self._boxes = [tuple(b) for b in partitioning.boxes.tolist()]
+        self._owners = partitioning.owners.tolist()
 
     @property
     def count(self) -> int:
@@ -55,6 +57,33 @@ class RoutingTable(ABC):
         """Return every partition that the closed rectangle overlaps, without repeats."""
         return self.route_cells(self.grid.cell_box(rect))
 
-    @abstractmethod
     def route_cells(self, box: CellBox) -> list[int]:
-        """Return every partition that overlaps the inclusive cell box, without repeats."""
+        """Return every partition that overlaps the inclusive cell box, without repeats; O(rectangles overlapped)."""
+        return [e for e, _ in self.route_parts(box)]
+
+    def route_parts(self, box: CellBox) -> list[tuple[int, CellBox]]:
+        """Return ``(partition, cells)`` for every partition the inclusive cell box overlaps.
+
+        ``cells`` is the bounding box of ``box`` ∩ the partition's rectangles
+        that ``box`` overlaps: an evaluator indexes a range subscription over
+        it. It can hold cells of other partitions (when the partition has
+        several rectangles), which is harmless: an evaluator receives only
+        objects of its own cells, and GI^2 tests each against the
+        subscription's rectangle. O(rectangles overlapped).
+        """
+        parts: dict[int, CellBox] = {}
+        x0, y0, x1, y1 = box
+        boxes, owners = self._boxes, self._owners
+        for i in self.route_rects(box):
+            bx0, by0, bx1, by1 = boxes[i]
+            cells = (max(x0, bx0), max(y0, by0), min(x1, bx1), min(y1, by1))
+            e = owners[i]
+            seen = parts.get(e)
+            if seen is not None:
+                cells = (min(seen[0], cells[0]), min(seen[1], cells[1]), max(seen[2], cells[2]), max(seen[3], cells[3]))
+            parts[e] = cells
+        return list(parts.items())
+
+    @abstractmethod
+    def route_rects(self, box: CellBox) -> list[int]:
+        """Return every rectangle (index into ``partitioning.boxes``) overlapping the inclusive cell box, once each."""

@@ -26,8 +26,8 @@ class UniformGrid(RoutingTable):
         self._x_starts = [grid.size * i // self.columns for i in range(self.columns)]
         self._y_starts = [grid.size * j // self.rows for j in range(self.rows)]
 
-    def route_cells(self, box: CellBox) -> list[int]:
-        """Return the partitions of the overlapped layout columns x rows; O(N_p)."""
+    def route_rects(self, box: CellBox) -> list[int]:
+        """Return the partitions (one rectangle each) of the overlapped layout columns x rows; O(N_p)."""
         cx0, cy0, cx1, cy1 = box
         i0 = bisect.bisect_right(self._x_starts, cx0) - 1
         i1 = bisect.bisect_right(self._x_starts, cx1) - 1

@@ -30,6 +30,31 @@ def partitionings(draw, max_size=40):
 
 
 @st.composite
+def tilings(draw, max_size=24):
+    """Any tiling by rectangles (pinwheels and other non-guillotine ones included), owners drawn at random."""
+    size = draw(st.integers(1, max_size))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    free = np.ones((size, size), dtype=bool)
+    rects = []
+    for cy in range(size):
+        for cx in range(size):
+            if not free[cy, cx]:
+                continue
+            w = 1
+            while cx + w < size and free[cy, cx + w] and rng.random() < 0.8:
+                w += 1
+            h = 1
+            while cy + h < size and free[cy + h, cx : cx + w].all() and rng.random() < 0.8:
+                h += 1
+            free[cy : cy + h, cx : cx + w] = False
+            rects.append((cx, cy, cx + w - 1, cy + h - 1))
+    n = draw(st.integers(1, len(rects)))
+    owners = np.concatenate([np.arange(n), rng.integers(0, n, len(rects) - n)])
+    rng.shuffle(owners)
+    return Partitioning(size, np.array(rects), owners)
+
+
+@st.composite
 def boxes(draw, size):
     x0, x1 = sorted(draw(st.lists(st.integers(0, size - 1), min_size=2, max_size=2)))
     y0, y1 = sorted(draw(st.lists(st.integers(0, size - 1), min_size=2, max_size=2)))
@@ -47,6 +72,34 @@ def test_neighbor_search_returns_exactly_the_overlapped_partitions(data):
     assert len(found) == len(set(found))
     assert set(found) == brute_force(partitioning, box)
     assert pops <= 2 * len(found) + 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_neighbor_search_over_partitions_of_several_rectangles(data):
+    """After corner shifts and migrations a partition is several rectangles: the search runs over rectangles,
+    finds each overlapped one once, and each evaluator's part is the bounding box of its overlapped cells."""
+    partitioning = data.draw(tilings())
+    agrid = AGrid(FineGrid(SPACE, partitioning.size), partitioning)
+    box = data.draw(boxes(partitioning.size))
+    rects, cells = agrid.neighbor_search(box)
+    x0, y0, x1, y1 = box
+    inside = partitioning.rect_of[y0 : y1 + 1, x0 : x1 + 1]
+    assert sorted(rects) == sorted(np.unique(inside).tolist())
+    assert cells <= 2 * len(rects) + 1
+    parts = dict(agrid.route_parts(box))
+    assert set(parts) == brute_force(partitioning, box) == set(agrid.route_cells(box))
+    for e, (px0, py0, px1, py1) in parts.items():
+        ys, xs = np.nonzero(partitioning.owner[y0 : y1 + 1, x0 : x1 + 1] == e)
+        assert (px0, py0, px1, py1) == (x0 + xs.min(), y0 + ys.min(), x0 + xs.max(), y0 + ys.max())
+
+
+def test_every_evaluator_owns_a_rectangle():
+    with pytest.raises(RoutingError):
+        Partitioning(2, np.array([[0, 0, 1, 0], [0, 1, 1, 1]]), np.array([0, 2]))
+    part = Partitioning(2, np.array([[0, 0, 0, 0], [1, 0, 1, 1], [0, 1, 0, 1]]), np.array([0, 1, 0]))
+    assert part.count == 2 and part.boxes_of(0) == [(0, 0, 0, 0), (0, 1, 0, 1)]
+    assert part.owner.tolist() == [[0, 1], [0, 1]]
 
 
 @settings(max_examples=100, deadline=None)
