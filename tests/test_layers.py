@@ -25,7 +25,8 @@ def test_layer_contracts_hold():
 def test_only_skpub_is_importable_outside_the_repository(tmp_path):
     code = (
         "import importlib.util, skpub.router.agrid, skpub.evaluators.gi2, skpub.sims.geonames, skpub.app.cli\n"
-        "print([n for n in ('router', 'evaluators', 'sims', 'kernel', 'app') if importlib.util.find_spec(n)])"
+        "import skpub.balancer.policy\n"
+        "print([n for n in ('router', 'evaluators', 'sims', 'balancer', 'kernel', 'app') if importlib.util.find_spec(n)])"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
@@ -34,7 +35,7 @@ def test_only_skpub_is_importable_outside_the_repository(tmp_path):
 @pytest.mark.slow
 def test_the_wheel_installs_only_the_skpub_package(tmp_path):
     source = tmp_path / "source"
-    keep = ("pyproject.toml", "README.md", "skpub", "router", "evaluators", "sims")
+    keep = ("pyproject.toml", "README.md", "skpub", "router", "evaluators", "sims", "balancer")
     shutil.copytree(
         ROOT, source, symlinks=True, ignore=lambda d, names: [n for n in names if d == str(ROOT) and n not in keep]
     )
@@ -48,4 +49,5 @@ def test_the_wheel_installs_only_the_skpub_package(tmp_path):
     tops = {name.split("/")[0] for name in names}
     assert all(t == "skpub" or t.endswith(".dist-info") for t in tops), tops
     assert "skpub/router/agrid.py" in names and "skpub/evaluators/gi2.py" in names
+    assert "skpub/balancer/policy.py" in names
     assert "skpub/kernel/records.py" in names and "skpub/app/engines/spark.py" in names

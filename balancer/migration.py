@@ -1,0 +1,166 @@
+"""PS2Stream's local load adjustment, phase II: the Minimum Cost Migration problem (PS2Stream V-A).
+
+When the balance constraint is violated, the most loaded evaluator w_o moves
+a set of its grid^t blocks G_s to the least loaded one w_l: the cheapest set
+(sum of sizes S_g, here the subscriptions a block holds) whose load (sum of
+L_g, here the block's decayed cost) reaches tau = (L(w_o) - L(w_l)) / 2
+(Definition 4; NP-hard, Theorem 2). Selection algorithms, each a function of
+``(loads, sizes, tau)`` returning the chosen indices:
+
+- :func:`greedy` (GR, the default): scan by relative cost S_g / L_g
+  ascending, marking cells GS while the load stays under tau and GL when
+  one would reach it; the answer is the cheapest GS_1..GS_t + {g'} seen
+  (Figure 5). O(n log n).
+- :func:`dynamic` (DP): the knapsack recurrence A(i, j) over integer sizes
+  up to P, the greedy answer's cost. O(n P) time and memory.
+- :func:`by_size` (SI): largest sizes first until tau. :func:`random_cells`
+  (RA): random order until tau (seeded).
+- :func:`optimum`: the 0-1 program solved exactly by ``scipy.optimize.milp``
+  (HiGHS), the yardstick of the benchmark on small instances.
+
+Phase I (split or merge text-partitioned cells before phase II) belongs to
+the kd^t-tree; :func:`migration` is where it will run first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from skpub.balancer.operation import Loads, Move, Operation
+from skpub.kernel.load import BlockLoad
+from skpub.router.partitioning import Partitioning
+
+Selector = Callable[[np.ndarray, np.ndarray, float], list[int]]
+"""``(loads (n,) float64, sizes (n,) int64, tau) -> chosen indices``."""
+
+
+def _until(order: np.ndarray, loads: np.ndarray, tau: float) -> list[int]:
+    chosen, total = [], 0.0
+    for g in order.tolist():
+        if total >= tau:
+            break
+        chosen.append(g)
+        total += loads[g]
+    return chosen
+
+
+def greedy(loads: np.ndarray, sizes: np.ndarray, tau: float) -> list[int]:
+    """GR (PS2Stream V-A.2, Figure 5): the cheapest ``GS_1 .. GS_t + {g'}`` in the relative-cost scan.
+
+    Cells of no load are never taken. If no set reaches ``tau``, every
+    loaded cell is returned.
+    """
+    loaded = np.flatnonzero(loads > 0)
+    relative = sizes[loaded] / loads[loaded]
+    order = loaded[np.lexsort((loaded, relative))]
+    gs: list[int] = []
+    gs_load, gs_size = 0.0, 0
+    best: tuple[int, list[int]] | None = None
+    for g in order.tolist():
+        if gs_load + loads[g] < tau:
+            gs.append(g)
+            gs_load += loads[g]
+            gs_size += int(sizes[g])
+        elif best is None or gs_size + sizes[g] < best[0]:
+            best = (gs_size + int(sizes[g]), [*gs, g])
+    return best[1] if best is not None else gs
+
+
+def dynamic(loads: np.ndarray, sizes: np.ndarray, tau: float) -> list[int]:
+    """DP (PS2Stream V-A.1): max load per size budget j <= P, then the least j reaching ``tau``.
+
+    P is the greedy answer's size, an upper bound of the optimum. O(n P)
+    time and memory.
+    """
+    upper = int(sizes[greedy(loads, sizes, tau)].sum())
+    n = len(loads)
+    best = np.zeros(upper + 1)
+    took = np.zeros((n, upper + 1), dtype=bool)
+    for i in range(n):
+        s, load = int(sizes[i]), loads[i]
+        if load <= 0:
+            continue
+        candidate = np.full(upper + 1, -np.inf)
+        candidate[s:] = best[: upper + 1 - s] + load
+        took[i] = candidate > best
+        best = np.maximum(best, candidate)
+    reach = np.flatnonzero(best >= tau - 1e-9 * max(tau, 1.0))
+    j = int(reach[0]) if len(reach) else upper
+    chosen = []
+    for i in range(n - 1, -1, -1):
+        if took[i, j]:
+            chosen.append(i)
+            j -= int(sizes[i])
+    return sorted(chosen)
+
+
+def by_size(loads: np.ndarray, sizes: np.ndarray, tau: float) -> list[int]:
+    """SI (PS2Stream VI-C): loaded cells in descending order of size until ``tau``."""
+    loaded = np.flatnonzero(loads > 0)
+    return _until(loaded[np.lexsort((loaded, -sizes[loaded]))], loads, tau)
+
+
+def random_cells(loads: np.ndarray, sizes: np.ndarray, tau: float, seed: int = 0) -> list[int]:
+    """RA (PS2Stream VI-C): loaded cells in a random (seeded) order until ``tau``."""
+    loaded = np.flatnonzero(loads > 0)
+    return _until(np.random.default_rng(seed).permutation(loaded), loads, tau)
+
+
+def optimum(loads: np.ndarray, sizes: np.ndarray, tau: float) -> list[int]:
+    """Solve the Minimum Cost Migration (Definition 4) exactly, as a 0-1 program, with ``scipy.optimize.milp``.
+
+    Exponential in the worst case: for benchmarks on small instances. If
+    ``tau`` exceeds the total load, every loaded cell.
+    """
+    if tau >= loads.sum():
+        return np.flatnonzero(loads > 0).tolist()
+    n = len(loads)
+    result = milp(
+        c=sizes.astype(float),
+        constraints=LinearConstraint(loads.reshape(1, -1), lb=tau, ub=np.inf),
+        integrality=np.ones(n),
+        bounds=Bounds(0, 1),
+    )
+    if result.x is None:
+        raise RuntimeError(f"milp found no solution: {result.message}")
+    return np.flatnonzero(result.x > 0.5).tolist()
+
+
+SELECTORS: dict[str, Selector] = {"GR": greedy, "DP": dynamic, "SI": by_size, "RA": random_cells}
+
+
+def migration(
+    partitioning: Partitioning,
+    loads: Loads,
+    source: int,
+    target: int,
+    select: Selector = greedy,
+) -> Operation | None:
+    """Return the migration of ``source``'s blocks to ``target`` chosen by ``select``, or None.
+
+    tau is half the cost gap of the two evaluators. None when ``source`` is
+    not the costlier, has no loaded block, or the chosen blocks would leave
+    it no cell.
+    """
+    gap = loads.costs[source] - loads.costs[target]
+    blocks: tuple[BlockLoad, ...] = loads.blocks[source]
+    if gap <= 0 or not blocks:
+        return None
+    costs = np.array([b.cost for b in blocks])
+    sizes = np.array([b.queries for b in blocks], dtype=np.int64)
+    chosen = select(costs, sizes, gap / 2)
+    area = sum(
+        (b.cells[2] - b.cells[0] + 1) * (b.cells[3] - b.cells[1] + 1) for i, b in enumerate(blocks) if i in chosen
+    )
+    owned = sum(
+        (x1 - x0 + 1) * (y1 - y0 + 1)
+        for (x0, y0, x1, y1), o in zip(partitioning.boxes.tolist(), partitioning.owners, strict=True)
+        if o == source
+    )
+    if not chosen or area >= owned:
+        return None
+    moves = [Move(blocks[i].cells, source, target, blocks[i].cost, blocks[i].queries) for i in sorted(chosen)]
+    return loads.operation("migration", moves)

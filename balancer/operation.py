@@ -1,0 +1,223 @@
+"""Rebalancing operations as cell moves, their costs (Tornado Eqs 4-5), and applying them to a partitioning.
+
+Every operation of the balancer (shift, split/merge, migration) is a list of
+:class:`Move`: an inclusive cell box inside one rectangle of a source
+evaluator's partition, going to a target evaluator, with the decayed cost and
+the subscriptions it carries (from the load summaries). Applying the moves
+to a :class:`~skpub.router.partitioning.Partitioning` cuts the source
+rectangle around the box (at most four pieces), gives the box to the target,
+and coalesces rectangles of one owner that share a whole edge, so shifts and
+corner shifts leave rectangles and repeated migrations do not fragment the
+grid without end.
+
+The kd^t-tree's text partitions (PS2Stream phase I) will add a term set to a
+move; the protocol and the transfer stay the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from skpub.kernel.grid import CellBox
+from skpub.kernel.load import BlockLoad, LoadSummary, RectangleLoad
+from skpub.router.errors import RoutingError
+from skpub.router.partitioning import Partitioning
+
+KINDS = ("horizontal_shift", "vertical_shift", "corner_shift", "split_merge", "migration")
+"""Operation names as in the papers (Tornado 4.2; PS2Stream V-A)."""
+
+
+@dataclass(frozen=True)
+class Move:
+    """Cells ``cells`` (inside one rectangle of ``source``'s partition) go to ``target``.
+
+    ``cost`` is their decayed cost (cost units), ``queries`` the subscriptions
+    indexed over them (what the transfer carries).
+    """
+
+    cells: CellBox
+    source: int
+    target: int
+    cost: float = 0.0
+    queries: int = 0
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One rebalancing operation: its moves, applied in order, and the quantities the decision weighs.
+
+    ``c_r`` is the cost reduction (Tornado Eq. 4 in its general form: the
+    largest evaluator cost before less after), ``c_t`` the transfer overhead
+    (Eq. 5: beta x subscriptions moved), both in cost units.
+    """
+
+    kind: str
+    moves: tuple[Move, ...]
+    c_r: float = 0.0
+    c_t: float = 0.0
+    costs_after: tuple[float, ...] = field(default=(), compare=False)
+
+    @property
+    def subscriptions(self) -> int:
+        """Subscriptions moved (summed over moves; one in two moves counts twice)."""
+        return sum(m.queries for m in self.moves)
+
+    @property
+    def evaluators(self) -> list[int]:
+        """The evaluators the operation touches, ascending."""
+        return sorted({e for m in self.moves for e in (m.source, m.target)})
+
+    def to_json(self) -> dict:
+        """Return the operation as a JSON object (the balancer log's fields)."""
+        return {
+            "operation": self.kind,
+            "evaluators": self.evaluators,
+            "moves": [
+                {"cells": list(m.cells), "source": m.source, "target": m.target, "cost": m.cost, "queries": m.queries}
+                for m in self.moves
+            ],
+            "c_r": self.c_r,
+            "c_t": self.c_t,
+            "subscriptions": self.subscriptions,
+        }
+
+
+class Loads:
+    """The balancer's view of the load: the partitioning and every evaluator's summary, indexed for the operations.
+
+    Parameters
+    ----------
+    partitioning : Partitioning
+        The routing epoch's partitioning.
+    summaries : list of LoadSummary
+        One per evaluator (missing ones count as no load).
+    beta : float
+        Cost units per subscription moved (Tornado's beta, measured: DESIGN "The balancer").
+    """
+
+    def __init__(self, partitioning: Partitioning, summaries: list[LoadSummary], beta: float) -> None:
+        self.partitioning = partitioning
+        self.beta = beta
+        n = partitioning.count
+        self.costs = np.zeros(n)
+        self.queries = np.zeros(n, dtype=np.int64)
+        self.blocks: list[tuple[BlockLoad, ...]] = [()] * n
+        by_box: dict[CellBox, RectangleLoad] = {}
+        for s in summaries:
+            if 0 <= s.evaluator < n:
+                self.costs[s.evaluator] = s.cost
+                self.queries[s.evaluator] = s.queries
+                self.blocks[s.evaluator] = s.blocks
+                by_box.update((r.box, r) for r in s.rectangles)
+        self.rect_loads: list[RectangleLoad | None] = [by_box.get(tuple(b)) for b in partitioning.boxes.tolist()]
+
+    def rect_cost(self, i: int) -> float:
+        """Decayed cost of rectangle ``i`` (0 without a summary)."""
+        r = self.rect_loads[i]
+        return r.cost if r is not None else 0.0
+
+    def rect_queries(self, i: int) -> int:
+        """Subscriptions over rectangle ``i`` (0 without a summary)."""
+        r = self.rect_loads[i]
+        return r.queries if r is not None else 0
+
+    def operation(self, kind: str, moves: list[Move]) -> Operation:
+        """Weigh ``moves`` as one operation: C_r (Eq. 4, general form) and C_t (Eq. 5)."""
+        after = self.costs.copy()
+        for m in moves:
+            after[m.source] -= m.cost
+            after[m.target] += m.cost
+        c_r = float(self.costs.max() - after.max()) if len(after) else 0.0
+        c_t = self.beta * sum(m.queries for m in moves)
+        return Operation(kind, tuple(moves), c_r, c_t, tuple(after.tolist()))
+
+
+def subtract(box: CellBox, hole: CellBox) -> list[CellBox]:
+    """Return ``box`` less ``hole`` (``hole`` inside ``box``) as at most four disjoint rectangles.
+
+    Full-width strips below and above the hole, then the pieces left and right
+    of it in its rows.
+    """
+    x0, y0, x1, y1 = box
+    hx0, hy0, hx1, hy1 = hole
+    out = []
+    if hy0 > y0:
+        out.append((x0, y0, x1, hy0 - 1))
+    if hy1 < y1:
+        out.append((x0, hy1 + 1, x1, y1))
+    if hx0 > x0:
+        out.append((x0, hy0, hx0 - 1, hy1))
+    if hx1 < x1:
+        out.append((hx1 + 1, hy0, x1, hy1))
+    return out
+
+
+def coalesce(rects: list[tuple[CellBox, int]]) -> list[tuple[CellBox, int]]:
+    """Merge rectangles of one owner that share a whole edge, until none do; O(r) per pass.
+
+    A rectangle takes part in at most one merge per pass (the edge maps hold
+    the pass's starting geometry).
+    """
+    rects = list(rects)
+    merged = True
+    while merged:
+        merged = False
+        below = {(o, b[0], b[2], b[1]): i for i, (b, o) in enumerate(rects)}
+        left = {(o, b[1], b[3], b[0]): i for i, (b, o) in enumerate(rects)}
+        used: set[int] = set()
+        gone: set[int] = set()
+        for i, ((x0, y0, x1, y1), o) in enumerate(rects):
+            if i in used:
+                continue
+            j = below.get((o, x0, x1, y1 + 1))
+            if j is None or j in used:
+                j = left.get((o, y0, y1, x1 + 1))
+            if j is None or j in used:
+                continue
+            jx0, jy0, jx1, jy1 = rects[j][0]
+            rects[i] = ((min(x0, jx0), min(y0, jy0), max(x1, jx1), max(y1, jy1)), o)
+            used.update((i, j))
+            gone.add(j)
+            merged = True
+        rects = [r for i, r in enumerate(rects) if i not in gone]
+    return sorted(rects, key=lambda r: (r[1], r[0][1], r[0][0]))
+
+
+def apply_moves(partitioning: Partitioning, moves: tuple[Move, ...] | list[Move]) -> Partitioning:
+    """Return the partitioning after ``moves``, applied in order.
+
+    Complexity O(moves x rectangles) plus building the new partitioning (O(grid cells), numpy).
+
+    Raises
+    ------
+    RoutingError
+        If a move's cells are not inside one rectangle of its source (as the
+        earlier moves left it), or the moves leave an evaluator with no cell.
+    """
+    rects = [(tuple(b), o) for b, o in zip(partitioning.boxes.tolist(), partitioning.owners.tolist(), strict=True)]
+    for m in moves:
+        hx0, hy0, hx1, hy1 = m.cells
+        i = next(
+            (
+                i
+                for i, ((x0, y0, x1, y1), o) in enumerate(rects)
+                if o == m.source and x0 <= hx0 <= hx1 <= x1 and y0 <= hy0 <= hy1 <= y1
+            ),
+            -1,
+        )
+        if i < 0:
+            raise RoutingError(f"move {m.cells} is not inside one rectangle of evaluator {m.source}")
+        box = rects[i][0]
+        rest = [(piece, m.source) for piece in subtract(box, m.cells)]
+        rects[i : i + 1] = [*rest, (m.cells, m.target)]
+    empty = set(range(partitioning.count)) - {o for _, o in rects}
+    if empty:
+        raise RoutingError(f"the moves leave evaluators {sorted(empty)} with no cell")
+    rects = coalesce(rects)
+    return Partitioning(
+        partitioning.size,
+        np.array([b for b, _ in rects], dtype=np.int32),
+        np.array([o for _, o in rects], dtype=np.int32),
+    )

@@ -1,0 +1,184 @@
+"""The balancer's decision at a batch boundary: which operation, if any (Tornado 4.2-4.3; PS2Stream V-A).
+
+Modes:
+
+- ``adaptive``: when the balance constraint is violated (max / mean cost >
+  ``sigma``), weigh every candidate -- the best horizontal or vertical shift
+  at every site where the source is the costlier, every corner shift, the
+  split/merge of the costliest evaluator, and GR's migration from the most
+  to the least loaded -- and take the one with the largest C_r among those
+  with C_r > C_t (Tornado 4.2). Ties go to the earlier kind in
+  :data:`~skpub.balancer.operation.KINDS`, then to the earlier candidate.
+- ``chaos``: one legal operation drawn at random, whatever it costs, from a
+  generator seeded by ``(seed, batch)``: tests see that rebalancing never
+  changes a result.
+- ``off``: never.
+
+A decision is a pure function of the partitioning, the summaries (cost
+units, never seconds) and the batch id, so a replayed batch decides exactly
+as its first attempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from skpub.balancer.adjacency import adjacent_rectangles, partition_graph
+from skpub.balancer.migration import greedy, migration
+from skpub.balancer.operation import KINDS, Loads, Move, Operation
+from skpub.balancer.shift import best_shift, depth, shift, sites
+from skpub.balancer.splitmerge import best_split_merge, split_merge
+from skpub.kernel.load import LoadSummary
+from skpub.router.partitioning import Partitioning
+
+MODES = ("adaptive", "off", "chaos")
+
+BETA = 0.05
+"""Cost units per subscription moved (Tornado's beta), measured by ``python -m benchmarks.balancer --parts beta``."""
+
+
+@dataclass(frozen=True)
+class BalancerSettings:
+    """How the balancer decides.
+
+    Attributes
+    ----------
+    mode : str
+        One of :data:`MODES`.
+    seed : int
+        Seed of ``chaos``.
+    sigma : float
+        Balance constraint: ``adaptive`` acts only when max / mean > sigma.
+    beta : float
+        Cost units per subscription moved (C_t = beta x subscriptions, Eq. 5).
+
+    Raises
+    ------
+    ValueError
+        On an unknown mode, sigma < 1 or a negative beta.
+    """
+
+    mode: str = "adaptive"
+    seed: int = 0
+    sigma: float = 1.2
+    beta: float = BETA
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"balancer mode must be one of {MODES}, got {self.mode!r}")
+        if not self.sigma >= 1.0 or not self.beta >= 0.0:
+            raise ValueError(f"sigma must be >= 1 and beta >= 0, got {self.sigma!r} and {self.beta!r}")
+
+
+def imbalance(costs: np.ndarray) -> float:
+    """Return max / mean of ``costs`` (1.0 when nothing costs anything)."""
+    mean = float(np.mean(costs)) if len(costs) else 0.0
+    return float(np.max(costs)) / mean if mean > 0 else 1.0
+
+
+def candidates(partitioning: Partitioning, loads: Loads) -> list[Operation]:
+    """Return every operation ``adaptive`` weighs, in :data:`KINDS` order; O(rectangle pairs x depth + grid)."""
+    pairs = adjacent_rectangles(partitioning)
+    out = [op for site in sites(partitioning, pairs) if (op := best_shift(partitioning, loads, site)) is not None]
+    op = best_split_merge(partitioning, loads, partition_graph(partitioning, pairs))
+    if op is not None:
+        out.append(op)
+    source, target = int(np.argmax(loads.costs)), int(np.argmin(loads.costs))
+    op = migration(partitioning, loads, source, target, greedy)
+    if op is not None:
+        out.append(op)
+    return sorted(out, key=lambda o: KINDS.index(o.kind))
+
+
+def adaptive(partitioning: Partitioning, loads: Loads, sigma: float) -> Operation | None:
+    """Return the candidate with the largest C_r among those with C_r > C_t, or None (Tornado 4.2)."""
+    if partitioning.count < 2 or imbalance(loads.costs) <= sigma:
+        return None
+    best = None
+    for op in candidates(partitioning, loads):
+        if op.c_r > op.c_t and op.c_r > 0 and (best is None or op.c_r > best.c_r):
+            best = op
+    return best
+
+
+def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) -> Operation | None:
+    """Return one legal operation drawn with ``rng``, or None with a single evaluator.
+
+    A kind is drawn among the possible ones, then an instance: a shift site
+    (a horizontal or vertical one only where the rectangle keeps a line) and
+    its number of lines; a split/merge of a random rectangle at a random cut
+    with a random adjacent pair of other evaluators; or a migration of a
+    random sub-box of a random rectangle to a random other evaluator (never
+    its owner's last cell).
+    """
+    n = partitioning.count
+    if n < 2:
+        return None
+    pairs = adjacent_rectangles(partitioning)
+    boxes = [tuple(b) for b in partitioning.boxes.tolist()]
+    owners = partitioning.owners.tolist()
+    counts = np.bincount(owners, minlength=n)
+    shifts = [s for s in sites(partitioning, pairs) if s.span is not None or depth(boxes[s.a], s.side) > 1]
+    splittable = [i for i, b in enumerate(boxes) if b[2] > b[0] or b[3] > b[1]]
+    graph = partition_graph(partitioning, pairs)
+    merges = [(i, y, z) for i in splittable for y, z in graph.edges if owners[i] not in (y, z)] if n >= 3 else []
+    movable = [i for i in range(len(boxes)) if i in set(splittable) or counts[owners[i]] > 1]
+    kinds = [k for k, some in (("shift", shifts), ("split_merge", merges), ("migration", movable)) if some]
+    kind = kinds[int(rng.integers(len(kinds)))]
+    if kind == "shift":
+        site = shifts[int(rng.integers(len(shifts)))]
+        lines = depth(boxes[site.a], site.side)
+        return shift(partitioning, loads, site, int(rng.integers(1, lines)) if lines > 1 else 1)
+    if kind == "split_merge":
+        rect, y, z = merges[int(rng.integers(len(merges)))]
+        if rng.random() < 0.5:
+            y, z = z, y
+        x0, y0, x1, y1 = boxes[rect]
+        if x1 > x0 and (y1 == y0 or rng.random() < 0.5):
+            cut = int(rng.integers(x0, x1))
+            halves = ((x0, y0, cut, y1), (cut + 1, y0, x1, y1))
+        else:
+            cut = int(rng.integers(y0, y1))
+            halves = ((x0, y0, x1, cut), (x0, cut + 1, x1, y1))
+        return split_merge(partitioning, loads, owners[rect], rect, halves, y, z)
+    rect = movable[int(rng.integers(len(movable)))]
+    x0, y0, x1, y1 = boxes[rect]
+    while True:
+        ax, bx = sorted(rng.integers(x0, x1 + 1, 2).tolist())
+        ay, by = sorted(rng.integers(y0, y1 + 1, 2).tolist())
+        cells = (ax, ay, bx, by)
+        if counts[owners[rect]] > 1 or cells != boxes[rect]:
+            break
+    source = owners[rect]
+    target = int(rng.choice([e for e in range(n) if e != source]))
+    return loads.operation("migration", [Move(cells, source, target)])
+
+
+def decide(
+    settings: BalancerSettings, partitioning: Partitioning, summaries: list[LoadSummary], batch: int
+) -> Operation | None:
+    """Return the operation to apply after micro-batch ``batch``, or None.
+
+    Parameters
+    ----------
+    settings : BalancerSettings
+    partitioning : Partitioning
+        The partitioning in force for ``batch``.
+    summaries : list of LoadSummary
+        The evaluators' summaries at the end of ``batch``.
+    batch : int
+        The micro-batch id (seeds ``chaos`` together with ``settings.seed``).
+
+    Returns
+    -------
+    Operation or None
+        Apply with :func:`skpub.balancer.operation.apply_moves`.
+    """
+    if settings.mode == "off":
+        return None
+    loads = Loads(partitioning, summaries, settings.beta)
+    if settings.mode == "chaos":
+        return chaos(partitioning, loads, np.random.default_rng([settings.seed, batch]))
+    return adaptive(partitioning, loads, settings.sigma)

@@ -1,0 +1,192 @@
+"""Decayed load statistics at an evaluator, and its load summary (Tornado 4.3, Figure 5).
+
+An evaluator keeps, across micro-batches, the cost of each fine cell of its
+partition (Tornado Eq. 1: the candidate subscriptions of each object, range
+and ranked, as :class:`~skpub.evaluators.stats.CellCostStats` counts them),
+decayed by ``decay`` per batch so that recent load dominates, and per
+rectangle of its partition the row, column and overall aggregates of that
+cost, each updated in O(1) per object: values are stored multiplied by a
+running scale (``1 / decay`` per batch) instead of decaying every value at
+every batch, and renormalized when the scale grows large. Query counts are
+kept as subscription parts that start and end on each row and column
+(:class:`skpub.kernel.load.RectangleLoad`) and per grid^t block, updated at
+each subscribe and unsubscribe in O(rectangles and blocks the part covers).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from skpub.kernel.grid import CellBox, intersect_boxes
+from skpub.kernel.load import BlockLoad, LoadSummary, RectangleLoad
+
+_RENORMALIZE = 1e100
+
+
+class _Rectangle:
+    """The raw (scaled) aggregates of one rectangle."""
+
+    __slots__ = ("box", "columns", "rows", "starts_x", "ends_x", "starts_y", "ends_y")
+
+    def __init__(self, box: CellBox) -> None:
+        x0, y0, x1, y1 = box
+        self.box = box
+        self.columns = [0.0] * (x1 - x0 + 1)
+        self.rows = [0.0] * (y1 - y0 + 1)
+        self.starts_x = [0] * (x1 - x0 + 1)
+        self.ends_x = [0] * (x1 - x0 + 1)
+        self.starts_y = [0] * (y1 - y0 + 1)
+        self.ends_y = [0] * (y1 - y0 + 1)
+
+
+class CellLoad:
+    """One evaluator's decayed per-cell cost and query counts over its partition.
+
+    Parameters
+    ----------
+    size : int
+        Fine-grid cells per side.
+    rectangles : list of CellBox
+        The evaluator's partition.
+    index_block : int
+        Cells per side of a grid^t block (the migration unit).
+    decay : float
+        Weight of the past per batch, in (0, 1]: after ``t`` batches a cost
+        counts ``decay**t``.
+
+    Raises
+    ------
+    ValueError
+        If ``decay`` is outside (0, 1].
+    """
+
+    def __init__(self, size: int, rectangles: list[CellBox], index_block: int, decay: float = 0.5) -> None:
+        if not 0.0 < decay <= 1.0:
+            raise ValueError(f"decay must be in (0, 1], not {decay}")
+        self.size = size
+        self.block = index_block
+        self.decay = decay
+        self._scale = 1.0
+        self._cells: dict[int, float] = {}
+        self._parts: dict[str, CellBox] = {}
+        self._rects: list[_Rectangle] = []
+        self._block_queries: dict[tuple[int, int, int], int] = {}
+        self.set_partition(rectangles)
+
+    def set_partition(self, rectangles: list[CellBox]) -> None:
+        """Take a new partition: cells outside it are forgotten, aggregates rebuilt; O(cells with cost + parts)."""
+        self._rects = [_Rectangle(tuple(b)) for b in rectangles]
+        cells, self._cells = self._cells, {}
+        for cell, raw in cells.items():
+            cy, cx = divmod(cell, self.size)
+            if self._rect_index(cx, cy) >= 0:
+                self._add_raw(cell, cx, cy, raw)
+        parts, self._parts = self._parts, {}
+        self._block_queries = {}
+        for sid, box in parts.items():
+            self.add_subscription(sid, box)
+
+    def _rect_index(self, cx: int, cy: int) -> int:
+        for i, r in enumerate(self._rects):
+            x0, y0, x1, y1 = r.box
+            if x0 <= cx <= x1 and y0 <= cy <= y1:
+                return i
+        return -1
+
+    def _add_raw(self, cell: int, cx: int, cy: int, raw: float) -> None:
+        i = self._rect_index(cx, cy)
+        if i < 0:
+            return
+        r = self._rects[i]
+        self._cells[cell] = self._cells.get(cell, 0.0) + raw
+        r.columns[cx - r.box[0]] += raw
+        r.rows[cy - r.box[1]] += raw
+
+    def add_cost(self, cx: int, cy: int, cost: float) -> None:
+        """Account ``cost`` units in cell ``(cx, cy)`` in this batch; O(rectangles of the partition), ~O(1)."""
+        self._add_raw(cy * self.size + cx, cx, cy, cost * self._scale)
+
+    def add_costs(self, cells: dict[int, float]) -> None:
+        """Account a batch's per-cell costs (``cell id -> cost``, as ``CellCostStats.cells``)."""
+        for cell, cost in cells.items():
+            cy, cx = divmod(cell, self.size)
+            self.add_cost(cx, cy, cost)
+
+    def end_batch(self) -> None:
+        """Close a micro-batch: everything so far now weighs ``decay`` times less."""
+        self._scale /= self.decay
+        if self._scale > _RENORMALIZE:
+            s = self._scale
+            self._cells = {c: v / s for c, v in self._cells.items()}
+            for r in self._rects:
+                r.columns = [v / s for v in r.columns]
+                r.rows = [v / s for v in r.rows]
+            self._scale = 1.0
+
+    def _blocks_of(self, i: int, box: CellBox):
+        b = self.block
+        for gy in range(box[1] // b, box[3] // b + 1):
+            for gx in range(box[0] // b, box[2] // b + 1):
+                yield (i, gx, gy)
+
+    def _count(self, sid: str, box: CellBox, step: int) -> None:
+        for i, r in enumerate(self._rects):
+            part = intersect_boxes(box, r.box)
+            if part is None:
+                continue
+            x0, y0 = r.box[0], r.box[1]
+            r.starts_x[part[0] - x0] += step
+            r.ends_x[part[2] - x0] += step
+            r.starts_y[part[1] - y0] += step
+            r.ends_y[part[3] - y0] += step
+            for key in self._blocks_of(i, part):
+                self._block_queries[key] = self._block_queries.get(key, 0) + step
+
+    def add_subscription(self, sid: str, box: CellBox) -> None:
+        """Count range subscription ``sid`` indexed over cell box ``box`` (``queryCount`` +1 where it lies)."""
+        if sid in self._parts:
+            self.remove_subscription(sid)
+        self._parts[sid] = box
+        self._count(sid, box, 1)
+
+    def remove_subscription(self, sid: str) -> None:
+        """Forget subscription ``sid`` (an unsubscribe); unknown ids are ignored."""
+        box = self._parts.pop(sid, None)
+        if box is not None:
+            self._count(sid, box, -1)
+
+    def summary(self, evaluator: int, batch: int) -> LoadSummary:
+        """Return the load summary sent to the balancer; O(rows + columns + blocks with load).
+
+        Costs are decayed cost units (divided by the running scale).
+        """
+        s = self._scale
+        rects = tuple(
+            RectangleLoad(
+                r.box,
+                np.array(r.columns) / s,
+                np.array(r.rows) / s,
+                np.array(r.starts_x, dtype=np.int64),
+                np.array(r.ends_x, dtype=np.int64),
+                np.array(r.starts_y, dtype=np.int64),
+                np.array(r.ends_y, dtype=np.int64),
+            )
+            for r in self._rects
+        )
+        costs: dict[tuple[int, int, int], float] = {}
+        b = self.block
+        for cell, raw in self._cells.items():
+            cy, cx = divmod(cell, self.size)
+            key = (self._rect_index(cx, cy), cx // b, cy // b)
+            costs[key] = costs.get(key, 0.0) + raw / s
+        blocks = []
+        for key in sorted(set(costs) | {k for k, v in self._block_queries.items() if v}):
+            i, gx, gy = key
+            cells = intersect_boxes(self._rects[i].box, (gx * b, gy * b, gx * b + b - 1, gy * b + b - 1))
+            assert cells is not None
+            blocks.append(BlockLoad(cells, costs.get(key, 0.0), self._block_queries.get(key, 0)))
+        return LoadSummary(evaluator, batch, rects, tuple(blocks))
+
+    def centralized_nbytes(self) -> int:
+        """Bytes the centralized alternative would send: every cell with cost, as (cell id, cost)."""
+        return 12 * len(self._cells)
