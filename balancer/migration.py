@@ -54,7 +54,8 @@ def greedy(loads: np.ndarray, sizes: np.ndarray, tau: float) -> list[int]:
     loaded cell is returned.
     """
     loaded = np.flatnonzero(loads > 0)
-    relative = sizes[loaded] / loads[loaded]
+    with np.errstate(over="ignore"):
+        relative = sizes[loaded] / loads[loaded]
     order = loaded[np.lexsort((loaded, relative))]
     gs: list[int] = []
     gs_load, gs_size = 0.0, 0
@@ -81,7 +82,7 @@ def dynamic(loads: np.ndarray, sizes: np.ndarray, tau: float) -> list[int]:
     took = np.zeros((n, upper + 1), dtype=bool)
     for i in range(n):
         s, load = int(sizes[i]), loads[i]
-        if load <= 0:
+        if load <= 0 or s > upper:
             continue
         candidate = np.full(upper + 1, -np.inf)
         candidate[s:] = best[: upper + 1 - s] + load

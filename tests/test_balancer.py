@@ -1,0 +1,196 @@
+"""The balancer's operations, cost model, migration selection and policies (skpub.balancer)."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skpub.balancer.migration import by_size, dynamic, greedy, optimum, random_cells
+from skpub.balancer.operation import Loads, Move, apply_moves
+from skpub.balancer.policy import BalancerSettings, candidates, decide, imbalance
+from skpub.balancer.splitmerge import best_split
+from skpub.evaluators.load import CellLoad
+from skpub.router.errors import RoutingError
+from skpub.router.partitioning import Partitioning, cost_partitioning
+
+
+def summaries_of(part: Partitioning, costs: np.ndarray, subs: list[tuple[str, tuple]], block: int = 4):
+    """Every evaluator's summary when cell (cx, cy) costs costs[cy, cx] and the subscriptions lie over their boxes."""
+    out = []
+    for e in range(part.count):
+        load = CellLoad(part.size, part.boxes_of(e), block, decay=1.0)
+        ys, xs = np.nonzero((part.owner == e) & (costs > 0))
+        for cx, cy in zip(xs.tolist(), ys.tolist(), strict=True):
+            load.add_cost(cx, cy, float(costs[cy, cx]))
+        for sid, box in subs:
+            for r in part.boxes_of(e):
+                if not (box[2] < r[0] or box[0] > r[2] or box[3] < r[1] or box[1] > r[3]):
+                    load.add_subscription(sid, box)
+                    break
+        out.append(load.summary(e, 0))
+    return out
+
+
+def true_queries(part: Partitioning, subs, e: int) -> int:
+    return sum(1 for _, (x0, y0, x1, y1) in subs if (part.owner[y0 : y1 + 1, x0 : x1 + 1] == e).any())
+
+
+@st.composite
+def workloads(draw, max_size=30):
+    size = draw(st.integers(4, max_size))
+    n = draw(st.integers(2, 8))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    costs = rng.pareto(1.0, (size, size)) * (rng.random((size, size)) < 0.5)
+    hot = rng.integers(0, size, 2)
+    costs[hot[1] : hot[1] + 3, hot[0] : hot[0] + 3] += 50 * draw(st.floats(0, 1))
+    part = cost_partitioning(rng.random((size, size)), n)
+    subs = []
+    for i in range(draw(st.integers(0, 40))):
+        x, y = rng.integers(0, size, 2).tolist()
+        w, h = rng.integers(0, 4, 2).tolist()
+        subs.append((f"s{i}", (x, y, min(size - 1, x + w), min(size - 1, y + h))))
+    return part, costs, subs, rng
+
+
+@settings(max_examples=150, deadline=None)
+@given(workloads(), st.integers(0, 2**16))
+def test_chaos_operations_are_legal_and_move_exactly_their_cells(workload, seed):
+    part, costs, subs, _ = workload
+    for batch in range(6):
+        op = decide(BalancerSettings(mode="chaos", seed=seed), part, summaries_of(part, costs, subs), batch)
+        assert op is not None
+        expected = part.owner.copy()
+        for m in op.moves:
+            x0, y0, x1, y1 = m.cells
+            assert (expected[y0 : y1 + 1, x0 : x1 + 1] == m.source).all()
+            expected[y0 : y1 + 1, x0 : x1 + 1] = m.target
+        new = apply_moves(part, op.moves)
+        assert new.count == part.count
+        np.testing.assert_array_equal(new.owner, expected)
+        part = new
+
+
+@settings(max_examples=150, deadline=None)
+@given(workloads())
+def test_summaries_predict_every_candidates_costs_and_subscriptions_exactly(workload):
+    """C_r and C_t come from summaries (aggregates, blocks), never cells: what they predict must be what happens."""
+    part, costs, subs, _ = workload
+    loads = Loads(part, summaries_of(part, costs, subs), beta=1.0)
+    truth = np.array([costs[part.owner == e].sum() for e in range(part.count)])
+    np.testing.assert_allclose(loads.costs, truth)
+    for op in candidates(part, loads):
+        new = apply_moves(part, op.moves)
+        after = np.array([costs[new.owner == e].sum() for e in range(part.count)])
+        np.testing.assert_allclose(op.costs_after, after, atol=1e-9)
+        assert op.c_r == pytest.approx(truth.max() - after.max())
+        for m in op.moves:
+            x0, y0, x1, y1 = m.cells
+            assert m.queries == sum(
+                1 for _, b in subs if not (b[2] < x0 or b[0] > x1 or b[3] < y0 or b[1] > y1)
+            ), op.kind
+
+
+@settings(max_examples=200, deadline=None)
+@given(workloads())
+def test_best_split_is_the_most_even_cut(workload):
+    part, costs, subs, _ = workload
+    (summary,) = summaries_of(Partitioning(part.size, np.array([[0, 0, part.size - 1, part.size - 1]])), costs, subs)
+    (rect,) = summary.rectangles
+    halves = best_split(rect)
+    got = abs(costs[halves[0][1] : halves[0][3] + 1, halves[0][0] : halves[0][2] + 1].sum() * 2 - costs.sum())
+    cuts = [abs(costs[:, : k + 1].sum() * 2 - costs.sum()) for k in range(part.size - 1)]
+    cuts += [abs(costs[: k + 1, :].sum() * 2 - costs.sum()) for k in range(part.size - 1)]
+    assert got == pytest.approx(min(cuts))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0, 100), st.integers(0, 30)), min_size=1, max_size=14),
+    st.floats(0.05, 0.95),
+)
+def test_migration_selectors_reach_tau_and_dp_is_optimal(cells, fraction):
+    loads = np.array([c[0] for c in cells])
+    sizes = np.array([c[1] for c in cells], dtype=np.int64)
+    tau = fraction * loads.sum()
+    best = optimum(loads, sizes, tau) if loads.sum() > 0 else []
+    for select in (greedy, dynamic, by_size, random_cells):
+        chosen = select(loads, sizes, tau)
+        assert len(set(chosen)) == len(chosen)
+        assert loads[chosen].sum() >= tau - 1e-6 * max(1.0, tau) or loads[chosen].sum() == loads[loads > 0].sum()
+        assert sizes[chosen].sum() >= sizes[best].sum()
+    assert sizes[dynamic(loads, sizes, tau)].sum() == sizes[best].sum()
+
+
+def test_greedy_scans_by_relative_cost_and_keeps_the_cheapest_candidate():
+    """PS2Stream Figure 5: GS cells accumulate under tau; each GL cell closes a candidate; the cheapest wins."""
+    loads = np.array([4.0, 3.0, 10.0, 2.0])
+    sizes = np.array([1, 3, 20, 1])
+    # relative cost: 0.25, 1.0, 2.0, 0.5 -> order 0, 3, 1, 2; GS {0, 3} (6 < 8), then 1 closes {0, 3, 1} (size 5)
+    assert sorted(greedy(loads, sizes, 8.0)) == [0, 1, 3]
+    assert sorted(by_size(loads, sizes, 8.0)) == [2]
+
+
+def test_adaptive_moves_load_off_the_hot_evaluator_and_rests_when_balanced():
+    size = 40
+    part = cost_partitioning(np.ones((size, size)), 4)
+    costs = np.ones((size, size))
+    costs[:10, :10] += 20
+    subs = [(f"s{i}", (i, i, i + 1, i + 1)) for i in range(30)]
+    settings_ = BalancerSettings(beta=0.01)
+    summaries = summaries_of(part, costs, subs)
+    before = imbalance(np.array([s.cost for s in summaries]))
+    op = decide(settings_, part, summaries, 0)
+    assert op is not None and op.c_r > op.c_t
+    assert op == decide(settings_, part, summaries, 7)
+    new = apply_moves(part, op.moves)
+    assert imbalance(np.array([costs[new.owner == e].sum() for e in range(4)])) < before
+    even = summaries_of(part, np.ones((size, size)), subs)
+    assert decide(settings_, part, even, 0) is None
+    assert decide(BalancerSettings(mode="off"), part, summaries, 0) is None
+    expensive = BalancerSettings(beta=1e9)
+    assert decide(expensive, part, summaries, 0) is None
+
+
+def test_chaos_is_seeded_by_seed_and_batch():
+    part = cost_partitioning(np.ones((20, 20)), 5)
+    summaries = summaries_of(part, np.ones((20, 20)), [])
+    ops = [decide(BalancerSettings(mode="chaos", seed=4), part, summaries, b) for b in range(8)]
+    again = [decide(BalancerSettings(mode="chaos", seed=4), part, summaries, b) for b in range(8)]
+    assert ops == again
+    assert len({op.moves for op in ops}) > 1
+
+
+def test_moves_outside_the_source_or_emptying_an_evaluator_are_refused():
+    part = Partitioning(4, np.array([[0, 0, 1, 3], [2, 0, 3, 3]]))
+    with pytest.raises(RoutingError):
+        apply_moves(part, [Move((1, 0, 2, 0), 0, 1)])
+    with pytest.raises(RoutingError):
+        apply_moves(part, [Move((0, 0, 1, 3), 0, 1)])
+    new = apply_moves(part, [Move((1, 0, 1, 3), 0, 1)])
+    assert new.boxes.tolist() == [[0, 0, 0, 3], [1, 0, 3, 3]]
+
+
+def test_cell_load_decays_and_renormalizes():
+    load = CellLoad(10, [(0, 0, 9, 9)], 5, decay=0.5)
+    load.add_cost(1, 2, 8.0)
+    load.end_batch()
+    load.add_cost(1, 2, 1.0)
+    assert load.summary(0, 1).cost == pytest.approx(5.0)
+    for _ in range(400):
+        load.end_batch()
+    load.add_cost(3, 3, 2.0)
+    summary = load.summary(0, 401)
+    assert summary.cost == pytest.approx(2.0)
+    assert summary.rectangles[0].rows[3] == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        CellLoad(10, [(0, 0, 9, 9)], 5, decay=0)
+
+
+def test_summary_is_smaller_than_the_cells_it_summarizes():
+    rng = np.random.default_rng(3)
+    size = 400
+    part = cost_partitioning(np.ones((size, size)), 8)
+    costs = rng.random((size, size)) * (rng.random((size, size)) < 0.3)
+    summaries = summaries_of(part, costs, [], block=25)
+    centralized = 12 * int((costs > 0).sum())
+    assert sum(s.nbytes() for s in summaries) * 5 < centralized
