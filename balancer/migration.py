@@ -50,24 +50,24 @@ def _until(order: np.ndarray, loads: np.ndarray, tau: float) -> list[int]:
 def greedy(loads: np.ndarray, sizes: np.ndarray, tau: float) -> list[int]:
     """GR (PS2Stream V-A.2, Figure 5): the cheapest ``GS_1 .. GS_t + {g'}`` in the relative-cost scan.
 
-    Cells of no load are never taken. If no set reaches ``tau``, every
-    loaded cell is returned.
+    Blocks of no load are never taken. If no set reaches ``tau``, every
+    loaded block is returned.
     """
     loaded = np.flatnonzero(loads > 0)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore"):  # a load of a few ulps gives inf: such a block comes last, as it should
         relative = sizes[loaded] / loads[loaded]
     order = loaded[np.lexsort((loaded, relative))]
     gs: list[int] = []
     gs_load, gs_size = 0.0, 0
-    best: tuple[int, list[int]] | None = None
+    best: tuple[int, int, int] | None = None  # (size, GS cells before g', g')
     for g in order.tolist():
         if gs_load + loads[g] < tau:
             gs.append(g)
             gs_load += loads[g]
             gs_size += int(sizes[g])
         elif best is None or gs_size + sizes[g] < best[0]:
-            best = (gs_size + int(sizes[g]), [*gs, g])
-    return best[1] if best is not None else gs
+            best = (gs_size + int(sizes[g]), len(gs), g)
+    return [*gs[: best[1]], best[2]] if best is not None else gs
 
 
 def dynamic(loads: np.ndarray, sizes: np.ndarray, tau: float) -> list[int]:
@@ -88,7 +88,7 @@ def dynamic(loads: np.ndarray, sizes: np.ndarray, tau: float) -> list[int]:
         candidate[s:] = best[: upper + 1 - s] + load
         took[i] = candidate > best
         best = np.maximum(best, candidate)
-    reach = np.flatnonzero(best >= tau - 1e-9 * max(tau, 1.0))
+    reach = np.flatnonzero(best >= tau * (1 - 1e-9))
     j = int(reach[0]) if len(reach) else upper
     chosen = []
     for i in range(n - 1, -1, -1):
@@ -99,13 +99,13 @@ def dynamic(loads: np.ndarray, sizes: np.ndarray, tau: float) -> list[int]:
 
 
 def by_size(loads: np.ndarray, sizes: np.ndarray, tau: float) -> list[int]:
-    """SI (PS2Stream VI-C): loaded cells in descending order of size until ``tau``."""
+    """SI (PS2Stream VI-D): loaded blocks in descending order of size until ``tau``."""
     loaded = np.flatnonzero(loads > 0)
     return _until(loaded[np.lexsort((loaded, -sizes[loaded]))], loads, tau)
 
 
 def random_cells(loads: np.ndarray, sizes: np.ndarray, tau: float, seed: int = 0) -> list[int]:
-    """RA (PS2Stream VI-C): loaded cells in a random (seeded) order until ``tau``."""
+    """RA (PS2Stream VI-D): loaded blocks in a random (seeded) order until ``tau``."""
     loaded = np.flatnonzero(loads > 0)
     return _until(np.random.default_rng(seed).permutation(loaded), loads, tau)
 
@@ -114,14 +114,18 @@ def optimum(loads: np.ndarray, sizes: np.ndarray, tau: float) -> list[int]:
     """Solve the Minimum Cost Migration (Definition 4) exactly, as a 0-1 program, with ``scipy.optimize.milp``.
 
     Exponential in the worst case: for benchmarks on small instances. If
-    ``tau`` exceeds the total load, every loaded cell.
+    ``tau`` exceeds the total load, every loaded cell. The constraint is
+    scaled to ``loads / tau >= 1`` so that HiGHS's absolute feasibility
+    tolerance (1e-6) is relative to tau.
     """
     if tau >= loads.sum():
         return np.flatnonzero(loads > 0).tolist()
+    if tau <= 0:
+        return []
     n = len(loads)
     result = milp(
         c=sizes.astype(float),
-        constraints=LinearConstraint(loads.reshape(1, -1), lb=tau, ub=np.inf),
+        constraints=LinearConstraint((loads / tau).reshape(1, -1), lb=1.0, ub=np.inf),
         integrality=np.ones(n),
         bounds=Bounds(0, 1),
     )
@@ -154,13 +158,9 @@ def migration(
     sizes = np.array([b.queries for b in blocks], dtype=np.int64)
     chosen = select(costs, sizes, gap / 2)
     area = sum(
-        (b.cells[2] - b.cells[0] + 1) * (b.cells[3] - b.cells[1] + 1) for i, b in enumerate(blocks) if i in chosen
+        (blocks[i].cells[2] - blocks[i].cells[0] + 1) * (blocks[i].cells[3] - blocks[i].cells[1] + 1) for i in chosen
     )
-    owned = sum(
-        (x1 - x0 + 1) * (y1 - y0 + 1)
-        for (x0, y0, x1, y1), o in zip(partitioning.boxes.tolist(), partitioning.owners, strict=True)
-        if o == source
-    )
+    owned = sum((x1 - x0 + 1) * (y1 - y0 + 1) for x0, y0, x1, y1 in partitioning.boxes_of(source))
     if not chosen or area >= owned:
         return None
     moves = [Move(blocks[i].cells, source, target, blocks[i].cost, blocks[i].queries) for i in sorted(chosen)]

@@ -61,7 +61,7 @@ class Operation:
 
     @property
     def subscriptions(self) -> int:
-        """Subscriptions moved (summed over moves; one in two moves counts twice)."""
+        """Subscriptions moved, summed over the moves (a subscription over two moved boxes counts twice)."""
         return sum(m.queries for m in self.moves)
 
     @property
@@ -117,6 +117,11 @@ class Loads:
         """Decayed cost of rectangle ``i`` (0 without a summary)."""
         r = self.rect_loads[i]
         return r.cost if r is not None else 0.0
+
+    def strip(self, i: int, cells: CellBox) -> tuple[float, int]:
+        """Return cost and subscriptions of ``cells``, a strip of rectangle ``i`` (zeros without a summary)."""
+        r = self.rect_loads[i]
+        return r.strip(cells) if r is not None else (0.0, 0)
 
     def rect_queries(self, i: int) -> int:
         """Subscriptions over rectangle ``i`` (0 without a summary)."""
@@ -188,7 +193,9 @@ def coalesce(rects: list[tuple[CellBox, int]]) -> list[tuple[CellBox, int]]:
 def apply_moves(partitioning: Partitioning, moves: tuple[Move, ...] | list[Move]) -> Partitioning:
     """Return the partitioning after ``moves``, applied in order.
 
-    Complexity O(moves x rectangles) plus building the new partitioning (O(grid cells), numpy).
+    Complexity O(moves x rectangles), plus :func:`coalesce` (O(r) per pass,
+    a pass per merge in the worst case), plus building the new partitioning
+    (O(grid cells), numpy).
 
     Raises
     ------
@@ -198,6 +205,8 @@ def apply_moves(partitioning: Partitioning, moves: tuple[Move, ...] | list[Move]
     """
     rects = [(tuple(b), o) for b, o in zip(partitioning.boxes.tolist(), partitioning.owners.tolist(), strict=True)]
     for m in moves:
+        if not 0 <= m.target < partitioning.count:
+            raise RoutingError(f"move {m.cells} targets evaluator {m.target}, not one of {partitioning.count}")
         hx0, hy0, hx1, hy1 = m.cells
         i = next(
             (

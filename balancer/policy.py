@@ -3,8 +3,9 @@
 Modes:
 
 - ``adaptive``: when the balance constraint is violated (max / mean cost >
-  ``sigma``), weigh every candidate -- the best horizontal or vertical shift
-  at every site where the source is the costlier, every corner shift, the
+  ``sigma``), weigh every candidate -- at every site where the source is the
+  costlier evaluator, the best horizontal or vertical shift or the corner
+  shift; the
   split/merge of the costliest evaluator, and GR's migration from the most
   to the least loaded -- and take the one with the largest C_r among those
   with C_r > C_t (Tornado 4.2). Ties go to the earlier kind in
@@ -104,14 +105,15 @@ def adaptive(partitioning: Partitioning, loads: Loads, sigma: float) -> Operatio
 
 
 def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) -> Operation | None:
-    """Return one legal operation drawn with ``rng``, or None with a single evaluator.
+    """Return one legal operation drawn with ``rng``, or None when none is legal.
 
     A kind is drawn among the possible ones, then an instance: a shift site
     (a horizontal or vertical one only where the rectangle keeps a line) and
     its number of lines; a split/merge of a random rectangle at a random cut
     with a random adjacent pair of other evaluators; or a migration of a
-    random sub-box of a random rectangle to a random other evaluator (never
-    its owner's last cell).
+    random strip of whole rows or columns of a random rectangle to a random
+    other evaluator (never its owner's last cell). Every one is weighed from
+    the summaries like an adaptive candidate.
     """
     n = partitioning.count
     if n < 2:
@@ -122,38 +124,46 @@ def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) ->
     counts = np.bincount(owners, minlength=n)
     shifts = [s for s in sites(partitioning, pairs) if s.span is not None or depth(boxes[s.a], s.side) > 1]
     splittable = [i for i, b in enumerate(boxes) if b[2] > b[0] or b[3] > b[1]]
-    graph = partition_graph(partitioning, pairs)
-    merges = [(i, y, z) for i in splittable for y, z in graph.edges if owners[i] not in (y, z)] if n >= 3 else []
-    movable = [i for i in range(len(boxes)) if i in set(splittable) or counts[owners[i]] > 1]
-    kinds = [k for k, some in (("shift", shifts), ("split_merge", merges), ("migration", movable)) if some]
+    edges = list(partition_graph(partitioning, pairs).edges) if n >= 3 else []
+    movable = [i for i, b in enumerate(boxes) if b[2] > b[0] or b[3] > b[1] or counts[owners[i]] > 1]
+    kinds = [
+        k for k, some in (("shift", shifts), ("split_merge", splittable and edges), ("migration", movable)) if some
+    ]
+    if not kinds:
+        return None
     kind = kinds[int(rng.integers(len(kinds)))]
     if kind == "shift":
         site = shifts[int(rng.integers(len(shifts)))]
         lines = depth(boxes[site.a], site.side)
         return shift(partitioning, loads, site, int(rng.integers(1, lines)) if lines > 1 else 1)
     if kind == "split_merge":
-        rect, y, z = merges[int(rng.integers(len(merges)))]
-        if rng.random() < 0.5:
-            y, z = z, y
-        x0, y0, x1, y1 = boxes[rect]
-        if x1 > x0 and (y1 == y0 or rng.random() < 0.5):
-            cut = int(rng.integers(x0, x1))
-            halves = ((x0, y0, cut, y1), (cut + 1, y0, x1, y1))
-        else:
-            cut = int(rng.integers(y0, y1))
-            halves = ((x0, y0, x1, cut), (x0, cut + 1, x1, y1))
-        return split_merge(partitioning, loads, owners[rect], rect, halves, y, z)
+        rect = splittable[int(rng.integers(len(splittable)))]
+        others = [(y, z) for y, z in edges if owners[rect] not in (y, z)]
+        if others:
+            y, z = others[int(rng.integers(len(others)))]
+            x0, y0, x1, y1 = boxes[rect]
+            vertical = x1 > x0 and (y1 == y0 or rng.random() < 0.5)
+            cut = int(rng.integers(x0, x1)) if vertical else int(rng.integers(y0, y1))
+            halves = (
+                ((x0, y0, cut, y1), (cut + 1, y0, x1, y1)) if vertical else ((x0, y0, x1, cut), (x0, cut + 1, x1, y1))
+            )
+            return split_merge(
+                partitioning, loads, owners[rect], rect, halves, *((z, y) if rng.random() < 0.5 else (y, z))
+            )
     rect = movable[int(rng.integers(len(movable)))]
     x0, y0, x1, y1 = boxes[rect]
+    # a strip must leave the owner a cell: of one rectangle, cut along an axis with two lines or more
+    axes = [axis for axis, extent in (("rows", y1 - y0), ("columns", x1 - x0)) if extent or counts[owners[rect]] > 1]
+    rows = axes[int(rng.integers(len(axes)))] == "rows"
+    lo, hi = (y0, y1) if rows else (x0, x1)
     while True:
-        ax, bx = sorted(rng.integers(x0, x1 + 1, 2).tolist())
-        ay, by = sorted(rng.integers(y0, y1 + 1, 2).tolist())
-        cells = (ax, ay, bx, by)
-        if counts[owners[rect]] > 1 or cells != boxes[rect]:
+        a, b = sorted(rng.integers(lo, hi + 1, 2).tolist())
+        if counts[owners[rect]] > 1 or (a, b) != (lo, hi):
             break
+    cells = (x0, a, x1, b) if rows else (a, y0, b, y1)
     source = owners[rect]
     target = int(rng.choice([e for e in range(n) if e != source]))
-    return loads.operation("migration", [Move(cells, source, target)])
+    return loads.operation("migration", [Move(cells, source, target, *loads.strip(rect, cells))])
 
 
 def decide(

@@ -2,7 +2,7 @@
 
 Several routing units route records by their own view of the routing epoch;
 evaluators hold per-cell state (range subscriptions, window objects); one
-migration moves a set of cells from a source to a target evaluator:
+transfer moves a set of cells from a source to a target evaluator:
 
 1. *Cell transfer* (:meth:`TwoPhase.begin`): every routing unit still routes
    by epoch n. The source puts a snapshot of the cells' state in a FIFO
@@ -70,21 +70,33 @@ class Evaluator:
 
 
 class Phase(Enum):
-    """Where the current migration is."""
+    """Where the current transfer is."""
 
     TRANSFER = "transfer"
     UPDATE = "update"
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """The state of the moved cells at the source when the transfer begins: subscriptions and window objects."""
+
+    subs: dict[int, dict[int, str]]
+    window: dict[int, list[Obj]]
+
+
 @dataclass
-class Migration:
-    """Cells ``cells`` moving from ``source`` to ``target``; ``channel`` is the FIFO source -> target."""
+class Transfer:
+    """Cells ``cells`` moving from ``source`` to ``target`` (a move); ``channel`` is the FIFO source -> target.
+
+    The channel holds the snapshot, then the subscriptions, unsubscriptions
+    and window objects the source forwarded during the transfer phase.
+    """
 
     cells: frozenset[int]
     source: int
     target: int
     phase: Phase = Phase.TRANSFER
-    channel: list[tuple[str, object]] = field(default_factory=list)
+    channel: list[Snapshot | Message] = field(default_factory=list)
     published: bool = False
 
 
@@ -93,7 +105,7 @@ class ProtocolError(RuntimeError):
 
 
 class TwoPhase:
-    """Routing units, evaluators and at most one migration, following Tornado's rules.
+    """Routing units, evaluators and at most one transfer, following Tornado's rules.
 
     Parameters
     ----------
@@ -110,22 +122,22 @@ class TwoPhase:
         self.evaluators = [Evaluator() for _ in range(evaluators)]
         for cell, e in owner.items():
             self.evaluators[e].owned.add(cell)
-        self.migration: Migration | None = None
+        self.transfer: Transfer | None = None
         self.deliveries: list[tuple[int, int]] = []
 
     # -- routing ---------------------------------------------------------------
 
     def route(self, unit: int, message: Message) -> None:
-        """Routing unit ``unit`` sends ``message`` to the owner of its cell in its epoch view."""
+        """Send ``message`` from routing unit ``unit`` to the owner of its cell in that unit's epoch view."""
         self.receive(self.epochs[self.views[unit]][message.cell], message)
 
     def receive(self, e: int, message: Message) -> None:
-        """Evaluator ``e`` receives ``message`` (Tornado 4.4's rules at a source of moved cells)."""
-        m = self.migration
+        """Deliver ``message`` to evaluator ``e``, applying Tornado 4.4's rules at a source of moved cells."""
+        m = self.transfer
         if m is not None and e == m.source and message.cell in m.cells:
             if m.phase is Phase.TRANSFER:
                 self._process(e, message)
-                m.channel.append(("window" if isinstance(message, Obj) else "forward", message))
+                m.channel.append(message)
                 return
             self._process(m.target, message)
             return
@@ -153,38 +165,37 @@ class TwoPhase:
         Raises
         ------
         ProtocolError
-            If a migration is under way, or the cells are not one evaluator's.
+            If a transfer is under way, or the cells are not one evaluator's.
         """
-        if self.migration is not None:
-            raise ProtocolError("one migration at a time")
+        if self.transfer is not None:
+            raise ProtocolError("one transfer at a time")
         latest = self.epochs[-1]
         sources = {latest[c] for c in cells}
-        if len(sources) != 1 or target in sources or not cells:
+        if len(sources) != 1 or target in sources:
             raise ProtocolError(f"cells {sorted(cells)} are not one evaluator's, or already the target's")
         source = sources.pop()
         src = self.evaluators[source]
-        snapshot = (
+        snapshot = Snapshot(
             {c: dict(src.subs.get(c, {})) for c in cells},
             {c: list(src.window.get(c, [])) for c in cells},
         )
-        self.migration = Migration(frozenset(cells), source, target, channel=[("snapshot", snapshot)])
+        self.transfer = Transfer(frozenset(cells), source, target, channel=[snapshot])
 
     def acknowledge(self) -> None:
-        """The target applies the channel in order and owns the cells from now on: the routing update phase."""
+        """Apply the channel at the target, which owns the cells from now on: the routing update phase."""
         m = self._expect(Phase.TRANSFER)
         tgt = self.evaluators[m.target]
-        for kind, payload in m.channel:
-            if kind == "snapshot":
-                subs, window = payload
+        for item in m.channel:
+            if isinstance(item, Snapshot):
                 for c in m.cells:
-                    tgt.subs[c] = dict(subs[c])
-                    tgt.window[c] = list(window[c])
-            elif kind == "window":
-                tgt.window.setdefault(payload.cell, []).append(payload)
-            elif isinstance(payload, Sub):
-                tgt.subs.setdefault(payload.cell, {})[payload.id] = payload.keyword
+                    tgt.subs[c] = dict(item.subs[c])
+                    tgt.window[c] = list(item.window[c])
+            elif isinstance(item, Obj):
+                tgt.window.setdefault(item.cell, []).append(item)
+            elif isinstance(item, Sub):
+                tgt.subs.setdefault(item.cell, {})[item.id] = item.keyword
             else:
-                tgt.subs.get(payload.cell, {}).pop(payload.id, None)
+                tgt.subs.get(item.cell, {}).pop(item.id, None)
         m.channel.clear()
         self.evaluators[m.source].owned -= m.cells
         tgt.owned |= m.cells
@@ -194,7 +205,7 @@ class TwoPhase:
         """Publish the epoch in which the target owns the cells (after the acknowledgement)."""
         m = self._expect(Phase.UPDATE)
         if m.published:
-            raise ProtocolError("the epoch of this migration is already published")
+            raise ProtocolError("the epoch of this transfer is already published")
         table = dict(self.epochs[-1])
         table.update(dict.fromkeys(m.cells, m.target))
         self.epochs.append(table)
@@ -219,28 +230,22 @@ class TwoPhase:
         for c in m.cells:
             src.subs.pop(c, None)
             src.window.pop(c, None)
-        self.migration = None
+        self.transfer = None
 
-    def _expect(self, phase: Phase) -> Migration:
-        if self.migration is None or self.migration.phase is not phase:
-            raise ProtocolError(f"no migration in the {phase.value} phase")
-        return self.migration
+    def _expect(self, phase: Phase) -> Transfer:
+        if self.transfer is None or self.transfer.phase is not phase:
+            raise ProtocolError(f"no transfer in the {phase.value} phase")
+        return self.transfer
 
     # -- results ---------------------------------------------------------------
 
     def topk(self, keyword: str, k: int) -> list[int]:
-        """The global top-k object ids holding ``keyword``, by score then id, from every evaluator's owned cells.
+        """Return the global top-k object ids holding ``keyword`` (score, then id) from the evaluators' owned cells.
 
         Each evaluator contributes only the window objects of the cells it
-        owns, so an object held by both source and target during a migration
+        owns, so an object held by both source and target during a transfer
         counts once.
         """
-        found = [
-            o
-            for ev in self.evaluators
-            for c in ev.owned
-            for o in ev.window.get(c, ())
-            if keyword in o.terms
-        ]
+        found = [o for ev in self.evaluators for c in ev.owned for o in ev.window.get(c, ()) if keyword in o.terms]
         found.sort(key=lambda o: (-o.score, o.id))
         return [o.id for o in found[:k]]

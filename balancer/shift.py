@@ -96,25 +96,12 @@ def moved_cells(box: CellBox, site: ShiftSite, k: int = 0) -> CellBox:
     }[site.side]
 
 
-def _strip_load(loads: Loads, site: ShiftSite, cells: CellBox) -> tuple[float, int]:
-    """Cost and subscriptions of ``cells``, a whole-width or whole-height strip of rectangle ``site.a``."""
-    r = loads.rect_loads[site.a]
-    if r is None:
-        return 0.0, 0
-    x0, y0, x1, y1 = r.box
-    if (cells[0], cells[2]) == (x0, x1):
-        a, b = cells[1] - y0, cells[3] - y0
-        return float(r.rows[a : b + 1].sum()), r.row_queries(a, b)
-    a, b = cells[0] - x0, cells[2] - x0
-    return float(r.columns[a : b + 1].sum()), r.column_queries(a, b)
-
-
 def shift(partitioning: Partitioning, loads: Loads, site: ShiftSite, k: int = 0) -> Operation:
     """Return the shift at ``site`` moving ``k`` lines (ignored for a corner shift), weighed by ``loads``."""
     owners = partitioning.owners
     box = tuple(partitioning.boxes[site.a].tolist())
     cells = moved_cells(box, site, k)
-    cost, queries = _strip_load(loads, site, cells)
+    cost, queries = loads.strip(site.a, cells)
     return loads.operation(site.kind, [Move(cells, int(owners[site.a]), int(owners[site.b]), cost, queries)])
 
 

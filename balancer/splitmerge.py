@@ -55,20 +55,11 @@ def best_split(load: RectangleLoad) -> tuple[CellBox, CellBox] | None:
     return (x0, y0, x1, cut), (x0, cut + 1, x1, y1)
 
 
-def _half_load(load: RectangleLoad, half: CellBox) -> tuple[float, int]:
-    x0, y0, x1, y1 = load.box
-    if (half[1], half[3]) == (y0, y1):
-        a, b = half[0] - x0, half[2] - x0
-        return float(load.columns[a : b + 1].sum()), load.column_queries(a, b)
-    a, b = half[1] - y0, half[3] - y0
-    return float(load.rows[a : b + 1].sum()), load.row_queries(a, b)
-
-
 def merging_pair(loads: Loads, graph: nx.Graph, exclude: int) -> tuple[int, int] | None:
     """Return ``(y, z)``: the adjacent pair of least combined cost without ``exclude``; z has fewer subscriptions."""
     best = None
     for u, v in graph.edges:
-        if exclude in (u, v) or u == v:
+        if exclude in (u, v):
             continue
         key = (loads.costs[u] + loads.costs[v], min(u, v), max(u, v))
         if best is None or key < best:
@@ -86,8 +77,7 @@ def split_merge(
 
     The half with fewer subscriptions moves to ``z`` (the second on a tie).
     """
-    load = loads.rect_loads[rect]
-    weighed = [_half_load(load, h) if load is not None else (0.0, 0) for h in halves]
+    weighed = [loads.strip(rect, h) for h in halves]
     moving = 0 if weighed[0][1] < weighed[1][1] else 1
     moves = [
         Move(tuple(b), z, y, loads.rect_cost(i), loads.rect_queries(i))

@@ -5,9 +5,10 @@ partition (Tornado Eq. 1: the candidate subscriptions of each object, range
 and ranked, as :class:`~skpub.evaluators.stats.CellCostStats` counts them),
 decayed by ``decay`` per batch so that recent load dominates, and per
 rectangle of its partition the row, column and overall aggregates of that
-cost, each updated in O(1) per object: values are stored multiplied by a
-running scale (``1 / decay`` per batch) instead of decaying every value at
-every batch, and renormalized when the scale grows large. Query counts are
+cost, each updated per object in O(rectangles of the partition), a handful:
+values are stored multiplied by a running scale (``1 / decay`` per batch)
+instead of decaying every value at every batch, and renormalized when the
+scale grows large (cells decayed below 1e-9 cost units are then dropped). Query counts are
 kept as subscription parts that start and end on each row and column
 (:class:`skpub.kernel.load.RectangleLoad`) and per grid^t block, updated at
 each subscribe and unsubscribe in O(rectangles and blocks the part covers).
@@ -21,6 +22,8 @@ from skpub.kernel.grid import CellBox, intersect_boxes
 from skpub.kernel.load import BlockLoad, LoadSummary, RectangleLoad
 
 _RENORMALIZE = 1e100
+_FORGOTTEN = 1e-9
+"""Cost units below which a cell is dropped at a renormalization (bounds memory by the recent load)."""
 
 
 class _Rectangle:
@@ -103,7 +106,7 @@ class CellLoad:
         r.rows[cy - r.box[1]] += raw
 
     def add_cost(self, cx: int, cy: int, cost: float) -> None:
-        """Account ``cost`` units in cell ``(cx, cy)`` in this batch; O(rectangles of the partition), ~O(1)."""
+        """Account ``cost`` units in cell ``(cx, cy)`` in this batch; O(rectangles of the partition)."""
         self._add_raw(cy * self.size + cx, cx, cy, cost * self._scale)
 
     def add_costs(self, cells: dict[int, float]) -> None:
@@ -116,12 +119,15 @@ class CellLoad:
         """Close a micro-batch: everything so far now weighs ``decay`` times less."""
         self._scale /= self.decay
         if self._scale > _RENORMALIZE:
-            s = self._scale
-            self._cells = {c: v / s for c, v in self._cells.items()}
+            s, cells = self._scale, self._cells
+            self._scale, self._cells = 1.0, {}
             for r in self._rects:
-                r.columns = [v / s for v in r.columns]
-                r.rows = [v / s for v in r.rows]
-            self._scale = 1.0
+                r.columns = [0.0] * len(r.columns)
+                r.rows = [0.0] * len(r.rows)
+            for cell, raw in cells.items():
+                if raw / s >= _FORGOTTEN:
+                    cy, cx = divmod(cell, self.size)
+                    self._add_raw(cell, cx, cy, raw / s)
 
     def _blocks_of(self, i: int, box: CellBox):
         b = self.block
@@ -129,7 +135,7 @@ class CellLoad:
             for gx in range(box[0] // b, box[2] // b + 1):
                 yield (i, gx, gy)
 
-    def _count(self, sid: str, box: CellBox, step: int) -> None:
+    def _count(self, box: CellBox, step: int) -> None:
         for i, r in enumerate(self._rects):
             part = intersect_boxes(box, r.box)
             if part is None:
@@ -143,17 +149,24 @@ class CellLoad:
                 self._block_queries[key] = self._block_queries.get(key, 0) + step
 
     def add_subscription(self, sid: str, box: CellBox) -> None:
-        """Count range subscription ``sid`` indexed over cell box ``box`` (``queryCount`` +1 where it lies)."""
-        if sid in self._parts:
+        """Count range subscription ``sid`` indexed over cell box ``box`` (``queryCount`` +1 where it lies).
+
+        A subscription already counted here (a transfer bringing a part of
+        one this evaluator indexes) is counted once, over the bounding box of
+        both parts, as the evaluator indexes it.
+        """
+        old = self._parts.get(sid)
+        if old is not None:
             self.remove_subscription(sid)
+            box = (min(old[0], box[0]), min(old[1], box[1]), max(old[2], box[2]), max(old[3], box[3]))
         self._parts[sid] = box
-        self._count(sid, box, 1)
+        self._count(box, 1)
 
     def remove_subscription(self, sid: str) -> None:
         """Forget subscription ``sid`` (an unsubscribe); unknown ids are ignored."""
         box = self._parts.pop(sid, None)
         if box is not None:
-            self._count(sid, box, -1)
+            self._count(box, -1)
 
     def summary(self, evaluator: int, batch: int) -> LoadSummary:
         """Return the load summary sent to the balancer; O(rows + columns + blocks with load).

@@ -11,7 +11,7 @@ record:
   the fine cell of each and the evaluator that owns it (Tornado section 3.1:
   the partition holding the point), computed for the whole batch at once;
 - a range subscription with every partition its rectangle overlaps (A-Grid
-  neighbor search, O(N_p)), the cell box of rectangle ∩ partition for each
+  neighbor search over rectangles, O(N_r)), the cell box of rectangle ∩ partition for each
   (its bounding box when the partition has several rectangles),
   and the textual-summary keywords (one per clause, its least frequent);
 - any other record as it is.

@@ -69,7 +69,11 @@ class RoutingTable(ABC):
         it. It can hold cells of other partitions (when the partition has
         several rectangles), which is harmless: an evaluator receives only
         objects of its own cells, and GI^2 tests each against the
-        subscription's rectangle. O(rectangles overlapped).
+        subscription's rectangle. When cells move to an evaluator that
+        already indexes a subscription over such a box, the transfer must
+        merge the two parts (one entry per subscription id, over their
+        bounding box), or an object could match it twice. O(rectangles
+        overlapped).
         """
         parts: dict[int, CellBox] = {}
         x0, y0, x1, y1 = box

@@ -26,7 +26,8 @@ def test_only_skpub_is_importable_outside_the_repository(tmp_path):
     code = (
         "import importlib.util, skpub.router.agrid, skpub.evaluators.gi2, skpub.sims.geonames, skpub.app.cli\n"
         "import skpub.balancer.policy\n"
-        "print([n for n in ('router', 'evaluators', 'sims', 'balancer', 'kernel', 'app') if importlib.util.find_spec(n)])"
+        "names = ('router', 'evaluators', 'sims', 'balancer', 'kernel', 'app')\n"
+        "print([n for n in names if importlib.util.find_spec(n)])"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"

@@ -54,7 +54,7 @@ class Protocol(RuleBasedStateMachine):
             if c == cell and keyword in terms:
                 self.expected[(sid, obj.id)] += 1
 
-    @precondition(lambda self: self.system.migration is None)
+    @precondition(lambda self: self.system.transfer is None)
     @rule(data=st.data())
     def begin(self, data):
         latest = self.system.epochs[-1]
@@ -64,15 +64,17 @@ class Protocol(RuleBasedStateMachine):
         target = data.draw(st.sampled_from([e for e in range(EVALUATORS) if e != source]))
         self.system.begin(cells, target)
 
-    @precondition(lambda self: self.system.migration is not None and self.system.migration.phase is Phase.TRANSFER)
+    @precondition(lambda self: self.system.transfer is not None and self.system.transfer.phase is Phase.TRANSFER)
     @rule()
     def acknowledge(self):
         self.system.acknowledge()
 
     @precondition(
-        lambda self: self.system.migration is not None
-        and self.system.migration.phase is Phase.UPDATE
-        and not self.system.migration.published
+        lambda self: (
+            self.system.transfer is not None
+            and self.system.transfer.phase is Phase.UPDATE
+            and not self.system.transfer.published
+        )
     )
     @rule()
     def publish(self):
@@ -82,7 +84,7 @@ class Protocol(RuleBasedStateMachine):
     def switch(self, unit):
         self.system.switch(unit)
 
-    @precondition(lambda self: self.system.migration is not None and self.system.migration.published)
+    @precondition(lambda self: self.system.transfer is not None and self.system.transfer.published)
     @rule()
     def finish(self):
         if all(v == len(self.system.epochs) - 1 for v in self.system.views):

@@ -60,6 +60,23 @@ class RectangleLoad:
         """``queryCount``: subscriptions indexed over the rectangle."""
         return int(self.starts_x.sum())
 
+    def strip(self, cells: CellBox) -> tuple[float, int]:
+        """Return the cost and subscriptions of ``cells``, whole rows or columns of the rectangle; O(w + h).
+
+        Raises
+        ------
+        ValueError
+            If ``cells`` spans neither every row nor every column of the rectangle.
+        """
+        x0, y0, x1, y1 = self.box
+        if (cells[1], cells[3]) == (y0, y1):
+            a, b = cells[0] - x0, cells[2] - x0
+            return float(self.columns[a : b + 1].sum()), self.column_queries(a, b)
+        if (cells[0], cells[2]) == (x0, x1):
+            a, b = cells[1] - y0, cells[3] - y0
+            return float(self.rows[a : b + 1].sum()), self.row_queries(a, b)
+        raise ValueError(f"{cells} is not a strip of {self.box}")
+
     def column_queries(self, a: int, b: int) -> int:
         """Return the subscriptions overlapping columns ``a .. b`` (offsets into the rectangle); O(w)."""
         return self.queries - int(self.ends_x[:a].sum()) - int(self.starts_x[b + 1 :].sum())
@@ -104,7 +121,7 @@ class LoadSummary:
         return sum(r.queries for r in self.rectangles)
 
     def nbytes(self) -> int:
-        """Bytes of the summary as sent: 8 per aggregate value, 4 per cell coordinate."""
+        """Bytes of the summary as sent: 8 per cost or count, 4 per cell coordinate (a block: 4 + 8 + 16)."""
         per_rect = sum(
             16 + 8 * (len(r.columns) + len(r.rows)) + 8 * (len(r.starts_x) * 2 + len(r.starts_y) * 2)
             for r in self.rectangles

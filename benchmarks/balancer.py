@@ -1,0 +1,203 @@
+"""Benchmark (f): the balancer's decisions, measured on GeoNames load (docs/benchmarks.md (f)).
+
+Load: GeoNames places (cities500) as objects on the fine grid, range
+subscriptions centred on random places (side 0.1-1% of the space); a cell
+costs its objects x (1 + the subscriptions covering it), the form of Tornado
+Eq. 1. Evaluators keep it in :class:`~skpub.evaluators.load.CellLoad` and send
+their :class:`~skpub.kernel.load.LoadSummary`.
+
+Parts:
+
+- ``migration``: PS2Stream Figures 12-14. For each evaluator in turn as
+  w_o and tau = 1/4 of its load, the subscriptions moved (S) and the
+  selection time of GR, DP, SI and RA, and the optimum of the 0-1 program
+  (``scipy.optimize.milp``).
+- ``decision``: the adaptive decision (all candidates weighed) and applying
+  it, with 64 evaluators on the 1000 x 1000 grid, median of repeats.
+- ``statistics``: bytes of load summaries per batch against the
+  centralized alternative (every cell with cost), Tornado Figure 9b.
+- ``beta``: Tornado's beta in cost units per subscription: the seconds to
+  move one subscription (encode its state block entry, decode it, index it
+  in GI^2; sides 0.1-1% of the space, as the workload's) over the seconds
+  per cost unit (one candidate examined by GI^2's match).
+
+Run: python -m benchmarks.balancer [--parts migration decision statistics beta]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from skpub.balancer.migration import SELECTORS, optimum
+from skpub.balancer.operation import apply_moves
+from skpub.balancer.policy import BalancerSettings, decide
+from skpub.evaluators.evaluator import decode_block, encode_block
+from skpub.evaluators.gi2 import GI2Index
+from skpub.evaluators.load import CellLoad
+from skpub.kernel.geometry import Rect
+from skpub.kernel.grid import FineGrid
+from skpub.kernel.records import ObjectRecord, RangeSubscription
+from skpub.kernel.text import Vocabulary
+from skpub.router.agrid import AGrid
+from skpub.router.partitioning import cost_partitioning
+from skpub.sims.geonames import SPACE, load_places
+
+BLOCK = 25
+
+
+def geonames_load(size: int, subscriptions: int, seed: int = 7):
+    """Return ``(grid, per-cell cost (size, size), subscription cell boxes (n, 4))``."""
+    rng = np.random.default_rng(seed)
+    places = load_places()
+    xs = np.array([p.x for p in places])
+    ys = np.array([p.y for p in places])
+    grid = FineGrid(SPACE, size)
+    cx, cy = grid.cells_of(xs, ys)
+    objects = np.zeros((size, size))
+    np.add.at(objects, (cy, cx), 1.0)
+    centre = rng.integers(len(xs), size=subscriptions)
+    side = rng.uniform(0.001, 0.01, subscriptions)
+    rects = [
+        Rect(
+            xs[i] - s * SPACE.width / 2,
+            ys[i] - s * SPACE.height / 2,
+            xs[i] + s * SPACE.width / 2,
+            ys[i] + s * SPACE.height / 2,
+        )
+        for i, s in zip(centre.tolist(), side.tolist(), strict=True)
+    ]
+    boxes = np.array([grid.cell_box(r) for r in rects], dtype=np.int64)
+    diff = np.zeros((size + 1, size + 1))
+    np.add.at(diff, (boxes[:, 1], boxes[:, 0]), 1)
+    np.add.at(diff, (boxes[:, 1], boxes[:, 2] + 1), -1)
+    np.add.at(diff, (boxes[:, 3] + 1, boxes[:, 0]), -1)
+    np.add.at(diff, (boxes[:, 3] + 1, boxes[:, 2] + 1), 1)
+    covering = np.cumsum(np.cumsum(diff, axis=0), axis=1)[:size, :size]
+    return grid, objects * (1 + covering), boxes
+
+
+def summaries(grid: FineGrid, part, costs: np.ndarray, boxes: np.ndarray):
+    loads = [CellLoad(grid.size, part.boxes_of(e), BLOCK, decay=1.0) for e in range(part.count)]
+    ys, xs = np.nonzero(costs)
+    owner = part.owner
+    for cx, cy, e in zip(xs.tolist(), ys.tolist(), owner[ys, xs].tolist(), strict=True):
+        loads[e].add_cost(cx, cy, float(costs[cy, cx]))
+    agrid = AGrid(grid, part)
+    for i, box in enumerate(boxes.tolist()):
+        for e, cells in agrid.route_parts(tuple(box)):
+            loads[e].add_subscription(f"s{i}", cells)
+    return [load.summary(e, 0) for e, load in enumerate(loads)], loads
+
+
+def part_migration(args) -> None:
+    grid, costs, boxes = geonames_load(1000, args.subscriptions)
+    part = cost_partitioning(costs, 8)
+    sums, _ = summaries(grid, part, costs, boxes)
+    rows = {name: ([], [], []) for name in [*SELECTORS, "optimum"]}
+    for s in sums:
+        loads = np.array([b.cost for b in s.blocks])
+        sizes = np.array([b.queries for b in s.blocks], dtype=np.int64)
+        tau = loads.sum() / 4
+        for name, select in [*SELECTORS.items(), ("optimum", optimum)]:
+            start = time.perf_counter()
+            chosen = select(loads, sizes, tau)
+            elapsed = time.perf_counter() - start
+            rows[name][0].append(int(sizes[chosen].sum()))
+            rows[name][1].append(float(loads[chosen].sum() / tau))
+            rows[name][2].append(elapsed * 1e3)
+    print(
+        f"\n(f) migration: 8 evaluators, 1000^2 grid, {args.subscriptions} subscriptions, tau = load/4, "
+        f"blocks {BLOCK}^2"
+    )
+    print(f"{'selector':>9} {'subs moved':>11} {'vs GR':>7} {'load/tau':>9} {'select ms':>10}")
+    gr = sum(rows["GR"][0])
+    for name, (moved, reached, ms) in rows.items():
+        print(f"{name:>9} {sum(moved):>11,} {sum(moved) / gr:>7.2f} {np.mean(reached):>9.3f} {np.mean(ms):>10.3f}")
+
+
+def part_decision(args) -> None:
+    grid, costs, boxes = geonames_load(1000, args.subscriptions)
+    part = cost_partitioning(costs, 64)
+    skewed = costs.copy()
+    skewed[300:400, 500:600] *= 20  # a hot spot over Europe's cells of the initial partitioning
+    sums, _ = summaries(grid, part, skewed, boxes)
+    for mode in ("adaptive", "chaos"):
+        times, apply_times, op = [], [], None
+        for batch in range(args.repeat):
+            start = time.perf_counter()
+            op = decide(BalancerSettings(mode=mode, seed=1), part, sums, batch)
+            times.append(time.perf_counter() - start)
+            if op is not None:
+                start = time.perf_counter()
+                apply_moves(part, op.moves)
+                apply_times.append(time.perf_counter() - start)
+        kind = op.kind if op is not None else "none"
+        print(
+            f"(f) decision, 64 evaluators on 1000^2, {mode}: decide {statistics.median(times) * 1e3:.1f} ms, "
+            f"apply {statistics.median(apply_times) * 1e3 if apply_times else 0:.1f} ms (median of {args.repeat}; "
+            f"last operation {kind})"
+        )
+
+
+def part_statistics(args) -> None:
+    grid, costs, boxes = geonames_load(1000, args.subscriptions)
+    print("\n(f) statistics bytes per batch: summaries vs every nonzero cell (centralized)")
+    for n in (8, 64):
+        part = cost_partitioning(costs, n)
+        sums, loads = summaries(grid, part, costs, boxes)
+        distributed = sum(s.nbytes() for s in sums)
+        centralized = sum(load.centralized_nbytes() for load in loads)
+        print(f"  {n:>3} evaluators: {distributed:>10,} B vs {centralized:>10,} B ({centralized / distributed:.1f}x)")
+
+
+def part_beta(args) -> None:
+    rng = np.random.default_rng(5)
+    vocabulary = Vocabulary()
+    words = [f"w{i}" for i in range(200)]
+    subs = []
+    for i in range(args.subscriptions):
+        x, y = rng.uniform(0, 95, 2).tolist()
+        dnf = (frozenset(rng.choice(words, 2).tolist()),)
+        side = float(rng.uniform(0.1, 1.0))
+        subs.append(RangeSubscription(i, f"s{i}", Rect(x, y, x + side, y + side), dnf))
+    grid = FineGrid(Rect(0, 0, 100, 100), 1000)
+    block = {s.id: (s, grid.cell_box(s.rect)) for s in subs}
+    start = time.perf_counter()
+    moved = decode_block(encode_block(block))
+    index = GI2Index(4, vocabulary)
+    for sub, box in moved.values():
+        index.insert(sub, box)
+    per_sub = (time.perf_counter() - start) / len(subs)
+    objects = [
+        ObjectRecord(i, f"o{i}", float(x), float(y), tuple(t := rng.choice(words, 6).tolist()), frozenset(t))
+        for i, (x, y) in enumerate(rng.uniform(0, 100, (50_000, 2)))
+    ]
+    cells = [grid.cell_of(o.x, o.y) for o in objects]
+    start = time.perf_counter()
+    examined = sum(index.match_one(o, cx, cy)[1] for o, (cx, cy) in zip(objects, cells, strict=True))
+    per_unit = (time.perf_counter() - start) / max(examined, 1)
+    print(
+        f"\n(f) beta: moving a subscription {per_sub * 1e6:.1f} us, a cost unit {per_unit * 1e6:.3f} us "
+        f"({examined:,} candidates) -> beta = {per_sub / per_unit:.2f} cost units per subscription"
+    )
+
+
+PARTS = {"migration": part_migration, "decision": part_decision, "statistics": part_statistics, "beta": part_beta}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS))
+    parser.add_argument("--subscriptions", type=int, default=20_000)
+    parser.add_argument("--repeat", type=int, default=15)
+    args = parser.parse_args()
+    for name in args.parts:
+        PARTS[name](args)
+
+
+if __name__ == "__main__":
+    main()
