@@ -22,8 +22,6 @@ as its first attempt.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from skpub.balancer.adjacency import adjacent_rectangles, partition_graph
@@ -31,46 +29,9 @@ from skpub.balancer.migration import greedy, migration
 from skpub.balancer.operation import KINDS, Loads, Move, Operation
 from skpub.balancer.shift import best_shift, depth, shift, sites
 from skpub.balancer.splitmerge import best_split_merge, split_merge
+from skpub.kernel.config import BalancerConfig
 from skpub.kernel.load import LoadSummary
 from skpub.router.partitioning import Partitioning
-
-MODES = ("adaptive", "off", "chaos")
-
-BETA = 0.05
-"""Cost units per subscription moved (Tornado's beta), measured by ``python -m benchmarks.balancer --parts beta``."""
-
-
-@dataclass(frozen=True)
-class BalancerSettings:
-    """How the balancer decides.
-
-    Attributes
-    ----------
-    mode : str
-        One of :data:`MODES`.
-    seed : int
-        Seed of ``chaos``.
-    sigma : float
-        Balance constraint: ``adaptive`` acts only when max / mean > sigma.
-    beta : float
-        Cost units per subscription moved (C_t = beta x subscriptions, Eq. 5).
-
-    Raises
-    ------
-    ValueError
-        On an unknown mode, sigma < 1 or a negative beta.
-    """
-
-    mode: str = "adaptive"
-    seed: int = 0
-    sigma: float = 1.2
-    beta: float = BETA
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"balancer mode must be one of {MODES}, got {self.mode!r}")
-        if not self.sigma >= 1.0 or not self.beta >= 0.0:
-            raise ValueError(f"sigma must be >= 1 and beta >= 0, got {self.sigma!r} and {self.beta!r}")
 
 
 def imbalance(costs: np.ndarray) -> float:
@@ -167,13 +128,13 @@ def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) ->
 
 
 def decide(
-    settings: BalancerSettings, partitioning: Partitioning, summaries: list[LoadSummary], batch: int
+    settings: BalancerConfig, partitioning: Partitioning, summaries: list[LoadSummary], batch: int
 ) -> Operation | None:
     """Return the operation to apply after micro-batch ``batch``, or None.
 
     Parameters
     ----------
-    settings : BalancerSettings
+    settings : BalancerConfig
     partitioning : Partitioning
         The partitioning in force for ``batch``.
     summaries : list of LoadSummary

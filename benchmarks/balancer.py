@@ -21,7 +21,15 @@ Parts:
   in GI^2; sides 0.1-1% of the space, as the workload's) over the seconds
   per cost unit (one candidate examined by GI^2's match).
 
-Run: python -m benchmarks.balancer [--parts migration decision statistics beta]
+- ``drift``: Tornado Figure 9a. The local engine on the drifting hot spot
+  (``skpub workload geonames --drift-scale S``, range subscriptions only as
+  in Tornado 5.4), 8 evaluators, ``adaptive`` against ``off``: simulated
+  parallel time (per batch, the slowest evaluator's CPU plus routing and
+  balancing, summed; DESIGN "Measuring load honestly") and imbalance max /
+  mean of evaluator cost, averaged over each phase after its first two
+  batches.
+
+Run: python -m benchmarks.balancer [--parts migration decision statistics beta drift]
 """
 
 from __future__ import annotations
@@ -34,10 +42,11 @@ import numpy as np
 
 from skpub.balancer.migration import SELECTORS, optimum
 from skpub.balancer.operation import apply_moves
-from skpub.balancer.policy import BalancerSettings, decide
+from skpub.balancer.policy import decide
 from skpub.evaluators.evaluator import decode_block, encode_block
 from skpub.evaluators.gi2 import GI2Index
 from skpub.evaluators.load import CellLoad
+from skpub.kernel.config import BalancerConfig
 from skpub.kernel.geometry import Rect
 from skpub.kernel.grid import FineGrid
 from skpub.kernel.records import ObjectRecord, RangeSubscription
@@ -129,7 +138,7 @@ def part_decision(args) -> None:
         times, apply_times, op = [], [], None
         for batch in range(args.repeat):
             start = time.perf_counter()
-            op = decide(BalancerSettings(mode=mode, seed=1), part, sums, batch)
+            op = decide(BalancerConfig(mode=mode, seed=1), part, sums, batch)
             times.append(time.perf_counter() - start)
             if op is not None:
                 start = time.perf_counter()
@@ -157,7 +166,7 @@ def part_statistics(args) -> None:
 def part_beta(args) -> None:
     rng = np.random.default_rng(5)
     vocabulary = Vocabulary()
-    words = [f"w{i}" for i in range(200)]
+    words = [f"w{i}" for i in range(20)]
     subs = []
     for i in range(args.subscriptions):
         x, y = rng.uniform(0, 95, 2).tolist()
@@ -186,7 +195,73 @@ def part_beta(args) -> None:
     )
 
 
-PARTS = {"migration": part_migration, "decision": part_decision, "statistics": part_statistics, "beta": part_beta}
+class _Recorder:
+    """A run observer that keeps every batch report."""
+
+    def __init__(self, observer) -> None:
+        self.observer, self.reports = observer, []
+
+    def __getattr__(self, name):
+        return getattr(self.observer, name)
+
+    def on_batch(self, report) -> None:
+        self.reports.append(report)
+        self.observer.on_batch(report)
+
+
+def part_drift(args) -> None:
+    import tempfile
+
+    from skpub.app.engines.local import run_local
+    from skpub.app.summary import RunObserver, RunSummary
+    from skpub.kernel.config import Deployment, deployment_from_json
+    from skpub.sims.geonames import WorkloadSpec, deployment_of, write_workload
+
+    print(f"\n(f) drifting hot spot, 8 evaluators, batches of {args.batch_size}, {args.objects or 'all'} objects")
+    print(f"{'scale':>5} {'mode':>8} {'parallel s':>10} {'wall s':>7} {'imbalance':>9} {'per phase':>24} {'ops':>4}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for scale in args.scales:
+            spec = WorkloadSpec(objects=args.objects, drift_scale=scale, topk_fraction=0.0, knn_fraction=0.0, window=0)
+            stream, vocabulary = write_workload(spec, f"{tmp}/workload-{scale}")
+            base: Deployment = deployment_from_json(deployment_of(spec)).replace(
+                evaluators=8, batch_size=args.batch_size, vocabulary=str(vocabulary)
+            )
+            results = {}
+            for mode in ("off", "adaptive"):
+                dep = base.replace(balancer=BalancerConfig(mode=mode))
+                recorder = _Recorder(RunObserver(RunSummary("local", dep.router, 8), stream=None))
+                start = time.perf_counter()
+                run_local(stream, f"{tmp}/out-{scale}-{mode}", dep, recorder)
+                wall = time.perf_counter() - start
+                reports = [r for r in recorder.reports if r.objects]
+                parallel = sum(
+                    max(r.evaluator_cpu.values()) + r.routing_seconds + r.stage_cpu["balancer"] for r in reports
+                )
+                imbalance = [
+                    max(r.evaluator_cost.values()) / (sum(r.evaluator_cost.values()) / 8)
+                    if sum(r.evaluator_cost.values())
+                    else 1.0
+                    for r in reports
+                ]
+                per = len(reports) / 4
+                phases = [
+                    float(np.mean(imbalance[int(p * per) + 2 : int((p + 1) * per)] or [np.nan])) for p in range(4)
+                ]
+                ops = sum(n for r in reports for k, n in r.balancer.items() if k not in ("subscriptions", "placements"))
+                results[mode] = parallel
+                shown = " ".join(f"{v:.2f}" for v in phases)
+                mean = np.nanmean(phases)
+                print(f"{scale:>5} {mode:>8} {parallel:>10.2f} {wall:>7.1f} {mean:>9.2f} {shown:>24} {ops:>4}")
+            print(f"{scale:>5} {'off/adaptive parallel time':>30}: {results['off'] / results['adaptive']:.2f}x")
+
+
+PARTS = {
+    "migration": part_migration,
+    "decision": part_decision,
+    "statistics": part_statistics,
+    "beta": part_beta,
+    "drift": part_drift,
+}
 
 
 def main() -> None:
@@ -194,6 +269,9 @@ def main() -> None:
     parser.add_argument("--parts", nargs="+", choices=list(PARTS), default=list(PARTS))
     parser.add_argument("--subscriptions", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--scales", type=float, nargs="+", default=[0.4, 0.55, 0.7])
+    parser.add_argument("--objects", type=int, default=None, help="objects of the drift workload (default all)")
+    parser.add_argument("--batch-size", type=int, default=5000)
     args = parser.parse_args()
     for name in args.parts:
         PARTS[name](args)

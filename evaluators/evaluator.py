@@ -22,12 +22,14 @@ import orjson
 from skpub.evaluators.durable import state_document, state_rows
 from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.gi2 import GI2Index
+from skpub.evaluators.load import CellLoad
 from skpub.evaluators.monitor import RankedMonitor
 from skpub.evaluators.stats import CellCostStats
 from skpub.evaluators.window import block_of
 from skpub.kernel.config import Deployment
 from skpub.kernel.geometry import Rect
-from skpub.kernel.grid import CellBox
+from skpub.kernel.grid import CellBox, intersect_boxes
+from skpub.kernel.load import LoadSummary
 from skpub.kernel.messages import Delivery, Mark, RankedUpdate, Routed
 from skpub.kernel.records import (
     DeadLetter,
@@ -75,6 +77,7 @@ class Evaluator:
         self.blocks: dict[int, dict[str, tuple[RangeSubscription, CellBox]]] = {}
         self.home: dict[str, int] = {}
         self.dirty: set[int] = set()
+        self.load = CellLoad(deployment.grid_size, [], deployment.index_block, deployment.balancer.decay)
 
     @property
     def subscriptions(self) -> int:
@@ -134,6 +137,7 @@ class Evaluator:
         out.stats.reevaluated = monitor.stats.refill_scored - refill_scored
         out.stats.reevaluation_cpu_seconds = monitor.stats.refill_cpu_seconds - refill_cpu_seconds
         out.stats.fills = monitor.stats.fills - fills
+        self.load.add_costs(out.stats.cells)
         out.cpu_seconds = time.thread_time() - start
         return out
 
@@ -143,6 +147,72 @@ class Evaluator:
         self.home[sub.id] = key
         self.dirty.add(key)
         self.index.insert(sub, box)
+        self.load.add_subscription(sub.id, box)
+
+    def _drop(self, sub_id: str) -> tuple[RangeSubscription, CellBox]:
+        """Remove a range subscription now (index entries included) and return it with its box."""
+        key = self.home.pop(sub_id)
+        block = self.blocks[key]
+        sub, box = block.pop(sub_id)
+        if not block:
+            del self.blocks[key]
+        self.dirty.add(key)
+        self.index.remove(sub, box)
+        self.load.remove_subscription(sub_id)
+        return sub, box
+
+    def set_partition(self, rectangles: list[CellBox]) -> None:
+        """Take the rectangles of this evaluator's partition (for its load statistics; routing decides the rest)."""
+        self.load.set_partition(rectangles)
+
+    def load_summary(self, batch_id: int) -> LoadSummary:
+        """Return the load summary at the end of micro-batch ``batch_id``, then age the statistics by one batch."""
+        summary = self.load.summary(self.evaluator_id, batch_id)
+        self.load.end_batch()
+        return summary
+
+    def export_cells(self, cells: CellBox) -> list[tuple[RangeSubscription, CellBox]]:
+        """Return the range subscriptions indexed over ``cells``, each with its box ∩ ``cells``; O(subscriptions).
+
+        What a move of ``cells`` carries to its target (Tornado 4.4's cell
+        transfer). The subscriptions stay here: :meth:`retain` drops those
+        left with no cell of this evaluator.
+        """
+        out = []
+        for block in self.blocks.values():
+            for sub, box in block.values():
+                part = intersect_boxes(box, cells)
+                if part is not None:
+                    out.append((sub, part))
+        return sorted(out, key=lambda item: item[0].pos)
+
+    def import_subscriptions(self, parts: list[tuple[RangeSubscription, CellBox]]) -> None:
+        """Index range subscriptions brought by a move; one already held is re-indexed over the union box."""
+        for sub, box in parts:
+            if sub.id in self.home:
+                _, old = self._drop(sub.id)
+                box = (min(old[0], box[0]), min(old[1], box[1]), max(old[2], box[2]), max(old[3], box[3]))
+            self._insert(sub, box)
+
+    def holds(self, sub_id: str) -> bool:
+        """Whether range subscription ``sub_id`` is indexed here."""
+        return sub_id in self.home
+
+    def retain(self, rectangles: list[CellBox]) -> list[str]:
+        """Drop the range subscriptions whose box meets none of ``rectangles``; return their ids.
+
+        After a move, the subscriptions of the cells that left and of no
+        other cell here.
+        """
+        gone = [
+            sid
+            for block in self.blocks.values()
+            for sid, (_, box) in block.items()
+            if all(intersect_boxes(box, r) is None for r in rectangles)
+        ]
+        for sid in gone:
+            self._drop(sid)
+        return gone
 
     def _delete(self, sub_id: str) -> None:
         key = self.home.pop(sub_id, None)
@@ -154,6 +224,7 @@ class Evaluator:
             del self.blocks[key]
         self.dirty.add(key)
         self.index.delete(sub_id)
+        self.load.remove_subscription(sub_id)
 
     def take_dirty_blocks(self) -> dict[int, bytes | None]:
         """Return the blocks changed since the last call, serialized; None for a removed block."""
@@ -183,6 +254,7 @@ class Evaluator:
             for sid, (sub, box) in block.items():
                 ev.home[sid] = key
                 ev.index.insert(sub, box)
+                ev.load.add_subscription(sid, box)
         return ev
 
 

@@ -75,8 +75,7 @@ class GI2Index:
         r = sub.rect
         entry = (sub.id, r.xmin, r.ymin, r.xmax, r.ymax, sub.dnf, len(sub.dnf) > 1)
         keywords = self.vocabulary.summary_keywords(sub.dnf)
-        b = self.block
-        if (box[2] // b - box[0] // b + 1) * (box[3] // b - box[1] // b + 1) * len(keywords) > WIDE_ENTRIES:
+        if self._is_wide(box, keywords):
             for kw in keywords:
                 self.wide.setdefault(kw, []).append(entry)
             self.entry_counts[sub.id] = len(keywords)
@@ -94,6 +93,32 @@ class GI2Index:
                     lst.append(entry)
                 count += 1
         self.entry_counts[sub.id] = count
+
+    def _is_wide(self, box: CellBox, keywords: list[str] | frozenset[str]) -> bool:
+        b = self.block
+        return (box[2] // b - box[0] // b + 1) * (box[3] // b - box[1] // b + 1) * len(keywords) > WIDE_ENTRIES
+
+    def remove(self, sub: RangeSubscription, box: CellBox) -> None:
+        """Drop ``sub``'s entries, indexed over ``box``, now: O(its entries).
+
+        For a rebalancing, which may index the same subscription again here
+        later (:meth:`delete` marks an id dead for good, which only an
+        unsubscribe may do).
+        """
+        keywords = self.vocabulary.summary_keywords(sub.dnf)
+        groups = [self.wide] if self._is_wide(box, keywords) else [self.cells.get(k) for k in self._cell_keys(box)]
+        for lists in groups:
+            for kw in keywords:
+                lst = lists.get(kw) if lists is not None else None
+                if lst is None:
+                    continue
+                kept = [e for e in lst if e[0] != sub.id]
+                if kept:
+                    lists[kw] = kept
+                else:
+                    del lists[kw]
+        self.entry_counts.pop(sub.id, None)
+        self.deleted.discard(sub.id)
 
     def delete(self, sub_id: str) -> None:
         """Mark ``sub_id`` deleted; its entries go at the next scan or compaction."""

@@ -115,6 +115,24 @@ class CellLoad:
             cy, cx = divmod(cell, self.size)
             self.add_cost(cx, cy, cost)
 
+    def take(self, cells: CellBox) -> dict[int, float]:
+        """Remove and return the decayed costs of the cells inside ``cells`` (a move carries them); O(cells with cost).
+
+        The aggregates are rebuilt at the next :meth:`set_partition`.
+        """
+        x0, y0, x1, y1 = cells
+        out = {}
+        for cell in list(self._cells):
+            cy, cx = divmod(cell, self.size)
+            if x0 <= cx <= x1 and y0 <= cy <= y1:
+                out[cell] = self._cells.pop(cell) / self._scale
+        return out
+
+    def put(self, costs: dict[int, float]) -> None:
+        """Add decayed cell costs brought by a move; they count once :meth:`set_partition` includes their cells."""
+        for cell, cost in costs.items():
+            self._cells[cell] = self._cells.get(cell, 0.0) + cost * self._scale
+
     def end_batch(self) -> None:
         """Close a micro-batch: everything so far now weighs ``decay`` times less."""
         self._scale /= self.decay

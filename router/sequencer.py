@@ -164,12 +164,26 @@ class Sequencer:
         registry.replay_objects(objects)
         for change in changes:
             rtype, rid, placement = change
-            ended = registry.active.get(rid) if rtype == "unsubscribe" else None
+            ended = registry.active.get(rid) if rtype in ("unsubscribe", "place") else None
             registry.replay([change])
-            if rtype == "subscribe":
-                self._add_placement(placement)
-            elif ended is not None:
+            if ended is not None:
                 self._remove_placement(ended)
+            if rtype in ("subscribe", "place"):
+                self._add_placement(placement)
+
+    def place(self, rid: str, evaluators: tuple[int, ...]) -> None:
+        """Move active range subscription ``rid`` to ``evaluators`` (a rebalancing moved its cells), summaries too.
+
+        Raises
+        ------
+        KeyError
+            If ``rid`` is not active.
+        """
+        old = self.registry.active[rid]
+        new = old._replace(evaluators=tuple(sorted(evaluators)))
+        self._remove_placement(old)
+        self.registry.place(rid, new)
+        self._add_placement(new)
 
     @property
     def watermark(self) -> float:

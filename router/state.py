@@ -18,7 +18,7 @@ from skpub.kernel.registry import Change, IdRegistry
 from skpub.router.sequencer import Placement
 
 FORMAT = 3
-_RTYPES = frozenset(("object", "subscribe", "unsubscribe", "snapshot", "clock"))
+_RTYPES = frozenset(("object", "subscribe", "unsubscribe", "snapshot", "clock", "place"))
 
 
 def encode_snapshot(registry: IdRegistry) -> bytes:

@@ -22,6 +22,13 @@ first; then, per object, an insertion happens with probability
 ``inserts_per_object`` and each subscription is unsubscribed after a lifetime
 of N(live, (0.2 live)^2) later insertions (PS2Stream's Gaussian lifetime), so
 the number of live subscriptions stays near ``live``.
+
+A *drifting hot spot* (``drift_scale`` < 1, Tornado 5.4's spatially condensed
+data): the whole stream is shrunk to ``drift_scale`` of the space's sides
+around a centre that visits ``drift_phases`` places in turn (the corners of
+the room the shrunk world leaves, anticlockwise from the south-west), one
+phase per equal share of the objects; subscriptions are shrunk with the
+phase in which they are registered, so they follow the hot spot.
 """
 
 from __future__ import annotations
@@ -59,8 +66,12 @@ class WorkloadSpec:
     knn_fraction: float = 0.1
     max_k: int = 20
     window: int = 100_000
+    drift_scale: float = 1.0
+    drift_phases: int = 4
 
     def __post_init__(self) -> None:
+        if not 0 < self.drift_scale <= 1 or self.drift_phases < 1:
+            raise ValueError("drift_scale must be in (0, 1] and drift_phases >= 1")
         if self.live < 0 or not 0 < self.keyword_percentile <= 100:
             raise ValueError("live must be >= 0 and keyword_percentile in (0, 100]")
         if not 0 < self.min_side <= self.max_side <= 1:
@@ -177,6 +188,26 @@ class _SubscriptionSampler:
         return sub
 
 
+_CORNERS = ((-1.0, -1.0), (1.0, -1.0), (1.0, 1.0), (-1.0, 1.0))
+
+
+def drift(spec: WorkloadSpec, phase: int) -> tuple[float, float, float]:
+    """Return ``(scale, cx, cy)``: phase ``phase`` maps ``(x, y)`` to ``(cx + scale x, cy + scale y)`` (degrees)."""
+    s = spec.drift_scale
+    fx, fy = _CORNERS[phase % len(_CORNERS)]
+    return s, fx * SPACE.xmax * (1 - s), fy * SPACE.ymax * (1 - s)
+
+
+def _shrink(sub: dict, s: float, cx: float, cy: float) -> dict:
+    """Move a subscription's point or rectangle into a drift phase's shrunk world."""
+    if "point" in sub:
+        sub["point"] = [cx + s * sub["point"][0], cy + s * sub["point"][1]]
+    if "rect" in sub:
+        x0, y0, x1, y1 = sub["rect"]
+        sub["rect"] = [cx + s * x0, cy + s * y0, cx + s * x1, cy + s * y1]
+    return sub
+
+
 def generate(spec: WorkloadSpec) -> Iterator[str]:
     """Yield the workload's JSON lines in stream order (deterministic in ``spec``)."""
     rng = np.random.default_rng(spec.seed)
@@ -188,10 +219,14 @@ def generate(spec: WorkloadSpec) -> Iterator[str]:
     sampler = _SubscriptionSampler(places, pool, spec, rng)
     due: dict[int, list[str]] = {}
     inserted = 0
+    per_phase = -(-len(order) // spec.drift_phases) if len(order) else 1
+    phase = drift(spec, 0)
 
     def insert() -> Iterator[str]:
         nonlocal inserted
         sub = sampler.sample()
+        if spec.drift_scale < 1:
+            sub = _shrink(sub, *phase)
         lifetime = max(1, int(round(rng.normal(spec.live, 0.2 * spec.live)))) if spec.live else 1
         due.setdefault(inserted + lifetime, []).append(sub["id"])
         yield json.dumps(sub)
@@ -203,8 +238,11 @@ def generate(spec: WorkloadSpec) -> Iterator[str]:
         yield from insert()
     for i, idx in enumerate(order):
         p = places[idx]
+        phase = drift(spec, i // per_phase)
+        s, cx, cy = phase
+        x, y = (cx + s * p.x, cy + s * p.y) if s < 1 else (p.x, p.y)
         yield json.dumps(
-            {"type": "object", "id": p.id, "x": p.x, "y": p.y, "terms": list(p.terms), "ts": i * spec.ts_per_object}
+            {"type": "object", "id": p.id, "x": x, "y": y, "terms": list(p.terms), "ts": i * spec.ts_per_object}
         )
         if rng.random() < spec.inserts_per_object:
             yield from insert()

@@ -7,9 +7,10 @@ from hypothesis import strategies as st
 
 from skpub.balancer.migration import by_size, dynamic, greedy, optimum, random_cells
 from skpub.balancer.operation import Loads, Move, apply_moves
-from skpub.balancer.policy import BalancerSettings, candidates, decide, imbalance
+from skpub.balancer.policy import candidates, decide, imbalance
 from skpub.balancer.splitmerge import best_split
 from skpub.evaluators.load import CellLoad
+from skpub.kernel.config import BalancerConfig
 from skpub.router.errors import RoutingError
 from skpub.router.partitioning import Partitioning, cost_partitioning
 
@@ -57,7 +58,7 @@ def workloads(draw, max_size=30):
 def test_chaos_operations_are_legal_and_move_exactly_their_cells(workload, seed):
     part, costs, subs, _ = workload
     for batch in range(6):
-        op = decide(BalancerSettings(mode="chaos", seed=seed), part, summaries_of(part, costs, subs), batch)
+        op = decide(BalancerConfig(mode="chaos", seed=seed), part, summaries_of(part, costs, subs), batch)
         assert op is not None
         expected = part.owner.copy()
         for m in op.moves:
@@ -77,7 +78,7 @@ def test_summaries_predict_every_candidates_costs_and_subscriptions_exactly(work
     also on partitions of several rectangles (after chaos operations)."""
     part, costs, subs, _ = workload
     for batch in range(seed % 4):
-        op = decide(BalancerSettings(mode="chaos", seed=seed), part, summaries_of(part, costs, subs), batch)
+        op = decide(BalancerConfig(mode="chaos", seed=seed), part, summaries_of(part, costs, subs), batch)
         part = apply_moves(part, op.moves)
     loads = Loads(part, summaries_of(part, costs, subs), beta=1.0)
     truth = np.array([costs[part.owner == e].sum() for e in range(part.count)])
@@ -148,7 +149,7 @@ def test_adaptive_moves_load_off_the_hot_evaluator_and_rests_when_balanced():
     costs = np.ones((size, size))
     costs[:10, :10] += 20
     subs = [(f"s{i}", (i, i, i + 1, i + 1)) for i in range(30)]
-    settings_ = BalancerSettings(beta=0.01)
+    settings_ = BalancerConfig(mode="adaptive", beta=0.01)
     summaries = summaries_of(part, costs, subs)
     before = imbalance(np.array([s.cost for s in summaries]))
     op = decide(settings_, part, summaries, 0)
@@ -158,16 +159,16 @@ def test_adaptive_moves_load_off_the_hot_evaluator_and_rests_when_balanced():
     assert imbalance(np.array([costs[new.owner == e].sum() for e in range(4)])) < before
     even = summaries_of(part, np.ones((size, size)), subs)
     assert decide(settings_, part, even, 0) is None
-    assert decide(BalancerSettings(mode="off"), part, summaries, 0) is None
-    expensive = BalancerSettings(beta=1e9)
+    assert decide(BalancerConfig(mode="off"), part, summaries, 0) is None
+    expensive = BalancerConfig(mode="adaptive", beta=1e9)
     assert decide(expensive, part, summaries, 0) is None
 
 
 def test_chaos_is_seeded_by_seed_and_batch():
     part = cost_partitioning(np.ones((20, 20)), 5)
     summaries = summaries_of(part, np.ones((20, 20)), [])
-    ops = [decide(BalancerSettings(mode="chaos", seed=4), part, summaries, b) for b in range(8)]
-    again = [decide(BalancerSettings(mode="chaos", seed=4), part, summaries, b) for b in range(8)]
+    ops = [decide(BalancerConfig(mode="chaos", seed=4), part, summaries, b) for b in range(8)]
+    again = [decide(BalancerConfig(mode="chaos", seed=4), part, summaries, b) for b in range(8)]
     assert ops == again
     assert len({op.moves for op in ops}) > 1
 

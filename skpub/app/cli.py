@@ -8,14 +8,15 @@ default workload. ``skpub workload geonames`` writes a replayable workload.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 from skpub.app.metrics import Metrics
 from skpub.app.output import WORKLOAD_DIR, check_output
 from skpub.app.summary import RunObserver, RunSummary
-from skpub.kernel.config import ROUTERS, Window, load_deployment
-from skpub.kernel.errors import SkpubError
+from skpub.kernel.config import BALANCER_MODES, ROUTERS, Window, load_deployment
+from skpub.kernel.errors import ConfigError, SkpubError
 from skpub.kernel.inputs import skipped_entries
 
 
@@ -34,6 +35,13 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--window", type=int, default=100_000, help="count window the workload runs with, 0 for none (default 100000)"
     )
+    parser.add_argument(
+        "--drift-scale",
+        type=float,
+        default=1.0,
+        help="a drifting hot spot: the stream shrunk to this share of the space's sides (default 1: no drift)",
+    )
+    parser.add_argument("--drift-phases", type=int, default=4, help="places the hot spot visits (default 4)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", help="deployment JSON file")
     run.add_argument("--batch-size", type=int, help="records per micro-batch (default 100000)")
     run.add_argument("--vocabulary", help="vocabulary JSON file {N, df}")
+    run.add_argument(
+        "--balancer",
+        choices=BALANCER_MODES,
+        help="rebalancing: adaptive, off or chaos (default off; the local engine only, for now)",
+    )
+    run.add_argument("--balancer-seed", type=int, help="seed of --balancer chaos (default 0)")
     run.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     run.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
     run.add_argument("--checkpoint", help="Spark checkpoint directory (default OUTPUT/_checkpoint)")
@@ -78,6 +92,7 @@ def _spec(args: argparse.Namespace):
     return WorkloadSpec(
         seed=args.seed, live=args.live, objects=args.objects, keyword_percentile=args.keyword_percentile,
         topk_fraction=args.topk_fraction, knn_fraction=args.knn_fraction, window=args.window,
+        drift_scale=args.drift_scale, drift_phases=args.drift_phases,
     )  # fmt: skip
 
 
@@ -85,9 +100,20 @@ def _run(args: argparse.Namespace) -> int:
     deployment = load_deployment(args.config).replace(
         evaluators=args.evaluators, router=args.router, batch_size=args.batch_size, vocabulary=args.vocabulary
     )
+    if args.balancer is not None or args.balancer_seed is not None:
+        balancer = dataclasses.replace(
+            deployment.balancer,
+            **{k: v for k, v in (("mode", args.balancer), ("seed", args.balancer_seed)) if v is not None},
+        )
+        deployment = deployment.replace(balancer=balancer)
     if args.engine == "spark":
         from skpub.app.engines.spark import require_java
 
+        if deployment.balancer.mode != "off":
+            raise ConfigError(
+                f"the Spark engine does not rebalance yet (balancer mode {deployment.balancer.mode!r}); "
+                "use --engine local, or --balancer off"
+            )
         require_java()
     output = Path(args.output)
     check_output(output, args.overwrite)
@@ -112,6 +138,7 @@ def _run(args: argparse.Namespace) -> int:
             window = Window("count", spec.window) if spec.window else Window()
             deployment = deployment.replace(window=window)
     summary = RunSummary(args.engine, deployment.router, deployment.evaluators)
+    summary.balancer_mode = deployment.balancer.mode
     summary.skipped_inputs = skipped_entries(input_path)
     observer = RunObserver(summary, metrics, stream=None if args.quiet else sys.stderr)
     if summary.skipped_inputs:

@@ -41,6 +41,9 @@ class BatchReport:
     """Top-k/kNN work: ``reevaluations`` (buffers refilled after expiries), ``reevaluated`` (candidates they
     scored), ``reevaluation_cpu_seconds`` (the thread CPU they took), ``fills`` (buffers of new or restored
     subscriptions), ``unproven`` (merged results whose tie chains outran the band, DESIGN "Top-k and kNN")."""
+    balancer: Counter = field(default_factory=Counter)
+    """Rebalancing after this batch: one count per operation kind, ``subscriptions`` (subscription parts the moves
+    carried), ``placements`` (subscriptions whose evaluators changed)."""
     hosts: Counter = field(default_factory=Counter)
     """Spark: ``applied`` evaluator batches, ``hosted`` those applied in an evaluator host (the rest were applied
     by the task itself, after rebuilding the evaluator when its worker did not hold it)."""
@@ -69,6 +72,8 @@ class RunSummary:
     stage_cpu: Counter = field(default_factory=Counter)
     ranked: Counter = field(default_factory=Counter)
     hosts: Counter = field(default_factory=Counter)
+    balancer: Counter = field(default_factory=Counter)
+    balancer_mode: str = "off"
     log_file: str | None = None
 
     @property
@@ -133,6 +138,13 @@ class RunSummary:
                 f"  serial            {self.serial_fraction:.1%} of stage CPU, {per_object:.2f} us per object"
                 f" (speed-up bound {1 / max(self.serial_fraction, 1e-9):,.1f}x)"
             )
+        if self.balancer_mode != "off":
+            kinds = {k: n for k, n in sorted(self.balancer.items()) if k not in ("subscriptions", "placements")}
+            done = ", ".join(f"{k} {n}" for k, n in kinds.items()) or "no operation"
+            lines.append(
+                f"  balancer          {self.balancer_mode}: {done}; {self.balancer['subscriptions']} subscription"
+                f" parts moved, {self.balancer['placements']} placements changed"
+            )
         if self.hosts["applied"]:
             hosted, applied = self.hosts["hosted"], self.hosts["applied"]
             why = "" if hosted == applied else " (the others by their task: hosts off, or see the engine log)"
@@ -193,6 +205,7 @@ class RunObserver:
         s.stage_cpu.update(report.stage_cpu)
         s.ranked.update(report.ranked)
         s.hosts.update(report.hosts)
+        s.balancer.update(report.balancer)
         now = time.perf_counter()
         if s.batches > 1:
             s.steady_objects += report.objects

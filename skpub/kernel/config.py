@@ -63,6 +63,47 @@ class Window:
             raise ConfigError(f"a count window holds a whole number of objects, got {self.size!r}")
 
 
+BALANCER_MODES = ("adaptive", "off", "chaos")
+
+
+@dataclass(frozen=True, slots=True)
+class BalancerConfig:
+    """How the balancer decides (``skpub.balancer.policy``; DESIGN "The balancer").
+
+    Attributes
+    ----------
+    mode : str
+        ``adaptive`` (the cost-based policy), ``off`` (keep the initial
+        partitioning) or ``chaos`` (one legal operation at random at every
+        batch boundary, seeded: rebalancing must never change a result).
+    seed : int
+        Seed of ``chaos``, with the batch id.
+    sigma : float
+        Balance constraint: ``adaptive`` acts only when max / mean evaluator cost > sigma (>= 1).
+    beta : float
+        Tornado's beta: cost units per subscription moved (C_t = beta x
+        subscriptions, Eq. 5), measured by ``python -m benchmarks.balancer --parts beta``.
+    decay : float
+        Weight of the past per batch in the load statistics, in (0, 1].
+    """
+
+    mode: str = "off"
+    seed: int = 0
+    sigma: float = 1.2
+    beta: float = 2.0
+    decay: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.mode not in BALANCER_MODES:
+            raise ConfigError(f"balancer mode must be one of {BALANCER_MODES}, got {self.mode!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ConfigError(f"balancer seed must be an integer, got {self.seed!r}")
+        if not (math.isfinite(self.sigma) and self.sigma >= 1 and math.isfinite(self.beta) and self.beta >= 0):
+            raise ConfigError(f"balancer sigma must be >= 1 and beta >= 0, got {self.sigma!r} and {self.beta!r}")
+        if not 0 < self.decay <= 1:
+            raise ConfigError(f"balancer decay must be in (0, 1], got {self.decay!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class Deployment:
     """Everything that shapes routing and evaluation.
@@ -99,6 +140,8 @@ class Deployment:
     skyband : str
         The buffer policy of top-k/kNN subscriptions, one of :data:`SKYBANDS`
         (default ``cskyband``, Skype section 6); it never changes results.
+    balancer : BalancerConfig
+        The balancer's mode and parameters (default ``off``).
     """
 
     space: Rect = field(default_factory=lambda: Rect(-180.0, -90.0, 180.0, 90.0))
@@ -113,6 +156,7 @@ class Deployment:
     max_record_bytes: int = MAX_RECORD_BYTES
     object_id_horizon: int = DEFAULT_OBJECT_ID_HORIZON
     skyband: str = "cskyband"
+    balancer: BalancerConfig = field(default_factory=BalancerConfig)
 
     def __post_init__(self) -> None:
         s = self.space
@@ -159,6 +203,7 @@ class Deployment:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["space"] = self.space.as_list()
         out["window"] = {"kind": self.window.kind, "size": self.window.size}
+        out["balancer"] = {f.name: getattr(self.balancer, f.name) for f in dataclasses.fields(BalancerConfig)}
         return out
 
 
@@ -180,8 +225,10 @@ def deployment_from_json(raw: dict[str, Any]) -> Deployment:
             values["space"] = Rect(*(float(v) for v in values["space"]))
         if "window" in values:
             values["window"] = Window(str(values["window"]["kind"]), float(values["window"].get("size", 0)))
+        if "balancer" in values:
+            values["balancer"] = BalancerConfig(**values["balancer"])
     except (TypeError, ValueError, KeyError) as exc:
-        raise ConfigError(f"bad space or window: {exc}") from exc
+        raise ConfigError(f"bad space, window or balancer: {exc}") from exc
     return Deployment(**values)
 
 

@@ -21,7 +21,7 @@ import orjson
 from skpub.kernel.messages import Delivery
 from skpub.kernel.storage import atomic_write_bytes, own_files
 
-STREAMS = ("deliveries", "snapshots", "dead_letters", "statistics")
+STREAMS = ("deliveries", "snapshots", "dead_letters", "statistics", "balancer")
 PART_RE = own_files(r"part-\d{8}(-[a-z]\d{0,4})?\.jsonl")
 _MATCH_LINE = b'{"sub":%b,"obj":%b,"event":"match"}\n'
 

@@ -184,6 +184,10 @@ class IdRegistry:
             elif rtype == "unsubscribe":
                 if self.active.pop(rid, None) is None:
                     raise CheckpointError(f"damaged journal: unsubscribe of {_show(rid)}, which is not active")
+            elif rtype == "place":
+                if rid not in self.active:
+                    raise CheckpointError(f"damaged journal: placement of {_show(rid)}, which is not active")
+                self.active[rid] = placement
             elif rtype == "clock":
                 self.watermark = _clock(placement)
             else:
@@ -249,6 +253,17 @@ class IdRegistry:
         if self.journal is not None:
             self.journal.append((kind, rid, placement))
         return ended
+
+    def place(self, rid: str, placement: Any) -> Any:
+        """Give active subscription ``rid`` a new placement (a rebalancing moved it); return the old one.
+
+        Journaled as a ``place`` change. Raises KeyError if ``rid`` is not active.
+        """
+        old = self.active[rid]
+        self.active[rid] = placement
+        if self.journal is not None:
+            self.journal.append(("place", rid, placement))
+        return old
 
 
 def kind_of(record: Record) -> str:

@@ -20,12 +20,17 @@ from skpub.app.checkpoint import CHECKPOINT_DIR, Checkpoint
 from skpub.app.engines.sink import write_batch
 from skpub.app.output import claim_output, mark_success
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
+from skpub.balancer.operation import apply_moves
+from skpub.balancer.policy import decide
+from skpub.balancer.transfer import transfer
 from skpub.evaluators.evaluator import Evaluator
 from skpub.evaluators.merge import RankedMerge
 from skpub.kernel.config import Deployment
 from skpub.kernel.inputs import batches, iter_lines, take_sample
+from skpub.kernel.parts import write_part
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.text import load_vocabulary
+from skpub.router.agrid import AGrid
 from skpub.router.dispatch import Router
 from skpub.router.epoch import RoutingEpoch
 from skpub.router.initial import initial_table
@@ -36,6 +41,43 @@ def _replay_then(sample: list[bytes], lines: Iterator[bytes]) -> Iterator[bytes]
     yield from sample
     sample.clear()
     yield from lines
+
+
+def rebalance(
+    root: Path,
+    batch_id: int,
+    epoch: RoutingEpoch,
+    evaluators: list[Evaluator],
+    router: Router,
+    deployment: Deployment,
+    report: BatchReport,
+) -> RoutingEpoch:
+    """Decide after micro-batch ``batch_id`` and carry out the operation; return the epoch of the next batch.
+
+    The operation's line goes to ``root/balancer/part-<batch>.jsonl``. The
+    transfer completes between two batches (:mod:`skpub.balancer.transfer`),
+    so the new epoch is in force from the next batch.
+    """
+    start = time.perf_counter()
+    summaries = [ev.load_summary(batch_id) for ev in evaluators]
+    partitioning = epoch.table.partitioning
+    operation = decide(deployment.balancer, partitioning, summaries, batch_id)
+    if operation is None:
+        return epoch
+    after = apply_moves(partitioning, operation.moves)
+    moved = transfer(operation, after, evaluators, router.sequencer)
+    line = {
+        "batch": batch_id,
+        "epoch": epoch.number + 1,
+        **operation.to_json(),
+        "subscription_parts_moved": moved.subscriptions,
+        "placements_changed": moved.placements,
+        "summary_bytes": sum(s.nbytes() for s in summaries),
+        "seconds": time.perf_counter() - start,
+    }
+    write_part(root, "balancer", batch_id, [line])
+    report.balancer.update({operation.kind: 1, "subscriptions": moved.subscriptions, "placements": moved.placements})
+    return RoutingEpoch(epoch.number + 1, batch_id + 1, AGrid(epoch.table.grid, after))
 
 
 def run_local(
@@ -77,6 +119,8 @@ def run_local(
     stream = _replay_then(sample, lines)
     router = Router(deployment, vocabulary)
     evaluators = [Evaluator(e, deployment, vocabulary) for e in range(deployment.evaluators)]
+    for e, ev in enumerate(evaluators):
+        ev.set_partition(epoch.table.partitioning.boxes_of(e))
     merge = RankedMerge()
     tune_gc()
     observer.start()
@@ -124,6 +168,10 @@ def run_local(
             merge=merge_seconds,
             sink=time.thread_time() - sink_start,
         )
+        if deployment.balancer.mode != "off":
+            balance_start = time.thread_time()
+            epoch = rebalance(root, batch_id, epoch, evaluators, router, deployment, report)
+            report.stage_cpu["balancer"] = time.thread_time() - balance_start
         observer.on_batch(report)
     mark_success(root, run_id)
     return observer.finish()

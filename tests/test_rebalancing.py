@@ -1,0 +1,122 @@
+"""Rebalancing never changes a result: the local engine under the balancer's chaos mode against the oracle."""
+
+import json
+from collections import Counter, defaultdict
+
+import pytest
+
+from skpub.app.engines.local import run_local
+from skpub.app.summary import RunObserver, RunSummary
+from skpub.kernel.config import BalancerConfig, Window
+from skpub.kernel.parts import read_stream
+from tests.workloads import assert_outputs_equal_oracle, deployment, random_workload, ranked_workload, write_lines
+
+WINDOWS = [Window(), Window("count", 60), Window("seconds", 25.0), Window("count", 7)]
+
+
+def run(tmp_path, name, lines, dep):
+    source = tmp_path / "in.jsonl"
+    write_lines(source, lines)
+    out = tmp_path / name
+    summary = RunSummary("local", dep.router, dep.evaluators)
+    summary.balancer_mode = dep.balancer.mode
+    run_local(source, out, dep, RunObserver(summary, stream=None))
+    return out, summary
+
+
+def per_batch(out, stream="deliveries"):
+    """Each batch's lines of ``stream``, as a multiset (writers and order within a batch set aside)."""
+    batches = defaultdict(Counter)
+    for part in (out / stream).glob("part-*.jsonl"):
+        batch = int(part.name.split("-")[1].split(".")[0])
+        batches[batch].update(line for line in part.read_text().splitlines() if line)
+    return dict(batches)
+
+
+def chaos(dep, seed=0):
+    return dep.replace(balancer=BalancerConfig(mode="chaos", seed=seed))
+
+
+@pytest.mark.parametrize("router", ["agrid", "uniform"])
+@pytest.mark.parametrize("evaluators", [1, 3, 8])
+@pytest.mark.parametrize("batch_size", [1, 7, 5000])
+def test_range_results_equal_the_oracle_under_chaos(tmp_path, router, evaluators, batch_size):
+    lines = random_workload(seed=evaluators * 17 + batch_size, n=500)
+    dep = chaos(deployment(evaluators=evaluators, router=router, batch_size=batch_size), seed=batch_size)
+    out, summary = run(tmp_path, "chaos", lines, dep)
+    assert_outputs_equal_oracle(out, lines, dep)
+    operations = read_stream(out, "balancer")
+    batches = -(-len(lines) // batch_size)
+    assert len(operations) == (batches if evaluators > 1 else 0)
+    assert sum(n for k, n in summary.balancer.items() if k not in ("subscriptions", "placements")) == len(operations)
+    if evaluators > 1 and batch_size < 50:
+        assert summary.balancer["placements"] > 0
+
+
+@pytest.mark.parametrize("window", WINDOWS, ids=lambda w: f"{w.kind}{w.size:g}")
+@pytest.mark.parametrize("evaluators", [1, 3, 8])
+@pytest.mark.parametrize("batch_size", [1, 7, 5000])
+def test_ranked_results_and_events_equal_the_oracle_under_chaos(tmp_path, window, evaluators, batch_size):
+    lines = ranked_workload(seed=evaluators * 7 + batch_size, n=400)
+    dep = chaos(deployment(evaluators=evaluators, batch_size=batch_size).replace(window=window), seed=evaluators)
+    out, _ = run(tmp_path, "chaos", lines, dep)
+    assert_outputs_equal_oracle(out, lines, dep, exact_events=batch_size == 1)
+
+
+@pytest.mark.parametrize("batch_size", [1, 7])
+def test_a_run_with_rebalancing_delivers_what_it_does_without_batch_by_batch(tmp_path, batch_size):
+    lines = ranked_workload(seed=5, n=300) + random_workload(seed=6, n=300, invalid=False)
+    dep = deployment(evaluators=4, batch_size=batch_size).replace(window=Window("count", 50))
+    off, _ = run(tmp_path, "off", lines, dep)
+    on, _ = run(tmp_path, "chaos", lines, chaos(dep, seed=3))
+    assert per_batch(on) == per_batch(off)
+    assert per_batch(on, "snapshots") == per_batch(off, "snapshots")
+    assert len(read_stream(on, "balancer")) > 10
+
+
+def test_the_operation_log_is_the_same_for_the_same_input_and_deployment(tmp_path):
+    lines = random_workload(seed=8, n=400, invalid=False)
+    dep = chaos(deployment(evaluators=5, batch_size=20), seed=11)
+    first, _ = run(tmp_path, "first", lines, dep)
+    second, _ = run(tmp_path, "second", lines, dep)
+
+    def log(out):
+        return [{k: v for k, v in row.items() if k != "seconds"} for row in read_stream(out, "balancer")]
+
+    assert log(first) == log(second) and len(log(first)) == 20
+    kinds = {row["operation"] for row in log(first)}
+    assert {"split_merge", "migration"} <= kinds and kinds & {"horizontal_shift", "vertical_shift", "corner_shift"}
+    assert all(json.dumps(row) for row in log(first))
+
+
+def test_adaptive_rebalances_a_skewed_stream_and_off_does_not(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(2)
+    lines = []
+    for i in range(200):
+        x, y = rng.uniform(0, 100, 2).tolist()
+        lines.append(json.dumps({"type": "subscribe", "id": f"s{i}", "kind": "range",
+                                 "rect": [x, y, x + 8, y + 8], "keywords": ["a"]}))  # fmt: skip
+    for i in range(3000):
+        x, y = (rng.uniform(0, 100, 2) if i < 600 else rng.uniform(70, 95, 2)).tolist()
+        lines.append(json.dumps({"type": "object", "id": f"o{i}", "x": x, "y": y, "terms": ["a"]}))
+    dep = deployment(evaluators=4, batch_size=300).replace(sample_size=800)
+    adaptive = dep.replace(balancer=BalancerConfig(mode="adaptive"))
+    out, summary = run(tmp_path, "adaptive", lines, adaptive)
+    assert_outputs_equal_oracle(out, lines, adaptive)
+    assert read_stream(out, "balancer") and all(r["c_r"] > r["c_t"] for r in read_stream(out, "balancer"))
+    off, off_summary = run(tmp_path, "off", lines, dep)
+    assert not (off / "balancer").exists() or not read_stream(off, "balancer")
+    late = [s for s in read_stream(out, "statistics") if s["batch"] >= 6]
+    late_off = [s for s in read_stream(off, "statistics") if s["batch"] >= 6]
+
+    def imbalance(rows):
+        costs = Counter()
+        for r in rows:
+            costs[r["evaluator"]] += r["cost"]
+        values = [costs[e] for e in range(4)]
+        return max(values) / (sum(values) / 4)
+
+    assert imbalance(late) < imbalance(late_off)
+    assert "balancer          adaptive" in summary.format()
