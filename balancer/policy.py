@@ -8,7 +8,9 @@ Modes:
   shift; the
   split/merge of the costliest evaluator, and GR's migration from the most
   to the least loaded -- and take the one with the largest C_r among those
-  with C_r > C_t (Tornado 4.2). Ties go to the earlier kind in
+  whose gain over ``horizon`` batches, C_r x (1 - decay) x horizon, exceeds
+  C_t (Tornado 4.2 compares one statistics period's C_r with C_t; a decayed
+  cost holds about 1 / (1 - decay) batches). Ties go to the earlier kind in
   :data:`~skpub.balancer.operation.KINDS`, then to the earlier candidate.
 - ``chaos``: one legal operation drawn at random, whatever it costs, from a
   generator seeded by ``(seed, batch)``: tests see that rebalancing never
@@ -54,13 +56,18 @@ def candidates(partitioning: Partitioning, loads: Loads) -> list[Operation]:
     return sorted(out, key=lambda o: KINDS.index(o.kind))
 
 
-def adaptive(partitioning: Partitioning, loads: Loads, sigma: float) -> Operation | None:
-    """Return the candidate with the largest C_r among those with C_r > C_t, or None (Tornado 4.2)."""
+def adaptive(partitioning: Partitioning, loads: Loads, sigma: float, gain: float = 1.0) -> Operation | None:
+    """Return the candidate with the largest C_r among those with ``gain`` x C_r > C_t, or None (Tornado 4.2).
+
+    ``gain`` turns C_r, a reduction of decayed cost, into the reduction over
+    the batches the operation is expected to pay for (Tornado compares C_r
+    and C_t over one statistics period: ``gain = 1``).
+    """
     if partitioning.count < 2 or imbalance(loads.costs) <= sigma:
         return None
     best = None
     for op in candidates(partitioning, loads):
-        if op.c_r > op.c_t and op.c_r > 0 and (best is None or op.c_r > best.c_r):
+        if op.c_r > 0 and gain * op.c_r > op.c_t and (best is None or op.c_r > best.c_r):
             best = op
     return best
 
@@ -152,4 +159,4 @@ def decide(
     loads = Loads(partitioning, summaries, settings.beta)
     if settings.mode == "chaos":
         return chaos(partitioning, loads, np.random.default_rng([settings.seed, batch]))
-    return adaptive(partitioning, loads, settings.sigma)
+    return adaptive(partitioning, loads, settings.sigma, (1 - settings.decay) * settings.horizon)

@@ -16,10 +16,6 @@ Parts:
   it, with 64 evaluators on the 1000 x 1000 grid, median of repeats.
 - ``statistics``: bytes of load summaries per batch against the
   centralized alternative (every cell with cost), Tornado Figure 9b.
-- ``beta``: Tornado's beta in cost units per subscription: the seconds to
-  move one subscription (encode its state block entry, decode it, index it
-  in GI^2; sides 0.1-1% of the space, as the workload's) over the seconds
-  per cost unit (one candidate examined by GI^2's match).
 
 - ``drift``: Tornado Figure 9a. The local engine on the drifting hot spot
   (``skpub workload geonames --drift-scale S``, range subscriptions only as
@@ -27,30 +23,31 @@ Parts:
   parallel time (per batch, the slowest evaluator's CPU plus routing and
   balancing, summed; DESIGN "Measuring load honestly") and imbalance max /
   mean of evaluator cost, averaged over each phase after its first two
-  batches.
+  batches. Keywords from every term (percentile 100), so that objects meet
+  subscriptions. It also measures Tornado's beta in cost units per
+  subscription: the adaptive runs' transfer seconds per subscription part
+  moved over their evaluator CPU seconds per cost unit.
 
-Run: python -m benchmarks.balancer [--parts migration decision statistics beta drift]
+Run: python -m benchmarks.balancer [--parts migration decision statistics drift]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 
 from skpub.balancer.migration import SELECTORS, optimum
 from skpub.balancer.operation import apply_moves
 from skpub.balancer.policy import decide
-from skpub.evaluators.evaluator import decode_block, encode_block
-from skpub.evaluators.gi2 import GI2Index
 from skpub.evaluators.load import CellLoad
 from skpub.kernel.config import BalancerConfig
 from skpub.kernel.geometry import Rect
 from skpub.kernel.grid import FineGrid
-from skpub.kernel.records import ObjectRecord, RangeSubscription
-from skpub.kernel.text import Vocabulary
 from skpub.router.agrid import AGrid
 from skpub.router.partitioning import cost_partitioning
 from skpub.sims.geonames import SPACE, load_places
@@ -163,38 +160,6 @@ def part_statistics(args) -> None:
         print(f"  {n:>3} evaluators: {distributed:>10,} B vs {centralized:>10,} B ({centralized / distributed:.1f}x)")
 
 
-def part_beta(args) -> None:
-    rng = np.random.default_rng(5)
-    vocabulary = Vocabulary()
-    words = [f"w{i}" for i in range(20)]
-    subs = []
-    for i in range(args.subscriptions):
-        x, y = rng.uniform(0, 95, 2).tolist()
-        dnf = (frozenset(rng.choice(words, 2).tolist()),)
-        side = float(rng.uniform(0.1, 1.0))
-        subs.append(RangeSubscription(i, f"s{i}", Rect(x, y, x + side, y + side), dnf))
-    grid = FineGrid(Rect(0, 0, 100, 100), 1000)
-    block = {s.id: (s, grid.cell_box(s.rect)) for s in subs}
-    start = time.perf_counter()
-    moved = decode_block(encode_block(block))
-    index = GI2Index(4, vocabulary)
-    for sub, box in moved.values():
-        index.insert(sub, box)
-    per_sub = (time.perf_counter() - start) / len(subs)
-    objects = [
-        ObjectRecord(i, f"o{i}", float(x), float(y), tuple(t := rng.choice(words, 6).tolist()), frozenset(t))
-        for i, (x, y) in enumerate(rng.uniform(0, 100, (50_000, 2)))
-    ]
-    cells = [grid.cell_of(o.x, o.y) for o in objects]
-    start = time.perf_counter()
-    examined = sum(index.match_one(o, cx, cy)[1] for o, (cx, cy) in zip(objects, cells, strict=True))
-    per_unit = (time.perf_counter() - start) / max(examined, 1)
-    print(
-        f"\n(f) beta: moving a subscription {per_sub * 1e6:.1f} us, a cost unit {per_unit * 1e6:.3f} us "
-        f"({examined:,} candidates) -> beta = {per_sub / per_unit:.2f} cost units per subscription"
-    )
-
-
 class _Recorder:
     """A run observer that keeps every batch report."""
 
@@ -249,6 +214,19 @@ def part_drift(args) -> None:
                 ]
                 ops = sum(n for r in reports for k, n in r.balancer.items() if k not in ("subscriptions", "placements"))
                 results[mode] = parallel
+                if mode == "adaptive":
+                    lines = [
+                        json.loads(line)
+                        for part in sorted(Path(f"{tmp}/out-{scale}-{mode}/balancer").glob("*.jsonl"))
+                        for line in part.read_text().splitlines()
+                    ]
+                    moved = sum(row["subscription_parts_moved"] for row in lines)
+                    unit = sum(sum(r.evaluator_cpu.values()) for r in reports) / sum(
+                        sum(r.evaluator_cost.values()) for r in reports
+                    )
+                    if moved:
+                        beta = sum(row["transfer_seconds"] for row in lines) / moved / unit
+                        print(f"      beta measured: {beta:.1f} cost units per subscription part moved")
                 shown = " ".join(f"{v:.2f}" for v in phases)
                 mean = np.nanmean(phases)
                 print(f"{scale:>5} {mode:>8} {parallel:>10.2f} {wall:>7.1f} {mean:>9.2f} {shown:>24} {ops:>4}")
@@ -259,7 +237,6 @@ PARTS = {
     "migration": part_migration,
     "decision": part_decision,
     "statistics": part_statistics,
-    "beta": part_beta,
     "drift": part_drift,
 }
 

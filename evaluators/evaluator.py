@@ -25,7 +25,7 @@ from skpub.evaluators.gi2 import GI2Index
 from skpub.evaluators.load import CellLoad
 from skpub.evaluators.monitor import RankedMonitor
 from skpub.evaluators.stats import CellCostStats
-from skpub.evaluators.window import block_of
+from skpub.evaluators.window import STATE_BLOCK, block_of
 from skpub.kernel.config import Deployment
 from skpub.kernel.geometry import Rect
 from skpub.kernel.grid import CellBox, intersect_boxes
@@ -77,7 +77,7 @@ class Evaluator:
         self.blocks: dict[int, dict[str, tuple[RangeSubscription, CellBox]]] = {}
         self.home: dict[str, int] = {}
         self.dirty: set[int] = set()
-        self.load = CellLoad(deployment.grid_size, [], deployment.index_block, deployment.balancer.decay)
+        self.load = CellLoad(deployment.grid_size, [], STATE_BLOCK, deployment.balancer.decay)
 
     @property
     def subscriptions(self) -> int:

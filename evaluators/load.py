@@ -51,8 +51,9 @@ class CellLoad:
         Fine-grid cells per side.
     rectangles : list of CellBox
         The evaluator's partition.
-    index_block : int
-        Cells per side of a grid^t block (the migration unit).
+    block : int
+        Cells per side of a grid^t block, the migration unit (the evaluators
+        use their state blocks' 25).
     decay : float
         Weight of the past per batch, in (0, 1]: after ``t`` batches a cost
         counts ``decay**t``.
@@ -63,38 +64,64 @@ class CellLoad:
         If ``decay`` is outside (0, 1].
     """
 
-    def __init__(self, size: int, rectangles: list[CellBox], index_block: int, decay: float = 0.5) -> None:
+    def __init__(self, size: int, rectangles: list[CellBox], block: int, decay: float = 0.5) -> None:
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], not {decay}")
         self.size = size
-        self.block = index_block
+        self.block = block
         self.decay = decay
         self._scale = 1.0
         self._cells: dict[int, float] = {}
         self._parts: dict[str, CellBox] = {}
         self._rects: list[_Rectangle] = []
         self._block_queries: dict[tuple[int, int, int], int] = {}
+        self._block_costs: dict[tuple[int, int, int], float] = {}
         self.set_partition(rectangles)
 
     def set_partition(self, rectangles: list[CellBox]) -> None:
-        """Take a new partition: cells outside it are forgotten, aggregates rebuilt; O(cells with cost + parts)."""
-        self._rects = [_Rectangle(tuple(b)) for b in rectangles]
+        """Take a new partition: cells outside it are forgotten; O(cells with cost + parts x new rectangles).
+
+        A rectangle the partition already had keeps its aggregates (a move
+        takes cells only from rectangles it cuts, :meth:`take`); the others'
+        are computed from the cells and subscription parts held.
+        """
+        old = {r.box: (i, r) for i, r in enumerate(self._rects)}
+        rects: list[_Rectangle] = []
+        remap: dict[int, int] = {}
+        fresh: list[int] = []
+        for j, box in enumerate(tuple(b) for b in rectangles):
+            if box in old:
+                remap[old[box][0]] = j
+                rects.append(old[box][1])
+            else:
+                fresh.append(j)
+                rects.append(_Rectangle(box))
+        self._rects, self._rect_memo = rects, {}
+        self._block_costs = {(remap[i], gx, gy): v for (i, gx, gy), v in self._block_costs.items() if i in remap}
+        self._block_queries = {(remap[i], gx, gy): v for (i, gx, gy), v in self._block_queries.items() if i in remap}
+        renewed = set(fresh)
         cells, self._cells = self._cells, {}
         for cell, raw in cells.items():
             cy, cx = divmod(cell, self.size)
-            if self._rect_index(cx, cy) >= 0:
+            i = self._rect_index(cx, cy)
+            if i in renewed:
                 self._add_raw(cell, cx, cy, raw)
-        parts, self._parts = self._parts, {}
-        self._block_queries = {}
-        for sid, box in parts.items():
-            self.add_subscription(sid, box)
+            elif i >= 0:
+                self._cells[cell] = raw
+        for box in self._parts.values():
+            for j in fresh:
+                self._count_rect(j, box, 1)
 
     def _rect_index(self, cx: int, cy: int) -> int:
-        for i, r in enumerate(self._rects):
-            x0, y0, x1, y1 = r.box
-            if x0 <= cx <= x1 and y0 <= cy <= y1:
-                return i
-        return -1
+        """Return the index of the rectangle holding cell ``(cx, cy)``, or -1; memoized per cell."""
+        cell = cy * self.size + cx
+        i = self._rect_memo.get(cell)
+        if i is None:
+            i = next(
+                (i for i, r in enumerate(self._rects) if r.box[0] <= cx <= r.box[2] and r.box[1] <= cy <= r.box[3]), -1
+            )
+            self._rect_memo[cell] = i
+        return i
 
     def _add_raw(self, cell: int, cx: int, cy: int, raw: float) -> None:
         i = self._rect_index(cx, cy)
@@ -104,6 +131,8 @@ class CellLoad:
         self._cells[cell] = self._cells.get(cell, 0.0) + raw
         r.columns[cx - r.box[0]] += raw
         r.rows[cy - r.box[1]] += raw
+        key = (i, cx // self.block, cy // self.block)
+        self._block_costs[key] = self._block_costs.get(key, 0.0) + raw
 
     def add_cost(self, cx: int, cy: int, cost: float) -> None:
         """Account ``cost`` units in cell ``(cx, cy)`` in this batch; O(rectangles of the partition)."""
@@ -118,7 +147,9 @@ class CellLoad:
     def take(self, cells: CellBox) -> dict[int, float]:
         """Remove and return the decayed costs of the cells inside ``cells`` (a move carries them); O(cells with cost).
 
-        The aggregates are rebuilt at the next :meth:`set_partition`.
+        ``cells`` lies in one rectangle that the move cuts or gives away:
+        the next :meth:`set_partition` computes the aggregates of what
+        replaces it.
         """
         x0, y0, x1, y1 = cells
         out = {}
@@ -129,7 +160,7 @@ class CellLoad:
         return out
 
     def put(self, costs: dict[int, float]) -> None:
-        """Add decayed cell costs brought by a move; they count once :meth:`set_partition` includes their cells."""
+        """Add decayed cell costs brought by a move, in cells of rectangles the next :meth:`set_partition` adds."""
         for cell, cost in costs.items():
             self._cells[cell] = self._cells.get(cell, 0.0) + cost * self._scale
 
@@ -138,7 +169,7 @@ class CellLoad:
         self._scale /= self.decay
         if self._scale > _RENORMALIZE:
             s, cells = self._scale, self._cells
-            self._scale, self._cells = 1.0, {}
+            self._scale, self._cells, self._block_costs = 1.0, {}, {}
             for r in self._rects:
                 r.columns = [0.0] * len(r.columns)
                 r.rows = [0.0] * len(r.rows)
@@ -154,17 +185,22 @@ class CellLoad:
                 yield (i, gx, gy)
 
     def _count(self, box: CellBox, step: int) -> None:
-        for i, r in enumerate(self._rects):
-            part = intersect_boxes(box, r.box)
-            if part is None:
-                continue
-            x0, y0 = r.box[0], r.box[1]
-            r.starts_x[part[0] - x0] += step
-            r.ends_x[part[2] - x0] += step
-            r.starts_y[part[1] - y0] += step
-            r.ends_y[part[3] - y0] += step
-            for key in self._blocks_of(i, part):
-                self._block_queries[key] = self._block_queries.get(key, 0) + step
+        for i in range(len(self._rects)):
+            self._count_rect(i, box, step)
+
+    def _count_rect(self, i: int, box: CellBox, step: int) -> None:
+        """Count a subscription part over ``box`` in rectangle ``i`` (``step`` +1 or -1)."""
+        r = self._rects[i]
+        part = intersect_boxes(box, r.box)
+        if part is None:
+            return
+        x0, y0 = r.box[0], r.box[1]
+        r.starts_x[part[0] - x0] += step
+        r.ends_x[part[2] - x0] += step
+        r.starts_y[part[1] - y0] += step
+        r.ends_y[part[3] - y0] += step
+        for key in self._blocks_of(i, part):
+            self._block_queries[key] = self._block_queries.get(key, 0) + step
 
     def add_subscription(self, sid: str, box: CellBox) -> None:
         """Count range subscription ``sid`` indexed over cell box ``box`` (``queryCount`` +1 where it lies).
@@ -187,7 +223,7 @@ class CellLoad:
             self._count(box, -1)
 
     def summary(self, evaluator: int, batch: int) -> LoadSummary:
-        """Return the load summary sent to the balancer; O(rows + columns + blocks with load).
+        """Return the load summary sent to the balancer; O(rows + columns + blocks with load), kept as objects come.
 
         Costs are decayed cost units (divided by the running scale).
         """
@@ -204,18 +240,13 @@ class CellLoad:
             )
             for r in self._rects
         )
-        costs: dict[tuple[int, int, int], float] = {}
-        b = self.block
-        for cell, raw in self._cells.items():
-            cy, cx = divmod(cell, self.size)
-            key = (self._rect_index(cx, cy), cx // b, cy // b)
-            costs[key] = costs.get(key, 0.0) + raw / s
+        b, costs = self.block, self._block_costs
         blocks = []
         for key in sorted(set(costs) | {k for k, v in self._block_queries.items() if v}):
             i, gx, gy = key
             cells = intersect_boxes(self._rects[i].box, (gx * b, gy * b, gx * b + b - 1, gy * b + b - 1))
             assert cells is not None
-            blocks.append(BlockLoad(cells, costs.get(key, 0.0), self._block_queries.get(key, 0)))
+            blocks.append(BlockLoad(cells, costs.get(key, 0.0) / s, self._block_queries.get(key, 0)))
         return LoadSummary(evaluator, batch, rects, tuple(blocks))
 
     def centralized_nbytes(self) -> int:

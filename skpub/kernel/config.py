@@ -85,13 +85,18 @@ class BalancerConfig:
         subscriptions, Eq. 5), measured by ``python -m benchmarks.balancer --parts beta``.
     decay : float
         Weight of the past per batch in the load statistics, in (0, 1].
+    horizon : int
+        Batches over which an operation's gain is counted: ``adaptive`` takes
+        an operation when C_r x (1 - decay) x horizon > C_t (C_r, on decayed
+        costs, is about 1 / (1 - decay) batches of reduction).
     """
 
     mode: str = "off"
     seed: int = 0
     sigma: float = 1.2
-    beta: float = 2.0
+    beta: float = 6.0
     decay: float = 0.5
+    horizon: int = 10
 
     def __post_init__(self) -> None:
         if self.mode not in BALANCER_MODES:
@@ -102,6 +107,8 @@ class BalancerConfig:
             raise ConfigError(f"balancer sigma must be >= 1 and beta >= 0, got {self.sigma!r} and {self.beta!r}")
         if not 0 < self.decay <= 1:
             raise ConfigError(f"balancer decay must be in (0, 1], got {self.decay!r}")
+        if not isinstance(self.horizon, int) or isinstance(self.horizon, bool) or self.horizon < 1:
+            raise ConfigError(f"balancer horizon must be an integer >= 1, got {self.horizon!r}")
 
 
 @dataclass(frozen=True, slots=True)

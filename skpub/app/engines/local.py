@@ -65,7 +65,9 @@ def rebalance(
     if operation is None:
         return epoch
     after = apply_moves(partitioning, operation.moves)
+    transfer_start = time.perf_counter()
     moved = transfer(operation, after, evaluators, router.sequencer)
+    transfer_seconds = time.perf_counter() - transfer_start
     line = {
         "batch": batch_id,
         "epoch": epoch.number + 1,
@@ -73,6 +75,7 @@ def rebalance(
         "subscription_parts_moved": moved.subscriptions,
         "placements_changed": moved.placements,
         "summary_bytes": sum(s.nbytes() for s in summaries),
+        "transfer_seconds": transfer_seconds,
         "seconds": time.perf_counter() - start,
     }
     write_part(root, "balancer", batch_id, [line])
