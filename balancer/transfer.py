@@ -72,7 +72,7 @@ def transfer(
     changed = 0
     for sid in sorted(touched):
         holders = tuple(e for e, ev in enumerate(evaluators) if ev.holds(sid))
-        if holders != sequencer.registry.active[sid].evaluators:
+        if set(holders) != set(sequencer.registry.active[sid].evaluators):
             sequencer.place(sid, holders)
             changed += 1
     return TransferReport(carried, changed)

@@ -186,7 +186,14 @@ def part_drift(args) -> None:
     print(f"{'scale':>5} {'mode':>8} {'parallel s':>10} {'wall s':>7} {'imbalance':>9} {'per phase':>24} {'ops':>4}")
     with tempfile.TemporaryDirectory() as tmp:
         for scale in args.scales:
-            spec = WorkloadSpec(objects=args.objects, drift_scale=scale, topk_fraction=0.0, knn_fraction=0.0, window=0)
+            spec = WorkloadSpec(
+                objects=args.objects,
+                drift_scale=scale,
+                topk_fraction=0.0,
+                knn_fraction=0.0,
+                window=0,
+                keyword_percentile=100.0,
+            )
             stream, vocabulary = write_workload(spec, f"{tmp}/workload-{scale}")
             base: Deployment = deployment_from_json(deployment_of(spec)).replace(
                 evaluators=8, batch_size=args.batch_size, vocabulary=str(vocabulary)

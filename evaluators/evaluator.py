@@ -78,6 +78,7 @@ class Evaluator:
         self.home: dict[str, int] = {}
         self.dirty: set[int] = set()
         self.load = CellLoad(deployment.grid_size, [], STATE_BLOCK, deployment.balancer.decay)
+        self.balancing = deployment.balancer.mode != "off"
 
     @property
     def subscriptions(self) -> int:
@@ -137,7 +138,8 @@ class Evaluator:
         out.stats.reevaluated = monitor.stats.refill_scored - refill_scored
         out.stats.reevaluation_cpu_seconds = monitor.stats.refill_cpu_seconds - refill_cpu_seconds
         out.stats.fills = monitor.stats.fills - fills
-        self.load.add_costs(out.stats.cells)
+        if self.balancing:
+            self.load.add_costs(out.stats.cells)
         out.cpu_seconds = time.thread_time() - start
         return out
 

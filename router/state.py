@@ -81,6 +81,8 @@ def decode_journal(data: bytes) -> tuple[list[str], list[Change]]:
                 raise ValueError(f"bad change {rtype!r}")
             if rtype == "clock":
                 changes.append((rtype, rid, placement))
+            elif rtype in ("subscribe", "place") and placement is None:
+                raise ValueError(f"a {rtype} change of {rid!r} without its placement")
             else:
                 changes.append((rtype, rid, None if placement is None else Placement.from_json(placement)))
     except (KeyError, TypeError, ValueError) as exc:

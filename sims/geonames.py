@@ -25,9 +25,9 @@ the number of live subscriptions stays near ``live``.
 
 A *drifting hot spot* (``drift_scale`` < 1, Tornado 5.4's spatially condensed
 data): the whole stream is shrunk to ``drift_scale`` of the space's sides
-around a centre that visits ``drift_phases`` places in turn (the corners of
-the room the shrunk world leaves, anticlockwise from the south-west), one
-phase per equal share of the objects; subscriptions are shrunk with the
+around a centre that moves ``drift_phases`` times (through the four corners
+of the room the shrunk world leaves, anticlockwise from the south-west, and
+round again), one phase per equal share of the objects; subscriptions are shrunk with the
 phase in which they are registered, so they follow the hot spot.
 """
 

@@ -102,7 +102,7 @@ def test_adaptive_rebalances_a_skewed_stream_and_off_does_not(tmp_path):
         x, y = (rng.uniform(0, 100, 2) if i < 600 else rng.uniform(70, 95, 2)).tolist()
         lines.append(json.dumps({"type": "object", "id": f"o{i}", "x": x, "y": y, "terms": ["a"]}))
     dep = deployment(evaluators=4, batch_size=300).replace(sample_size=800)
-    adaptive = dep.replace(balancer=BalancerConfig(mode="adaptive"))
+    adaptive = dep.replace(balancer=BalancerConfig(mode="adaptive", beta=1.0))  # transfers priced low: it must act
     out, summary = run(tmp_path, "adaptive", lines, adaptive)
     assert_outputs_equal_oracle(out, lines, adaptive)
     gain = (1 - adaptive.balancer.decay) * adaptive.balancer.horizon
@@ -121,3 +121,58 @@ def test_adaptive_rebalances_a_skewed_stream_and_off_does_not(tmp_path):
 
     assert imbalance(late) < imbalance(late_off)
     assert "balancer          adaptive" in summary.format()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"mode": "sometimes"},
+        {"seed": -1},
+        {"seed": 1.5},
+        {"sigma": 0.5},
+        {"beta": -1},
+        {"decay": 1.0},
+        {"decay": 0},
+        {"horizon": 10**400},
+        {"horizon": 0},
+        {"bogus": 1},
+    ],
+)
+def test_bad_balancer_settings_are_refused_with_a_sentence(raw):
+    from skpub.kernel.config import deployment_from_json
+    from skpub.kernel.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        deployment_from_json({"balancer": raw})
+
+
+def test_the_spark_engine_refuses_to_rebalance_before_starting(tmp_path):
+    from skpub.app.engines.spark import run_spark
+    from skpub.kernel.errors import ConfigError
+
+    dep = chaos(deployment())
+    with pytest.raises(ConfigError, match="does not rebalance yet"):
+        run_spark(tmp_path / "in.jsonl", tmp_path / "out", dep, RunObserver(RunSummary("spark", "agrid", 4)))
+    assert not (tmp_path / "out").exists()
+
+
+def test_placements_moved_by_a_rebalancing_are_journaled_and_replayed():
+    from skpub.kernel.errors import CheckpointError
+    from skpub.kernel.registry import IdRegistry
+    from skpub.router.sequencer import Placement, Sequencer
+    from skpub.router.state import decode_journal, encode_journal
+
+    registry = IdRegistry(journal=[])
+    sequencer = Sequencer(3, registry)
+    registry.accept_id("subscribe", "s", Placement((0,), frozenset({"jazz"})))
+    sequencer._add_placement(registry.active["s"])
+    sequencer.place("s", (2, 1))
+    assert registry.active["s"].evaluators == (1, 2)
+    assert sequencer.summaries.admits(2, frozenset({"jazz"})) and not sequencer.summaries.admits(0, frozenset({"jazz"}))
+    objects, changes = decode_journal(encode_journal(registry.take_journal()))
+    again = Sequencer(3, IdRegistry())
+    again.replay(objects, changes)
+    assert again.registry.active == registry.active
+    assert again.summaries.admits(1, frozenset({"jazz"})) and not again.summaries.admits(0, frozenset({"jazz"}))
+    with pytest.raises(CheckpointError):
+        decode_journal(encode_journal([("place", "s", None)]))

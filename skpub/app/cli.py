@@ -113,7 +113,7 @@ def _run(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"the Spark engine does not rebalance yet (balancer mode {deployment.balancer.mode!r}); "
                 "use --engine local, or --balancer off"
-            )
+            )  # before the Java check: the same refusal on a machine without Java
         require_java()
     output = Path(args.output)
     check_output(output, args.overwrite)

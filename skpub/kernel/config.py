@@ -82,9 +82,9 @@ class BalancerConfig:
         Balance constraint: ``adaptive`` acts only when max / mean evaluator cost > sigma (>= 1).
     beta : float
         Tornado's beta: cost units per subscription moved (C_t = beta x
-        subscriptions, Eq. 5), measured by ``python -m benchmarks.balancer --parts beta``.
+        subscriptions, Eq. 5), measured by ``python -m benchmarks.balancer --parts drift`` (341.5).
     decay : float
-        Weight of the past per batch in the load statistics, in (0, 1].
+        Weight of the past per batch in the load statistics, in (0, 1).
     horizon : int
         Batches over which an operation's gain is counted: ``adaptive`` takes
         an operation when C_r x (1 - decay) x horizon > C_t (C_r, on decayed
@@ -94,21 +94,21 @@ class BalancerConfig:
     mode: str = "off"
     seed: int = 0
     sigma: float = 1.2
-    beta: float = 6.0
+    beta: float = 340.0
     decay: float = 0.5
     horizon: int = 10
 
     def __post_init__(self) -> None:
         if self.mode not in BALANCER_MODES:
             raise ConfigError(f"balancer mode must be one of {BALANCER_MODES}, got {self.mode!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise ConfigError(f"balancer seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ConfigError(f"balancer seed must be an integer >= 0, got {self.seed!r}")
         if not (math.isfinite(self.sigma) and self.sigma >= 1 and math.isfinite(self.beta) and self.beta >= 0):
             raise ConfigError(f"balancer sigma must be >= 1 and beta >= 0, got {self.sigma!r} and {self.beta!r}")
-        if not 0 < self.decay <= 1:
-            raise ConfigError(f"balancer decay must be in (0, 1], got {self.decay!r}")
-        if not isinstance(self.horizon, int) or isinstance(self.horizon, bool) or self.horizon < 1:
-            raise ConfigError(f"balancer horizon must be an integer >= 1, got {self.horizon!r}")
+        if not 0 < self.decay < 1:
+            raise ConfigError(f"balancer decay must be in (0, 1), got {self.decay!r}")
+        if not isinstance(self.horizon, int) or isinstance(self.horizon, bool) or not 1 <= self.horizon <= 1_000_000:
+            raise ConfigError(f"balancer horizon must be an integer in 1 .. 1,000,000, got {self.horizon!r}")
 
 
 @dataclass(frozen=True, slots=True)

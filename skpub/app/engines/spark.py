@@ -47,7 +47,7 @@ from skpub.app.output import check_output, claim_output, inspect_output, mark_su
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
 from skpub.evaluators.merge import RankedMerge, apply_changes, decode_updates, results_json, take_changes
 from skpub.kernel.config import Deployment
-from skpub.kernel.errors import CheckpointError, EngineError, InputError, JavaNotFoundError
+from skpub.kernel.errors import CheckpointError, ConfigError, EngineError, InputError, JavaNotFoundError
 from skpub.kernel.inputs import STDIN, input_files, iter_lines, take_sample
 from skpub.kernel.parts import write_part
 from skpub.kernel.records import DeadLetter
@@ -413,7 +413,14 @@ def run_spark(
         If the streaming query fails.
     skpub.kernel.errors.InputError
         If the input is missing or empty, or is standard input.
+    ConfigError
+        If the deployment's balancer is not ``off`` (the Spark engine does not rebalance yet).
     """
+    if deployment.balancer.mode != "off":
+        raise ConfigError(
+            f"the Spark engine does not rebalance yet (balancer mode {deployment.balancer.mode!r}); "
+            "use --engine local, or --balancer off"
+        )
     if str(input_path) == STDIN:
         raise InputError("the Spark engine reads files (it stages and fingerprints them); use --engine local for -")
     if not all(f.is_file() for f in input_files(input_path)):
