@@ -55,6 +55,25 @@ def test_metrics_count_what_the_summary_counts(tmp_path):
     assert values[("skpub_batch_routing_seconds_count", ())] == summary.batches
 
 
+def test_balancer_metrics_count_what_the_balancer_did(tmp_path):
+    from skpub.kernel.config import BalancerConfig
+    from skpub.kernel.parts import read_stream
+
+    metrics = Metrics()
+    write_lines(tmp_path / "in.jsonl", random_workload(seed=9, n=400))
+    dep = deployment(evaluators=3, batch_size=50).replace(balancer=BalancerConfig(mode="chaos", seed=2))
+    observer = RunObserver(RunSummary("local", "agrid", 3), metrics, stream=None)
+    summary = run_local(tmp_path / "in.jsonl", tmp_path / "out", dep, observer)
+    values = sample_values(metrics)
+    log = read_stream(tmp_path / "out", "balancer")
+    operations = {labels: v for (name, labels), v in values.items() if name == "skpub_rebalance_operations_total"}
+    assert sum(operations.values()) == len(log) == summary.batches
+    assert {dict(labels)["operation"] for labels in operations} == {r["operation"] for r in log}
+    assert values[("skpub_migrated_subscriptions_total", ())] == sum(r["subscription_parts_moved"] for r in log)
+    loads = [v for (name, _), v in values.items() if name == "skpub_evaluator_load"]
+    assert len(loads) == 3 and values[("skpub_evaluator_imbalance", ())] == pytest.approx(max(loads) / (sum(loads) / 3))
+
+
 @pytest.mark.integration
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus server (.ci/run installs it)")
 def test_real_prometheus_scrapes_the_metrics_endpoint(tmp_path):

@@ -35,7 +35,22 @@ class Metrics:
         self.dead_letters = Counter("skpub_dead_letters", "Rejected records", ["reason"], registry=r)
         self.batches = Counter("skpub_batches", "Micro-batches completed", registry=r)
         self.evaluator_cost = Counter(
-            "skpub_evaluator_cost", "Candidate subscriptions examined (Tornado eq. 1)", ["evaluator"], registry=r
+            "skpub_evaluator_cost",
+            "Cost units: objects received plus candidate subscriptions examined (Tornado eq. 1)",
+            ["evaluator"],
+            registry=r,
+        )
+        self.evaluator_load = Gauge(
+            "skpub_evaluator_load", "Cost units of the last micro-batch per evaluator", ["evaluator"], registry=r
+        )
+        self.imbalance = Gauge(
+            "skpub_evaluator_imbalance", "Max / mean evaluator cost of the last micro-batch (1 is even)", registry=r
+        )
+        self.rebalance_operations = Counter(
+            "skpub_rebalance_operations", "Balancer operations carried out", ["operation"], registry=r
+        )
+        self.migrated_subscriptions = Counter(
+            "skpub_migrated_subscriptions", "Subscription parts carried by the balancer's moves", registry=r
         )
         self.evaluator_cpu = Counter(
             "skpub_evaluator_cpu_seconds", "Evaluator thread CPU time", ["evaluator"], registry=r
@@ -54,6 +69,15 @@ class Metrics:
             self.dead_letters.labels(reason=reason).inc(count)
         for e, cost in report.evaluator_cost.items():
             self.evaluator_cost.labels(evaluator=str(e)).inc(cost)
+            self.evaluator_load.labels(evaluator=str(e)).set(cost)
+        costs = list(report.evaluator_cost.values())
+        mean = sum(costs) / len(costs) if costs else 0.0
+        self.imbalance.set(max(costs) / mean if mean > 0 else 1.0)
+        for kind, count in report.balancer.items():
+            if kind == "subscriptions":
+                self.migrated_subscriptions.inc(count)
+            elif kind != "placements":
+                self.rebalance_operations.labels(operation=kind).inc(count)
         for e, cpu in report.evaluator_cpu.items():
             self.evaluator_cpu.labels(evaluator=str(e)).inc(cpu)
         self.routing_seconds.observe(report.routing_seconds)
