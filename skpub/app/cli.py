@@ -16,7 +16,7 @@ from skpub.app.metrics import Metrics
 from skpub.app.output import WORKLOAD_DIR, check_output
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.config import BALANCER_MODES, ROUTERS, Window, load_deployment
-from skpub.kernel.errors import ConfigError, SkpubError
+from skpub.kernel.errors import SkpubError
 from skpub.kernel.inputs import skipped_entries
 
 
@@ -107,13 +107,9 @@ def _run(args: argparse.Namespace) -> int:
         )
         deployment = deployment.replace(balancer=balancer)
     if args.engine == "spark":
-        from skpub.app.engines.spark import require_java
+        from skpub.app.engines.spark import refuse_rebalancing, require_java
 
-        if deployment.balancer.mode != "off":
-            raise ConfigError(
-                f"the Spark engine does not rebalance yet (balancer mode {deployment.balancer.mode!r}); "
-                "use --engine local, or --balancer off"
-            )  # before the Java check: the same refusal on a machine without Java
+        refuse_rebalancing(deployment)  # before the Java check: the same refusal on a machine without Java
         require_java()
     output = Path(args.output)
     check_output(output, args.overwrite)

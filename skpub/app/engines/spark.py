@@ -373,6 +373,21 @@ def _open_checkpoint(
     return manifest
 
 
+def refuse_rebalancing(deployment: Deployment) -> None:
+    """Refuse a deployment whose balancer is not ``off``: the Spark engine does not rebalance yet.
+
+    Raises
+    ------
+    ConfigError
+        With the way out (``--engine local`` or ``--balancer off``).
+    """
+    if deployment.balancer.mode != "off":
+        raise ConfigError(
+            f"the Spark engine does not rebalance yet (balancer mode {deployment.balancer.mode!r}); "
+            "use --engine local, or --balancer off"
+        )
+
+
 def run_spark(
     input_path: str | Path,
     output_dir: str | Path,
@@ -416,11 +431,7 @@ def run_spark(
     ConfigError
         If the deployment's balancer is not ``off`` (the Spark engine does not rebalance yet).
     """
-    if deployment.balancer.mode != "off":
-        raise ConfigError(
-            f"the Spark engine does not rebalance yet (balancer mode {deployment.balancer.mode!r}); "
-            "use --engine local, or --balancer off"
-        )
+    refuse_rebalancing(deployment)
     if str(input_path) == STDIN:
         raise InputError("the Spark engine reads files (it stages and fingerprints them); use --engine local for -")
     if not all(f.is_file() for f in input_files(input_path)):
