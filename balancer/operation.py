@@ -1,7 +1,8 @@
 """Rebalancing operations as cell moves, their costs (Tornado Eqs 4-5), and applying them to a partitioning.
 
 Every operation of the balancer (shift, split/merge, migration) is a list of
-:class:`Move`: an inclusive cell box inside one rectangle of a source
+:class:`~skpub.kernel.transfer.Move` (kept in the kernel: the evaluators
+carry moves out): an inclusive cell box inside one rectangle of a source
 evaluator's partition, going to a target evaluator, with the decayed cost and
 the subscriptions it carries (from the load summaries). Applying the moves
 to a :class:`~skpub.router.partitioning.Partitioning` cuts the source
@@ -22,26 +23,12 @@ import numpy as np
 
 from skpub.kernel.grid import CellBox
 from skpub.kernel.load import BlockLoad, LoadSummary, RectangleLoad
+from skpub.kernel.transfer import Move
 from skpub.router.errors import RoutingError
 from skpub.router.partitioning import Partitioning
 
 KINDS = ("horizontal_shift", "vertical_shift", "corner_shift", "split_merge", "migration")
 """Operation names as in the papers (Tornado 4.2; PS2Stream V-A)."""
-
-
-@dataclass(frozen=True)
-class Move:
-    """Cells ``cells`` (inside one rectangle of ``source``'s partition) go to ``target``.
-
-    ``cost`` is their decayed cost (cost units), ``queries`` the subscriptions
-    indexed over them (what the transfer carries).
-    """
-
-    cells: CellBox
-    source: int
-    target: int
-    cost: float = 0.0
-    queries: int = 0
 
 
 @dataclass(frozen=True)
@@ -74,10 +61,7 @@ class Operation:
         return {
             "operation": self.kind,
             "evaluators": self.evaluators,
-            "moves": [
-                {"cells": list(m.cells), "source": m.source, "target": m.target, "cost": m.cost, "queries": m.queries}
-                for m in self.moves
-            ],
+            "moves": [m.to_json() for m in self.moves],
             "c_r": self.c_r,
             "c_t": self.c_t,
             "subscriptions": self.subscriptions,

@@ -1,78 +1,99 @@
-"""Carrying out an operation between two micro-batches in one process (Tornado 4.4 at a batch boundary).
+"""The balancer's step at a micro-batch boundary, the same on both engines (Tornado 4.4 over micro-batches).
 
-Within a micro-batch every record is routed by the batch's epoch, so when
-every evaluator of the process is between batches, Tornado's two phases
-take no time: the cell transfer (each move's range subscriptions, clipped to
-the moved cells, and its per-cell statistics go from source to target, in
-the order of the moves) completes before the routing update (the sequencer's
-placements and textual summaries, then the next batch's epoch). No record
-is in flight, so none needs forwarding. The Spark engine spreads the same
-steps over two batches (DESIGN "The balancer").
+After micro-batch ``b`` the engine gives :func:`plan_after` every evaluator's
+load summary; an operation becomes a :class:`~skpub.kernel.transfer.TransferPlan`
+and the epoch that routes by its partitioning from ``b + 2``. The engine
+saves both before ``b + 1`` starts; in ``b + 1`` the sources hand off
+(:meth:`skpub.evaluators.evaluator.Evaluator.hand_off`), and at the start of
+``b + 2`` the targets take over and the sequencer rehomes the placements
+(:mod:`skpub.kernel.transfer` says why this realizes Tornado's two phases).
+No plan is made after ``b + 1``: a transfer is in flight.
 
 Top-k/kNN state does not move: objects are immutable and stay in the window
 store of the evaluator that accepted them until they leave the window, and
 every evaluator holds every ranked subscription, so the merge sees the same
 union of candidates before and after; new objects of the moved cells go to
-the target.
+the target (DESIGN "The balancer").
+
+Decisions depend on cost units only (never on seconds), so a replayed batch
+plans exactly as its first attempt and publishes the same epoch.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from skpub.balancer.operation import Operation
-from skpub.evaluators.evaluator import Evaluator
-from skpub.router.partitioning import Partitioning
-from skpub.router.sequencer import Sequencer
-
-
-@dataclass(frozen=True)
-class TransferReport:
-    """What a transfer moved: subscription parts carried by the moves and placements changed."""
-
-    subscriptions: int
-    placements: int
+from skpub.balancer.operation import apply_moves
+from skpub.balancer.policy import decide
+from skpub.kernel.config import BalancerConfig
+from skpub.kernel.load import LoadSummary
+from skpub.kernel.transfer import TransferPlan
+from skpub.router.agrid import AGrid
+from skpub.router.epoch import RoutingEpoch
+from skpub.router.errors import RoutingError
 
 
-def transfer(
-    operation: Operation, after: Partitioning, evaluators: Sequence[Evaluator], sequencer: Sequencer
-) -> TransferReport:
-    """Move the state of ``operation``'s cells between ``evaluators`` and update ``sequencer``'s placements.
+def plan_after(
+    settings: BalancerConfig, epoch: RoutingEpoch, summaries: Sequence[LoadSummary], batch: int
+) -> tuple[TransferPlan, RoutingEpoch] | None:
+    """Decide after micro-batch ``batch``; return the plan and the epoch it publishes, or None.
 
     Parameters
     ----------
-    operation : Operation
-        Its moves, applied in order (a split/merge first empties Z into Y).
-    after : Partitioning
-        The partitioning once the moves are applied (:func:`~skpub.balancer.operation.apply_moves`).
-    evaluators : sequence of Evaluator
-        Every evaluator, indexed by id, between two micro-batches.
-    sequencer : Sequencer
-        The routing unit's serial state.
+    settings : BalancerConfig
+    epoch : RoutingEpoch
+        The epoch that routed ``batch``.
+    summaries : sequence of LoadSummary
+        Every evaluator's summary at the end of ``batch``.
+    batch : int
 
     Returns
     -------
-    TransferReport
-        Cost O(moves x subscriptions held by the sources).
+    (TransferPlan, RoutingEpoch) or None
+        The new epoch is number ``epoch.number + 1``, from ``batch + 2``.
+        O(moves x rectangles + grid cells) beyond the decision.
+
+    Raises
+    ------
+    RoutingError
+        If a move's cells are not all its source's before the operation (the
+        sources hand off what they hold at the end of ``batch + 1``, so an
+        operation may not pass cells on twice).
     """
-    touched: set[str] = set()
-    carried = 0
-    for move in operation.moves:
-        source, target = evaluators[move.source], evaluators[move.target]
-        parts = source.export_cells(move.cells)
-        target.import_subscriptions(parts)
-        target.load.put(source.load.take(move.cells))
-        carried += len(parts)
-        touched.update(sub.id for sub, _ in parts)
-    for e in operation.evaluators:
-        rectangles = after.boxes_of(e)
-        touched.update(evaluators[e].retain(rectangles))
-        evaluators[e].set_partition(rectangles)
-    changed = 0
-    for sid in sorted(touched):
-        holders = tuple(e for e, ev in enumerate(evaluators) if ev.holds(sid))
-        if set(holders) != set(sequencer.registry.active[sid].evaluators):
-            sequencer.place(sid, holders)
-            changed += 1
-    return TransferReport(carried, changed)
+    operation = decide(settings, epoch.table.partitioning, summaries, batch)
+    if operation is None:
+        return None
+    partitioning = epoch.table.partitioning
+    for m in operation.moves:
+        x0, y0, x1, y1 = m.cells
+        if (partitioning.owner[y0 : y1 + 1, x0 : x1 + 1] != m.source).any():
+            raise RoutingError(f"move {m.cells} takes cells evaluator {m.source} does not own before the operation")
+    after = apply_moves(partitioning, operation.moves)
+    rectangles = {e: tuple(after.boxes_of(e)) for e in operation.evaluators}
+    decision = {**operation.to_json(), "summary_bytes": sum(s.nbytes() for s in summaries)}
+    plan = TransferPlan(batch, epoch.number + 1, operation.moves, rectangles, decision)
+    return plan, RoutingEpoch(epoch.number + 1, batch + 2, AGrid(epoch.table.grid, after))
+
+
+def transfer_line(plan: TransferPlan, counters: Sequence[dict]) -> dict:
+    """Return the balancer log's line of ``plan`` once its sources handed off.
+
+    ``counters`` are the sources' :meth:`~skpub.kernel.transfer.Handoff.counters`.
+
+    Written as ``balancer/part-<transfer batch>.jsonl``: the decision
+    (operation, evaluators, moves, C_r, C_t, summary bytes) and what the
+    transfer carried (subscription parts, cells with cost, subscriptions the
+    sources drop, hand-off bytes and seconds).
+    """
+    return {
+        "batch": plan.batch,
+        "epoch": plan.epoch,
+        "transfer_batch": plan.transfer_batch,
+        "first_batch": plan.first_batch,
+        **plan.decision,
+        "subscription_parts_moved": sum(c["parts"] for c in counters),
+        "cells_moved": sum(c["cells"] for c in counters),
+        "subscriptions_dropped": sum(c["dropped"] for c in counters),
+        "bytes": sum(c["bytes"] for c in counters),
+        "transfer_seconds": sum(c["seconds"] for c in counters),
+    }

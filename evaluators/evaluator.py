@@ -27,7 +27,6 @@ from skpub.evaluators.monitor import RankedMonitor
 from skpub.evaluators.stats import CellCostStats
 from skpub.evaluators.window import STATE_BLOCK, block_of
 from skpub.kernel.config import Deployment
-from skpub.kernel.geometry import Rect
 from skpub.kernel.grid import CellBox, intersect_boxes
 from skpub.kernel.load import LoadSummary
 from skpub.kernel.messages import Delivery, Mark, RankedUpdate, Routed
@@ -39,8 +38,11 @@ from skpub.kernel.records import (
     SnapshotMarker,
     TopkSubscription,
     Unsubscribe,
+    range_from_row,
+    range_row,
 )
 from skpub.kernel.text import Vocabulary
+from skpub.kernel.transfer import Carried, Handoff, TransferPlan
 
 
 @dataclass
@@ -167,6 +169,11 @@ class Evaluator:
         """Take the rectangles of this evaluator's partition (for its load statistics; routing decides the rest)."""
         self.load.set_partition(rectangles)
 
+    def ensure_partition(self, rectangles: list[CellBox]) -> None:
+        """Take ``rectangles`` unless they are the partition already (a new evaluator's first batch)."""
+        if self.load.rectangles != [tuple(r) for r in rectangles]:
+            self.set_partition(rectangles)
+
     def load_summary(self, batch_id: int) -> LoadSummary:
         """Return the load summary at the end of micro-batch ``batch_id``, then age the statistics by one batch."""
         summary = self.load.summary(self.evaluator_id, batch_id)
@@ -188,7 +195,55 @@ class Evaluator:
                     out.append((sub, part))
         return sorted(out, key=lambda item: item[0].pos)
 
-    def import_subscriptions(self, parts: list[tuple[RangeSubscription, CellBox]]) -> None:
+    def hand_off(self, plan: TransferPlan) -> Handoff | None:
+        """Hand off what this evaluator's moved cells hold, at the end of ``plan``'s transfer batch; None if no source.
+
+        For each of its moves, in order: the range subscriptions over the
+        cells, clipped to them (:meth:`export_cells`), and the cells' decayed
+        costs, which leave its statistics now; and the subscriptions that meet
+        none of its new rectangles, which it drops at :meth:`take_over`.
+        Call after :meth:`load_summary` of the transfer batch. O(moves x
+        subscriptions held + cells with cost).
+        """
+        mine = [(i, m) for i, m in enumerate(plan.moves) if m.source == self.evaluator_id]
+        if not mine:
+            return None
+        carried = tuple(
+            Carried(i, m.target, tuple(self.export_cells(m.cells)), tuple(sorted(self.load.take(m.cells).items())))
+            for i, m in mine
+        )
+        keep = plan.rectangles[self.evaluator_id]
+        return Handoff(plan.transfer_batch, self.evaluator_id, carried, tuple(sorted(self._outside(keep))))
+
+    def take_over(self, plan: TransferPlan, handoffs: Iterable[Handoff]) -> None:
+        """Complete ``plan`` here at the start of its first batch: import what is carried to us, keep the new partition.
+
+        Subscription parts carried here are indexed (over the union box when
+        one is held already) and their cell costs join the statistics, in
+        the plan's move order; then an evaluator the plan touches drops the
+        subscriptions left outside its new rectangles and takes them.
+
+        Raises
+        ------
+        EvaluatorError
+            If a move to this evaluator has no carried entry in ``handoffs``.
+        """
+        e = self.evaluator_id
+        carried = {c.move: c for h in handoffs for c in h.carried if c.target == e}
+        for i, move in enumerate(plan.moves):
+            if move.target != e:
+                continue
+            if i not in carried:
+                raise EvaluatorError(f"move {i} of plan {plan.batch} to evaluator {e} was not handed off")
+            self.import_subscriptions(carried[i].subscriptions)
+            self.load.put(dict(carried[i].costs))
+        if e in plan.rectangles:
+            rectangles = list(plan.rectangles[e])
+            for sid in self._outside(rectangles):
+                self._drop(sid)
+            self.set_partition(rectangles)
+
+    def import_subscriptions(self, parts: Iterable[tuple[RangeSubscription, CellBox]]) -> None:
         """Index range subscriptions brought by a move; one already held is re-indexed over the union box."""
         for sub, box in parts:
             if sub.id in self.home:
@@ -196,25 +251,15 @@ class Evaluator:
                 box = (min(old[0], box[0]), min(old[1], box[1]), max(old[2], box[2]), max(old[3], box[3]))
             self._insert(sub, box)
 
-    def holds(self, sub_id: str) -> bool:
-        """Whether range subscription ``sub_id`` is indexed here."""
-        return sub_id in self.home
-
-    def retain(self, rectangles: list[CellBox]) -> list[str]:
-        """Drop the range subscriptions whose box meets none of ``rectangles``; return their ids.
-
-        After a move, the subscriptions of the cells that left and of no
-        other cell here.
-        """
-        gone = [
+    def _outside(self, rectangles: Iterable[CellBox]) -> list[str]:
+        """Ids of the range subscriptions whose box meets none of ``rectangles``."""
+        rectangles = list(rectangles)
+        return [
             sid
             for block in self.blocks.values()
             for sid, (_, box) in block.items()
             if all(intersect_boxes(box, r) is None for r in rectangles)
         ]
-        for sid in gone:
-            self._drop(sid)
-        return gone
 
     def _delete(self, sub_id: str) -> None:
         key = self.home.pop(sub_id, None)
@@ -241,13 +286,16 @@ class Evaluator:
         deployment: Deployment,
         vocabulary: Vocabulary,
         blocks: Mapping[int, bytes],
+        load: bytes | None = None,
     ) -> Evaluator:
-        """Rebuild an evaluator (and its GI^2 index) from serialized state blocks.
+        """Rebuild an evaluator (and its GI^2 index) from serialized state blocks and load statistics.
+
+        ``load`` is :meth:`~skpub.evaluators.load.CellLoad.to_document` output (None: none kept).
 
         Raises
         ------
         EvaluatorError
-            If a block is not a state block of :data:`skpub.evaluators.durable.FORMAT`.
+            If a block is not a state block of :data:`skpub.evaluators.durable.FORMAT`, or ``load`` is damaged.
         """
         ev = cls(evaluator_id, deployment, vocabulary, durable=True)
         for key, data in blocks.items():
@@ -257,6 +305,11 @@ class Evaluator:
                 ev.home[sid] = key
                 ev.index.insert(sub, box)
                 ev.load.add_subscription(sid, box)
+        if load is not None:
+            try:
+                ev.load.restore(load, {sid: box for block in ev.blocks.values() for sid, (_, box) in block.items()})
+            except ValueError as exc:
+                raise EvaluatorError(str(exc)) from None
         return ev
 
 
@@ -266,15 +319,11 @@ def _describe(record: object) -> str:
 
 
 def encode_block(block: Mapping[str, tuple[RangeSubscription, CellBox]]) -> bytes:
-    """Serialize one state block as a versioned JSON document (never pickle: state must not execute on load).
+    """Serialize one state block as a versioned JSON document of :func:`~skpub.kernel.records.range_row` rows.
 
-    Each subscription is ``[id, pos, [xmin, ymin, xmax, ymax], [[clause terms], ...], [cx0, cy0, cx1, cy1]]``.
+    Never pickle: state must not execute on load.
     """
-    subs = [
-        [sub.id, sub.pos, sub.rect.as_list(), [sorted(clause) for clause in sub.dnf], list(box)]
-        for sub, box in block.values()
-    ]
-    return state_document(subs, "subscriptions")
+    return state_document([range_row(sub, box) for sub, box in block.values()], "subscriptions")
 
 
 def decode_block(data: bytes) -> dict[str, tuple[RangeSubscription, CellBox]]:
@@ -287,20 +336,9 @@ def decode_block(data: bytes) -> dict[str, tuple[RangeSubscription, CellBox]]:
     """
     try:
         block = {}
-        for sid, pos, rect, dnf, box in state_rows(data, "subscriptions"):
-            if not isinstance(sid, str) or type(pos) is not int:
-                raise TypeError("a subscription id is a string and its position an integer")
-            clauses = tuple(frozenset(_strings(clause)) for clause in dnf)
-            cells = tuple(int(c) for c in box)
-            if len(cells) != 4 or not clauses:
-                raise ValueError("a cell box has 4 cells and a subscription at least one clause")
-            block[sid] = (RangeSubscription(pos, sid, Rect(*(float(v) for v in rect)), clauses), cells)
+        for row in state_rows(data, "subscriptions"):
+            sub, box = range_from_row(row)
+            block[sub.id] = (sub, box)
     except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
         raise EvaluatorError(f"damaged evaluator state block: {exc}") from None
     return block
-
-
-def _strings(values: list) -> list[str]:
-    if not all(isinstance(v, str) for v in values):
-        raise TypeError("clause terms must be strings")
-    return values

@@ -17,10 +17,13 @@ each subscribe and unsubscribe in O(rectangles and blocks the part covers).
 from __future__ import annotations
 
 import numpy as np
+import orjson
 
 from skpub.kernel.grid import CellBox, intersect_boxes
 from skpub.kernel.load import BlockLoad, LoadSummary, RectangleLoad
 
+LOAD_FORMAT = 1
+"""Format of :meth:`CellLoad.to_document`."""
 _RENORMALIZE = 1e100
 _FORGOTTEN = 1e-9
 """Cost units below which a cell is dropped at a renormalization (bounds memory by the recent load)."""
@@ -111,6 +114,59 @@ class CellLoad:
         for box in self._parts.values():
             for j in fresh:
                 self._count_rect(j, box, 1)
+
+    @property
+    def rectangles(self) -> list[CellBox]:
+        """The rectangles of the partition, in the order :meth:`set_partition` took them."""
+        return [r.box for r in self._rects]
+
+    def to_document(self) -> bytes:
+        """Return the decayed costs and their aggregates as a versioned JSON document (the Spark state store's).
+
+        Floats are written exactly (orjson's shortest round-trip form), so a
+        restored evaluator's summaries equal the live one's bit for bit and a
+        replayed batch decides as its first attempt. Query counts are not
+        written: :meth:`restore` counts them again from the subscriptions.
+        Size O(cells with cost + rows and columns of the rectangles + blocks).
+        """
+        cells = sorted(self._cells.items())
+        return orjson.dumps({
+            "format": LOAD_FORMAT,
+            "scale": self._scale,
+            "cells": [[c for c, _ in cells], [v for _, v in cells]],
+            "rectangles": [[list(r.box), r.columns, r.rows] for r in self._rects],
+            "blocks": [[*key, v] for key, v in sorted(self._block_costs.items())],
+        })  # fmt: skip
+
+    def restore(self, data: bytes, parts: dict[str, CellBox]) -> None:
+        """Take the state of :meth:`to_document` and count the subscription parts ``parts`` (id -> cell box).
+
+        Raises
+        ------
+        ValueError
+            If ``data`` is not such a document of this format.
+        """
+        try:
+            raw = orjson.loads(data)
+            if raw["format"] != LOAD_FORMAT:
+                raise ValueError(f"format {raw['format']!r}, this skpub reads format {LOAD_FORMAT}")
+            rects = []
+            for box, columns, rows in raw["rectangles"]:
+                r = _Rectangle(tuple(int(c) for c in box))
+                if len(columns) != len(r.columns) or len(rows) != len(r.rows):
+                    raise ValueError(f"rectangle {box} has {len(columns)} columns and {len(rows)} rows")
+                r.columns, r.rows = [float(v) for v in columns], [float(v) for v in rows]
+                rects.append(r)
+            ids, values = raw["cells"]
+            cells = {int(c): float(v) for c, v in zip(ids, values, strict=True)}
+            blocks = {(int(i), int(gx), int(gy)): float(v) for i, gx, gy, v in raw["blocks"]}
+            scale = float(raw["scale"])
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"damaged load statistics: {exc}") from None
+        self._scale, self._cells, self._rects, self._rect_memo = scale, cells, rects, {}
+        self._block_costs, self._block_queries, self._parts = blocks, {}, {}
+        for sid, box in parts.items():
+            self.add_subscription(sid, box)
 
     def _rect_index(self, cx: int, cy: int) -> int:
         """Return the index of the rectangle holding cell ``(cx, cy)``, or -1; memoized per cell."""

@@ -59,6 +59,7 @@ from skpub.kernel.parts import delivery_lines, write_lines, write_part
 from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.text import load_vocabulary
+from skpub.kernel.transfer import read_handoffs, read_plan, write_handoff
 from skpub.kernel.wire import from_columns, read_rows_file, table_columns
 
 CONTROL_DDL = "evaluator int, pos bigint, line string, reason string, message string, payload string, updates binary"
@@ -120,6 +121,9 @@ class EvaluatorProcessor(StatefulProcessor):
         Identifies the driver's merge (new at every query start): an
         evaluator that last reported to another merge reports anew (each
         subscription's home evaluator, and the others their non-empty results).
+    balancer_dir : str
+        The checkpoint's balancer directory (:mod:`skpub.kernel.transfer`)
+        when the balancer is on, else ``""``.
 
     Each evaluator runs in its host (:mod:`skpub.evaluators.host`) unless
     :func:`use_hosts` says no on the driver; the worker applies a batch
@@ -127,9 +131,16 @@ class EvaluatorProcessor(StatefulProcessor):
     """
 
     def __init__(
-        self, run_id: str, output_root: str, deployment_json: str, evaluator_keys: list[int], generation: str
+        self,
+        run_id: str,
+        output_root: str,
+        deployment_json: str,
+        evaluator_keys: list[int],
+        generation: str,
+        balancer_dir: str = "",
     ) -> None:
         self.run_id = run_id
+        self.balancer_dir = balancer_dir
         self.output_root = output_root
         self.deployment_json = deployment_json
         self.index_of_key = {k: e for e, k in enumerate(evaluator_keys)}
@@ -143,6 +154,7 @@ class EvaluatorProcessor(StatefulProcessor):
         self.ranked = handle.getMapState("ranked", "batch bigint", "data binary")
         self.clock = handle.getValueState("clock", "accepted bigint, watermark double, generation string")
         self.version = handle.getValueState("version", "batch bigint")
+        self.load = handle.getValueState("load", "data binary")
 
     def _state(self) -> EvaluatorState:
         """Return what the state store holds for the current key."""
@@ -152,6 +164,7 @@ class EvaluatorProcessor(StatefulProcessor):
             self._map(self.window),
             [data for _, data in sorted(self._map(self.ranked).items())],
             (int(accepted), float(watermark), str(generation)),
+            bytes(self.load.get()[0]) if self.load.exists() else None,
         )
 
     def _evaluator(self, e: int, version: int) -> Evaluator:
@@ -173,10 +186,12 @@ class EvaluatorProcessor(StatefulProcessor):
     def handleInputRows(self, key, rows: Iterator[pd.DataFrame], timerValues) -> Iterator[pd.DataFrame]:  # noqa: ANN001, N802, N803
         """Apply one micro-batch's rows for evaluator ``key`` (in its host if it can), save its state, emit outputs."""
         tune_gc()
-        files = set(pd.concat(list(rows), ignore_index=True)[["path", "rows"]].itertuples(index=False, name=None))
+        files = set(
+            pd.concat(list(rows), ignore_index=True)[["path", "rows", "partition"]].itertuples(index=False, name=None)
+        )
         if len(files) != 1:
             raise EvaluatorError(f"evaluator key {key[0]} got {len(files)} files of routed rows, not one")
-        ((rows_path, rows_count),) = files
+        ((rows_path, rows_count, partition),) = files
         batch = BatchInput(
             self.run_id,
             self.index_of_key[int(key[0])],
@@ -187,6 +202,8 @@ class EvaluatorProcessor(StatefulProcessor):
             sum(1 for _ in self.ranked.keys()),
             rows_path,
             int(rows_count),
+            self.balancer_dir,
+            partition,
         )
         outcome = None
         if self.hosts:
@@ -214,6 +231,8 @@ class EvaluatorProcessor(StatefulProcessor):
         elif outcome.ranked is not None:
             self.ranked.updateValue((batch.batch_id,), (outcome.ranked,))
         self.clock.update(outcome.clock)
+        if outcome.load is not None:
+            self.load.update((outcome.load,))
         self.version.update((batch.batch_id,))
         if evaluator is not None:
             _CACHE[(self.run_id, batch.evaluator)] = (batch.batch_id, evaluator)
@@ -262,31 +281,42 @@ class BatchInput:
     saved_ranked: int
     rows_path: str
     rows: int
+    balancer_dir: str = ""
+    partition: str = ""
 
 
 @dataclass
 class EvaluatorState:
-    """An evaluator's entries in the state store: blocks, window segments, ranked changes in order, clock."""
+    """An evaluator's entries in the state store: blocks, window segments, ranked changes in order, clock, load.
+
+    ``load`` is the load statistics' document (:meth:`~skpub.evaluators.load.CellLoad.to_document`), None when
+    the balancer is off.
+    """
 
     blocks: dict[int, bytes]
     window: dict[int, bytes]
     ranked: list[bytes]
     clock: tuple[int, float, str]
+    load: bytes | None = None
 
     def to_message(self) -> tuple[dict, list[bytes]]:
-        """Return the state as a host message (header and blobs)."""
-        header = {"blocks": list(self.blocks), "window": list(self.window), "clock": list(self.clock)}
-        return header, [*self.blocks.values(), *self.window.values(), *self.ranked]
+        """Return the state as a host message (header and blobs; the load, when kept, is the last blob)."""
+        header = {"blocks": list(self.blocks), "window": list(self.window), "clock": list(self.clock),
+                  "load": self.load is not None}  # fmt: skip
+        load = [self.load] if self.load is not None else []
+        return header, [*self.blocks.values(), *self.window.values(), *self.ranked, *load]
 
     @classmethod
     def from_message(cls, header: dict, blobs: list[bytes]) -> EvaluatorState:
         """Rebuild the state of :meth:`to_message`."""
         nb, nw = len(header["blocks"]), len(header["window"])
+        blobs, load = (blobs[:-1], blobs[-1]) if header["load"] else (blobs, None)
         return cls(
             dict(zip(map(int, header["blocks"]), blobs[:nb], strict=True)),
             dict(zip(map(int, header["window"]), blobs[nb : nb + nw], strict=True)),
             blobs[nb + nw :],
             clock_of(header["clock"]),
+            load,
         )
 
 
@@ -304,6 +334,7 @@ class BatchOutcome:
     ranked: bytes | None
     compacted: bytes | None
     clock: tuple[int, float, str]
+    load: bytes | None = None
 
     def to_message(self) -> tuple[dict, list[bytes]]:
         """Return the outcome as a host message (header and blobs; None entries carry no blob)."""
@@ -313,7 +344,7 @@ class BatchOutcome:
             entries = getattr(self, name)
             changes[name] = [[k, v is not None] for k, v in entries.items()]
             blobs += [v for v in entries.values() if v is not None]
-        for name in ("ranked", "compacted"):
+        for name in ("ranked", "compacted", "load"):
             value = getattr(self, name)
             changes[name] = value is not None
             if value is not None:
@@ -338,6 +369,7 @@ class BatchOutcome:
         }
         ranked = next(rest) if header["ranked"] else None
         compacted = next(rest) if header["compacted"] else None
+        load = next(rest) if header["load"] else None
         return cls(
             header["counters"],
             [DeadLetter(*row) for row in header["dead_letters"]],
@@ -349,6 +381,7 @@ class BatchOutcome:
             ranked,
             compacted,
             clock_of(header["clock"]),
+            load,
         )
 
 
@@ -373,7 +406,7 @@ def restore_evaluator(e: int, deployment_json: str, state: EvaluatorState | None
     vocabulary = load_vocabulary(deployment.vocabulary)
     if state is None:
         return Evaluator(e, deployment, vocabulary, durable=True)
-    evaluator = Evaluator.restore(e, deployment, vocabulary, state.blocks)
+    evaluator = Evaluator.restore(e, deployment, vocabulary, state.blocks, state.load)
     accepted, watermark, generation = state.clock
     clock = (accepted, watermark)
     evaluator.monitor = RankedMonitor.restore(e, deployment, vocabulary, clock, state.window, state.ranked)
@@ -393,7 +426,10 @@ def apply_batch(evaluator: Evaluator, columns: dict, batch: BatchInput, restore_
     if evaluator.monitor.generation != batch.generation:
         evaluator.monitor.forget_reports()
         evaluator.monitor.generation = batch.generation
+    if batch.balancer_dir:
+        take_over(evaluator, batch)
     result = evaluator.apply_many(from_columns(columns, e), batch_id)
+    balancer = hand_off(evaluator, batch) if batch.balancer_dir else {}
     start = time.thread_time()
     blocks = evaluator.take_dirty_blocks()
     window, ranked = evaluator.monitor.take_changes()
@@ -414,12 +450,60 @@ def apply_batch(evaluator: Evaluator, columns: dict, batch: BatchInput, restore_
         "restore_cpu_seconds": restore_seconds,
         "state_cpu_seconds": state,
         "ranked": {key: stats[key] for key in ("reevaluations", "reevaluated", "reevaluation_cpu_seconds", "fills")},
+        **balancer,
     }
     clock = (store.accepted, store.watermark, evaluator.monitor.generation)
     updates = encode_updates(result.updates)
+    load = evaluator.load.to_document() if batch.balancer_dir else None
     return BatchOutcome(
-        counters, result.dead_letters, updates, deliveries, stats, blocks, window, ranked, compacted, clock
+        counters, result.dead_letters, updates, deliveries, stats, blocks, window, ranked, compacted, clock, load
     )
+
+
+def take_over(evaluator: Evaluator, batch: BatchInput) -> None:
+    """Before the batch: complete the transfer whose routing update opens it (its plan and hand-offs), if any.
+
+    Then the evaluator takes its partition in the batch's epoch unless it
+    has it (a new evaluator's first batch).
+
+    Raises
+    ------
+    EvaluatorError
+        If the plan or a hand-off is damaged or missing.
+    """
+    try:
+        plan = read_plan(batch.balancer_dir, batch.batch_id - 2)
+        if plan is not None:
+            evaluator.take_over(plan, read_handoffs(batch.balancer_dir, plan))
+    except ValueError as exc:
+        raise EvaluatorError(str(exc)) from None
+    evaluator.ensure_partition([tuple(box) for box in json.loads(batch.partition)])
+
+
+def hand_off(evaluator: Evaluator, batch: BatchInput) -> dict:
+    """After the batch: the load summary for the driver, and the hand-off when the batch is a plan's transfer batch.
+
+    Returns the counters' ``load`` (:meth:`~skpub.kernel.load.LoadSummary.to_json`) and, for a source,
+    ``handoff`` (:meth:`~skpub.kernel.transfer.Handoff.counters`); the hand-off is written atomically
+    (a replay writes the same document again).
+
+    Raises
+    ------
+    EvaluatorError
+        If the plan is damaged.
+    """
+    out = {"load": evaluator.load_summary(batch.batch_id).to_json()}
+    try:
+        plan = read_plan(batch.balancer_dir, batch.batch_id - 1)
+    except ValueError as exc:
+        raise EvaluatorError(str(exc)) from None
+    if plan is not None:
+        start = time.thread_time()
+        handoff = evaluator.hand_off(plan)
+        if handoff is not None:
+            nbytes = write_handoff(batch.balancer_dir, handoff)
+            out["handoff"] = handoff.counters(nbytes, time.thread_time() - start)
+    return out
 
 
 def read_rows(batch: BatchInput) -> dict[str, list]:

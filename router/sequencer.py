@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -32,6 +32,7 @@ from skpub.kernel.config import Window
 from skpub.kernel.decode import clip
 from skpub.kernel.grid import CellBox
 from skpub.kernel.registry import IdRegistry
+from skpub.kernel.transfer import Handoff, holders_after
 from skpub.kernel.wire import KINDS, MARK, OBJECT, ROUTED_SCHEMA, SUBSCRIBE
 from skpub.router.summary import TextualSummaries
 
@@ -184,6 +185,22 @@ class Sequencer:
         self._remove_placement(old)
         self.registry.place(rid, new)
         self._add_placement(new)
+
+    def rehome(self, handoffs: Iterable[Handoff]) -> int:
+        """Move the placements of the subscriptions a transfer carried (its routing update); return how many changed.
+
+        Each changes through :meth:`place` (journaled), in id order, to the
+        holders :func:`~skpub.kernel.transfer.holders_after` gives. O(parts
+        carried + subscriptions dropped).
+        """
+        handoffs = list(handoffs)
+        named = {sid for h in handoffs for sid in h.dropped}
+        named.update(sub.id for h in handoffs for c in h.carried for sub, _ in c.subscriptions)
+        before = {sid: self.registry.active[sid].evaluators for sid in named}
+        changed = holders_after(before, handoffs)
+        for sid, evaluators in changed.items():
+            self.place(sid, evaluators)
+        return len(changed)
 
     @property
     def watermark(self) -> float:

@@ -67,7 +67,7 @@ def test_balancer_metrics_count_what_the_balancer_did(tmp_path):
     values = sample_values(metrics)
     log = read_stream(tmp_path / "out", "balancer")
     operations = {labels: v for (name, labels), v in values.items() if name == "skpub_rebalance_operations_total"}
-    assert sum(operations.values()) == len(log) == summary.batches
+    assert sum(operations.values()) == len(log) == summary.batches // 2  # none decided while one is in flight
     assert {dict(labels)["operation"] for labels in operations} == {r["operation"] for r in log}
     assert values[("skpub_migrated_subscriptions_total", ())] == sum(r["subscription_parts_moved"] for r in log)
     loads = [v for (name, _), v in values.items() if name == "skpub_evaluator_load"]

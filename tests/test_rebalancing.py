@@ -47,7 +47,10 @@ def test_range_results_equal_the_oracle_under_chaos(tmp_path, router, evaluators
     assert_outputs_equal_oracle(out, lines, dep)
     operations = read_stream(out, "balancer")
     batches = -(-len(lines) // batch_size)
-    assert len(operations) == (batches if evaluators > 1 else 0)
+    # one operation every other batch (none is decided while one is in flight); the last one decided may
+    # find no transfer batch
+    assert len(operations) == (batches // 2 if evaluators > 1 else 0)
+    assert all(op["transfer_batch"] == op["batch"] + 1 and op["first_batch"] == op["batch"] + 2 for op in operations)
     assert sum(n for k, n in summary.balancer.items() if k not in ("subscriptions", "placements")) == len(operations)
     if evaluators > 1 and batch_size < 50:
         assert summary.balancer["placements"] > 0
@@ -83,7 +86,7 @@ def test_the_operation_log_is_the_same_for_the_same_input_and_deployment(tmp_pat
     def log(out):
         return [{k: v for k, v in row.items() if not k.endswith("seconds")} for row in read_stream(out, "balancer")]
 
-    assert log(first) == log(second) and len(log(first)) == 20
+    assert log(first) == log(second) and len(log(first)) == 10
     kinds = {row["operation"] for row in log(first)}
     assert {"split_merge", "migration"} <= kinds and kinds & {"horizontal_shift", "vertical_shift", "corner_shift"}
     assert all(json.dumps(row) for row in log(first))
@@ -144,16 +147,6 @@ def test_bad_balancer_settings_are_refused_with_a_sentence(raw):
 
     with pytest.raises(ConfigError):
         deployment_from_json({"balancer": raw})
-
-
-def test_the_spark_engine_refuses_to_rebalance_before_starting(tmp_path):
-    from skpub.app.engines.spark import run_spark
-    from skpub.kernel.errors import ConfigError
-
-    dep = chaos(deployment())
-    with pytest.raises(ConfigError, match="does not rebalance yet"):
-        run_spark(tmp_path / "in.jsonl", tmp_path / "out", dep, RunObserver(RunSummary("spark", "agrid", 4)))
-    assert not (tmp_path / "out").exists()
 
 
 def test_placements_moved_by_a_rebalancing_are_journaled_and_replayed():

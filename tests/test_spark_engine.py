@@ -209,7 +209,7 @@ def test_killed_run_restarts_from_checkpoint_with_exact_output(tmp_path):
 
 
 @pytest.mark.integration
-def test_local_cluster_with_separate_executor_jvms_equals_oracle(tmp_path):
+def test_local_cluster_with_separate_executor_jvms_equals_oracle_under_chaos(tmp_path):
     lines = random_workload(seed=44, n=500)
     source = tmp_path / "in.jsonl"
     write_lines(source, lines)
@@ -220,11 +220,13 @@ def test_local_cluster_with_separate_executor_jvms_equals_oracle(tmp_path):
     proc = _cli([
         "--input", str(source), "--output", str(out), "--evaluators", "2", "--batch-size", "250",
         "--config", str(tmp_path / "dep.json"), "--master", "local-cluster[2,1,1024]",
+        "--balancer", "chaos",
     ])  # fmt: skip
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output
     assert "spark engine" in output
     assert_equals_oracle(out, lines, deployment(evaluators=2, batch_size=250))
+    assert read_stream(out, "balancer"), "the hand-off crossed executors: a source and its target in two JVMs"
     quiet = [line for line in output.splitlines() if line and not line.startswith(("[skpub]", "skpub", "  "))]
     assert quiet == [], "Spark's own lines must go to the engine log, not the terminal"
     log = (out / "_engine.log").read_text()

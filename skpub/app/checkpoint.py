@@ -13,6 +13,8 @@
                          written by the parse task, read by the sequencer task
     routed/rows-<b>-<e>.arrow  micro-batch b's routed rows for evaluator e (Arrow IPC stream),
                          written by the sequencer task, read by the evaluator's task
+    balancer/            rebalancing in flight (skpub.kernel.transfer): plan-<b>.json decided after
+                         micro-batch b by the driver, handoff-<b+1>-<e>.json written by source evaluator e
     query/               Spark's own streaming checkpoint
 
 skpub recognizes its checkpoint by the marker file and this layout. A
@@ -41,10 +43,12 @@ _OWN = {
     "merge": own_files(r"(?:delta|snapshot)-\d{8}\.json"),
     "located": own_files(r"rows-\d{8}-\d{3,}\.arrow"),
     "routed": own_files(r"rows-\d{8}-\d{3,}\.arrow"),
+    "balancer": own_files(r"(?:plan-\d{8}|handoff-\d{8}-\d{3,})\.json"),
 }
 _OWN_FILES_RE = own_files(r"manifest\.json|skpub-checkpoint\.json")
 _ROW_FILE_RE = own_files(r"rows-(\d{8})-\d{3,}\.arrow")
 """Row files and their temporary names: the batch is group 1 in a name, group 2 in a temporary name (own_files)."""
+_BALANCER_FILE_RE = own_files(r"(?:plan|handoff)-(\d{8})(?:-\d{3,})?\.json")
 _MARKER_RE = own_files(r"skpub-checkpoint\.json")
 
 
@@ -82,6 +86,7 @@ class Checkpoint:
         self.merge = self.root / "merge"
         self.located = self.root / "located"
         self.routed = self.root / "routed"
+        self.balancer = self.root / "balancer"
         self.query = self.root / "query"
         self.manifest = self.root / MANIFEST
 
@@ -185,6 +190,15 @@ class Checkpoint:
                 match = _ROW_FILE_RE.fullmatch(path.name)
                 if match is not None:
                     out.setdefault(int(match.group(1) or match.group(2)), []).append(path)
+        return out
+
+    def balancer_files(self) -> dict[int, list[Path]]:
+        """Batch id -> the plans decided after it and the hand-offs written after it (with temporary names)."""
+        out: dict[int, list[Path]] = {}
+        for path in self.balancer.glob("*.json*") if self.balancer.is_dir() else ():
+            match = _BALANCER_FILE_RE.fullmatch(path.name)
+            if match is not None:
+                out.setdefault(int(match.group(1) or match.group(2)), []).append(path)
         return out
 
     def router_report(self, batch_id: int) -> Path:

@@ -107,9 +107,8 @@ def _run(args: argparse.Namespace) -> int:
         )
         deployment = deployment.replace(balancer=balancer)
     if args.engine == "spark":
-        from skpub.app.engines.spark import refuse_rebalancing, require_java
+        from skpub.app.engines.spark import require_java
 
-        refuse_rebalancing(deployment)  # before the Java check: the same refusal on a machine without Java
         require_java()
     output = Path(args.output)
     check_output(output, args.overwrite)

@@ -42,8 +42,9 @@ class BatchReport:
     scored), ``reevaluation_cpu_seconds`` (the thread CPU they took), ``fills`` (buffers of new or restored
     subscriptions), ``unproven`` (merged results whose tie chains outran the band, DESIGN "Top-k and kNN")."""
     balancer: Counter = field(default_factory=Counter)
-    """Rebalancing after this batch: one count per operation kind, ``subscriptions`` (subscription parts the moves
-    carried), ``placements`` (subscriptions whose evaluators changed)."""
+    """Rebalancing: one count per operation kind whose sources handed off after this batch, ``subscriptions``
+    (subscription parts they carried), ``placements`` (subscriptions whose evaluators changed at the routing
+    update that opened this batch)."""
     hosts: Counter = field(default_factory=Counter)
     """Spark: ``applied`` evaluator batches, ``hosted`` those applied in an evaluator host (the rest were applied
     by the task itself, after rebuilding the evaluator when its worker did not hold it)."""

@@ -91,6 +91,36 @@ class RangeSubscription:
     dnf: DNF
 
 
+def range_row(sub: RangeSubscription, box: tuple[int, int, int, int]) -> list:
+    """Return range subscription ``sub`` indexed over cell box ``box`` as a JSON row (evaluator state, hand-offs).
+
+    The row is ``[id, pos, [xmin, ymin, xmax, ymax], [[clause terms], ...], [cx0, cy0, cx1, cy1]]``.
+    """
+    return [sub.id, sub.pos, sub.rect.as_list(), [sorted(clause) for clause in sub.dnf], list(box)]
+
+
+def range_from_row(row: list) -> tuple[RangeSubscription, tuple[int, int, int, int]]:
+    """Rebuild ``(subscription, cell box)`` from a :func:`range_row` row.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``row`` is not such a row.
+    """
+    sid, pos, rect, dnf, box = row
+    if not isinstance(sid, str) or type(pos) is not int:
+        raise TypeError("a subscription id is a string and its position an integer")
+    clauses = []
+    for clause in dnf:
+        if not all(isinstance(term, str) for term in clause):
+            raise TypeError("clause terms must be strings")
+        clauses.append(frozenset(clause))
+    cells = tuple(int(c) for c in box)
+    if len(cells) != 4 or not clauses:
+        raise ValueError("a cell box has 4 cells and a subscription at least one clause")
+    return RangeSubscription(pos, sid, Rect(*(float(v) for v in rect)), tuple(clauses)), cells
+
+
 @dataclass(slots=True)
 class TopkSubscription:
     """A top-k subscription (SEMANTICS section 3.2); ``weights`` maps term -> weight."""

@@ -68,8 +68,14 @@ ROUTED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("accepted", "bigint"),
     ("watermark", "double"),
 )
-ROUTED_FILE_COLUMNS: tuple[tuple[str, str], ...] = (("evaluator", "int"), ("path", "string"), ("rows", "bigint"))
-"""What Spark carries from the sequencer to an evaluator's task: the file of its routed rows and their number."""
+ROUTED_FILE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("evaluator", "int"),
+    ("path", "string"),
+    ("rows", "bigint"),
+    ("partition", "string"),
+)
+"""What Spark carries from the sequencer to an evaluator's task: the file of its routed rows, their number, and
+(when the balancer is on) the evaluator's partition in the batch's epoch as JSON cell boxes, else ``""``."""
 LOCATED_COLUMNS: tuple[tuple[str, str], ...] = (
     *ROUTED_COLUMNS,
     ("targets", "array<int>"),

@@ -14,15 +14,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from skpub.app.checkpoint import CHECKPOINT_DIR, Checkpoint
 from skpub.app.engines.sink import write_batch
 from skpub.app.output import claim_output, mark_success
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
-from skpub.balancer.operation import apply_moves
-from skpub.balancer.policy import decide
-from skpub.balancer.transfer import transfer
+from skpub.balancer.transfer import plan_after, transfer_line
 from skpub.evaluators.evaluator import Evaluator
 from skpub.evaluators.merge import RankedMerge
 from skpub.kernel.config import Deployment
@@ -30,7 +29,7 @@ from skpub.kernel.inputs import batches, iter_lines, take_sample
 from skpub.kernel.parts import write_part
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.text import load_vocabulary
-from skpub.router.agrid import AGrid
+from skpub.kernel.transfer import Handoff, TransferPlan
 from skpub.router.dispatch import Router
 from skpub.router.epoch import RoutingEpoch
 from skpub.router.initial import initial_table
@@ -43,44 +42,57 @@ def _replay_then(sample: list[bytes], lines: Iterator[bytes]) -> Iterator[bytes]
     yield from lines
 
 
-def rebalance(
-    root: Path,
-    batch_id: int,
-    epoch: RoutingEpoch,
-    evaluators: list[Evaluator],
-    router: Router,
-    deployment: Deployment,
-    report: BatchReport,
-) -> RoutingEpoch:
-    """Decide after micro-batch ``batch_id`` and carry out the operation; return the epoch of the next batch.
+@dataclass
+class Balancing:
+    """The local engine's side of the balancer: the plan in flight, its hand-offs and the epoch it publishes."""
 
-    The operation's line goes to ``root/balancer/part-<batch>.jsonl``. The
-    transfer completes between two batches (:mod:`skpub.balancer.transfer`),
-    so the new epoch is in force from the next batch.
-    """
-    start = time.perf_counter()
-    summaries = [ev.load_summary(batch_id) for ev in evaluators]
-    partitioning = epoch.table.partitioning
-    operation = decide(deployment.balancer, partitioning, summaries, batch_id)
-    if operation is None:
+    root: Path
+    deployment: Deployment
+    plan: TransferPlan | None = None
+    epoch: RoutingEpoch | None = None
+    handoffs: list[Handoff] = field(default_factory=list)
+
+    def start(
+        self, batch_id: int, epoch: RoutingEpoch, evaluators: list[Evaluator], router: Router, report: BatchReport
+    ) -> RoutingEpoch:
+        """Return the epoch of micro-batch ``batch_id``; at a plan's first batch, complete its transfer first.
+
+        The routing update: every target takes its hand-offs over, the
+        participants keep their new partitions, the sequencer rehomes the
+        placements; then the plan's epoch routes.
+        """
+        if self.plan is None or self.plan.first_batch != batch_id:
+            return epoch
+        for ev in evaluators:
+            ev.take_over(self.plan, self.handoffs)
+        report.balancer["placements"] += router.sequencer.rehome(self.handoffs)
+        epoch, self.plan, self.epoch, self.handoffs = self.epoch, None, None, []
         return epoch
-    after = apply_moves(partitioning, operation.moves)
-    transfer_start = time.perf_counter()
-    moved = transfer(operation, after, evaluators, router.sequencer)
-    transfer_seconds = time.perf_counter() - transfer_start
-    line = {
-        "batch": batch_id,
-        "epoch": epoch.number + 1,
-        **operation.to_json(),
-        "subscription_parts_moved": moved.subscriptions,
-        "placements_changed": moved.placements,
-        "summary_bytes": sum(s.nbytes() for s in summaries),
-        "transfer_seconds": transfer_seconds,
-        "seconds": time.perf_counter() - start,
-    }
-    write_part(root, "balancer", batch_id, [line])
-    report.balancer.update({operation.kind: 1, "subscriptions": moved.subscriptions, "placements": moved.placements})
-    return RoutingEpoch(epoch.number + 1, batch_id + 1, AGrid(epoch.table.grid, after))
+
+    def end(self, batch_id: int, epoch: RoutingEpoch, evaluators: list[Evaluator], report: BatchReport) -> None:
+        """After micro-batch ``batch_id``: hand off when it is a plan's transfer batch, else decide.
+
+        A hand-off goes through its JSON document, as on Spark, so both
+        engines carry the same bytes and floats; its line goes to
+        ``root/balancer/part-<batch>.jsonl``.
+        """
+        summaries = [ev.load_summary(batch_id) for ev in evaluators]
+        if self.plan is not None:
+            counters = []
+            for ev in evaluators:
+                start = time.thread_time()
+                handoff = ev.hand_off(self.plan)
+                if handoff is not None:
+                    data = handoff.encode()
+                    self.handoffs.append(Handoff.decode(data))
+                    counters.append(handoff.counters(len(data), time.thread_time() - start))
+            line = transfer_line(self.plan, counters)
+            write_part(self.root, "balancer", batch_id, [line])
+            report.balancer.update({line["operation"]: 1, "subscriptions": line["subscription_parts_moved"]})
+            return
+        decided = plan_after(self.deployment.balancer, epoch, summaries, batch_id)
+        if decided is not None:
+            self.plan, self.epoch = decided
 
 
 def run_local(
@@ -127,21 +139,21 @@ def run_local(
     merge = RankedMerge()
     tune_gc()
     observer.start()
+    balancing = Balancing(root, deployment) if deployment.balancer.mode != "off" else None
     for batch_id, batch in enumerate(batches(stream, deployment.batch_size)):
+        report = BatchReport(batch_id, records=len(batch))
+        if balancing is not None:
+            balance_start = time.thread_time()
+            epoch = balancing.start(batch_id, epoch, evaluators, router, report)
+            report.stage_cpu["balancer"] = time.thread_time() - balance_start
         routed = router.route_many(batch, batch_id, epoch)
         per_evaluator = routed.rows_for(len(evaluators))
         results = [ev.apply_many(rows, batch_id) for ev, rows in zip(evaluators, per_evaluator, strict=True)]
         merge_start, unproven = time.thread_time(), merge.unproven
         events, snapshots = merge.apply(routed.marks, (u for r in results for u in r.updates))
         merge_seconds = time.thread_time() - merge_start
-        report = BatchReport(
-            batch_id,
-            records=len(batch),
-            objects=routed.objects,
-            forwarded=routed.forwarded,
-            routing_seconds=routed.routing_seconds,
-            epoch=epoch.number,
-        )
+        report.objects, report.forwarded = routed.objects, routed.forwarded
+        report.routing_seconds, report.epoch = routed.routing_seconds, epoch.number
         report.ranked.update(
             reevaluations=sum(r.stats.reevaluations for r in results),
             reevaluated=sum(r.stats.reevaluated for r in results),
@@ -171,10 +183,10 @@ def run_local(
             merge=merge_seconds,
             sink=time.thread_time() - sink_start,
         )
-        if deployment.balancer.mode != "off":
+        if balancing is not None:
             balance_start = time.thread_time()
-            epoch = rebalance(root, batch_id, epoch, evaluators, router, deployment, report)
-            report.stage_cpu["balancer"] = time.thread_time() - balance_start
+            balancing.end(batch_id, epoch, evaluators, report)
+            report.stage_cpu["balancer"] += time.thread_time() - balance_start
         observer.on_batch(report)
     mark_success(root, run_id)
     return observer.finish()

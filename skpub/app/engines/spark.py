@@ -45,23 +45,27 @@ from skpub.app.engines.sink import unique_letters
 from skpub.app.engines.spark_tasks import PARSE_REPORT_COLUMNS, ParseTask, SequencerTask, stage_parts, staged_batches
 from skpub.app.output import check_output, claim_output, inspect_output, mark_success
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
+from skpub.balancer.transfer import plan_after, transfer_line
 from skpub.evaluators.merge import RankedMerge, apply_changes, decode_updates, results_json, take_changes
 from skpub.kernel.config import Deployment
-from skpub.kernel.errors import CheckpointError, ConfigError, EngineError, InputError, JavaNotFoundError
+from skpub.kernel.errors import CheckpointError, EngineError, InputError, JavaNotFoundError
 from skpub.kernel.inputs import STDIN, input_files, iter_lines, take_sample
+from skpub.kernel.load import LoadSummary
 from skpub.kernel.parts import write_part
 from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
 from skpub.kernel.text import load_vocabulary
+from skpub.kernel.transfer import read_plan, write_plan
 from skpub.kernel.wire import ROUTED_FILE_COLUMNS, ddl
 from skpub.router.epoch import EpochLog, RoutingEpoch
 from skpub.router.initial import initial_table
 
-MANIFEST_FORMAT = 4
-"""Checkpoint layout version: 4 saves the evaluators' last top-k/kNN reports and merge generation; 3 added
-the watermark to the router's state, the evaluators' window and top-k/kNN state, and the merge's results.
-A checkpoint of another version is never resumed (it is replaced with ``--overwrite``)."""
+MANIFEST_FORMAT = 5
+"""Checkpoint layout version: 5 adds the balancer (its directory, the evaluators' load statistics); 4 saves
+the evaluators' last top-k/kNN reports and merge generation; 3 added the watermark to the router's state, the
+evaluators' window and top-k/kNN state, and the merge's results. A checkpoint of another version is never
+resumed (it is replaced with ``--overwrite``)."""
 MERGE_SNAPSHOT_EVERY = 16
 """Every this many micro-batches the merge's results are saved whole (deltas in between)."""
 DRIVER_JAVA_OPTIONS = "-XX:+UseSerialGC"
@@ -190,10 +194,11 @@ def evaluator_keys(spark, evaluators: int) -> list[int]:  # noqa: ANN001
 class Sink:
     """The ``foreachBatch`` sink: counters and rare dead letters of one micro-batch, idempotent per batch id."""
 
-    def __init__(self, output: Path, checkpoint: Checkpoint, observer: RunObserver) -> None:
+    def __init__(self, output: Path, checkpoint: Checkpoint, observer: RunObserver, deployment: Deployment) -> None:
         self.output = output
         self.checkpoint = checkpoint
         self.observer = observer
+        self.deployment = deployment
         self.merged: tuple[int, RankedMerge] | None = None
 
     def __call__(self, frame, batch_id: int) -> None:  # noqa: ANN001
@@ -235,6 +240,11 @@ class Sink:
         for c in sorted(counters, key=lambda c: c["evaluator"]):
             report.evaluator_cost[c["evaluator"]] = c["cost"]
             report.evaluator_cpu[c["evaluator"]] = c["cpu_seconds"]
+        if self.deployment.balancer.mode != "off":
+            balance_start = time.thread_time()
+            report.balancer["placements"] += routing["placements"]
+            self._balance(batch_id, counters, report)
+            report.stage_cpu["balancer"] = time.thread_time() - balance_start
         self._prune_files(batch_id)
         report.stage_cpu.update(
             parse=routing["parse_cpu_seconds"],
@@ -247,6 +257,45 @@ class Sink:
             sink=sum(c["sink_cpu_seconds"] for c in counters) + time.thread_time() - start - merge_seconds,
         )
         self.observer.on_batch(report)
+
+    def _balance(self, batch_id: int, counters: list[dict], report: BatchReport) -> None:
+        """After micro-batch ``batch_id``: log the transfer its sources handed off, or decide (DESIGN "The balancer").
+
+        A decision is saved as a plan (read by the next batch's sources, and
+        at the start of the one after by the targets and the sequencer)
+        together with the epoch that routes from ``batch_id + 2``; both are
+        deterministic functions of the evaluators' summaries, so a replayed
+        batch saves the same again.
+
+        Raises
+        ------
+        CheckpointError
+            If a plan is damaged, or an evaluator sent no load summary.
+        """
+        directory = self.checkpoint.balancer
+        try:
+            plan = read_plan(directory, batch_id - 1)
+        except ValueError as exc:
+            raise CheckpointError(str(exc)) from None
+        if plan is not None:
+            line = transfer_line(
+                plan, sorted((c["handoff"] for c in counters if "handoff" in c), key=lambda h: h["source"])
+            )
+            write_part(self.output, "balancer", batch_id, [line])
+            report.balancer.update({line["operation"]: 1, "subscriptions": line["subscription_parts_moved"]})
+            return
+        summaries = [
+            LoadSummary.from_json(c["load"]) for c in sorted(counters, key=lambda c: c["evaluator"]) if "load" in c
+        ]
+        if [s.evaluator for s in summaries] != list(range(self.deployment.evaluators)):
+            raise CheckpointError(
+                f"micro-batch {batch_id} lacks load summaries: got {[s.evaluator for s in summaries]}"
+            )
+        epochs = EpochLog(self.checkpoint.epochs)
+        decided = plan_after(self.deployment.balancer, epochs.for_batch(batch_id), summaries, batch_id)
+        if decided is not None:
+            write_plan(directory, decided[0])
+            epochs.publish(decided[1])
 
     def _merge_before(self, batch_id: int) -> RankedMerge:
         """Return the merge as after micro-batch ``batch_id - 1``: kept from the last call, or rebuilt.
@@ -288,6 +337,12 @@ class Sink:
         """
         for b, paths in self.checkpoint.row_files().items():
             if b <= batch_id:
+                for path in paths:
+                    path.unlink(missing_ok=True)
+        for b, paths in self.checkpoint.balancer_files().items():
+            if (
+                b < batch_id - 2
+            ):  # a replay of batch_id reads the plan of batch_id - 2 and the hand-offs of batch_id - 1
                 for path in paths:
                     path.unlink(missing_ok=True)
         for files in (self.checkpoint.router_files, self.checkpoint.merge_files):
@@ -369,23 +424,9 @@ def _open_checkpoint(
     }
     checkpoint.router.mkdir(parents=True, exist_ok=True)
     checkpoint.merge.mkdir(parents=True, exist_ok=True)
+    checkpoint.balancer.mkdir(parents=True, exist_ok=True)
     atomic_write_text(checkpoint.manifest, json.dumps(manifest))
     return manifest
-
-
-def refuse_rebalancing(deployment: Deployment) -> None:
-    """Refuse a deployment whose balancer is not ``off``: the Spark engine does not rebalance yet.
-
-    Raises
-    ------
-    ConfigError
-        With the way out (``--engine local`` or ``--balancer off``).
-    """
-    if deployment.balancer.mode != "off":
-        raise ConfigError(
-            f"the Spark engine does not rebalance yet (balancer mode {deployment.balancer.mode!r}); "
-            "use --engine local, or --balancer off"
-        )
 
 
 def run_spark(
@@ -428,10 +469,7 @@ def run_spark(
         If the streaming query fails.
     skpub.kernel.errors.InputError
         If the input is missing or empty, or is standard input.
-    ConfigError
-        If the deployment's balancer is not ``off`` (the Spark engine does not rebalance yet).
     """
-    refuse_rebalancing(deployment)
     if str(input_path) == STDIN:
         raise InputError("the Spark engine reads files (it stages and fingerprints them); use --engine local for -")
     if not all(f.is_file() for f in input_files(input_path)):
@@ -484,12 +522,13 @@ def _run_query(
         .select("path", "content")
     )
     root = str(output)
+    balancer_dir = str(ckpt.balancer) if deployment.balancer.mode != "off" else ""
     located = files.mapInArrow(ParseTask(str(ckpt.root), root, deployment_json), ddl(PARSE_REPORT_COLUMNS))
     routed = located.repartition(1).mapInArrow(
         SequencerTask(str(ckpt.root), root, run_id, deployment_json, keys, manifest["parts"]), ddl(ROUTED_FILE_COLUMNS)
     )
     outputs = routed.groupBy("evaluator").transformWithStateInPandas(
-        EvaluatorProcessor(run_id, root, deployment_json, keys, uuid.uuid4().hex),
+        EvaluatorProcessor(run_id, root, deployment_json, keys, uuid.uuid4().hex, balancer_dir),
         CONTROL_DDL,
         "Append",
         "None",
@@ -498,7 +537,7 @@ def _run_query(
     observer.note("running; the first micro-batch pays Spark's warm-up")
     observer.start()
     query = (
-        outputs.writeStream.foreachBatch(Sink(output, ckpt, observer))
+        outputs.writeStream.foreachBatch(Sink(output, ckpt, observer, deployment))
         .option("checkpointLocation", str(ckpt.query))
         .trigger(availableNow=True)
         .start()

@@ -51,6 +51,7 @@ from skpub.kernel.registry import IdRegistry
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
 from skpub.kernel.text import load_vocabulary
+from skpub.kernel.transfer import read_handoffs, read_plan
 from skpub.kernel.wire import LOCATED_SCHEMA, ROUTED_FILE_COLUMNS, arrow_schema, read_rows_file, table_bytes
 from skpub.router.dispatch import marks, rejected_letters
 from skpub.router.epoch import EpochLog
@@ -164,10 +165,13 @@ class SequencerTask:
         start = time.thread_time()
         items, reports = _in_stream_order(table, self.parts, batch_id)
         checkpoint = Checkpoint(self.checkpoint_root)
+        epoch = EpochLog(checkpoint.epochs).for_batch(batch_id)
         deployment = deployment_from_text(self.deployment_json)
         restore = time.thread_time()
         sequencer = _sequencer_before(checkpoint, self.run_id, deployment, batch_id)
         restore = time.thread_time() - restore
+        balancing = deployment.balancer.mode != "off"
+        placements = _rehome(checkpoint, sequencer, batch_id) if balancing else 0
         decisions = sequencer.sequence_table(items)
         end = stream_position(batch_id, sum(r["lines"] for r in reports))
         routed = routed_table(items, decisions, self.keys, end)
@@ -187,17 +191,20 @@ class SequencerTask:
             "parse_cpu_seconds": sum(r["cpu_seconds"] for r in reports),
             "sequencer_cpu_seconds": time.thread_time() - start,
             "restore_cpu_seconds": restore,
-            "epoch": EpochLog(checkpoint.epochs).for_batch(batch_id).number,
+            "epoch": epoch.number,
             "marks": marks(decisions, items, end),
+            "placements": placements,
         }
         atomic_write_text(checkpoint.router_report(batch_id), json.dumps(report))
-        files = _write_routed(checkpoint, batch_id, routed, self.keys)
+        files = _write_routed(checkpoint, batch_id, routed, self.keys, every=balancing)
         _SEQUENCERS[self.run_id] = (batch_id, sequencer)
+        partitioning = epoch.table.partitioning
         yield pa.RecordBatch.from_pydict(
             {
                 "evaluator": [self.keys[e] for e in files],
                 "path": [str(path) for path, _ in files.values()],
                 "rows": [rows for _, rows in files.values()],
+                "partition": [json.dumps(partitioning.boxes_of(e)) if balancing else "" for e in files],
             },
             schema=ROUTED_FILE_SCHEMA,
         )
@@ -207,19 +214,38 @@ _SEQUENCERS: dict[str, tuple[int, Sequencer]] = {}
 
 
 def _write_routed(
-    checkpoint: Checkpoint, batch_id: int, routed: pa.Table, keys: list[int]
+    checkpoint: Checkpoint, batch_id: int, routed: pa.Table, keys: list[int], every: bool = False
 ) -> dict[int, tuple[Path, int]]:
     """Write each evaluator's routed rows (stream order kept) to its file; return evaluator index -> (file, rows).
 
-    Only evaluators with rows get a file, as only they had rows to group.
+    Only evaluators with rows get a file, as only they had rows to group,
+    unless ``every`` (the balancer is on: every evaluator reports its load,
+    and hands off or takes over, at every batch).
     """
     files = {}
     for e, rows in enumerate(evaluator_tables(routed, keys)):
-        if rows.num_rows:
+        if rows.num_rows or every:
             path = checkpoint.routed_file(batch_id, e)
             atomic_write_bytes(path, table_bytes(rows))
             files[e] = (path, rows.num_rows)
     return files
+
+
+def _rehome(checkpoint: Checkpoint, sequencer: Sequencer, batch_id: int) -> int:
+    """Move the placements of a transfer completing at micro-batch ``batch_id`` (none: 0); return how many changed.
+
+    Raises
+    ------
+    CheckpointError
+        If the plan or a hand-off is damaged or missing.
+    """
+    try:
+        plan = read_plan(checkpoint.balancer, batch_id - 2)
+        if plan is None:
+            return 0
+        return sequencer.rehome(read_handoffs(checkpoint.balancer, plan))
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
 
 
 def _check_complete(reports: list[dict], parts: int, batch_id: int) -> None:
