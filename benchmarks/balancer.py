@@ -34,6 +34,7 @@ Run: python -m benchmarks.balancer [--parts migration decision statistics drift]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -193,6 +194,8 @@ def part_drift(args) -> None:
                 knn_fraction=0.0,
                 window=0,
                 keyword_percentile=100.0,
+                live=args.live,
+                burst_regions=args.burst_regions,
             )
             stream, vocabulary = write_workload(spec, f"{tmp}/workload-{scale}")
             base: Deployment = deployment_from_json(deployment_of(spec)).replace(
@@ -200,7 +203,10 @@ def part_drift(args) -> None:
             )
             results = {}
             for mode in ("off", "adaptive"):
-                dep = base.replace(balancer=BalancerConfig(mode=mode))
+                settings = BalancerConfig(mode=mode)
+                if args.beta is not None:
+                    settings = dataclasses.replace(settings, beta=args.beta)
+                dep = base.replace(balancer=settings)
                 recorder = _Recorder(RunObserver(RunSummary("local", dep.router, 8), stream=None))
                 start = time.perf_counter()
                 run_local(stream, f"{tmp}/out-{scale}-{mode}", dep, recorder)
@@ -256,6 +262,9 @@ def main() -> None:
     parser.add_argument("--scales", type=float, nargs="+", default=[0.4, 0.55, 0.7])
     parser.add_argument("--objects", type=int, default=None, help="objects of the drift workload (default all)")
     parser.add_argument("--batch-size", type=int, default=5000)
+    parser.add_argument("--live", type=int, default=10_000, help="live subscriptions of the drift workload")
+    parser.add_argument("--burst-regions", type=float, default=0.0, help="keyword burst share of the drift workload")
+    parser.add_argument("--beta", type=float, default=None, help="the adaptive runs' beta (default the deployment's)")
     args = parser.parse_args()
     for name in args.parts:
         PARTS[name](args)

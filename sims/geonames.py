@@ -29,6 +29,14 @@ around a centre that moves ``drift_phases`` times (through the four corners
 of the room the shrunk world leaves, anticlockwise from the south-west, and
 round again), one phase per equal share of the objects; subscriptions are shrunk with the
 phase in which they are registered, so they follow the hot spot.
+
+A *keyword burst* (``burst_regions`` > 0, PS2Stream VI-D's switching
+regions): the space is cut into 10 x 10 regions and, in each of the
+``drift_phases`` phases, a seeded ``burst_regions`` share of them bursts: a
+subscription sampled at a place there takes that place's 1-2 most frequent
+terms as keywords (PS2Stream's STS-Q1 type, frequent keywords) instead of
+selective ones (STS-Q2), so the matching load of those regions jumps while
+their objects stay the same, and moves when the phase changes.
 """
 
 from __future__ import annotations
@@ -68,8 +76,11 @@ class WorkloadSpec:
     window: int = 100_000
     drift_scale: float = 1.0
     drift_phases: int = 4
+    burst_regions: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.burst_regions <= 1:
+            raise ValueError("burst_regions must be in [0, 1]")
         if not 0 < self.drift_scale <= 1 or self.drift_phases < 1:
             raise ValueError("drift_scale must be in (0, 1] and drift_phases >= 1")
         if self.live < 0 or not 0 < self.keyword_percentile <= 100:
@@ -125,10 +136,31 @@ def _keyword_pool(df: Counter, percentile: float) -> set[str]:
     return set(ranked[excluded:])
 
 
+BURST_GRID = 10
+"""Regions per side of the keyword burst (PS2Stream VI-D cuts the USA into 100)."""
+
+
+def bursting(spec: WorkloadSpec, phase: int) -> frozenset[int]:
+    """Return the regions (``row * BURST_GRID + column``) that burst in phase ``phase``, seeded by (seed, phase)."""
+    count = int(round(spec.burst_regions * BURST_GRID**2))
+    if not count:
+        return frozenset()
+    rng = np.random.default_rng([spec.seed, phase])
+    return frozenset(rng.choice(BURST_GRID**2, size=count, replace=False).tolist())
+
+
+def region_of(x: float, y: float) -> int:
+    """Return the burst region of point ``(x, y)`` (degrees)."""
+    column = min(BURST_GRID - 1, int((x - SPACE.xmin) / SPACE.width * BURST_GRID))
+    row = min(BURST_GRID - 1, int((y - SPACE.ymin) / SPACE.height * BURST_GRID))
+    return row * BURST_GRID + column
+
+
 class _SubscriptionSampler:
-    def __init__(self, places: tuple[Place, ...], pool: set[str], spec: WorkloadSpec, rng) -> None:
-        self.places, self.pool, self.spec, self.rng = places, pool, spec, rng
+    def __init__(self, places: tuple[Place, ...], pool: set[str], df: Counter, spec: WorkloadSpec, rng) -> None:
+        self.places, self.pool, self.df, self.spec, self.rng = places, pool, df, spec, rng
         self.count = 0
+        self.bursting: frozenset[int] = frozenset()
 
     def sample(self) -> dict:
         rng, spec = self.rng, self.spec
@@ -137,8 +169,12 @@ class _SubscriptionSampler:
             eligible = [t for t in place.terms if t in self.pool]
             if eligible:
                 break
-        k = int(min(len(eligible), rng.integers(1, 4)))
-        keywords = [eligible[i] for i in rng.choice(len(eligible), size=k, replace=False)]
+        if self.bursting and region_of(place.x, place.y) in self.bursting:
+            frequent = sorted(place.terms, key=lambda t: (-self.df[t], t))
+            keywords = frequent[: int(min(len(frequent), rng.integers(1, 3)))]
+        else:
+            k = int(min(len(eligible), rng.integers(1, 4)))
+            keywords = [eligible[i] for i in rng.choice(len(eligible), size=k, replace=False)]
         u = rng.random()
         if u < spec.topk_fraction:
             return self._topk(place, keywords)
@@ -212,11 +248,13 @@ def generate(spec: WorkloadSpec) -> Iterator[str]:
     """Yield the workload's JSON lines in stream order (deterministic in ``spec``)."""
     rng = np.random.default_rng(spec.seed)
     places = load_places()
-    pool = _keyword_pool(document_frequencies(places), spec.keyword_percentile)
+    df = document_frequencies(places)
+    pool = _keyword_pool(df, spec.keyword_percentile)
     order = rng.permutation(len(places))
     if spec.objects is not None:
         order = order[: spec.objects]
-    sampler = _SubscriptionSampler(places, pool, spec, rng)
+    sampler = _SubscriptionSampler(places, pool, df, spec, rng)
+    sampler.bursting = bursting(spec, 0)
     due: dict[int, list[str]] = {}
     inserted = 0
     per_phase = -(-len(order) // spec.drift_phases) if len(order) else 1
@@ -239,6 +277,8 @@ def generate(spec: WorkloadSpec) -> Iterator[str]:
     for i, idx in enumerate(order):
         p = places[idx]
         phase = drift(spec, i // per_phase)
+        if i % per_phase == 0:
+            sampler.bursting = bursting(spec, i // per_phase)
         s, cx, cy = phase
         x, y = (cx + s * p.x, cy + s * p.y) if s < 1 else (p.x, p.y)
         yield json.dumps(

@@ -76,6 +76,27 @@ def test_geonames_workload_without_ranked_fractions_is_range_only():
     assert kinds == {None, "range"}
 
 
+def test_a_keyword_burst_gives_bursting_regions_frequent_keywords_and_moves_each_phase():
+    from skpub.sims.geonames import bursting, document_frequencies, load_places, region_of
+
+    spec = WorkloadSpec(seed=5, live=0, objects=4000, topk_fraction=0, knn_fraction=0, or_fraction=0, burst_regions=0.3)
+    phases = [bursting(spec, p) for p in range(spec.drift_phases)]
+    assert all(len(regions) == 30 for regions in phases) and len(set(phases)) == spec.drift_phases
+    assert bursting(WorkloadSpec(), 0) == frozenset()
+    df = document_frequencies(load_places())
+    records = [json.loads(line) for line in generate(spec)]
+    per_phase, objects, hot, cold = 1000, 0, [], []
+    for r in records:
+        if r["type"] == "object":
+            objects += 1
+        elif r["type"] == "subscribe":
+            x, y = (r["rect"][0] + r["rect"][2]) / 2, (r["rect"][1] + r["rect"][3]) / 2
+            phase = max(0, objects - 1) // per_phase
+            (hot if region_of(x, y) in phases[phase] else cold).append(min(df[k] for k in r["keywords"]))
+    assert hot and cold
+    assert sorted(hot)[len(hot) // 2] > 50 * sorted(cold)[len(cold) // 2], "bursting keywords are the frequent ones"
+
+
 def test_workload_command_writes_stream_and_vocabulary(tmp_path, capsys):
     code = main(["workload", "geonames", "--output", str(tmp_path), "--objects", "200", "--live", "20"])
     assert code == 0

@@ -41,7 +41,15 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
         default=1.0,
         help="a drifting hot spot: the stream shrunk to this share of the space's sides (default 1: no drift)",
     )
-    parser.add_argument("--drift-phases", type=int, default=4, help="places the hot spot visits (default 4)")
+    parser.add_argument(
+        "--drift-phases", type=int, default=4, help="phases of the stream: places the hot spot visits (default 4)"
+    )
+    parser.add_argument(
+        "--burst-regions",
+        type=float,
+        default=0.0,
+        help="a keyword burst: this share of 10 x 10 regions takes frequent keywords, new ones each phase (default 0)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,7 +100,7 @@ def _spec(args: argparse.Namespace):
     return WorkloadSpec(
         seed=args.seed, live=args.live, objects=args.objects, keyword_percentile=args.keyword_percentile,
         topk_fraction=args.topk_fraction, knn_fraction=args.knn_fraction, window=args.window,
-        drift_scale=args.drift_scale, drift_phases=args.drift_phases,
+        drift_scale=args.drift_scale, drift_phases=args.drift_phases, burst_regions=args.burst_regions,
     )  # fmt: skip
 
 

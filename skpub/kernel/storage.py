@@ -47,7 +47,11 @@ def entries(directory: Path) -> list[tuple[Path, str]]:
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (rename over any previous file)."""
+    """Write ``data`` to ``path`` atomically and durably: fsync'd before the rename, the directory after it.
+
+    What skpub commits (sink parts, checkpoint files, epochs) survives a
+    machine crash whole or not at all, never as a renamed empty file.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -57,10 +61,17 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         os.fchmod(fd, 0o666 & ~umask)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
