@@ -25,10 +25,20 @@ Parts:
   mean of evaluator cost, averaged over each phase after its first two
   batches. Keywords from every term (percentile 100), so that objects meet
   subscriptions. It also measures Tornado's beta in cost units per
-  subscription: the adaptive runs' transfer seconds per subscription part
-  moved over their evaluator CPU seconds per cost unit.
+  subscription: the adaptive runs' hand-off and take-over seconds (the
+  balancer stage's CPU in transfer and routing-update batches beyond an
+  ordinary batch's) per subscription part moved over their evaluator CPU
+  seconds per cost unit, and the parallel time of a transfer batch and a
+  routing-update batch against an ordinary one.
 
-Run: python -m benchmarks.balancer [--parts migration decision statistics drift]
+- ``default``: the 10% CPU target. The GeoNames default workload (no
+  drift) through the local and the Spark engine with the balancer ``off``
+  and ``adaptive``, alternating, ``--repeat`` times each: the process CPU
+  of a local run, and the sum of the summary's stage CPU on Spark (its
+  Python work: parse, sequencer, evaluators, state writes, merge, sink and
+  the balancer); median ratio adaptive / off.
+
+Run: python -m benchmarks.balancer [--parts migration decision statistics drift default]
 """
 
 from __future__ import annotations
@@ -196,6 +206,8 @@ def part_drift(args) -> None:
                 keyword_percentile=100.0,
                 live=args.live,
                 burst_regions=args.burst_regions,
+                max_side=args.max_side,
+                inserts_per_object=args.inserts_per_object,
             )
             stream, vocabulary = write_workload(spec, f"{tmp}/workload-{scale}")
             base: Deployment = deployment_from_json(deployment_of(spec)).replace(
@@ -237,13 +249,74 @@ def part_drift(args) -> None:
                     unit = sum(sum(r.evaluator_cpu.values()) for r in reports) / sum(
                         sum(r.evaluator_cost.values()) for r in reports
                     )
-                    if moved:
-                        beta = sum(row["transfer_seconds"] for row in lines) / moved / unit
-                        print(f"      beta measured: {beta:.1f} cost units per subscription part moved")
+                    per_batch = {
+                        r.batch_id: max(r.evaluator_cpu.values()) + r.routing_seconds + r.stage_cpu["balancer"]
+                        for r in reports
+                    }
+                    transfer = {row["transfer_batch"] for row in lines} & set(per_batch)
+                    update = {row["first_batch"] for row in lines} & set(per_batch)
+                    plain = set(per_batch) - transfer - update
+                    ordinary = [per_batch[b] for b in plain]
+                    if moved and ordinary:
+                        usual = statistics.median(r.stage_cpu["balancer"] for r in reports if r.batch_id in plain)
+                        work = sum(r.stage_cpu["balancer"] - usual for r in reports if r.batch_id in transfer | update)
+                        beta = work / moved / unit
+                        print(f"      beta measured: {beta:.1f} cost units per subscription part moved"
+                              f" (hand-off and take-over seconds {work:.2f} over {moved} parts)")  # fmt: skip
+                        print(
+                            f"      batch parallel s, median: ordinary {statistics.median(ordinary):.3f},"
+                            f" transfer {statistics.median(per_batch[b] for b in transfer):.3f},"
+                            f" routing update {statistics.median(per_batch[b] for b in update):.3f}"
+                        )
                 shown = " ".join(f"{v:.2f}" for v in phases)
                 mean = np.nanmean(phases)
                 print(f"{scale:>5} {mode:>8} {parallel:>10.2f} {wall:>7.1f} {mean:>9.2f} {shown:>24} {ops:>4}")
             print(f"{scale:>5} {'off/adaptive parallel time':>30}: {results['off'] / results['adaptive']:.2f}x")
+
+
+def part_default(args) -> None:
+    import resource
+    import tempfile
+
+    from skpub.app.engines.local import run_local
+    from skpub.app.engines.spark import run_spark, spark_session
+    from skpub.app.summary import STAGES, RunObserver, RunSummary
+    from skpub.kernel.config import Deployment, Window
+    from skpub.sims.geonames import WorkloadSpec, write_workload
+
+    def cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+
+    print(f"\n(f) GeoNames default, no drift: CPU of adaptive over off, median of {args.repeat} alternating runs")
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = WorkloadSpec()
+        stream, vocabulary = write_workload(spec, f"{tmp}/workload")
+        base = Deployment(vocabulary=str(vocabulary), window=Window("count", spec.window))
+        spark = spark_session("local[2]", base.evaluators)
+        for engine in ("local", "spark"):
+            seconds: dict[str, list[float]] = {"off": [], "adaptive": []}
+            operations = 0
+            for attempt in range(args.repeat):
+                for mode in ("off", "adaptive"):
+                    dep = base.replace(balancer=BalancerConfig(mode=mode))
+                    observer = RunObserver(RunSummary(engine, dep.router, dep.evaluators), stream=None)
+                    out = f"{tmp}/out-{engine}-{mode}-{attempt}"
+                    start = cpu()
+                    if engine == "local":
+                        summary = run_local(stream, out, dep, observer)
+                        seconds[mode].append(cpu() - start)
+                    else:
+                        summary = run_spark(stream, out, dep, observer, spark=spark)
+                        stages = (*STAGES, "state_writes", "balancer")
+                        seconds[mode].append(sum(summary.stage_cpu[k] for k in stages))
+                    operations += sum(
+                        n for k, n in summary.balancer.items() if k not in ("subscriptions", "placements")
+                    )
+            off, adaptive = statistics.median(seconds["off"]), statistics.median(seconds["adaptive"])
+            print(f"  {engine:>5}: off {off:6.2f} s, adaptive {adaptive:6.2f} s CPU: {adaptive / off:.3f}x"
+                  f" ({operations} operations)")  # fmt: skip
+        spark.stop()
 
 
 PARTS = {
@@ -251,6 +324,7 @@ PARTS = {
     "decision": part_decision,
     "statistics": part_statistics,
     "drift": part_drift,
+    "default": part_default,
 }
 
 
@@ -263,6 +337,8 @@ def main() -> None:
     parser.add_argument("--objects", type=int, default=None, help="objects of the drift workload (default all)")
     parser.add_argument("--batch-size", type=int, default=5000)
     parser.add_argument("--live", type=int, default=10_000, help="live subscriptions of the drift workload")
+    parser.add_argument("--max-side", type=float, default=0.015, help="largest subscription side (share of the space)")
+    parser.add_argument("--inserts-per-object", type=float, default=0.1, help="subscription turnover")
     parser.add_argument("--burst-regions", type=float, default=0.0, help="keyword burst share of the drift workload")
     parser.add_argument("--beta", type=float, default=None, help="the adaptive runs' beta (default the deployment's)")
     args = parser.parse_args()

@@ -203,7 +203,7 @@ class Evaluator:
         costs, which leave its statistics now; and the subscriptions that meet
         none of its new rectangles, which it drops at :meth:`take_over`.
         Call after :meth:`load_summary` of the transfer batch. O(moves x
-        subscriptions held + cells with cost).
+        (subscriptions held + cells with cost)).
         """
         mine = [(i, m) for i, m in enumerate(plan.moves) if m.source == self.evaluator_id]
         if not mine:
@@ -213,7 +213,9 @@ class Evaluator:
             for i, m in mine
         )
         keep = plan.rectangles[self.evaluator_id]
-        return Handoff(plan.transfer_batch, self.evaluator_id, carried, tuple(sorted(self._outside(keep))))
+        # every subscription held meets the partition, so only one over moved cells can be left with none
+        moved = {sub.id for c in carried for sub, _ in c.subscriptions}
+        return Handoff(plan.transfer_batch, self.evaluator_id, carried, tuple(sorted(self._outside(moved, keep))))
 
     def take_over(self, plan: TransferPlan, handoffs: Iterable[Handoff]) -> None:
         """Complete ``plan`` here at the start of its first batch: import what is carried to us, keep the new partition.
@@ -221,7 +223,9 @@ class Evaluator:
         Subscription parts carried here are indexed (over the union box when
         one is held already) and their cell costs join the statistics, in
         the plan's move order; then an evaluator the plan touches drops the
-        subscriptions left outside its new rectangles and takes them.
+        subscriptions its own hand-off listed as dropped, unless one was
+        carried back here since, and takes its new rectangles. O(parts
+        carried and dropped, plus :meth:`set_partition`).
 
         Raises
         ------
@@ -238,10 +242,11 @@ class Evaluator:
             self.import_subscriptions(carried[i].subscriptions)
             self.load.put(dict(carried[i].costs))
         if e in plan.rectangles:
-            rectangles = list(plan.rectangles[e])
-            for sid in self._outside(rectangles):
+            rectangles = plan.rectangles[e]
+            own = [sid for h in handoffs if h.source == e for sid in h.dropped]
+            for sid in self._outside(own, rectangles):  # unless carried back here since (a wider box now)
                 self._drop(sid)
-            self.set_partition(rectangles)
+            self.set_partition(list(rectangles))
 
     def import_subscriptions(self, parts: Iterable[tuple[RangeSubscription, CellBox]]) -> None:
         """Index range subscriptions brought by a move; one already held is re-indexed over the union box."""
@@ -251,15 +256,11 @@ class Evaluator:
                 box = (min(old[0], box[0]), min(old[1], box[1]), max(old[2], box[2]), max(old[3], box[3]))
             self._insert(sub, box)
 
-    def _outside(self, rectangles: Iterable[CellBox]) -> list[str]:
-        """Ids of the range subscriptions whose box meets none of ``rectangles``."""
+    def _outside(self, ids: Iterable[str], rectangles: Iterable[CellBox]) -> list[str]:
+        """Those of range subscriptions ``ids`` held here whose box meets none of ``rectangles``; O(ids x rects)."""
         rectangles = list(rectangles)
-        return [
-            sid
-            for block in self.blocks.values()
-            for sid, (_, box) in block.items()
-            if all(intersect_boxes(box, r) is None for r in rectangles)
-        ]
+        boxes = ((sid, self.blocks[self.home[sid]][sid][1]) for sid in ids if sid in self.home)
+        return [sid for sid, box in boxes if all(intersect_boxes(box, r) is None for r in rectangles)]
 
     def _delete(self, sub_id: str) -> None:
         key = self.home.pop(sub_id, None)

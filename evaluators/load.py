@@ -111,9 +111,10 @@ class CellLoad:
                 self._add_raw(cell, cx, cy, raw)
             elif i >= 0:
                 self._cells[cell] = raw
-        for box in self._parts.values():
+        if fresh and self._parts:
+            boxes = np.array(list(self._parts.values()), dtype=np.int64).reshape(-1, 4)
             for j in fresh:
-                self._count_rect(j, box, 1)
+                self._count_parts(j, boxes)
 
     @property
     def rectangles(self) -> list[CellBox]:
@@ -257,6 +258,40 @@ class CellLoad:
         r.ends_y[part[3] - y0] += step
         for key in self._blocks_of(i, part):
             self._block_queries[key] = self._block_queries.get(key, 0) + step
+
+    def _count_parts(self, i: int, boxes: np.ndarray) -> None:
+        """Count the subscription parts ``boxes`` (shape (p, 4), int64) in rectangle ``i``; O(p + its blocks), numpy.
+
+        The same counts as :meth:`_count_rect` part by part: start/end
+        histograms by ``bincount``, block counts by a 2-D difference array
+        over the rectangle's blocks.
+        """
+        r = self._rects[i]
+        x0, y0, x1, y1 = r.box
+        cx0, cy0 = np.maximum(boxes[:, 0], x0), np.maximum(boxes[:, 1], y0)
+        cx1, cy1 = np.minimum(boxes[:, 2], x1), np.minimum(boxes[:, 3], y1)
+        keep = (cx0 <= cx1) & (cy0 <= cy1)
+        if not keep.any():
+            return
+        cx0, cy0, cx1, cy1 = cx0[keep], cy0[keep], cx1[keep], cy1[keep]
+        w, h = x1 - x0 + 1, y1 - y0 + 1
+        for counts, offsets, n in ((r.starts_x, cx0 - x0, w), (r.ends_x, cx1 - x0, w),
+                                   (r.starts_y, cy0 - y0, h), (r.ends_y, cy1 - y0, h)):  # fmt: skip
+            histogram = np.bincount(offsets, minlength=n)
+            for k in np.flatnonzero(histogram).tolist():
+                counts[k] += int(histogram[k])
+        b = self.block
+        bx0, by0 = x0 // b, y0 // b
+        diff = np.zeros((y1 // b - by0 + 2, x1 // b - bx0 + 2), dtype=np.int64)
+        gx0, gx1, gy0, gy1 = cx0 // b - bx0, cx1 // b - bx0 + 1, cy0 // b - by0, cy1 // b - by0 + 1
+        np.add.at(diff, (gy0, gx0), 1)
+        np.add.at(diff, (gy0, gx1), -1)
+        np.add.at(diff, (gy1, gx0), -1)
+        np.add.at(diff, (gy1, gx1), 1)
+        blocks = diff.cumsum(axis=0).cumsum(axis=1)[:-1, :-1]
+        for gy, gx in zip(*np.nonzero(blocks), strict=True):
+            key = (i, bx0 + int(gx), by0 + int(gy))
+            self._block_queries[key] = self._block_queries.get(key, 0) + int(blocks[gy, gx])
 
     def add_subscription(self, sid: str, box: CellBox) -> None:
         """Count range subscription ``sid`` indexed over cell box ``box`` (``queryCount`` +1 where it lies).

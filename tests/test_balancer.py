@@ -1,5 +1,7 @@
 """The balancer's operations, cost model, migration selection and policies (skpub.balancer)."""
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,6 +13,7 @@ from skpub.balancer.policy import candidates, decide, imbalance
 from skpub.balancer.splitmerge import best_split
 from skpub.evaluators.load import CellLoad
 from skpub.kernel.config import BalancerConfig
+from skpub.kernel.load import LoadSummary
 from skpub.router.errors import RoutingError
 from skpub.router.partitioning import Partitioning, cost_partitioning
 
@@ -249,6 +252,10 @@ def test_cell_load_after_moves_equals_one_built_afresh(workload, seed):
         for sid, box in load._parts.items():
             fresh.add_subscription(sid, box)
         got, want = load.summary(e, 0), fresh.summary(e, 0)
+        restored = CellLoad(part.size, [], 4, decay=1.0)
+        restored.restore(load.to_document(), dict(load._parts))
+        assert restored.summary(e, 0).to_json() == got.to_json(), "the state store's copy sends the same summary"
+        assert LoadSummary.from_json(json.loads(json.dumps(got.to_json()))).to_json() == got.to_json()
         assert [r.box for r in got.rectangles] == [r.box for r in want.rectangles]
         for a, b in zip(got.rectangles, want.rectangles, strict=True):
             np.testing.assert_allclose(a.columns, b.columns, atol=1e-9)

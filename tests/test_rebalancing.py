@@ -70,7 +70,7 @@ def test_ranked_results_and_events_equal_the_oracle_under_chaos(tmp_path, window
 def test_a_run_with_rebalancing_delivers_what_it_does_without_batch_by_batch(tmp_path, batch_size):
     lines = ranked_workload(seed=5, n=300) + random_workload(seed=6, n=300, invalid=False)
     dep = deployment(evaluators=4, batch_size=batch_size).replace(window=Window("count", 50))
-    off, _ = run(tmp_path, "off", lines, dep)
+    off, _ = run(tmp_path, "off", lines, dep.replace(balancer=BalancerConfig(mode="off")))
     on, _ = run(tmp_path, "chaos", lines, chaos(dep, seed=3))
     assert per_batch(on) == per_batch(off)
     assert per_batch(on, "snapshots") == per_batch(off, "snapshots")
@@ -110,7 +110,7 @@ def test_adaptive_rebalances_a_skewed_stream_and_off_does_not(tmp_path):
     assert_outputs_equal_oracle(out, lines, adaptive)
     gain = (1 - adaptive.balancer.decay) * adaptive.balancer.horizon
     assert read_stream(out, "balancer") and all(r["c_r"] * gain > r["c_t"] for r in read_stream(out, "balancer"))
-    off, off_summary = run(tmp_path, "off", lines, dep)
+    off, off_summary = run(tmp_path, "off", lines, dep.replace(balancer=BalancerConfig(mode="off")))
     assert not (off / "balancer").exists() or not read_stream(off, "balancer")
     late = [s for s in read_stream(out, "statistics") if s["batch"] >= 6]
     late_off = [s for s in read_stream(off, "statistics") if s["batch"] >= 6]

@@ -64,7 +64,7 @@ def test_spark_equals_the_oracle_under_chaos_and_logs_the_local_engines_operatio
 def test_spark_deliveries_per_batch_equal_a_run_without_rebalancing(spark, tmp_path):
     lines = ranked_workload(seed=5, n=200) + random_workload(seed=6, n=200, invalid=False)
     dep = deployment(evaluators=4, batch_size=25).replace(window=Window("count", 50))
-    off, _ = run(spark, tmp_path, lines, dep, name="off")
+    off, _ = run(spark, tmp_path, lines, dep.replace(balancer=BalancerConfig(mode="off")), name="off")
     on, _ = run(spark, tmp_path, lines, chaos(dep, seed=3), name="on")
     for stream in ("deliveries", "snapshots"):
         assert _per_batch(on, stream) == _per_batch(off, stream)

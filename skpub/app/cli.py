@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--balancer",
         choices=BALANCER_MODES,
-        help="rebalancing: adaptive, off or chaos (default off; the local engine only, for now)",
+        help="rebalancing: adaptive, off or chaos (default the deployment's, adaptive)",
     )
     run.add_argument("--balancer-seed", type=int, help="seed of --balancer chaos (default 0)")
     run.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")

@@ -73,9 +73,10 @@ class BalancerConfig:
     Attributes
     ----------
     mode : str
-        ``adaptive`` (the cost-based policy), ``off`` (keep the initial
-        partitioning) or ``chaos`` (one legal operation at random at every
-        batch boundary, seeded: rebalancing must never change a result).
+        ``adaptive`` (the cost-based policy, the default), ``off`` (keep the
+        initial partitioning) or ``chaos`` (one legal operation at random
+        whenever none is in flight, seeded: rebalancing must never change a
+        result).
     seed : int
         Seed of ``chaos``, with the batch id.
     sigma : float
@@ -91,7 +92,7 @@ class BalancerConfig:
         costs, is about 1 / (1 - decay) batches of reduction).
     """
 
-    mode: str = "off"
+    mode: str = "adaptive"
     seed: int = 0
     sigma: float = 1.2
     beta: float = 340.0
