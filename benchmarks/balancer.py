@@ -271,6 +271,11 @@ def part_drift(args) -> None:
                 shown = " ".join(f"{v:.2f}" for v in phases)
                 mean = np.nanmean(phases)
                 print(f"{scale:>5} {mode:>8} {parallel:>10.2f} {wall:>7.1f} {mean:>9.2f} {shown:>24} {ops:>4}")
+                routing = sum(r.routing_seconds for r in reports)
+                slowest = sum(max(r.evaluator_cpu.values()) for r in reports)
+                balancing = sum(r.stage_cpu["balancer"] for r in reports)
+                print(f"      of which routing {routing:.2f} s, slowest evaluators {slowest:.2f} s,"
+                      f" balancer {balancing:.2f} s")  # fmt: skip
             print(f"{scale:>5} {'off/adaptive parallel time':>30}: {results['off'] / results['adaptive']:.2f}x")
 
 

@@ -27,7 +27,7 @@ from skpub.evaluators.monitor import RankedMonitor
 from skpub.evaluators.stats import CellCostStats
 from skpub.evaluators.window import STATE_BLOCK, block_of
 from skpub.kernel.config import Deployment
-from skpub.kernel.grid import CellBox, intersect_boxes
+from skpub.kernel.grid import CellBox
 from skpub.kernel.load import LoadSummary
 from skpub.kernel.messages import Delivery, Mark, RankedUpdate, Routed
 from skpub.kernel.records import (
@@ -187,12 +187,13 @@ class Evaluator:
         transfer). The subscriptions stay here: :meth:`retain` drops those
         left with no cell of this evaluator.
         """
-        out = []
-        for block in self.blocks.values():
-            for sub, box in block.values():
-                part = intersect_boxes(box, cells)
-                if part is not None:
-                    out.append((sub, part))
+        x0, y0, x1, y1 = cells
+        out = [
+            (sub, (max(b[0], x0), max(b[1], y0), min(b[2], x1), min(b[3], y1)))
+            for block in self.blocks.values()
+            for sub, b in block.values()
+            if b[0] <= x1 and b[2] >= x0 and b[1] <= y1 and b[3] >= y0
+        ]
         return sorted(out, key=lambda item: item[0].pos)
 
     def hand_off(self, plan: TransferPlan) -> Handoff | None:
@@ -260,7 +261,11 @@ class Evaluator:
         """Those of range subscriptions ``ids`` held here whose box meets none of ``rectangles``; O(ids x rects)."""
         rectangles = list(rectangles)
         boxes = ((sid, self.blocks[self.home[sid]][sid][1]) for sid in ids if sid in self.home)
-        return [sid for sid, box in boxes if all(intersect_boxes(box, r) is None for r in rectangles)]
+        return [
+            sid
+            for sid, b in boxes
+            if not any(b[0] <= r[2] and b[2] >= r[0] and b[1] <= r[3] and b[3] >= r[1] for r in rectangles)
+        ]
 
     def _delete(self, sub_id: str) -> None:
         key = self.home.pop(sub_id, None)

@@ -104,10 +104,16 @@ class CellLoad:
         self._block_queries = {(remap[i], gx, gy): v for (i, gx, gy), v in self._block_queries.items() if i in remap}
         renewed = set(fresh)
         cells, self._cells = self._cells, {}
-        for cell, raw in cells.items():
-            cy, cx = divmod(cell, self.size)
-            i = self._rect_index(cx, cy)
+        ids = np.fromiter(cells, dtype=np.int64, count=len(cells))
+        ys, xs = np.divmod(ids, self.size)
+        where = np.full(len(ids), -1, dtype=np.int64)
+        for j, r in enumerate(rects):  # the rectangle of every cell with cost, O(cells x rectangles) in numpy
+            x0, y0, x1, y1 = r.box
+            where[(xs >= x0) & (xs <= x1) & (ys >= y0) & (ys <= y1)] = j
+        self._rect_memo = dict(zip(ids.tolist(), where.tolist(), strict=True))
+        for (cell, raw), i in zip(cells.items(), self._rect_memo.values(), strict=True):
             if i in renewed:
+                cy, cx = divmod(cell, self.size)
                 self._add_raw(cell, cx, cy, raw)
             elif i >= 0:
                 self._cells[cell] = raw

@@ -83,7 +83,7 @@ class BalancerConfig:
         Balance constraint: ``adaptive`` acts only when max / mean evaluator cost > sigma (>= 1).
     beta : float
         Tornado's beta: cost units per subscription moved (C_t = beta x
-        subscriptions, Eq. 5), measured by ``python -m benchmarks.balancer --parts drift`` (341.5).
+        subscriptions, Eq. 5), measured by ``python -m benchmarks.balancer --parts drift`` (60.0).
     decay : float
         Weight of the past per batch in the load statistics, in (0, 1).
     horizon : int
@@ -95,7 +95,7 @@ class BalancerConfig:
     mode: str = "adaptive"
     seed: int = 0
     sigma: float = 1.2
-    beta: float = 340.0
+    beta: float = 60.0
     decay: float = 0.5
     horizon: int = 10
 
