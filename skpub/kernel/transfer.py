@@ -127,8 +127,7 @@ class TransferPlan:
             If ``raw`` is not such a plan, or is of another format.
         """
         try:
-            if raw["format"] != FORMAT:
-                raise ValueError(f"format {raw['format']!r}, this skpub reads format {FORMAT}")
+            _check_format(raw)
             rectangles = {_int(e): tuple(_box(b) for b in boxes) for e, boxes in raw["rectangles"]}
             return cls(
                 _int(raw["batch"]),
@@ -210,8 +209,7 @@ class Handoff:
         """
         try:
             raw = orjson.loads(data)
-            if raw["format"] != FORMAT:
-                raise ValueError(f"format {raw['format']!r}, this skpub reads format {FORMAT}")
+            _check_format(raw)
             carried = tuple(
                 Carried(
                     _int(move),
@@ -307,6 +305,11 @@ def holders_after(before: dict[str, tuple[int, ...]], handoffs: Iterable[Handoff
             for sub, _ in c.subscriptions:
                 holders.setdefault(sub.id, set(before[sub.id])).add(c.target)
     return {sid: tuple(sorted(e)) for sid, e in sorted(holders.items()) if set(before[sid]) != e}
+
+
+def _check_format(raw: dict) -> None:
+    if raw["format"] != FORMAT:
+        raise ValueError(f"format {raw['format']!r}, this skpub reads format {FORMAT}")
 
 
 def _int(value: object) -> int:
