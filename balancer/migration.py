@@ -4,7 +4,10 @@ When the balance constraint is violated, the most loaded evaluator w_o moves
 a set of its grid^t blocks G_s to the least loaded one w_l: the cheapest set
 (sum of sizes S_g, here the subscriptions a block holds) whose load (sum of
 L_g, here the block's decayed cost) reaches tau = (L(w_o) - L(w_l)) / 2
-(Definition 4; NP-hard, Theorem 2). Selection algorithms, each a function of
+(Definition 4; NP-hard, Theorem 2). skpub's adaptive policy fans out: w_o
+moves a set to each evaluator under the mean in turn, each tau its deficit
+(:func:`fan_out_shares`), so that a hot spot on one evaluator spreads in one
+operation (DESIGN "The balancer"). Selection algorithms, each a function of
 ``(loads, sizes, tau)`` returning the chosen indices:
 
 - :func:`greedy` (GR, the default): scan by relative cost S_g / L_g
@@ -24,7 +27,7 @@ the kd^t-tree; :func:`migration` is where it will run first.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
@@ -141,27 +144,73 @@ def migration(
     partitioning: Partitioning,
     loads: Loads,
     source: int,
-    target: int,
+    shares: Sequence[tuple[int, float]],
     select: Selector = greedy,
 ) -> Operation | None:
-    """Return the migration of ``source``'s blocks to ``target`` chosen by ``select``, or None.
+    """Return the migration of ``source``'s blocks to the targets of ``shares``, in turn, chosen by ``select``.
 
-    tau is half the cost gap of the two evaluators. None when ``source`` is
-    not the costlier, has no loaded block, or the chosen blocks would leave
-    it no cell.
+    Parameters
+    ----------
+    shares : sequence of (target, tau)
+        Each target and the load (cost units) to move to it. PS2Stream's
+        pair is ``[(w_l, (L(w_o) - L(w_l)) / 2)]``; the adaptive policy's
+        fan-out gives each evaluator under the mean its deficit
+        (:func:`fan_out_shares`). Each target's blocks are chosen among those
+        no earlier target took, and what a target got beyond its share
+        (a block is indivisible) comes off the shares after it.
+
+    Returns
+    -------
+    Operation or None
+        None when ``source`` has no loaded block, no share is positive, or
+        the chosen blocks would leave it no cell. O(blocks log blocks) per
+        target with :func:`greedy`.
     """
-    gap = loads.costs[source] - loads.costs[target]
     blocks: tuple[BlockLoad, ...] = loads.blocks[source]
-    if gap <= 0 or not blocks:
-        return None
+    owned = sum((x1 - x0 + 1) * (y1 - y0 + 1) for x0, y0, x1, y1 in partitioning.boxes_of(source))
+    free = np.ones(len(blocks), dtype=bool)
     costs = np.array([b.cost for b in blocks])
     sizes = np.array([b.queries for b in blocks], dtype=np.int64)
-    chosen = select(costs, sizes, gap / 2)
-    area = sum(
-        (blocks[i].cells[2] - blocks[i].cells[0] + 1) * (blocks[i].cells[3] - blocks[i].cells[1] + 1) for i in chosen
-    )
-    owned = sum((x1 - x0 + 1) * (y1 - y0 + 1) for x0, y0, x1, y1 in partitioning.boxes_of(source))
-    if not chosen or area >= owned:
-        return None
-    moves = [Move(blocks[i].cells, source, target, blocks[i].cost, blocks[i].queries) for i in sorted(chosen)]
-    return loads.operation("migration", moves)
+    moves: list[Move] = []
+    left = sum(tau for _, tau in shares if tau > 0)
+    for target, tau in shares:
+        tau = min(tau, left)  # a block's overshoot for one target is taken from the next ones' shares
+        if tau <= 0 or target == source or not free.any():
+            continue
+        index = np.flatnonzero(free)
+        chosen = index[select(costs[index], sizes[index], tau)].tolist()
+        left -= float(costs[chosen].sum())
+        area = sum((blocks[i].cells[2] - blocks[i].cells[0] + 1) * (blocks[i].cells[3] - blocks[i].cells[1] + 1)
+                   for i in chosen)  # fmt: skip
+        if not chosen or area >= owned:
+            break
+        owned -= area
+        free[chosen] = False
+        moves.extend(Move(blocks[i].cells, source, target, blocks[i].cost, blocks[i].queries) for i in sorted(chosen))
+    return loads.operation("migration", moves) if moves else None
+
+
+def pair_shares(loads: Loads, source: int, target: int) -> list[tuple[int, float]]:
+    """PS2Stream's pair: ``target`` takes tau = half the cost gap (none when ``source`` is not the costlier)."""
+    return [(target, (loads.costs[source] - loads.costs[target]) / 2)]
+
+
+def fan_out_shares(costs: np.ndarray, source: int, free: Sequence[int]) -> list[tuple[int, float]]:
+    """Return the shares of a fan-out migration from ``source`` to the ``free`` evaluators under the mean.
+
+    Water filling: the least loaded first, each taking its deficit (mean
+    less its cost) until ``source``'s excess over the mean is spent. With
+    one evaluator under the mean and two evaluators, this is PS2Stream's
+    tau = half the gap; with a hot spot on one evaluator of many it spreads
+    the hot spot in one operation instead of halving it per operation.
+    """
+    mean = float(np.mean(costs))
+    excess = float(costs[source]) - mean
+    out = []
+    for target in sorted(free, key=lambda e: (costs[e], e)):
+        if excess <= 0 or costs[target] >= mean or target == source:
+            break
+        share = min(excess, mean - float(costs[target]))
+        out.append((target, share))
+        excess -= share
+    return out

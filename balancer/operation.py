@@ -17,6 +17,7 @@ move; the protocol and the transfer stay the same.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -36,7 +37,8 @@ class Operation:
     """One rebalancing operation: its moves, applied in order, and the quantities the decision weighs.
 
     ``c_r`` is the cost reduction (Tornado Eq. 4 in its general form: the
-    largest evaluator cost before less after), ``c_t`` the transfer overhead
+    largest cost of the evaluators it touches before, less the largest after),
+    ``c_t`` the transfer overhead
     (Eq. 5: beta x subscriptions moved), both in cost units.
     """
 
@@ -97,6 +99,12 @@ class Loads:
                 by_box.update((r.box, r) for r in s.rectangles)
         self.rect_loads: list[RectangleLoad | None] = [by_box.get(tuple(b)) for b in partitioning.boxes.tolist()]
 
+    def with_costs(self, costs: np.ndarray) -> Loads:
+        """Return this view with evaluator costs ``costs`` (shape (n,), float64): after earlier operations."""
+        view = copy.copy(self)
+        view.costs = costs
+        return view
+
     def rect_cost(self, i: int) -> float:
         """Decayed cost of rectangle ``i`` (0 without a summary)."""
         r = self.rect_loads[i]
@@ -113,12 +121,13 @@ class Loads:
         return r.queries if r is not None else 0
 
     def operation(self, kind: str, moves: list[Move]) -> Operation:
-        """Weigh ``moves`` as one operation: C_r (Eq. 4, general form) and C_t (Eq. 5)."""
+        """Weigh ``moves`` as one operation: C_r (Eq. 4 over the evaluators the moves touch) and C_t (Eq. 5)."""
         after = self.costs.copy()
         for m in moves:
             after[m.source] -= m.cost
             after[m.target] += m.cost
-        c_r = float(self.costs.max() - after.max()) if len(after) else 0.0
+        touched = sorted({e for m in moves for e in (m.source, m.target)})
+        c_r = float(self.costs[touched].max() - after[touched].max()) if touched else 0.0
         c_t = self.beta * sum(m.queries for m in moves)
         return Operation(kind, tuple(moves), c_r, c_t, tuple(after.tolist()))
 

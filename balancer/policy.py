@@ -5,13 +5,15 @@ Modes:
 - ``adaptive``: when the balance constraint is violated (max / mean cost >
   ``sigma``), weigh every candidate -- at every site where the source is the
   costlier evaluator, the best horizontal or vertical shift or the corner
-  shift; the
-  split/merge of the costliest evaluator, and GR's migration from the most
-  to the least loaded -- and take the one with the largest C_r among those
-  whose gain over ``horizon`` batches, C_r x (1 - decay) x horizon, exceeds
-  C_t (Tornado 4.2 compares one statistics period's C_r with C_t; a decayed
-  cost holds about 1 / (1 - decay) batches). Ties go to the earlier kind in
+  shift; the split/merge of the costliest evaluator, and GR's migration
+  from the most loaded to those under the mean -- and take the one with the
+  largest C_r among those whose gain over ``horizon`` batches, C_r x (1 -
+  decay) x horizon, exceeds C_t (Tornado 4.2 compares one statistics
+  period's C_r with C_t; a decayed cost holds about 1 / (1 - decay)
+  batches). Ties go to the earlier kind in
   :data:`~skpub.balancer.operation.KINDS`, then to the earlier candidate.
+  Then again on the evaluators left untouched, while the constraint is
+  violated (:func:`adaptive`).
 - ``chaos``: one legal operation drawn at random, whatever it costs, from a
   generator seeded by ``(seed, batch)``: tests see that rebalancing never
   changes a result.
@@ -27,13 +29,20 @@ from __future__ import annotations
 import numpy as np
 
 from skpub.balancer.adjacency import adjacent_rectangles, partition_graph
-from skpub.balancer.migration import greedy, migration
+from skpub.balancer.migration import fan_out_shares, greedy, migration
 from skpub.balancer.operation import KINDS, Loads, Move, Operation
 from skpub.balancer.shift import best_shift, depth, shift, sites
 from skpub.balancer.splitmerge import best_split_merge, split_merge
 from skpub.kernel.config import BalancerConfig
 from skpub.kernel.load import LoadSummary
 from skpub.router.partitioning import Partitioning
+
+NEGLIGIBLE = 0.01
+"""An operation whose C_r is at most this share of the costliest evaluator's cost is not worth a decision.
+
+A decision blocks the next one for a batch (the transfer in flight), so a
+shift of empty lines must not take the place of one that matters.
+"""
 
 
 def imbalance(costs: np.ndarray) -> float:
@@ -43,33 +52,64 @@ def imbalance(costs: np.ndarray) -> float:
 
 
 def candidates(partitioning: Partitioning, loads: Loads) -> list[Operation]:
-    """Return every operation ``adaptive`` weighs, in :data:`KINDS` order; O(rectangle pairs x depth + grid)."""
+    """Return the shifts and the split/merge ``adaptive`` weighs, in :data:`KINDS` order.
+
+    O(rectangle pairs x depth + grid). Migrations are drawn per round
+    (:func:`adaptive`): their source and targets depend on the rounds before.
+    """
     pairs = adjacent_rectangles(partitioning)
     out = [op for site in sites(partitioning, pairs) if (op := best_shift(partitioning, loads, site)) is not None]
     op = best_split_merge(partitioning, loads, partition_graph(partitioning, pairs))
     if op is not None:
         out.append(op)
-    source, target = int(np.argmax(loads.costs)), int(np.argmin(loads.costs))
-    op = migration(partitioning, loads, source, target, greedy)
-    if op is not None:
-        out.append(op)
-    return sorted(out, key=lambda o: KINDS.index(o.kind))
+    return out
 
 
-def adaptive(partitioning: Partitioning, loads: Loads, sigma: float, gain: float = 1.0) -> Operation | None:
-    """Return the candidate with the largest C_r among those with ``gain`` x C_r > C_t, or None (Tornado 4.2).
+def adaptive(partitioning: Partitioning, loads: Loads, sigma: float, gain: float = 1.0) -> list[Operation]:
+    """Return the operations of one decision, in rounds, each on evaluators no earlier round touched.
+
+    A round weighs, on the costs the earlier rounds leave: every shift and
+    the split/merge of :func:`candidates` whose evaluators are all untouched,
+    and the fan-out migration (PS2Stream V-A, GR) from the costliest
+    untouched evaluator to the untouched ones under the mean; it takes the
+    one with the largest C_r among those with ``gain`` x C_r > C_t (Tornado
+    4.2; ties to the earlier kind in :data:`KINDS`, then the earlier
+    candidate), and whose C_r is more than :data:`NEGLIGIBLE` of the
+    costliest evaluator's cost. Rounds go on while the balance constraint is violated
+    (max / mean > ``sigma``) and an operation qualifies; at most
+    ``evaluators // 2`` operations. An evaluator takes part in at most one
+    operation, so every move's cells are its source's before the decision
+    (the hand-off's rule) and each source's hand-off belongs to one operation.
 
     ``gain`` turns C_r, a reduction of decayed cost, into the reduction over
     the batches the operation is expected to pay for (Tornado compares C_r
     and C_t over one statistics period: ``gain = 1``).
     """
     if partitioning.count < 2 or imbalance(loads.costs) <= sigma:
-        return None
-    best = None
-    for op in candidates(partitioning, loads):
-        if op.c_r > 0 and gain * op.c_r > op.c_t and (best is None or op.c_r > best.c_r):
-            best = op
-    return best
+        return []
+    fixed = candidates(partitioning, loads)
+    chosen: list[Operation] = []
+    touched: set[int] = set()
+    view = loads
+    free = list(range(partitioning.count))
+    while len(free) > 1 and imbalance(view.costs) > sigma:
+        options = [view.operation(op.kind, list(op.moves)) for op in fixed if touched.isdisjoint(op.evaluators)]
+        source = max(free, key=lambda e: (view.costs[e], -e))
+        fan = migration(partitioning, view, source, fan_out_shares(view.costs, source, free), greedy)
+        if fan is not None:
+            options.append(fan)
+        best = None
+        floor = NEGLIGIBLE * float(view.costs.max())
+        for op in sorted(options, key=lambda o: KINDS.index(o.kind)):
+            if op.c_r > floor and gain * op.c_r > op.c_t and (best is None or op.c_r > best.c_r):
+                best = op
+        if best is None:
+            break
+        chosen.append(best)
+        touched.update(best.evaluators)
+        free = [e for e in free if e not in touched]
+        view = view.with_costs(np.array(best.costs_after))
+    return chosen
 
 
 def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) -> Operation | None:
@@ -136,8 +176,8 @@ def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) ->
 
 def decide(
     settings: BalancerConfig, partitioning: Partitioning, summaries: list[LoadSummary], batch: int
-) -> Operation | None:
-    """Return the operation to apply after micro-batch ``batch``, or None.
+) -> list[Operation]:
+    """Return the operations to apply after micro-batch ``batch`` (none, one, or with ``adaptive`` several).
 
     Parameters
     ----------
@@ -151,12 +191,14 @@ def decide(
 
     Returns
     -------
-    Operation or None
-        Apply with :func:`skpub.balancer.operation.apply_moves`.
+    list of Operation
+        On disjoint evaluators; apply their moves in order with
+        :func:`skpub.balancer.operation.apply_moves`.
     """
     if settings.mode == "off":
-        return None
+        return []
     loads = Loads(partitioning, summaries, settings.beta)
     if settings.mode == "chaos":
-        return chaos(partitioning, loads, np.random.default_rng([settings.seed, batch]))
+        op = chaos(partitioning, loads, np.random.default_rng([settings.seed, batch]))
+        return [op] if op is not None else []
     return adaptive(partitioning, loads, settings.sigma, (1 - settings.decay) * settings.horizon)

@@ -56,44 +56,54 @@ def plan_after(
     Raises
     ------
     RoutingError
-        If a move's cells are not all its source's before the operation (the
-        sources hand off what they hold at the end of ``batch + 1``, so an
-        operation may not pass cells on twice).
+        If a move's cells are not all its source's before the decision (the
+        sources hand off what they hold at the end of ``batch + 1``, so a
+        decision may not pass cells on twice).
     """
-    operation = decide(settings, epoch.table.partitioning, summaries, batch)
-    if operation is None:
+    operations = decide(settings, epoch.table.partitioning, summaries, batch)
+    if not operations:
         return None
     partitioning = epoch.table.partitioning
-    for m in operation.moves:
+    moves = tuple(m for op in operations for m in op.moves)
+    for m in moves:
         x0, y0, x1, y1 = m.cells
         if (partitioning.owner[y0 : y1 + 1, x0 : x1 + 1] != m.source).any():
             raise RoutingError(f"move {m.cells} takes cells evaluator {m.source} does not own before the operation")
-    after = apply_moves(partitioning, operation.moves)
-    rectangles = {e: tuple(after.boxes_of(e)) for e in operation.evaluators}
-    decision = {**operation.to_json(), "summary_bytes": sum(s.nbytes() for s in summaries)}
-    plan = TransferPlan(batch, epoch.number + 1, operation.moves, rectangles, decision)
+    after = apply_moves(partitioning, moves)
+    touched = sorted({e for op in operations for e in op.evaluators})
+    rectangles = {e: tuple(after.boxes_of(e)) for e in touched}
+    summary_bytes = sum(s.nbytes() for s in summaries)
+    decisions = tuple({**op.to_json(), "summary_bytes": summary_bytes} for op in operations)
+    plan = TransferPlan(batch, epoch.number + 1, moves, rectangles, decisions)
     return plan, RoutingEpoch(epoch.number + 1, batch + 2, AGrid(epoch.table.grid, after))
 
 
-def transfer_line(plan: TransferPlan, counters: Sequence[dict]) -> dict:
-    """Return the balancer log's line of ``plan`` once its sources handed off.
+def transfer_lines(plan: TransferPlan, counters: Sequence[dict]) -> list[dict]:
+    """Return the balancer log's lines of ``plan`` once its sources handed off: one per operation.
 
-    ``counters`` are the sources' :meth:`~skpub.kernel.transfer.Handoff.counters`.
+    ``counters`` are the sources' :meth:`~skpub.kernel.transfer.Handoff.counters`;
+    an evaluator takes part in one operation of a plan, so each source's
+    counters belong to the operation that moves its cells.
 
     Written as ``balancer/part-<transfer batch>.jsonl``: the decision
     (operation, evaluators, moves, C_r, C_t, summary bytes) and what the
     transfer carried (subscription parts, cells with cost, subscriptions the
     sources drop, hand-off bytes and seconds).
     """
-    return {
-        "batch": plan.batch,
-        "epoch": plan.epoch,
-        "transfer_batch": plan.transfer_batch,
-        "first_batch": plan.first_batch,
-        **plan.decision,
-        "subscription_parts_moved": sum(c["parts"] for c in counters),
-        "cells_moved": sum(c["cells"] for c in counters),
-        "subscriptions_dropped": sum(c["dropped"] for c in counters),
-        "bytes": sum(c["bytes"] for c in counters),
-        "transfer_seconds": sum(c["seconds"] for c in counters),
-    }
+    lines = []
+    for decision in plan.decisions:
+        sources = {m["source"] for m in decision["moves"]}
+        mine = [c for c in counters if c["source"] in sources]
+        lines.append({
+            "batch": plan.batch,
+            "epoch": plan.epoch,
+            "transfer_batch": plan.transfer_batch,
+            "first_batch": plan.first_batch,
+            **decision,
+            "subscription_parts_moved": sum(c["parts"] for c in mine),
+            "cells_moved": sum(c["cells"] for c in mine),
+            "subscriptions_dropped": sum(c["dropped"] for c in mine),
+            "bytes": sum(c["bytes"] for c in mine),
+            "transfer_seconds": sum(c["seconds"] for c in mine),
+        })  # fmt: skip
+    return lines

@@ -185,6 +185,14 @@ class _Recorder:
         self.observer.on_batch(report)
 
 
+def batch_parallel(report, routing_units: int) -> float:
+    """Simulated parallel seconds of one batch (DESIGN "Measuring load honestly"): routing, the slowest evaluator, the
+    balancer; the parse stage (per line, no shared state: one task per input split on Spark) spread over
+    ``routing_units`` routing units, the sequencer (stream order) serial."""
+    routing = report.stage_cpu["parse"] / routing_units + report.stage_cpu["sequencer"]
+    return routing + max(report.evaluator_cpu.values()) + report.stage_cpu["balancer"]
+
+
 def part_drift(args) -> None:
     import tempfile
 
@@ -194,7 +202,9 @@ def part_drift(args) -> None:
     from skpub.sims.geonames import WorkloadSpec, deployment_of, write_workload
 
     print(f"\n(f) drifting hot spot, 8 evaluators, batches of {args.batch_size}, {args.objects or 'all'} objects")
-    print(f"{'scale':>5} {'mode':>8} {'parallel s':>10} {'wall s':>7} {'imbalance':>9} {'per phase':>24} {'ops':>4}")
+    units = f"{args.routing_units} RU s"
+    print(f"{'scale':>5} {'mode':>8} {'parallel s':>10} {units:>9} {'wall s':>7} {'imbalance':>9} {'per phase':>24}"
+          f" {'ops':>4}")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for scale in args.scales:
             spec = WorkloadSpec(
@@ -224,9 +234,8 @@ def part_drift(args) -> None:
                 run_local(stream, f"{tmp}/out-{scale}-{mode}", dep, recorder)
                 wall = time.perf_counter() - start
                 reports = [r for r in recorder.reports if r.objects]
-                parallel = sum(
-                    max(r.evaluator_cpu.values()) + r.routing_seconds + r.stage_cpu["balancer"] for r in reports
-                )
+                parallel = sum(batch_parallel(r, 1) for r in reports)
+                spread = sum(batch_parallel(r, args.routing_units) for r in reports)
                 imbalance = [
                     max(r.evaluator_cost.values()) / (sum(r.evaluator_cost.values()) / 8)
                     if sum(r.evaluator_cost.values())
@@ -238,7 +247,7 @@ def part_drift(args) -> None:
                     float(np.mean(imbalance[int(p * per) + 2 : int((p + 1) * per)] or [np.nan])) for p in range(4)
                 ]
                 ops = sum(n for r in reports for k, n in r.balancer.items() if k not in ("subscriptions", "placements"))
-                results[mode] = parallel
+                results[mode] = (parallel, spread)
                 if mode == "adaptive":
                     lines = [
                         json.loads(line)
@@ -249,10 +258,7 @@ def part_drift(args) -> None:
                     unit = sum(sum(r.evaluator_cpu.values()) for r in reports) / sum(
                         sum(r.evaluator_cost.values()) for r in reports
                     )
-                    per_batch = {
-                        r.batch_id: max(r.evaluator_cpu.values()) + r.routing_seconds + r.stage_cpu["balancer"]
-                        for r in reports
-                    }
+                    per_batch = {r.batch_id: batch_parallel(r, 1) for r in reports}
                     transfer = {row["transfer_batch"] for row in lines} & set(per_batch)
                     update = {row["first_batch"] for row in lines} & set(per_batch)
                     plain = set(per_batch) - transfer - update
@@ -270,13 +276,17 @@ def part_drift(args) -> None:
                         )
                 shown = " ".join(f"{v:.2f}" for v in phases)
                 mean = np.nanmean(phases)
-                print(f"{scale:>5} {mode:>8} {parallel:>10.2f} {wall:>7.1f} {mean:>9.2f} {shown:>24} {ops:>4}")
-                routing = sum(r.routing_seconds for r in reports)
+                print(f"{scale:>5} {mode:>8} {parallel:>10.2f} {spread:>9.2f} {wall:>7.1f} {mean:>9.2f} {shown:>24}"
+                      f" {ops:>4}")  # fmt: skip
+                parse = sum(r.stage_cpu["parse"] for r in reports)
+                sequencer = sum(r.stage_cpu["sequencer"] for r in reports)
                 slowest = sum(max(r.evaluator_cpu.values()) for r in reports)
                 balancing = sum(r.stage_cpu["balancer"] for r in reports)
-                print(f"      of which routing {routing:.2f} s, slowest evaluators {slowest:.2f} s,"
-                      f" balancer {balancing:.2f} s")  # fmt: skip
-            print(f"{scale:>5} {'off/adaptive parallel time':>30}: {results['off'] / results['adaptive']:.2f}x")
+                print(f"      of which parse {parse:.2f} s, sequencer {sequencer:.2f} s, slowest evaluators"
+                      f" {slowest:.2f} s, balancer {balancing:.2f} s")  # fmt: skip
+            (off1, off_r), (on1, on_r) = results["off"], results["adaptive"]
+            print(f"{scale:>5} off/adaptive parallel time: {off1 / on1:.2f}x with one routing unit,"
+                  f" {off_r / on_r:.2f}x with {args.routing_units}")  # fmt: skip
 
 
 def part_default(args) -> None:
@@ -345,6 +355,7 @@ def main() -> None:
     parser.add_argument("--max-side", type=float, default=0.015, help="largest subscription side (share of the space)")
     parser.add_argument("--inserts-per-object", type=float, default=0.1, help="subscription turnover")
     parser.add_argument("--burst-regions", type=float, default=0.0, help="keyword burst share of the drift workload")
+    parser.add_argument("--routing-units", type=int, default=8, help="routing units the parse stage is spread over")
     parser.add_argument("--beta", type=float, default=None, help="the adaptive runs' beta (default the deployment's)")
     args = parser.parse_args()
     for name in args.parts:

@@ -25,10 +25,10 @@ from skpub.evaluators.gi2 import GI2Index
 from skpub.evaluators.load import CellLoad
 from skpub.evaluators.monitor import RankedMonitor
 from skpub.evaluators.stats import CellCostStats
-from skpub.evaluators.window import STATE_BLOCK, block_of
+from skpub.evaluators.window import block_of
 from skpub.kernel.config import Deployment
 from skpub.kernel.grid import CellBox
-from skpub.kernel.load import LoadSummary
+from skpub.kernel.load import LoadSummary, grid_t_block
 from skpub.kernel.messages import Delivery, Mark, RankedUpdate, Routed
 from skpub.kernel.records import (
     DeadLetter,
@@ -79,7 +79,7 @@ class Evaluator:
         self.blocks: dict[int, dict[str, tuple[RangeSubscription, CellBox]]] = {}
         self.home: dict[str, int] = {}
         self.dirty: set[int] = set()
-        self.load = CellLoad(deployment.grid_size, [], STATE_BLOCK, deployment.balancer.decay)
+        self.load = CellLoad(deployment.grid_size, [], grid_t_block(deployment.grid_size), deployment.balancer.decay)
         self.balancing = deployment.balancer.mode != "off"
 
     @property

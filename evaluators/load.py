@@ -56,7 +56,7 @@ class CellLoad:
         The evaluator's partition.
     block : int
         Cells per side of a grid^t block, the migration unit (the evaluators
-        use their state blocks' 25).
+        use :func:`skpub.kernel.load.grid_t_block`).
     decay : float
         Weight of the past per batch, in (0, 1]: after ``t`` batches a cost
         counts ``decay**t``.

@@ -29,7 +29,7 @@ from skpub.kernel.config import Window
 from skpub.kernel.records import POSITION_BITS
 
 STATE_BLOCK = 25
-"""A state block is ``STATE_BLOCK`` x ``STATE_BLOCK`` fine cells: the unit an evaluator saves and a migration moves."""
+"""A state block is ``STATE_BLOCK`` x ``STATE_BLOCK`` fine cells: the unit an evaluator saves."""
 _BLOCK_ROW = 1 << 20
 
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skpub.balancer.migration import by_size, dynamic, greedy, optimum, random_cells
+from skpub.balancer.migration import by_size, dynamic, fan_out_shares, greedy, migration, optimum, random_cells
 from skpub.balancer.operation import Loads, Move, apply_moves
 from skpub.balancer.policy import candidates, decide, imbalance
 from skpub.balancer.splitmerge import best_split
@@ -61,8 +61,7 @@ def workloads(draw, max_size=30):
 def test_chaos_operations_are_legal_and_move_exactly_their_cells(workload, seed):
     part, costs, subs, _ = workload
     for batch in range(6):
-        op = decide(BalancerConfig(mode="chaos", seed=seed), part, summaries_of(part, costs, subs), batch)
-        assert op is not None
+        [op] = decide(BalancerConfig(mode="chaos", seed=seed), part, summaries_of(part, costs, subs), batch)
         expected = part.owner.copy()
         for m in op.moves:
             x0, y0, x1, y1 = m.cells
@@ -81,16 +80,19 @@ def test_summaries_predict_every_candidates_costs_and_subscriptions_exactly(work
     also on partitions of several rectangles (after chaos operations)."""
     part, costs, subs, _ = workload
     for batch in range(seed % 4):
-        op = decide(BalancerConfig(mode="chaos", seed=seed), part, summaries_of(part, costs, subs), batch)
+        [op] = decide(BalancerConfig(mode="chaos", seed=seed), part, summaries_of(part, costs, subs), batch)
         part = apply_moves(part, op.moves)
     loads = Loads(part, summaries_of(part, costs, subs), beta=1.0)
     truth = np.array([costs[part.owner == e].sum() for e in range(part.count)])
     np.testing.assert_allclose(loads.costs, truth)
-    for op in candidates(part, loads):
+    source = int(np.argmax(loads.costs))
+    fan = migration(part, loads, source, fan_out_shares(loads.costs, source, range(part.count)))
+    for op in [*candidates(part, loads), *([fan] if fan is not None else [])]:
         new = apply_moves(part, op.moves)
         after = np.array([costs[new.owner == e].sum() for e in range(part.count)])
         np.testing.assert_allclose(op.costs_after, after, atol=1e-9 * max(1.0, truth.max()))
-        assert op.c_r == pytest.approx(truth.max() - after.max(), abs=1e-9 * max(1.0, truth.max()))
+        touched = op.evaluators
+        assert op.c_r == pytest.approx(truth[touched].max() - after[touched].max(), abs=1e-9 * max(1.0, truth.max()))
         for m in op.moves:
             x0, y0, x1, y1 = m.cells
             assert m.queries == sum(1 for _, b in subs if not (b[2] < x0 or b[0] > x1 or b[3] < y0 or b[1] > y1)), (
@@ -155,16 +157,47 @@ def test_adaptive_moves_load_off_the_hot_evaluator_and_rests_when_balanced():
     settings_ = BalancerConfig(mode="adaptive", beta=0.01)
     summaries = summaries_of(part, costs, subs)
     before = imbalance(np.array([s.cost for s in summaries]))
-    op = decide(settings_, part, summaries, 0)
-    assert op is not None and op.c_r > op.c_t
-    assert op == decide(settings_, part, summaries, 7)
-    new = apply_moves(part, op.moves)
+    ops = decide(settings_, part, summaries, 0)
+    assert ops and all(op.c_r > op.c_t for op in ops)
+    assert ops == decide(settings_, part, summaries, 7)
+    touched = [e for op in ops for e in op.evaluators]
+    assert len(touched) == len(set(touched))  # an evaluator takes part in one operation of a decision
+    new = apply_moves(part, [m for op in ops for m in op.moves])
     assert imbalance(np.array([costs[new.owner == e].sum() for e in range(4)])) < before
     even = summaries_of(part, np.ones((size, size)), subs)
-    assert decide(settings_, part, even, 0) is None
-    assert decide(BalancerConfig(mode="off"), part, summaries, 0) is None
+    assert decide(settings_, part, even, 0) == []
+    assert decide(BalancerConfig(mode="off"), part, summaries, 0) == []
     expensive = BalancerConfig(mode="adaptive", beta=1e9)
-    assert decide(expensive, part, summaries, 0) is None
+    assert decide(expensive, part, summaries, 0) == []
+
+
+@pytest.mark.parametrize("hot", [(0, 0), (40, 40)])
+def test_adaptive_spreads_a_hot_spot_over_every_evaluator_in_one_decision(hot):
+    """PS2Stream's pair migration halves the hot evaluator's load per operation; the fan-out spreads it at once."""
+    size = 64
+    part = cost_partitioning(np.ones((size, size)), 8)
+    costs = np.ones((size, size))
+    x, y = hot
+    costs[y : y + 12, x : x + 12] += 100
+    subs = [(f"s{i}", (i % size, i // 2 % size, i % size, i // 2 % size)) for i in range(64)]
+    summaries = summaries_of(part, costs, subs, block=2)
+    truth = np.array([costs[part.owner == e].sum() for e in range(8)])
+    assert imbalance(truth) > 3
+    ops = decide(BalancerConfig(mode="adaptive", beta=0.01), part, summaries, 0)
+    new = apply_moves(part, [m for op in ops for m in op.moves])
+    after = np.array([costs[new.owner == e].sum() for e in range(8)])
+    assert imbalance(after) < 1.5
+    touched = [e for op in ops for e in op.evaluators]
+    assert len(touched) == len(set(touched))
+    predicted = np.array(ops[-1].costs_after)
+    np.testing.assert_allclose(predicted, after)  # each round is weighed on the costs the rounds before leave
+
+
+def test_fan_out_shares_fill_the_least_loaded_up_to_the_mean():
+    costs = np.array([10.0, 0.0, 1.0, 3.0, 6.0])  # mean 4
+    assert fan_out_shares(costs, 0, range(5)) == [(1, 4.0), (2, 2.0)]  # the excess, 6, is spent
+    assert fan_out_shares(costs, 0, [3, 4]) == [(3, 1.0)]  # only those under the mean
+    assert fan_out_shares(np.array([8.0, 2.0]), 0, [1]) == [(1, 3.0)]  # two evaluators: PS2Stream's gap / 2
 
 
 def test_chaos_is_seeded_by_seed_and_batch():
@@ -173,7 +206,8 @@ def test_chaos_is_seeded_by_seed_and_batch():
     ops = [decide(BalancerConfig(mode="chaos", seed=4), part, summaries, b) for b in range(8)]
     again = [decide(BalancerConfig(mode="chaos", seed=4), part, summaries, b) for b in range(8)]
     assert ops == again
-    assert len({op.moves for op in ops}) > 1
+    assert all(len(op) == 1 for op in ops)  # chaos: one operation per boundary
+    assert len({op[0].moves for op in ops}) > 1
 
 
 def test_moves_outside_the_source_or_emptying_an_evaluator_are_refused():
@@ -232,7 +266,7 @@ def test_cell_load_after_moves_equals_one_built_afresh(workload, seed):
                 load.add_subscription(sid, box)
         loads.append(load)
     for batch in range(4):
-        op = decide(
+        [op] = decide(
             BalancerConfig(mode="chaos", seed=seed), part, [s.summary(e, 0) for e, s in enumerate(loads)], batch
         )
         after = apply_moves(part, op.moves)

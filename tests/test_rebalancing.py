@@ -126,6 +126,37 @@ def test_adaptive_rebalances_a_skewed_stream_and_off_does_not(tmp_path):
     assert "balancer          adaptive" in summary.format()
 
 
+def test_a_hot_spot_spreads_in_one_decision_of_several_targets_and_changes_no_result(tmp_path):
+    """The fan-out migration and decisions of several operations move state exactly (and each batch's output)."""
+    import numpy as np
+
+    rng = np.random.default_rng(9)
+    lines = []
+    for i in range(300):
+        x, y = rng.uniform(0, 100, 2).tolist()
+        lines.append(json.dumps({"type": "subscribe", "id": f"s{i}", "kind": "range",
+                                 "rect": [x, y, x + 6, y + 6], "keywords": ["a"]}))  # fmt: skip
+    for i in range(4000):
+        # uniform while the initial partitioning samples, then two hot spots on opposite corners
+        x, y = (rng.uniform(0, 100, 2) if i < 800 else rng.uniform(2, 20, 2) + (70 * (i % 2))).tolist()
+        lines.append(json.dumps({"type": "object", "id": f"o{i}", "x": x, "y": y, "terms": ["a"]}))
+        if i % 40 == 0:
+            lines.append(json.dumps({"type": "unsubscribe", "id": f"s{i // 40}"}))
+    dep = deployment(evaluators=8, batch_size=400, grid_size=50).replace(sample_size=1000, window=Window("count", 50))
+    adaptive = dep.replace(balancer=BalancerConfig(mode="adaptive", beta=0.5))
+    out, _ = run(tmp_path, "adaptive", lines, adaptive)
+    assert_outputs_equal_oracle(out, lines, adaptive)
+    log = read_stream(out, "balancer")
+    fan_outs = [r for r in log if r["operation"] == "migration" and len({m["target"] for m in r["moves"]}) > 1]
+    plans = Counter(r["batch"] for r in log)
+    assert fan_outs and max(plans.values()) > 1
+    for plan in plans:
+        touched = [e for r in log if r["batch"] == plan for e in r["evaluators"]]
+        assert len(touched) == len(set(touched))
+    off, _ = run(tmp_path, "off", lines, dep.replace(balancer=BalancerConfig(mode="off")))
+    assert per_batch(out) == per_batch(off)
+
+
 @pytest.mark.parametrize(
     "raw",
     [

@@ -21,6 +21,14 @@ import numpy as np
 
 from skpub.kernel.grid import CellBox
 
+GRID_T_SIDE = 40
+"""grid^t blocks per side of the space: the migration unit GR selects (PS2Stream V-A), whatever the fine grid."""
+
+
+def grid_t_block(grid_size: int) -> int:
+    """Return the fine cells per side of a grid^t block: ``ceil(grid_size / GRID_T_SIDE)`` (25 on 1000 x 1000)."""
+    return max(1, -(-grid_size // GRID_T_SIDE))
+
 
 @dataclass(frozen=True)
 class RectangleLoad:

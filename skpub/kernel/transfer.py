@@ -4,8 +4,8 @@ Both engines realize Tornado's two phases the same way (DESIGN "The
 balancer"):
 
 - after micro-batch ``b`` the balancer decides; the decision is a
-  :class:`TransferPlan` (its moves and the participants' partitions after
-  them), saved, and the epoch that routes by the new partitioning is
+  :class:`TransferPlan` (its operations' moves and the participants'
+  partitions after them), saved, and the epoch that routes by the new partitioning is
   published with ``from_batch = b + 2``;
 - micro-batch ``b + 1`` still routes by the old epoch (the *cell transfer
   phase*): each source evaluator applies it, then hands off what its moved
@@ -37,8 +37,8 @@ from skpub.kernel.grid import CellBox
 from skpub.kernel.records import RangeSubscription, range_from_row, range_row
 from skpub.kernel.storage import atomic_write_bytes
 
-FORMAT = 1
-"""Format of plan and hand-off documents."""
+FORMAT = 2
+"""Format of plan and hand-off documents (2: a plan holds several operations)."""
 
 
 @dataclass(frozen=True)
@@ -81,15 +81,16 @@ class TransferPlan:
 
     ``rectangles[e]`` is evaluator ``e``'s partition after the moves, for every
     evaluator the moves touch; ``epoch`` is the number of the epoch that routes
-    by it from ``batch + 2``; ``decision`` the operation's JSON (the balancer
-    log's fields: kind, C_r, C_t, ...).
+    by it from ``batch + 2``; ``decisions`` the operations' JSON, one each
+    (the balancer log's fields: kind, evaluators, moves, C_r, C_t, ...), whose
+    moves, in order, are ``moves``.
     """
 
     batch: int
     epoch: int
     moves: tuple[Move, ...]
     rectangles: dict[int, tuple[CellBox, ...]]
-    decision: dict
+    decisions: tuple[dict, ...]
 
     @property
     def transfer_batch(self) -> int:
@@ -114,7 +115,7 @@ class TransferPlan:
             "epoch": self.epoch,
             "moves": [m.to_json() for m in self.moves],
             "rectangles": [[e, [list(b) for b in boxes]] for e, boxes in sorted(self.rectangles.items())],
-            "decision": self.decision,
+            "decisions": list(self.decisions),
         }
 
     @classmethod
@@ -134,7 +135,7 @@ class TransferPlan:
                 _int(raw["epoch"]),
                 tuple(Move.from_json(m) for m in raw["moves"]),
                 rectangles,
-                dict(raw["decision"]),
+                tuple(dict(d) for d in raw["decisions"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"damaged transfer plan: {exc}") from None

@@ -21,7 +21,7 @@ from skpub.app.checkpoint import CHECKPOINT_DIR, Checkpoint
 from skpub.app.engines.sink import write_batch
 from skpub.app.output import claim_output, mark_success
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
-from skpub.balancer.transfer import plan_after, transfer_line
+from skpub.balancer.transfer import plan_after, transfer_lines
 from skpub.evaluators.evaluator import Evaluator
 from skpub.evaluators.merge import RankedMerge
 from skpub.kernel.config import Deployment
@@ -86,9 +86,10 @@ class Balancing:
                     data = handoff.encode()
                     self.handoffs.append(Handoff.decode(data))
                     counters.append(handoff.counters(len(data), time.thread_time() - start))
-            line = transfer_line(self.plan, counters)
-            write_part(self.root, "balancer", batch_id, [line])
-            report.balancer.update({line["operation"]: 1, "subscriptions": line["subscription_parts_moved"]})
+            lines = transfer_lines(self.plan, counters)
+            write_part(self.root, "balancer", batch_id, lines)
+            for line in lines:
+                report.balancer.update({line["operation"]: 1, "subscriptions": line["subscription_parts_moved"]})
             return
         decided = plan_after(self.deployment.balancer, epoch, summaries, batch_id)
         if decided is not None:

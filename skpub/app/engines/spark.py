@@ -45,7 +45,7 @@ from skpub.app.engines.sink import unique_letters
 from skpub.app.engines.spark_tasks import PARSE_REPORT_COLUMNS, ParseTask, SequencerTask, stage_parts, staged_batches
 from skpub.app.output import check_output, claim_output, inspect_output, mark_success
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
-from skpub.balancer.transfer import plan_after, transfer_line
+from skpub.balancer.transfer import plan_after, transfer_lines
 from skpub.evaluators.merge import RankedMerge, apply_changes, decode_updates, results_json, take_changes
 from skpub.kernel.config import Deployment
 from skpub.kernel.errors import CheckpointError, EngineError, InputError, JavaNotFoundError
@@ -278,11 +278,12 @@ class Sink:
         except ValueError as exc:
             raise CheckpointError(str(exc)) from None
         if plan is not None:
-            line = transfer_line(
+            lines = transfer_lines(
                 plan, sorted((c["handoff"] for c in counters if "handoff" in c), key=lambda h: h["source"])
             )
-            write_part(self.output, "balancer", batch_id, [line])
-            report.balancer.update({line["operation"]: 1, "subscriptions": line["subscription_parts_moved"]})
+            write_part(self.output, "balancer", batch_id, lines)
+            for line in lines:
+                report.balancer.update({line["operation"]: 1, "subscriptions": line["subscription_parts_moved"]})
             return
         summaries = [
             LoadSummary.from_json(c["load"]) for c in sorted(counters, key=lambda c: c["evaluator"]) if "load" in c
