@@ -248,8 +248,12 @@ class CellLoad:
                 yield (i, gx, gy)
 
     def _count(self, box: CellBox, step: int) -> None:
-        for i in range(len(self._rects)):
-            self._count_rect(i, box, step)
+        """Count a subscription part over ``box`` in every rectangle it meets; O(rectangles) box tests inlined."""
+        bx0, by0, bx1, by1 = box
+        for i, r in enumerate(self._rects):
+            x0, y0, x1, y1 = r.box
+            if bx0 <= x1 and x0 <= bx1 and by0 <= y1 and y0 <= by1:
+                self._count_rect(i, box, step)
 
     def _count_rect(self, i: int, box: CellBox, step: int) -> None:
         """Count a subscription part over ``box`` in rectangle ``i`` (``step`` +1 or -1)."""

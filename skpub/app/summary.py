@@ -31,6 +31,9 @@ class BatchReport:
     routing_seconds: float = 0.0
     evaluator_cost: dict[int, int] = field(default_factory=dict)
     evaluator_cpu: dict[int, float] = field(default_factory=dict)
+    evaluator_balancer_cpu: dict[int, float] = field(default_factory=dict)
+    """Local engine: each evaluator's CPU seconds in the balancer's steps (load summary, hand-off, take-over),
+    work its own task does on Spark; part of ``stage_cpu["balancer"]``, the rest is the routing unit's decision."""
     epoch: int = 0
     stage_cpu: Counter = field(default_factory=Counter)
     """CPU seconds per stage: ``parse`` (parallel), ``sequencer`` (serial; on Spark ``restore``, the part of it

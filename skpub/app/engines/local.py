@@ -63,8 +63,10 @@ class Balancing:
         """
         if self.plan is None or self.plan.first_batch != batch_id:
             return epoch
-        for ev in evaluators:
+        for e, ev in enumerate(evaluators):
+            start = time.thread_time()
             ev.take_over(self.plan, self.handoffs)
+            _charge(report, e, start)
         report.balancer["placements"] += router.sequencer.rehome(self.handoffs)
         epoch, self.plan, self.epoch, self.handoffs = self.epoch, None, None, []
         return epoch
@@ -76,16 +78,21 @@ class Balancing:
         engines carry the same bytes and floats; its line goes to
         ``root/balancer/part-<batch>.jsonl``.
         """
-        summaries = [ev.load_summary(batch_id) for ev in evaluators]
+        summaries = []
+        for e, ev in enumerate(evaluators):
+            start = time.thread_time()
+            summaries.append(ev.load_summary(batch_id))
+            _charge(report, e, start)
         if self.plan is not None:
             counters = []
-            for ev in evaluators:
+            for e, ev in enumerate(evaluators):
                 start = time.thread_time()
                 handoff = ev.hand_off(self.plan)
                 if handoff is not None:
                     data = handoff.encode()
                     self.handoffs.append(Handoff.decode(data))
                     counters.append(handoff.counters(len(data), time.thread_time() - start))
+                _charge(report, e, start)
             lines = transfer_lines(self.plan, counters)
             write_part(self.root, "balancer", batch_id, lines)
             for line in lines:
@@ -94,6 +101,12 @@ class Balancing:
         decided = plan_after(self.deployment.balancer, epoch, summaries, batch_id)
         if decided is not None:
             self.plan, self.epoch = decided
+
+
+def _charge(report: BatchReport, evaluator: int, start: float) -> None:
+    """Add the thread CPU since ``start`` to ``evaluator``'s balancer seconds in ``report``."""
+    cpu = report.evaluator_balancer_cpu
+    cpu[evaluator] = cpu.get(evaluator, 0.0) + time.thread_time() - start
 
 
 def run_local(
