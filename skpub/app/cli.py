@@ -86,6 +86,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="no progress lines")
     _workload_args(run)
 
+    serve = sub.add_parser("serve", help="run the routing daemon: HTTP API, durable ingest, the data plane")
+    serve.add_argument("--data", required=True, help="data directory (created; reused on restart)")
+    serve.add_argument("--engine", choices=("local",), default="local", help="data plane engine (default local)")
+    serve.add_argument("--listen", default="127.0.0.1:8750", help="HOST:PORT to listen on (default 127.0.0.1:8750)")
+    serve.add_argument("--token-file", help="file holding the bearer token (default $SKPUB_TOKEN; none: no token)")
+    serve.add_argument("--config", help="deployment JSON file")
+    serve.add_argument("--evaluators", type=int, help="number of evaluators (default 4)")
+    serve.add_argument("--batch-size", type=int, help="most records per micro-batch")
+    serve.add_argument("--vocabulary", help="vocabulary JSON file {N, df}")
+    serve.add_argument("--balancer", choices=BALANCER_MODES, help="rebalancing: adaptive, off or chaos")
+
     workload = sub.add_parser("workload", help="write a replayable workload")
     wsub = workload.add_subparsers(dest="workload", required=True)
     geonames = wsub.add_parser("geonames", help="GeoNames places with sampled range, topk and knn subscriptions")
@@ -162,12 +173,25 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from skpub.app.serve import load_token, serve
+
+    deployment = load_deployment(args.config).replace(
+        evaluators=args.evaluators, batch_size=args.batch_size, vocabulary=args.vocabulary
+    )
+    if args.balancer is not None:
+        deployment = deployment.replace(balancer=dataclasses.replace(deployment.balancer, mode=args.balancer))
+    return serve(args.data, deployment, args.listen, load_token(args.token_file))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``skpub`` console script; returns the exit status."""
     args = build_parser().parse_args(argv)
     try:
         if args.command == "run":
             return _run(args)
+        if args.command == "serve":
+            return _serve(args)
         from skpub.sims.geonames import write_workload
 
         stream, vocabulary = write_workload(_spec(args), args.output)

@@ -11,9 +11,10 @@ the parallel time of a batch (DESIGN "Measuring load honestly").
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from skpub.kernel.config import Deployment
 from skpub.kernel.inputs import batches, iter_lines, take_sample
 from skpub.kernel.parts import write_part
 from skpub.kernel.runtime import tune_gc
-from skpub.kernel.text import load_vocabulary
+from skpub.kernel.text import Vocabulary, load_vocabulary
 from skpub.kernel.transfer import Handoff, TransferPlan
 from skpub.router.dispatch import Router
 from skpub.router.epoch import RoutingEpoch
@@ -40,6 +41,10 @@ def _replay_then(sample: list[bytes], lines: Iterator[bytes]) -> Iterator[bytes]
     yield from sample
     sample.clear()
     yield from lines
+
+
+Sink = Callable[..., BatchReport]
+"""Where a batch's outputs go: :func:`~skpub.app.engines.sink.write_batch` bound to its root, or the daemon's logs."""
 
 
 @dataclass
@@ -103,6 +108,81 @@ class Balancing:
             self.plan, self.epoch = decided
 
 
+class LocalPipeline:
+    """The local engine's data plane between batches: routing unit, evaluators, ranked merge and balancer.
+
+    ``run_local`` feeds it a file's micro-batches; the daemon (``skpub
+    serve``) feeds it the ingest log's. The initial partitioning is computed
+    from ``sample`` (lines of the stream's head); ``root`` receives the
+    balancer's log (``root/balancer/part-<batch>.jsonl``).
+    """
+
+    def __init__(self, root: Path, deployment: Deployment, vocabulary: Vocabulary, sample: list[bytes]) -> None:
+        self.epoch = RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample))
+        self.router = Router(deployment, vocabulary)
+        self.evaluators = [Evaluator(e, deployment, vocabulary) for e in range(deployment.evaluators)]
+        for e, ev in enumerate(self.evaluators):
+            ev.set_partition(self.epoch.table.partitioning.boxes_of(e))
+        self.merge = RankedMerge()
+        self.balancing = Balancing(root, deployment) if deployment.balancer.mode != "off" else None
+
+    def step(self, batch_id: int, batch: list[bytes], sink: Sink) -> BatchReport:
+        """Run micro-batch ``batch_id`` of lines ``batch`` and hand its outputs to ``sink``; return its report.
+
+        ``sink`` is called as :func:`~skpub.app.engines.sink.write_batch` is,
+        without its ``root``, and completes the report. Never raises for a
+        line (SEMANTICS 1).
+        """
+        evaluators, balancing = self.evaluators, self.balancing
+        report = BatchReport(batch_id, records=len(batch))
+        if balancing is not None:
+            balance_start = time.thread_time()
+            self.epoch = balancing.start(batch_id, self.epoch, evaluators, self.router, report)
+            report.stage_cpu["balancer"] = time.thread_time() - balance_start
+        epoch = self.epoch
+        routed = self.router.route_many(batch, batch_id, epoch)
+        per_evaluator = routed.rows_for(len(evaluators))
+        results = [ev.apply_many(rows, batch_id) for ev, rows in zip(evaluators, per_evaluator, strict=True)]
+        merge_start, unproven = time.thread_time(), self.merge.unproven
+        events, snapshots = self.merge.apply(routed.marks, (u for r in results for u in r.updates))
+        merge_seconds = time.thread_time() - merge_start
+        report.objects, report.forwarded = routed.objects, routed.forwarded
+        report.routing_seconds, report.epoch = routed.routing_seconds, epoch.number
+        report.ranked.update(
+            reevaluations=sum(r.stats.reevaluations for r in results),
+            reevaluated=sum(r.stats.reevaluated for r in results),
+            reevaluation_cpu_seconds=sum(r.stats.reevaluation_cpu_seconds for r in results),
+            fills=sum(r.stats.fills for r in results),
+            unproven=self.merge.unproven - unproven,
+        )
+        statistics = [
+            r.stats.to_json(r.evaluator, batch_id, r.cpu_seconds, ev.subscriptions)
+            for r, ev in zip(results, evaluators, strict=True)
+        ]
+        sink_start = time.thread_time()
+        sink(
+            batch_id,
+            [r.deliveries for r in results],
+            routed.dead_letters + [d for r in results for d in r.dead_letters],
+            statistics,
+            report,
+            events,
+            snapshots,
+        )
+        report.stage_cpu.update(
+            parse=routed.parse_cpu_seconds,
+            sequencer=routed.sequencer_cpu_seconds,
+            evaluators=sum(r.cpu_seconds for r in results),
+            merge=merge_seconds,
+            sink=time.thread_time() - sink_start,
+        )
+        if balancing is not None:
+            balance_start = time.thread_time()
+            balancing.end(batch_id, epoch, evaluators, report)
+            report.stage_cpu["balancer"] += time.thread_time() - balance_start
+        return report
+
+
 def _charge(report: BatchReport, evaluator: int, start: float) -> None:
     """Add the thread CPU since ``start`` to ``evaluator``'s balancer seconds in ``report``."""
     cpu = report.evaluator_balancer_cpu
@@ -144,63 +224,10 @@ def run_local(
     run_id = uuid.uuid4().hex
     root = claim_output(output_dir, run_id, overwrite)
     Checkpoint(root / CHECKPOINT_DIR).clear()
-    epoch = RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample))
-    stream = _replay_then(sample, lines)
-    router = Router(deployment, vocabulary)
-    evaluators = [Evaluator(e, deployment, vocabulary) for e in range(deployment.evaluators)]
-    for e, ev in enumerate(evaluators):
-        ev.set_partition(epoch.table.partitioning.boxes_of(e))
-    merge = RankedMerge()
+    pipeline = LocalPipeline(root, deployment, vocabulary, sample)
     tune_gc()
     observer.start()
-    balancing = Balancing(root, deployment) if deployment.balancer.mode != "off" else None
-    for batch_id, batch in enumerate(batches(stream, deployment.batch_size)):
-        report = BatchReport(batch_id, records=len(batch))
-        if balancing is not None:
-            balance_start = time.thread_time()
-            epoch = balancing.start(batch_id, epoch, evaluators, router, report)
-            report.stage_cpu["balancer"] = time.thread_time() - balance_start
-        routed = router.route_many(batch, batch_id, epoch)
-        per_evaluator = routed.rows_for(len(evaluators))
-        results = [ev.apply_many(rows, batch_id) for ev, rows in zip(evaluators, per_evaluator, strict=True)]
-        merge_start, unproven = time.thread_time(), merge.unproven
-        events, snapshots = merge.apply(routed.marks, (u for r in results for u in r.updates))
-        merge_seconds = time.thread_time() - merge_start
-        report.objects, report.forwarded = routed.objects, routed.forwarded
-        report.routing_seconds, report.epoch = routed.routing_seconds, epoch.number
-        report.ranked.update(
-            reevaluations=sum(r.stats.reevaluations for r in results),
-            reevaluated=sum(r.stats.reevaluated for r in results),
-            reevaluation_cpu_seconds=sum(r.stats.reevaluation_cpu_seconds for r in results),
-            fills=sum(r.stats.fills for r in results),
-            unproven=merge.unproven - unproven,
-        )
-        statistics = [
-            r.stats.to_json(r.evaluator, batch_id, r.cpu_seconds, ev.subscriptions)
-            for r, ev in zip(results, evaluators, strict=True)
-        ]
-        sink_start = time.thread_time()
-        write_batch(
-            root,
-            batch_id,
-            (r.deliveries for r in results),
-            routed.dead_letters + [d for r in results for d in r.dead_letters],
-            statistics,
-            report,
-            events,
-            snapshots,
-        )
-        report.stage_cpu.update(
-            parse=routed.parse_cpu_seconds,
-            sequencer=routed.sequencer_cpu_seconds,
-            evaluators=sum(r.cpu_seconds for r in results),
-            merge=merge_seconds,
-            sink=time.thread_time() - sink_start,
-        )
-        if balancing is not None:
-            balance_start = time.thread_time()
-            balancing.end(batch_id, epoch, evaluators, report)
-            report.stage_cpu["balancer"] += time.thread_time() - balance_start
-        observer.on_batch(report)
+    for batch_id, batch in enumerate(batches(_replay_then(sample, lines), deployment.batch_size)):
+        observer.on_batch(pipeline.step(batch_id, batch, functools.partial(write_batch, root)))
     mark_success(root, run_id)
     return observer.finish()

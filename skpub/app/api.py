@@ -1,0 +1,178 @@
+"""The daemon's HTTP API (``/v1``), built with FastAPI; its OpenAPI document is generated from this code.
+
+Routes (DESIGN "The daemon"): ``POST /v1/records`` (JSON lines, acknowledged
+once fsync'd), ``PUT``/``DELETE /v1/subscriptions/{id}``, ``GET
+/v1/deliveries``, ``GET /v1/dead_letters`` and ``GET /v1/snapshots``
+(long-polled reads by offset), ``GET /healthz``, ``GET /readyz``, ``GET
+/metrics``, and ``GET /v1/openapi.json``.
+
+Security: every route but ``/healthz`` wants ``Authorization: Bearer
+<token>`` when the daemon has a token, compared in constant time
+(:func:`hmac.compare_digest`). Nothing a client sends becomes a path or code:
+ids are bounded strings that only ever go inside a JSON record.
+"""
+
+import hmac
+import math
+from typing import Annotated
+
+import orjson
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from skpub.app.daemon import Daemon
+from skpub.kernel.inputs import BOM
+
+JSON_LINES = "application/x-ndjson"
+
+
+def create_app(daemon: Daemon, token: str | None) -> FastAPI:
+    """Return the API of ``daemon``; with ``token``, every route but ``/healthz`` requires it."""
+    limits = daemon.limits
+    app = FastAPI(
+        title="skpub",
+        version="1",
+        description="Spatial-keyword publish/subscribe routing daemon",
+        openapi_url="/v1/openapi.json",
+        docs_url=None,
+        redoc_url=None,
+    )
+    expected = f"Bearer {token}".encode() if token else None
+
+    def authorized(request: Request) -> None:
+        if expected is None:
+            return
+        given = request.headers.get("authorization", "").encode("utf-8", "replace")
+        if not hmac.compare_digest(given, expected):
+            raise HTTPException(401, "a bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+
+    guarded = [Depends(authorized)]
+
+    def accept(lines: list[bytes]) -> JSONResponse:
+        if daemon.stopping.is_set():
+            raise HTTPException(503, "the daemon is shutting down")
+        if daemon.failure is not None:
+            raise HTTPException(503, f"the data plane stopped: {daemon.failure!r}")
+        if daemon.backlog + len(lines) > limits.max_backlog:
+            raise HTTPException(429, "the ingest backlog is full; retry later", headers={"Retry-After": "1"})
+        try:
+            first, end = daemon.post(lines)
+        except OSError as exc:
+            raise HTTPException(507, f"the ingest log refused the write: {exc.strerror}") from None
+        some = end > first
+        body = {"accepted": end - first, "first": first if some else None, "last": end - 1 if some else None}
+        return JSONResponse(body, status_code=202)
+
+    @app.post("/v1/records", dependencies=guarded, status_code=202)
+    async def post_records(request: Request) -> JSONResponse:
+        """Append JSON lines (SEMANTICS 2 records) to the ingest log; reply once they are durable.
+
+        Every line gets a position; an invalid one becomes a dead letter.
+        413 past the body limit, 429 with Retry-After when the backlog is
+        full, 503 while shutting down.
+        """
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limits.max_body_bytes:
+                raise HTTPException(413, f"the body is over {limits.max_body_bytes} bytes")
+        return accept(split_lines(bytes(body)))
+
+    @app.put("/v1/subscriptions/{sid}", dependencies=guarded, status_code=202)
+    async def put_subscription(sid: str, request: Request) -> JSONResponse:
+        """Subscribe ``sid``: the body is the subscribe record's fields (``kind``, ``rect``, ``keywords``, ...)."""
+        check_id(sid)
+        raw = await request.body()
+        if len(raw) > limits.max_body_bytes:
+            raise HTTPException(413, f"the body is over {limits.max_body_bytes} bytes")
+        try:
+            fields = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise HTTPException(400, f"the body is not JSON: {exc}") from None
+        if not isinstance(fields, dict):
+            raise HTTPException(400, "the body is a JSON object of the subscribe record's fields")
+        fields.pop("type", None)
+        fields.pop("id", None)
+        return accept([orjson.dumps({"type": "subscribe", "id": sid, **fields})])
+
+    @app.delete("/v1/subscriptions/{sid}", dependencies=guarded, status_code=202)
+    def delete_subscription(sid: str) -> JSONResponse:
+        """Unsubscribe ``sid``."""
+        check_id(sid)
+        return accept([orjson.dumps({"type": "unsubscribe", "id": sid})])
+
+    def check_id(sid: str) -> None:
+        if not sid or len(sid) > limits.max_id:
+            raise HTTPException(400, f"an id has 1 to {limits.max_id} characters")
+
+    def read(name: str, after: int, limit: int, wait: float, subscription: str | None) -> Response:
+        log = daemon.logs[name]
+        if log.count <= after and wait > 0:
+            log.wait(after, min(wait, limits.max_wait))
+        if subscription is None:
+            entries = log.read(after, limit)
+            scanned = len(entries)
+        else:  # scan a bounded stretch, return its matches
+            stretch = log.read(after, limit * 16)
+            needle = orjson.dumps(subscription)
+            entries, scanned = [], 0
+            for line in stretch:
+                scanned += 1
+                if b'"sub":' + needle in line:
+                    entries.append(line)
+                    if len(entries) == limit:
+                        break
+        body = b'{"%s":[%s],"next":%d}' % (name.encode(), b",".join(entries), after + scanned)
+        return Response(body, media_type="application/json")
+
+    def reader(name: str):  # noqa: ANN202 - a route factory
+        def route(
+            after: Annotated[int, Query(ge=0, le=2**62)] = 0,
+            limit: Annotated[int, Query(ge=1, le=limits.max_limit)] = 1000,
+            wait: Annotated[float, Query(ge=0, le=limits.max_wait)] = 0.0,
+            subscription: Annotated[str | None, Query(max_length=limits.max_id)] = None,
+        ) -> Response:
+            if not math.isfinite(wait):
+                raise HTTPException(422, "wait is a finite number of seconds")
+            return read(name, after, limit, wait, subscription)
+
+        route.__doc__ = (
+            f"{name.replace('_', ' ').capitalize()} after offset ``after`` in commit order, each with its ``offset``;"
+            " long-polls up to ``wait`` seconds; ``next`` is the offset to pass as ``after`` next."
+        )
+        return route
+
+    for name in ("deliveries", "dead_letters", "snapshots"):
+        app.get(f"/v1/{name}", dependencies=guarded, name=name)(reader(name))
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        """Liveness (no token): the process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", dependencies=guarded)
+    def readyz() -> JSONResponse:
+        """Readiness: the data plane has processed every acknowledged record (503 until then)."""
+        body = {"ready": daemon.ready, "acknowledged": daemon.ingest.count, "processed": daemon.processed}
+        return JSONResponse(body, status_code=200 if daemon.ready else 503)
+
+    @app.get("/metrics", dependencies=guarded)
+    def metrics() -> PlainTextResponse:
+        """Prometheus metrics of the data plane."""
+        return PlainTextResponse(generate_latest(daemon.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def split_lines(body: bytes) -> list[bytes]:
+    r"""Split a request body into records as a file run does: at ``\n``, one ``\r`` before it dropped, BOM skipped."""
+    if body.startswith(BOM):
+        body = body[len(BOM) :]
+    if not body:
+        return []
+    lines = body.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines]

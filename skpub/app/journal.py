@@ -1,0 +1,159 @@
+"""Append-only, fsync'd logs of lines: the daemon's ingest log, delivery log and dead-letter log.
+
+A :class:`LineLog` is one file of newline-terminated lines. An entry's
+*index* is its line number (0-based). :meth:`LineLog.append` writes whole
+lines, flushes and fsyncs before it returns, and only then counts them:
+what a caller acknowledges after ``append`` survives ``kill -9`` and power
+loss. A crash in the middle of an append leaves a torn last line, which no
+one was told about; opening the log again cuts it off (the file is skpub's:
+it never touches a file it did not create, :class:`~skpub.kernel.errors.OutputError`).
+
+Reads never see an entry before it is durable: :meth:`read` stops at the
+count. Random access by index goes through a sparse index (the byte offset
+of every :data:`STRIDE`-th entry), so memory is O(entries / STRIDE) and a
+read scans at most ``STRIDE`` lines before its first entry.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+from skpub.kernel.errors import OutputError
+
+STRIDE = 1024
+"""Entries between two offsets kept by the sparse index."""
+
+MAGIC = b'{"skpub_log":1}\n'
+"""First line of every log skpub writes: a file without it is not skpub's and is never written to."""
+
+
+class LineLog:
+    """An append-only, fsync'd log of lines (thread-safe: one writer at a time, readers at any time).
+
+    Parameters
+    ----------
+    path : Path
+        The log's file; created with :data:`MAGIC` when missing.
+
+    Raises
+    ------
+    OutputError
+        If ``path`` exists and does not start with :data:`MAGIC` (not skpub's).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        if not self.path.exists():
+            with self.path.open("wb") as fh:
+                fh.write(MAGIC)
+                fh.flush()
+                os.fsync(fh.fileno())
+            _fsync_dir(self.path.parent)
+        with self.path.open("rb") as fh:
+            if fh.read(len(MAGIC)) != MAGIC:
+                raise OutputError(f"{self.path} is not a log skpub wrote; it is left as it is")
+        self._marks: list[int] = []  # byte offset of entries 0, STRIDE, 2 STRIDE, ...
+        self._count = 0
+        end = self._scan()
+        self._fh = self.path.open("r+b")
+        if end < self.path.stat().st_size:  # a torn last line: never acknowledged
+            self._fh.truncate(end)
+            os.fsync(self._fh.fileno())
+        self._fh.seek(end)
+        self._end = end
+
+    def _scan(self) -> int:
+        """Count the complete lines and build the sparse index; return the byte offset after the last one."""
+        pos = len(MAGIC)
+        with self.path.open("rb") as fh:
+            fh.seek(pos)
+            for line in fh:
+                if not line.endswith(b"\n"):
+                    break
+                if self._count % STRIDE == 0:
+                    self._marks.append(pos)
+                self._count += 1
+                pos += len(line)
+        return pos
+
+    @property
+    def count(self) -> int:
+        """Entries durable in the log."""
+        return self._count
+
+    def append(self, lines: list[bytes]) -> tuple[int, int]:
+        r"""Append ``lines`` (each without ``\n``) durably; return the indexes of the first and the one after the last.
+
+        Raises
+        ------
+        ValueError
+            If a line holds ``\n``.
+        OSError
+            If the disk refuses the write (full, read-only): nothing is
+            counted, and the partial write is cut off before the next append.
+        """
+        if any(b"\n" in line for line in lines):
+            raise ValueError("a log entry may not hold a newline")
+        data = b"".join(line + b"\n" for line in lines)
+        with self._lock:
+            first = self._count
+            try:
+                self._fh.seek(self._end)
+                self._fh.write(data)
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+            except OSError:
+                self._fh.seek(self._end)
+                self._fh.truncate(self._end)
+                raise
+            pos = self._end
+            for line in lines:
+                if self._count % STRIDE == 0:
+                    self._marks.append(pos)
+                self._count += 1
+                pos += len(line) + 1
+            self._end = pos
+            self._changed.notify_all()
+            return first, self._count
+
+    def read(self, start: int, limit: int) -> list[bytes]:
+        """Return up to ``limit`` entries from index ``start`` on (fewer at the end); O(STRIDE + limit)."""
+        with self._lock:
+            stop = min(self._count, start + max(0, limit))
+            if start >= stop or start < 0:
+                return []
+            mark = start // STRIDE
+            pos = self._marks[mark]
+        out: list[bytes] = []
+        with self.path.open("rb") as fh:
+            fh.seek(pos)
+            index = mark * STRIDE
+            for line in fh:
+                if index >= stop:
+                    break
+                if index >= start:
+                    out.append(line[:-1])
+                index += 1
+        return out
+
+    def wait(self, count: int, timeout: float) -> bool:
+        """Block until the log holds more than ``count`` entries or ``timeout`` seconds pass; return whether it does."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._count > count, timeout)
+
+    def close(self) -> None:
+        """Close the file (appends after this fail)."""
+        with self._lock:
+            self._fh.close()
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,102 @@
+"""``skpub serve``: the routing daemon in one process (the HTTP API on uvicorn, the data plane in a thread).
+
+SIGTERM or SIGINT: uvicorn stops accepting connections and finishes the
+requests in flight, then the data plane finishes its batch in flight and the
+process exits 0. Restarted on the same data directory, it resumes (DESIGN
+"The daemon").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import signal
+import sys
+from pathlib import Path
+
+from skpub.app.daemon import Daemon, Limits
+from skpub.kernel.config import Deployment
+from skpub.kernel.errors import ConfigError
+
+DEFAULT_LISTEN = "127.0.0.1:8750"
+TOKEN_ENV = "SKPUB_TOKEN"
+MAX_TOKEN_BYTES = 4096
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """Return ``(host, port)`` of ``HOST:PORT`` (IPv6 hosts in brackets).
+
+    Raises
+    ------
+    ConfigError
+        If it is not such an address.
+    """
+    host, sep, port = listen.rpartition(":")
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+        number = int(port)
+    except ValueError:
+        raise ConfigError(f"--listen {listen!r}: expected HOST:PORT with an IP address") from None
+    if not sep or not 0 <= number <= 65535:
+        raise ConfigError(f"--listen {listen!r}: expected HOST:PORT with a port in 0..65535")
+    return host, number
+
+
+def load_token(token_file: str | None) -> str | None:
+    """Return the bearer token from ``token_file`` (its first line) or ``$SKPUB_TOKEN``, or None.
+
+    Raises
+    ------
+    ConfigError
+        If the file is empty, too long or not text.
+    """
+    if token_file is None:
+        return os.environ.get(TOKEN_ENV) or None
+    raw = Path(token_file).read_bytes()[: MAX_TOKEN_BYTES + 1]
+    try:
+        token = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"--token-file {token_file}: the token is printable ASCII") from None
+    if not token or len(raw) > MAX_TOKEN_BYTES or not token.isprintable() or " " in token:
+        raise ConfigError(f"--token-file {token_file}: one printable token of at most {MAX_TOKEN_BYTES} bytes")
+    return token
+
+
+def serve(
+    data: str | Path, deployment: Deployment, listen: str, token: str | None, limits: Limits | None = None
+) -> int:
+    """Run the daemon until SIGTERM or SIGINT; return the exit status (0 after a clean shutdown).
+
+    Raises
+    ------
+    ConfigError
+        If ``listen`` is not loopback and there is no token, or is malformed.
+    """
+    import uvicorn
+
+    from skpub.app.api import create_app
+
+    host, port = parse_listen(listen)
+    if token is None and not ipaddress.ip_address(host).is_loopback:
+        raise ConfigError(f"--listen {listen}: a non-loopback address needs a token (--token-file or ${TOKEN_ENV})")
+    daemon = Daemon(data, deployment, limits or Limits())
+    app = create_app(daemon, token)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):  # noqa: ANN001, ANN202 - FastAPI's lifespan protocol
+        daemon.start()
+        print(f"[skpub] serving {Path(data)} on http://{listen} (deployment: {deployment.evaluators} evaluators)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        yield
+        daemon.stop()
+
+    app.router.lifespan_context = lifespan
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+    # uvicorn handles SIGTERM/SIGINT while it serves, then raises the signal again under the handlers it found:
+    # with these, a graceful shutdown ends the process with status 0
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    uvicorn.Server(config).run()
+    return 0 if daemon.failure is None else 1

@@ -1,0 +1,247 @@
+"""The routing daemon (``skpub serve``): durable logs, the HTTP API over real loopback HTTP, kill -9 and restart."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skpub.app.api import create_app, split_lines
+from skpub.app.daemon import Daemon, Limits
+from skpub.app.engines.local import run_local
+from skpub.app.journal import MAGIC, STRIDE, LineLog
+from skpub.app.summary import RunObserver, RunSummary
+from skpub.kernel.errors import ConfigError, OutputError
+from skpub.kernel.parts import read_stream
+from tests.workloads import deployment, random_workload, ranked_workload, write_lines
+
+# --- the durable log ------------------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=40), max_size=12))
+def test_a_line_log_reads_back_every_append_by_index_and_after_reopening(tmp_path_factory, appends):
+    path = tmp_path_factory.mktemp("log") / "x.log"
+    log = LineLog(path)
+    everything = []
+    for lines in appends:
+        first, end = log.append(lines)
+        assert (first, end) == (len(everything), len(everything) + len(lines))
+        everything += lines
+    for start in (0, 1, len(everything) // 2, len(everything)):
+        assert log.read(start, 7) == everything[start : start + 7]
+    log.close()
+    again = LineLog(path)
+    assert again.count == len(everything) and again.read(0, len(everything) + 1) == everything
+
+
+def test_a_torn_last_line_is_cut_off_and_the_sparse_index_spans_strides(tmp_path):
+    path = tmp_path / "x.log"
+    log = LineLog(path)
+    lines = [b"%d" % i for i in range(3 * STRIDE + 5)]
+    log.append(lines)
+    log.close()
+    with path.open("ab") as fh:
+        fh.write(b'{"torn')  # a crash in the middle of an append: never acknowledged
+    log = LineLog(path)
+    assert log.count == len(lines)
+    assert log.read(2 * STRIDE - 1, 3) == lines[2 * STRIDE - 1 : 2 * STRIDE + 2]
+    log.append([b"next"])
+    assert log.read(len(lines), 5) == [b"next"]
+    assert path.read_bytes().endswith(b"%d\nnext\n" % (len(lines) - 1))
+
+
+def test_a_file_skpub_did_not_write_is_never_taken_for_a_log(tmp_path):
+    path = tmp_path / "ingest.log"
+    path.write_bytes(b"precious\n")
+    with pytest.raises(OutputError):
+        LineLog(path)
+    assert path.read_bytes() == b"precious\n"
+    assert LineLog(tmp_path / "new.log").path.read_bytes() == MAGIC
+
+
+def test_request_bodies_split_into_records_as_files_do():
+    assert split_lines(b"") == []
+    assert split_lines(b"\xef\xbb\xbfa\r\nb\n\nc") == [b"a", b"b", b"", b"c"]
+    assert split_lines(b"a\n") == [b"a"]
+
+
+# --- the API in process --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def client(tmp_path):
+    daemon = Daemon(
+        tmp_path / "data", deployment(evaluators=3, batch_size=20), Limits(max_body_bytes=4096, max_backlog=50)
+    )
+    with TestClient(create_app(daemon, token="s3cret")) as c:
+        c.daemon = daemon
+        yield c
+    daemon.stop()
+
+
+def test_every_route_but_healthz_wants_the_token(client):
+    assert client.get("/healthz").status_code == 200
+    for method, url in [("post", "/v1/records"), ("get", "/v1/deliveries"), ("get", "/readyz"), ("get", "/metrics"),
+                        ("delete", "/v1/subscriptions/a")]:  # fmt: skip
+        assert client.request(method, url).status_code == 401
+        assert client.request(method, url, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert client.get("/v1/deliveries", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_limits_answer_with_a_clear_status_and_lose_nothing(client):
+    auth = {"Authorization": "Bearer s3cret"}
+    assert client.post("/v1/records", content=b"x" * 5000, headers=auth).status_code == 413
+    assert client.daemon.ingest.count == 0
+    assert client.put("/v1/subscriptions/" + "a" * 300, json={}, headers=auth).status_code == 400
+    assert client.put("/v1/subscriptions/a", content=b"[1]", headers=auth).status_code == 400
+    assert client.get("/v1/deliveries?limit=0", headers=auth).status_code == 422
+    assert client.get("/v1/deliveries?wait=1e308", headers=auth).status_code == 422
+    # the data plane is not started here: the backlog grows to its bound
+    ok = client.post("/v1/records", content=b"{}\n" * 50, headers=auth)
+    assert ok.status_code == 202 and ok.json() == {"accepted": 50, "first": 0, "last": 49}
+    full = client.post("/v1/records", content=b"{}\n", headers=auth)
+    assert full.status_code == 429 and full.headers["retry-after"] == "1" and client.daemon.ingest.count == 50
+    client.daemon.stopping.set()
+    assert client.delete("/v1/subscriptions/a", headers=auth).status_code == 503
+
+
+# --- the daemon over real HTTP, against a file run ------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Served:
+    """A ``skpub serve`` subprocess on loopback."""
+
+    def __init__(self, data, config, token="t0ken"):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "SKPUB_TOKEN": token}
+        cmd = [sys.executable, "-m", "skpub.app.cli", "serve", "--data", str(data), "--config", str(config),
+               "--listen", f"127.0.0.1:{self.port}"]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if self.http.get("/healthz").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the daemon did not start: {self.proc.stderr.read().decode()}")
+            time.sleep(0.1)
+
+    def post(self, lines):
+        reply = self.http.post("/v1/records", content="".join(line + "\n" for line in lines))
+        assert reply.status_code == 202, reply.text
+        return reply.json()
+
+    def wait_ready(self):
+        deadline = time.monotonic() + 120
+        while self.http.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline and self.proc.poll() is None
+            time.sleep(0.1)
+
+    def read(self, name, after=0):
+        out = []
+        while True:
+            page = self.http.get(f"/v1/{name}", params={"after": after, "limit": 500}).json()
+            out += page[name]
+            if page["next"] == after:
+                return out
+            after = page["next"]
+
+
+def file_run(tmp_path, lines, dep):
+    source = tmp_path / "in.jsonl"
+    write_lines(source, lines)
+    out = tmp_path / "file-run"
+    run_local(source, out, dep, RunObserver(RunSummary("local", dep.router, dep.evaluators), stream=None))
+    dead = Counter((d["line"], d["reason"]) for d in read_stream(out, "dead_letters"))
+    return Counter(json.dumps(d, sort_keys=True) for d in read_stream(out, "deliveries")), dead
+
+
+def served_outputs(served):
+    deliveries = served.read("deliveries")
+    assert [d["offset"] for d in deliveries] == list(range(1, len(deliveries) + 1))  # no gap, no duplicate
+    dead = served.read("dead_letters")
+    assert [d["offset"] for d in dead] == list(range(1, len(dead) + 1))
+    strip = [{k: v for k, v in d.items() if k != "offset"} for d in deliveries]
+    return Counter(json.dumps(d, sort_keys=True) for d in strip), Counter((d["line"], d["reason"]) for d in dead)
+
+
+@pytest.mark.integration
+def test_records_posted_in_many_requests_equal_a_file_run_of_the_same_lines(tmp_path):
+    lines = random_workload(seed=21, n=700) + ranked_workload(seed=22, n=300)
+    dep = deployment(evaluators=3, batch_size=40)
+    (tmp_path / "dep.json").write_text(json.dumps(dep.to_json()))
+    served = Served(tmp_path / "data", tmp_path / "dep.json")
+    try:
+        start, sizes = 0, [1, 7, 130, 3, 64]
+        while start < len(lines):
+            size = sizes[start % len(sizes)]
+            reply = served.post(lines[start : start + size])
+            assert reply["first"] == start and reply["accepted"] == len(lines[start : start + size])
+            start += size
+        served.wait_ready()
+        assert served_outputs(served) == file_run(tmp_path, lines, dep)
+    finally:
+        served.proc.terminate()
+        assert served.proc.wait(60) == 0  # SIGTERM: finish the batch in flight, exit 0
+
+
+@pytest.mark.integration
+def test_a_consumer_following_deliveries_across_kill_9_sees_each_once(tmp_path):
+    lines = random_workload(seed=31, n=1500, invalid=False)
+    dep = deployment(evaluators=4, batch_size=5)
+    (tmp_path / "dep.json").write_text(json.dumps(dep.to_json()))
+    served = Served(tmp_path / "data", tmp_path / "dep.json")
+    for start in range(0, len(lines), 100):
+        served.post(lines[start : start + 100])  # acknowledged: must survive the kill
+    seen = []
+    while len(seen) < 50:
+        seen += served.http.get("/v1/deliveries", params={"after": len(seen), "wait": 5}).json()["deliveries"]
+    served.proc.send_signal(signal.SIGKILL)
+    served.proc.wait()
+    assert not served.http.close()
+    restarted = Served(tmp_path / "data", tmp_path / "dep.json")
+    try:
+        restarted.wait_ready()
+        rest = restarted.read("deliveries", after=seen[-1]["offset"])
+        everything = seen + rest
+        assert [d["offset"] for d in everything] == list(range(1, len(everything) + 1))
+        assert served_outputs(restarted)[0] == file_run(tmp_path, lines, dep)[0]
+    finally:
+        restarted.proc.terminate()
+        restarted.proc.wait(60)
+
+
+def test_a_data_directory_refuses_another_deployment(tmp_path):
+    Daemon(tmp_path, deployment(evaluators=3)).stop()
+    with pytest.raises(ConfigError):
+        Daemon(tmp_path, deployment(evaluators=4))
+
+
+def test_a_non_loopback_listen_without_a_token_is_refused(tmp_path):
+    from skpub.app.serve import parse_listen, serve
+
+    with pytest.raises(ConfigError):
+        serve(tmp_path, deployment(), "0.0.0.0:8750", token=None)
+    with pytest.raises(ConfigError):
+        parse_listen("localhost:80")
+    assert parse_listen("[::1]:9") == ("::1", 9)
