@@ -1,15 +1,9 @@
 """The routing daemon (``skpub serve``): durable logs, the HTTP API over real loopback HTTP, kill -9 and restart."""
 
 import json
-import os
 import signal
-import socket
-import subprocess
-import sys
-import time
 from collections import Counter
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
@@ -22,6 +16,7 @@ from skpub.app.journal import MAGIC, STRIDE, LineLog
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.errors import ConfigError, OutputError
 from skpub.kernel.parts import read_stream
+from tests.served import Served
 from tests.workloads import deployment, random_workload, ranked_workload, write_lines
 
 # --- the durable log ------------------------------------------------------------------------------------
@@ -116,55 +111,6 @@ def test_limits_answer_with_a_clear_status_and_lose_nothing(client):
 
 
 # --- the daemon over real HTTP, against a file run ------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Served:
-    """A ``skpub serve`` subprocess on loopback."""
-
-    def __init__(self, data, config, token="t0ken"):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "SKPUB_TOKEN": token}
-        cmd = [sys.executable, "-m", "skpub.app.cli", "serve", "--data", str(data), "--config", str(config),
-               "--listen", f"127.0.0.1:{self.port}"]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if self.http.get("/healthz").status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the daemon did not start: {self.proc.stderr.read().decode()}")
-            time.sleep(0.1)
-
-    def post(self, lines):
-        reply = self.http.post("/v1/records", content="".join(line + "\n" for line in lines))
-        assert reply.status_code == 202, reply.text
-        return reply.json()
-
-    def wait_ready(self):
-        deadline = time.monotonic() + 120
-        while self.http.get("/readyz").status_code != 200:
-            assert time.monotonic() < deadline and self.proc.poll() is None
-            time.sleep(0.1)
-
-    def read(self, name, after=0):
-        out = []
-        while True:
-            page = self.http.get(f"/v1/{name}", params={"after": after, "limit": 500}).json()
-            out += page[name]
-            if page["next"] == after:
-                return out
-            after = page["next"]
 
 
 def file_run(tmp_path, lines, dep):

@@ -14,6 +14,7 @@ ids are bounded strings that only ever go inside a JSON record.
 
 import hmac
 import math
+import time
 from typing import Annotated
 
 import orjson
@@ -49,6 +50,17 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
             raise HTTPException(401, "a bearer token is required", headers={"WWW-Authenticate": "Bearer"})
 
     guarded = [Depends(authorized)]
+    served = daemon.served
+
+    @app.middleware("http")
+    async def measure(request: Request, call_next):  # noqa: ANN001, ANN202 - Starlette's middleware protocol
+        start = time.monotonic()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        path = route.path if route is not None else "other"
+        served.requests.labels(route=path, method=request.method, status=str(response.status_code)).inc()
+        served.request_seconds.labels(route=path).observe(time.monotonic() - start)
+        return response
 
     def accept(lines: list[bytes]) -> JSONResponse:
         if daemon.stopping.is_set():

@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter as Tally
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+from prometheus_client import Counter, Gauge, Histogram, ProcessCollector
 
 from skpub.app.engines.local import LocalPipeline
 from skpub.app.engines.sink import unique_letters
@@ -45,6 +48,8 @@ from skpub.kernel.text import load_vocabulary
 
 LOGS = ("deliveries", "dead_letters", "snapshots")
 """The output logs a client reads, by the name of their route."""
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,48 @@ class Limits:
     max_limit: int = 10_000
     max_wait: float = 30.0
     trigger: float = 0.1
+
+
+class DaemonMetrics:
+    """What the daemon exports beyond a run's :class:`~skpub.app.metrics.Metrics`, in the same registry.
+
+    Ingest (records acknowledged, backlog), batch wall time against the
+    trigger, ingest-to-delivery latency (from a request's acknowledgement to
+    the commit of the batch that holds its last line), HTTP requests and
+    their durations per route, and the process's memory and CPU.
+    """
+
+    def __init__(self, metrics: Metrics, daemon: Daemon) -> None:
+        r = metrics.registry
+        ProcessCollector(registry=r)
+        self.ingested = Counter("skpub_ingest_records", "Records acknowledged (durable in the ingest log)", registry=r)
+        backlog = Gauge("skpub_ingest_backlog", "Records acknowledged and not yet processed", registry=r)
+        backlog.set_function(lambda: daemon.backlog)
+        trigger = Gauge("skpub_batch_trigger_seconds", "Seconds the data plane waits before a short batch", registry=r)
+        trigger.set(daemon.limits.trigger)
+        self.batch_seconds = Histogram(
+            "skpub_batch_duration_seconds", "Wall seconds per micro-batch", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.latency = Histogram(
+            "skpub_ingest_to_delivery_seconds",
+            "Seconds from a request's acknowledgement to the commit of its last record's batch",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.delivered = Counter(
+            "skpub_delivery_lines",
+            "Lines appended to the delivery log, by event (match, enter, exit)",
+            ["event"],
+            registry=r,
+        )
+        self.requests = Counter("skpub_http_requests", "HTTP requests", ["route", "method", "status"], registry=r)
+        self.request_seconds = Histogram(
+            "skpub_http_request_duration_seconds",
+            "HTTP request seconds",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
 
 
 class Daemon:
@@ -94,6 +141,9 @@ class Daemon:
         self.batches = LineLog(self.data / "batches.log")
         self.logs = {name: LineLog(self.data / f"{name}.log") for name in LOGS}
         self.metrics = Metrics()
+        self.served = DaemonMetrics(self.metrics, self)
+        self._acks: deque[tuple[int, float]] = deque()  # (end position, acknowledged at) of requests in the backlog
+        self._post_lock = threading.Lock()
         self.stopping = threading.Event()
         self.processed = 0  # ingest lines in batches that ran
         self.failure: BaseException | None = None
@@ -109,7 +159,11 @@ class Daemon:
 
     def post(self, lines: list[bytes]) -> tuple[int, int]:
         """Append ``lines`` to the ingest log durably; return the first position and the one after the last."""
-        return self.ingest.append(lines)
+        with self._post_lock:  # acknowledgements queue in position order
+            first, end = self.ingest.append(lines)
+            self._acks.append((end, time.monotonic()))
+        self.served.ingested.inc(end - first)
+        return first, end
 
     @property
     def ready(self) -> bool:
@@ -147,12 +201,17 @@ class Daemon:
             raise
 
     def _step(self, batch_id: int, end: int) -> None:
+        start = time.monotonic()
         lines = self.ingest.read(self.processed, end - self.processed)
         if self._pipeline is None:
             sample = lines[: self.deployment.sample_size]
             self._pipeline = LocalPipeline(self.data / "output", self.deployment, self.vocabulary, sample)
         report = self._pipeline.step(batch_id, lines, self._sink)
         self.processed = end
+        now = time.monotonic()
+        self.served.batch_seconds.observe(now - start)
+        while self._acks and self._acks[0][0] <= end:
+            self.served.latency.observe(now - self._acks.popleft()[1])
         self.metrics.observe_batch(report)
 
     def _sink(self, batch_id, deliveries, dead_letters, statistics, report: BatchReport, events, snapshots):  # noqa: ANN001
@@ -172,6 +231,9 @@ class Daemon:
                 log.append([_with_offset(line, start + i + 1) for i, line in enumerate(fresh)])
             self._produced[name] = first + len(entries)
         report.deliveries = len(produced["deliveries"])
+        self.served.delivered.labels(event="match").inc(len(matches))
+        for event, count in Tally(e["event"] for e in events).items():
+            self.served.delivered.labels(event=event).inc(count)
         report.dead_letters.update(d.reason for d in dead)
         for row in statistics:
             report.evaluator_cost[row["evaluator"]] = row["cost"]
