@@ -1,0 +1,167 @@
+"""Benchmark: the routing daemon (``skpub serve``) under posted load (docs/benchmarks.md (g)).
+
+Starts ``skpub serve`` on loopback with a fresh data directory, registers
+the GeoNames workload's live subscriptions, then posts its objects at a
+fixed rate in requests of ``--request-lines`` lines for ``--duration``
+seconds (one client thread), while a consumer long-polls
+``/v1/deliveries``. Reported:
+
+- sustained ingest: records acknowledged per second, and records processed
+  per second (the data plane keeping up or not: the backlog at the end);
+- ingest-to-delivery latency p50 and p99, measured by the client: from a
+  request's acknowledgement to the moment ``/readyz`` shows the data plane
+  past its last record (polled every 5 ms);
+- the daemon's resident memory (``/proc/<pid>/status`` VmRSS) every second:
+  first and last minute's means and their ratio (flat within 10% is the
+  target of a 10-minute soak).
+
+Run: ``.venv/bin/python -m benchmarks.daemon --rate 5000 --duration 60``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from skpub.kernel.config import deployment_from_json
+from skpub.sims.geonames import WorkloadSpec, deployment_of, write_workload
+from tests.served import free_port
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=5000.0, help="objects posted per second")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of posting")
+    parser.add_argument("--request-lines", type=int, default=1000)
+    parser.add_argument("--live", type=int, default=10_000, help="live subscriptions registered first")
+    parser.add_argument("--evaluators", type=int, default=4)
+    parser.add_argument("--batch-size", type=int, default=20_000)
+    parser.add_argument("--horizon", type=int, default=None, help="object_id_horizon (default the deployment's)")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = WorkloadSpec(live=args.live, topk_fraction=0.0, knn_fraction=0.0, window=0, inserts_per_object=0.0)
+        stream, vocabulary = write_workload(spec, f"{tmp}/workload")
+        lines = Path(stream).read_text().splitlines()
+        subscriptions = [line for line in lines if '"subscribe"' in line]
+        objects = [line for line in lines if '"object"' in line]
+        dep = deployment_from_json(deployment_of(spec)).replace(
+            evaluators=args.evaluators, batch_size=args.batch_size, vocabulary=str(vocabulary)
+        )
+        if args.horizon is not None:
+            dep = dep.replace(object_id_horizon=args.horizon)
+        Path(f"{tmp}/dep.json").write_text(json.dumps(dep.to_json()))
+        port = free_port()
+        cmd = [sys.executable, "-m", "skpub.app.cli", "serve", "--data", f"{tmp}/data", "--config", f"{tmp}/dep.json",
+               "--listen", f"127.0.0.1:{port}"]  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+        while True:
+            try:
+                http.get("/healthz")
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        for start in range(0, len(subscriptions), args.request_lines):
+            http.post("/v1/records", content="\n".join(subscriptions[start : start + args.request_lines]) + "\n")
+        while http.get("/readyz").status_code != 200:
+            time.sleep(0.05)
+        print(f"(g) daemon, local engine: {len(subscriptions)} subscriptions registered; posting {args.rate:.0f} "
+              f"objects/s in requests of {args.request_lines} for {args.duration:.0f} s")  # fmt: skip
+
+        acks: list[tuple[int, float]] = []  # (end position, acknowledged at)
+        done: dict[int, float] = {}
+        memory: list[tuple[float, int]] = []
+        stop = threading.Event()
+        delivered = [0]
+
+        def watch() -> None:  # the data plane's progress, and memory
+            client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+            last_memory = 0.0
+            while not stop.is_set():
+                processed = client.get("/readyz").json()["processed"]
+                now = time.monotonic()
+                for end, _ in acks:
+                    if end <= processed and end not in done:
+                        done[end] = now
+                if now - last_memory >= 1.0:
+                    memory.append((now, rss_kib(proc.pid)))
+                    last_memory = now
+                time.sleep(0.005)
+
+        def consume() -> None:
+            client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
+            after = 0
+            while not stop.is_set():
+                page = client.get("/v1/deliveries", params={"after": after, "limit": 10_000, "wait": 1}).json()
+                delivered[0] += len(page["deliveries"])
+                after = page["next"]
+
+        threads = [threading.Thread(target=watch), threading.Thread(target=consume)]
+        for t in threads:
+            t.start()
+        begin = time.monotonic()
+        sent, i = 0, 0
+        while time.monotonic() - begin < args.duration:
+            due = begin + sent / args.rate
+            if time.monotonic() < due:
+                time.sleep(due - time.monotonic())
+            chunk = [objects[(i + k) % len(objects)] for k in range(args.request_lines)]
+            chunk = [line.replace('"id": "', f'"id": "r{(i + k) // len(objects)}-', 1) for k, line in enumerate(chunk)]
+            i += args.request_lines
+            reply = http.post("/v1/records", content="\n".join(chunk) + "\n")
+            if reply.status_code == 202:
+                acks.append((reply.json()["last"] + 1, time.monotonic()))
+                sent += args.request_lines
+            else:
+                time.sleep(float(reply.headers.get("retry-after", "1")))
+        posting = time.monotonic() - begin
+        drain_start = time.monotonic()
+        while http.get("/readyz").status_code != 200 and time.monotonic() - drain_start < 300:
+            time.sleep(0.05)
+        processed_by = time.monotonic() - begin
+        time.sleep(0.2)
+        stop.set()
+        for t in threads:
+            t.join()
+        latencies = sorted(done[end] - at for end, at in acks if end in done)
+        proc.terminate()
+        proc.wait(60)
+        p50 = statistics.median(latencies)
+        p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
+        print(f"  acknowledged {sent} objects in {posting:.1f} s: {sent / posting:.0f} objects/s posted")
+        print(f"  processed by {processed_by:.1f} s: {sent / processed_by:.0f} objects/s sustained; "
+              f"{delivered[0]} deliveries read by the consumer")  # fmt: skip
+        print(
+            f"  ingest-to-delivery latency: p50 {p50 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms ({len(latencies)} requests)"
+        )
+        minute = [kib for t, kib in memory if t - memory[0][0] <= 60]
+        last = [kib for t, kib in memory if memory[-1][0] - t <= 60]
+        per_minute = [
+            statistics.mean(kib for t, kib in memory if m * 60 <= t - memory[0][0] < (m + 1) * 60) / 1024
+            for m in range(int((memory[-1][0] - memory[0][0]) // 60) + 1)
+            if any(m * 60 <= t - memory[0][0] < (m + 1) * 60 for t, _ in memory)
+        ]
+        print("  resident memory per minute, MiB: " + " ".join(f"{v:.0f}" for v in per_minute))
+        first, final = statistics.mean(minute) / 1024, statistics.mean(last) / 1024
+        print(f"  resident memory: first minute {first:.0f} MiB, last minute {final:.0f} MiB ({final / first:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
