@@ -131,6 +131,23 @@ def served_outputs(served):
     return Counter(json.dumps(d, sort_keys=True) for d in strip), Counter((d["line"], d["reason"]) for d in dead)
 
 
+def stream_events(served, params, count, headers=None):
+    """Read ``count`` deliveries from ``/v1/deliveries/stream`` (SSE), checking each ``id:`` is its offset."""
+    out = []
+    with served.http.stream("GET", "/v1/deliveries/stream", params=params, headers=headers or {}) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        event_id = None
+        for line in response.iter_lines():
+            if line.startswith("id: "):
+                event_id = int(line[4:])
+            elif line.startswith("data: "):
+                out.append(json.loads(line[6:]))
+                assert out[-1]["offset"] == event_id
+                if len(out) == count:
+                    return out
+    return out
+
+
 @pytest.mark.integration
 def test_records_posted_in_many_requests_equal_a_file_run_of_the_same_lines(tmp_path):
     lines = random_workload(seed=21, n=700) + ranked_workload(seed=22, n=300)
@@ -146,6 +163,11 @@ def test_records_posted_in_many_requests_equal_a_file_run_of_the_same_lines(tmp_
             start += size
         served.wait_ready()
         assert served_outputs(served) == file_run(tmp_path, lines, dep)
+        deliveries = served.read("deliveries")
+        assert stream_events(served, {"after": 0}, len(deliveries)) == deliveries
+        middle = deliveries[len(deliveries) // 2]["offset"]
+        resumed = stream_events(served, {}, 3, headers={"Last-Event-ID": str(middle)})
+        assert resumed == deliveries[middle : middle + 3]
     finally:
         served.proc.terminate()
         assert served.proc.wait(60) == 0  # SIGTERM: finish the batch in flight, exit 0

@@ -12,21 +12,27 @@ Security: every route but ``/healthz`` wants ``Authorization: Bearer
 ids are bounded strings that only ever go inside a JSON record.
 """
 
+import asyncio
 import hmac
 import math
 import time
 from typing import Annotated
 
+import anyio
 import orjson
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from skpub.app.daemon import Daemon
 from skpub.kernel.inputs import BOM
 
-JSON_LINES = "application/x-ndjson"
+POLL_SECONDS = 0.02
+"""How often a long poll or a stream looks for new entries."""
+
+HEARTBEAT_SECONDS = 15.0
+"""Most seconds a stream stays silent: then it sends an SSE comment."""
 
 
 def create_app(daemon: Daemon, token: str | None) -> FastAPI:
@@ -119,28 +125,30 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         if not sid or len(sid) > limits.max_id:
             raise HTTPException(400, f"an id has 1 to {limits.max_id} characters")
 
-    def read(name: str, after: int, limit: int, wait: float, subscription: str | None) -> Response:
+    async def arrived(name: str, after: int, wait: float) -> None:
+        """Wait up to ``wait`` seconds for an entry past ``after`` (polled: a long poll holds no thread)."""
+        log, deadline = daemon.logs[name], time.monotonic() + min(wait, limits.max_wait)
+        while log.count <= after and time.monotonic() < deadline and not daemon.stopping.is_set():
+            await asyncio.sleep(POLL_SECONDS)
+
+    def entries_after(name: str, after: int, limit: int, subscription: str | None) -> tuple[list[bytes], int]:
+        """Return up to ``limit`` entries past offset ``after`` (of ``subscription`` only, if given), and ``next``."""
         log = daemon.logs[name]
-        if log.count <= after and wait > 0:
-            log.wait(after, min(wait, limits.max_wait))
         if subscription is None:
             entries = log.read(after, limit)
-            scanned = len(entries)
-        else:  # scan a bounded stretch, return its matches
-            stretch = log.read(after, limit * 16)
-            needle = orjson.dumps(subscription)
-            entries, scanned = [], 0
-            for line in stretch:
-                scanned += 1
-                if b'"sub":' + needle in line:
-                    entries.append(line)
-                    if len(entries) == limit:
-                        break
-        body = b'{"%s":[%s],"next":%d}' % (name.encode(), b",".join(entries), after + scanned)
-        return Response(body, media_type="application/json")
+            return entries, after + len(entries)
+        needle = b'"sub":' + orjson.dumps(subscription)
+        entries, scanned = [], 0
+        for line in log.read(after, limit * 16):  # a bounded stretch, its matches
+            scanned += 1
+            if needle in line:
+                entries.append(line)
+                if len(entries) == limit:
+                    break
+        return entries, after + scanned
 
     def reader(name: str):  # noqa: ANN202 - a route factory
-        def route(
+        async def route(
             after: Annotated[int, Query(ge=0, le=2**62)] = 0,
             limit: Annotated[int, Query(ge=1, le=limits.max_limit)] = 1000,
             wait: Annotated[float, Query(ge=0, le=limits.max_wait)] = 0.0,
@@ -148,7 +156,10 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         ) -> Response:
             if not math.isfinite(wait):
                 raise HTTPException(422, "wait is a finite number of seconds")
-            return read(name, after, limit, wait, subscription)
+            await arrived(name, after, wait)
+            entries, following = await anyio.to_thread.run_sync(entries_after, name, after, limit, subscription)
+            body = b'{"%s":[%s],"next":%d}' % (name.encode(), b",".join(entries), following)
+            return Response(body, media_type="application/json")
 
         route.__doc__ = (
             f"{name.replace('_', ' ').capitalize()} after offset ``after`` in commit order, each with its ``offset``;"
@@ -156,7 +167,44 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         )
         return route
 
+    def streamer(name: str):  # noqa: ANN202 - a route factory
+        async def route(
+            request: Request,
+            after: Annotated[int, Query(ge=0, le=2**62)] = 0,
+            subscription: Annotated[str | None, Query(max_length=limits.max_id)] = None,
+            last_event_id: Annotated[str | None, Header(max_length=20)] = None,
+        ) -> StreamingResponse:
+            start = after
+            if last_event_id is not None:
+                if not last_event_id.isdigit():
+                    raise HTTPException(400, "Last-Event-ID is the last offset received")
+                start = int(last_event_id)
+
+            async def events():  # noqa: ANN202 - an async generator
+                position = start
+                while not daemon.stopping.is_set() and not await request.is_disconnected():
+                    entries, following = await anyio.to_thread.run_sync(
+                        entries_after, name, position, limits.max_limit, subscription
+                    )
+                    for line in entries:
+                        yield b"id: %d\ndata: %s\n\n" % (orjson.loads(line)["offset"], line)
+                    if following == position:
+                        await arrived(name, position, HEARTBEAT_SECONDS)
+                        if daemon.logs[name].count <= position:
+                            yield b": keep-alive\n\n"
+                    position = following
+
+            return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+        route.__doc__ = (
+            f"{name.replace('_', ' ').capitalize()} as Server-Sent Events from offset ``after`` (or the"
+            " ``Last-Event-ID`` header): ``id:`` is the offset, ``data:`` the line; a comment after"
+            f" {HEARTBEAT_SECONDS:.0f} quiet seconds keeps the connection alive."
+        )
+        return route
+
     for name in ("deliveries", "dead_letters", "snapshots"):
+        app.get(f"/v1/{name}/stream", dependencies=guarded, name=f"{name}_stream")(streamer(name))
         app.get(f"/v1/{name}", dependencies=guarded, name=name)(reader(name))
 
     @app.get("/healthz")

@@ -98,5 +98,26 @@ def serve(
     # with these, a graceful shutdown ends the process with status 0
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    uvicorn.Server(config).run()
+    _server_class()(config, daemon).run()
     return 0 if daemon.failure is None else 1
+
+
+def _server_class():  # noqa: ANN202 - uvicorn is imported when serving only
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, telling the daemon the moment a shutdown signal comes.
+
+        Posts get 503 and streams end at once, so open streams do not hold
+        the graceful shutdown; the data plane finishes its batch in flight.
+        """
+
+        def __init__(self, config: uvicorn.Config, daemon: Daemon) -> None:
+            super().__init__(config)
+            self.daemon = daemon
+
+        def handle_exit(self, sig, frame) -> None:  # noqa: ANN001 - uvicorn's signature
+            self.daemon.stopping.set()
+            super().handle_exit(sig, frame)
+
+    return Server
