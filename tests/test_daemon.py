@@ -163,6 +163,26 @@ def test_records_posted_in_many_requests_equal_a_file_run_of_the_same_lines(tmp_
             start += size
         served.wait_ready()
         assert served_outputs(served) == file_run(tmp_path, lines, dep)
+        snapshots = [{k: v for k, v in line.items() if k != "offset"} for line in served.read("snapshots")]
+        assert snapshots == read_stream(tmp_path / "file-run", "snapshots")  # in order, as the oracle's
+        taken = {line["snapshot"] for line in snapshots}
+        for sid in sorted(taken)[:3]:
+            lines = served.http.get(f"/v1/snapshots/{sid}").json()["lines"]
+            assert [{k: v for k, v in x.items() if k != "offset"} for x in lines] == [
+                x for x in snapshots if x["snapshot"] == sid
+            ]
+        posted = served.http.post("/v1/snapshots", json={"id": "late"})
+        assert posted.status_code == 202 and posted.json() == {"id": "late", "position": len(lines)}
+        again = served.http.post("/v1/snapshots").json()  # an id is made
+        served.wait_ready()
+        late = served.http.get("/v1/snapshots/late").json()["lines"]
+        assert late == [x for x in served.read("snapshots") if x["snapshot"] == "late"]
+        assert served.http.get(f"/v1/snapshots/{again['id']}").status_code == 200
+        assert served.http.get("/v1/snapshots/never").status_code == 404
+        duplicate = served.http.post("/v1/snapshots", json={"id": "late"}).json()
+        served.wait_ready()
+        letters = served.read("dead_letters")
+        assert letters[-1]["reason"] == "duplicate_id" and '"late"' in letters[-1]["line"], duplicate
         deliveries = served.read("deliveries")
         assert stream_events(served, {"after": 0}, len(deliveries)) == deliveries
         middle = deliveries[len(deliveries) // 2]["offset"]

@@ -16,6 +16,7 @@ import asyncio
 import hmac
 import math
 import time
+import uuid
 from typing import Annotated
 
 import anyio
@@ -206,6 +207,44 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
     for name in ("deliveries", "dead_letters", "snapshots"):
         app.get(f"/v1/{name}/stream", dependencies=guarded, name=f"{name}_stream")(streamer(name))
         app.get(f"/v1/{name}", dependencies=guarded, name=name)(reader(name))
+
+    @app.post("/v1/snapshots", dependencies=guarded, status_code=202)
+    async def post_snapshot(request: Request) -> JSONResponse:
+        """Take a snapshot (SEMANTICS 5) when the stream reaches it: the body ``{"id": ...}`` or none (an id is made).
+
+        Replies 202 with the id and the record's position; read it with
+        ``GET /v1/snapshots/{id}``.
+        """
+        raw = await request.body()
+        if len(raw) > limits.max_body_bytes:
+            raise HTTPException(413, f"the body is over {limits.max_body_bytes} bytes")
+        try:
+            fields = orjson.loads(raw) if raw.strip() else {}
+        except orjson.JSONDecodeError as exc:
+            raise HTTPException(400, f"the body is not JSON: {exc}") from None
+        if not isinstance(fields, dict):
+            raise HTTPException(400, 'the body is {"id": ...} or empty')
+        sid = fields.get("id", uuid.uuid4().hex)
+        if not isinstance(sid, str):
+            raise HTTPException(400, "a snapshot id is a string")
+        check_id(sid)
+        reply = accept([orjson.dumps({"type": "snapshot", "id": sid})])
+        return JSONResponse({"id": sid, "position": orjson.loads(reply.body)["first"]}, status_code=202)
+
+    @app.get("/v1/snapshots/{sid}", dependencies=guarded)
+    async def get_snapshot(sid: str) -> Response:
+        """Return the snapshot's lines (an empty list when no topk/knn subscription was active); 404 until taken.
+
+        A snapshot record that became a dead letter (a duplicate id, say) is
+        never taken: ``GET /v1/dead_letters`` says why.
+        """
+        check_id(sid)
+        taken = daemon.snapshots.get(sid)
+        if taken is None:
+            raise HTTPException(404, f"snapshot {sid!r} is not taken (yet)")
+        first, count = taken
+        lines = await anyio.to_thread.run_sync(daemon.logs["snapshots"].read, first, count)
+        return Response(b'{"lines":[%s]}' % b",".join(lines), media_type="application/json")
 
     @app.get("/healthz")
     def healthz() -> dict:

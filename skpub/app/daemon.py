@@ -43,6 +43,7 @@ from skpub.app.summary import BatchReport
 from skpub.kernel.config import Deployment, deployment_from_json
 from skpub.kernel.errors import ConfigError
 from skpub.kernel.parts import delivery_lines
+from skpub.kernel.records import stream_position
 from skpub.kernel.storage import atomic_write_bytes
 from skpub.kernel.text import load_vocabulary
 
@@ -148,6 +149,8 @@ class Daemon:
         self.processed = 0  # ingest lines in batches that ran
         self.failure: BaseException | None = None
         self._produced = dict.fromkeys(LOGS, 0)
+        self.snapshots: dict[str, tuple[int, int]] = {}  # accepted snapshot id -> (first entry, entries) of its lines
+        self._snapshot_records: list[tuple[int, str]] = []  # the batch's snapshot records: (position, id)
         self._pipeline: LocalPipeline | None = None
         self._thread = threading.Thread(target=self._run, name="skpub-data-plane", daemon=True)
 
@@ -206,6 +209,8 @@ class Daemon:
         if self._pipeline is None:
             sample = lines[: self.deployment.sample_size]
             self._pipeline = LocalPipeline(self.data / "output", self.deployment, self.vocabulary, sample)
+        found = ((i, _snapshot_id(line)) for i, line in enumerate(lines))
+        self._snapshot_records = [(stream_position(batch_id, i), sid) for i, sid in found if sid is not None]
         report = self._pipeline.step(batch_id, lines, self._sink)
         self.processed = end
         now = time.monotonic()
@@ -223,6 +228,15 @@ class Daemon:
             "dead_letters": [orjson.dumps(d.to_json()) for d in dead],
             "snapshots": [orjson.dumps(s) for s in snapshots],
         }
+        if self._snapshot_records:
+            rejected = {d.pos for d in dead}
+            first, mine = self._produced["snapshots"], Tally(s["snapshot"] for s in snapshots)
+            starts: dict[str, int] = {}
+            for j, line in enumerate(snapshots):
+                starts.setdefault(line["snapshot"], first + j)
+            for pos, sid in self._snapshot_records:
+                if pos not in rejected:
+                    self.snapshots[sid] = (starts.get(sid, first), mine.get(sid, 0))
         for name, entries in produced.items():
             log, first = self.logs[name], self._produced[name]
             fresh = entries[max(0, log.count - first) :]
@@ -239,6 +253,19 @@ class Daemon:
             report.evaluator_cost[row["evaluator"]] = row["cost"]
             report.evaluator_cpu[row["evaluator"]] = row["cpu_seconds"]
         return report
+
+
+def _snapshot_id(line: bytes) -> str | None:
+    """Return the id of a line that is a snapshot record, else None (the engine decides whether it is accepted)."""
+    if b'"snapshot"' not in line:
+        return None
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(record, dict) and record.get("type") == "snapshot" and isinstance(record.get("id"), str):
+        return record["id"]
+    return None
 
 
 def _with_offset(line: bytes, offset: int) -> bytes:
