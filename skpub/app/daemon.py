@@ -221,7 +221,7 @@ class Daemon:
 
     def _sink(self, batch_id, deliveries, dead_letters, statistics, report: BatchReport, events, snapshots):  # noqa: ANN001
         """Append the batch's outputs the logs do not hold yet (a replay produces the same ones again)."""
-        matches = [line for part in deliveries for line in delivery_lines(part).splitlines()]
+        matches = [line for part in deliveries for line in delivery_lines(part).split(b"\n")[:-1]]
         dead = unique_letters(dead_letters)
         produced = {
             "deliveries": [*matches, *(orjson.dumps(e) for e in events)],
