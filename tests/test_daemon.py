@@ -185,6 +185,26 @@ def test_records_posted_in_many_requests_equal_a_file_run_of_the_same_lines(tmp_
         assert letters[-1]["reason"] == "duplicate_id" and '"late"' in letters[-1]["line"], duplicate
         deliveries = served.read("deliveries")
         assert stream_events(served, {"after": 0}, len(deliveries)) == deliveries
+        # a subscription read back: its definition, and a ranked one's result as a snapshot says
+        ranked = {"near": {"kind": "knn"}, "best": {"kind": "topk", "alpha": 0.5}}
+        for sid, fields in ranked.items():
+            served.http.put(f"/v1/subscriptions/{sid}", json={**fields, "point": [50, 50], "k": 3, "keywords": ["a"]})
+        served.post([json.dumps({"type": "object", "id": f"late{i}", "x": 40 + i, "y": 50, "terms": ["a", "b"]})
+                     for i in range(5)])  # fmt: skip
+        taken = served.http.post("/v1/snapshots").json()["id"]
+        served.wait_ready()
+        last = [x for x in served.read("snapshots") if x["snapshot"] == taken]
+        assert {x["sub"] for x in last} >= {"near", "best"}
+        for line in last[:5]:
+            got = served.http.get(f"/v1/subscriptions/{line['sub']}").json()
+            assert got["subscription"]["id"] == line["sub"] and got["result"] == line["results"]
+        served.http.put("/v1/subscriptions/fresh", json={"kind": "range", "rect": [0, 0, 5, 5], "keywords": ["a"]})
+        served.wait_ready()
+        fresh = {"type": "subscribe", "id": "fresh", "kind": "range", "rect": [0, 0, 5, 5], "keywords": ["a"]}
+        assert served.http.get("/v1/subscriptions/fresh").json() == {"subscription": fresh}
+        served.http.delete("/v1/subscriptions/fresh")
+        served.wait_ready()
+        assert served.http.get("/v1/subscriptions/fresh").status_code == 404
         middle = deliveries[len(deliveries) // 2]["offset"]
         resumed = stream_events(served, {}, 3, headers={"Last-Event-ID": str(middle)})
         assert resumed == deliveries[middle : middle + 3]

@@ -116,6 +116,22 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         fields.pop("id", None)
         return accept([orjson.dumps({"type": "subscribe", "id": sid, **fields})])
 
+    @app.get("/v1/subscriptions/{sid}", dependencies=guarded)
+    def get_subscription(sid: str) -> Response:
+        """Return a live subscription's definition and, for topk and knn, its current result; 404 if not live.
+
+        ``{"subscription": record, "result": [[object id, score or dist], ...]}``
+        (no ``result`` for a range subscription); as of the last batch the
+        data plane committed.
+        """
+        check_id(sid)
+        line = daemon.definitions.get(sid)
+        if line is None:
+            raise HTTPException(404, f"no live subscription {sid!r} (yet)")
+        ranked = orjson.loads(line).get("kind") in ("topk", "knn")
+        tail = b',"result":%s' % orjson.dumps(daemon.result(sid) or []) if ranked else b""
+        return Response(b'{"subscription":%s%s}' % (line, tail), media_type="application/json")
+
     @app.delete("/v1/subscriptions/{sid}", dependencies=guarded, status_code=202)
     def delete_subscription(sid: str) -> JSONResponse:
         """Unsubscribe ``sid``."""

@@ -47,6 +47,9 @@ from skpub.kernel.records import stream_position
 from skpub.kernel.storage import atomic_write_bytes
 from skpub.kernel.text import load_vocabulary
 
+CONTROL = ("subscribe", "unsubscribe", "snapshot")
+"""Record types the daemon notes as they are accepted (definitions, snapshots by id)."""
+
 LOGS = ("deliveries", "dead_letters", "snapshots")
 """The output logs a client reads, by the name of their route."""
 
@@ -150,7 +153,8 @@ class Daemon:
         self.failure: BaseException | None = None
         self._produced = dict.fromkeys(LOGS, 0)
         self.snapshots: dict[str, tuple[int, int]] = {}  # accepted snapshot id -> (first entry, entries) of its lines
-        self._snapshot_records: list[tuple[int, str]] = []  # the batch's snapshot records: (position, id)
+        self.definitions: dict[str, bytes] = {}  # live subscription id -> its accepted subscribe record
+        self._controls: list[tuple[int, str, str, bytes]] = []  # the batch's (position, type, id, line) of CONTROL
         self._pipeline: LocalPipeline | None = None
         self._thread = threading.Thread(target=self._run, name="skpub-data-plane", daemon=True)
 
@@ -209,8 +213,8 @@ class Daemon:
         if self._pipeline is None:
             sample = lines[: self.deployment.sample_size]
             self._pipeline = LocalPipeline(self.data / "output", self.deployment, self.vocabulary, sample)
-        found = ((i, _snapshot_id(line)) for i, line in enumerate(lines))
-        self._snapshot_records = [(stream_position(batch_id, i), sid) for i, sid in found if sid is not None]
+        found = ((i, line, _control(line)) for i, line in enumerate(lines))
+        self._controls = [(stream_position(batch_id, i), *c, line) for i, line, c in found if c is not None]
         report = self._pipeline.step(batch_id, lines, self._sink)
         self.processed = end
         now = time.monotonic()
@@ -218,6 +222,27 @@ class Daemon:
         while self._acks and self._acks[0][0] <= end:
             self.served.latency.observe(now - self._acks.popleft()[1])
         self.metrics.observe_batch(report)
+
+    def _account_controls(self, rejected: set[int], snapshots: list[dict]) -> None:
+        """Note the batch's accepted snapshots (where their lines are) and subscription definitions."""
+        first, mine = self._produced["snapshots"], Tally(s["snapshot"] for s in snapshots)
+        starts: dict[str, int] = {}
+        for j, line in enumerate(snapshots):
+            starts.setdefault(line["snapshot"], first + j)
+        for pos, kind, sid, line in self._controls:
+            if pos in rejected:
+                continue
+            if kind == "snapshot":
+                self.snapshots[sid] = (starts.get(sid, first), mine.get(sid, 0))
+            elif kind == "subscribe":
+                self.definitions[sid] = line
+            else:
+                self.definitions.pop(sid, None)
+
+    def result(self, sid: str) -> list | None:
+        """Return ranked subscription ``sid``'s current result, ``[[object id, score or dist], ...]``, or None."""
+        merged = self._pipeline.merge.subscriptions.get(sid) if self._pipeline is not None else None
+        return None if merged is None else [[oid, value] for oid, value, _ in merged.result]
 
     def _sink(self, batch_id, deliveries, dead_letters, statistics, report: BatchReport, events, snapshots):  # noqa: ANN001
         """Append the batch's outputs the logs do not hold yet (a replay produces the same ones again)."""
@@ -228,15 +253,8 @@ class Daemon:
             "dead_letters": [orjson.dumps(d.to_json()) for d in dead],
             "snapshots": [orjson.dumps(s) for s in snapshots],
         }
-        if self._snapshot_records:
-            rejected = {d.pos for d in dead}
-            first, mine = self._produced["snapshots"], Tally(s["snapshot"] for s in snapshots)
-            starts: dict[str, int] = {}
-            for j, line in enumerate(snapshots):
-                starts.setdefault(line["snapshot"], first + j)
-            for pos, sid in self._snapshot_records:
-                if pos not in rejected:
-                    self.snapshots[sid] = (starts.get(sid, first), mine.get(sid, 0))
+        if self._controls:
+            self._account_controls({d.pos for d in dead}, snapshots)
         for name, entries in produced.items():
             log, first = self.logs[name], self._produced[name]
             fresh = entries[max(0, log.count - first) :]
@@ -255,16 +273,19 @@ class Daemon:
         return report
 
 
-def _snapshot_id(line: bytes) -> str | None:
-    """Return the id of a line that is a snapshot record, else None (the engine decides whether it is accepted)."""
-    if b'"snapshot"' not in line:
+def _control(line: bytes) -> tuple[str, str] | None:
+    """Return ``(type, id)`` of a line that looks like a record of :data:`CONTROL`, else None.
+
+    The engine decides whether it is accepted (it is unless it became a dead letter).
+    """
+    if not any(b'"%s"' % t.encode() in line for t in CONTROL):
         return None
     try:
         record = orjson.loads(line)
     except orjson.JSONDecodeError:
         return None
-    if isinstance(record, dict) and record.get("type") == "snapshot" and isinstance(record.get("id"), str):
-        return record["id"]
+    if isinstance(record, dict) and record.get("type") in CONTROL and isinstance(record.get("id"), str):
+        return record["type"], record["id"]
     return None
 
 
