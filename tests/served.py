@@ -56,3 +56,17 @@ class Served:
             if page["next"] == after:
                 return out
             after = page["next"]
+
+
+def start_prometheus(config, tsdb, port: int) -> subprocess.Popen:
+    """Start a real Prometheus with ``config`` on ``127.0.0.1:port`` (the caller terminates it)."""
+    return subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tsdb}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )

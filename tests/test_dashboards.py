@@ -18,7 +18,7 @@ import pytest
 
 from skpub.app.daemon import Daemon
 from skpub.kernel.config import BalancerConfig
-from tests.served import Served, free_port
+from tests.served import Served, free_port, start_prometheus
 from tests.workloads import deployment, random_workload
 
 DASHBOARDS = Path(__file__).resolve().parent.parent / "dashboards"
@@ -95,11 +95,7 @@ def test_a_real_prometheus_scrapes_a_daemon_under_load_and_every_panel_has_data(
     served = Served(tmp_path / "data", tmp_path / "dep.json", token="t0ken")
     prom_port = free_port()
     config = scrape_config(tmp_path, f"127.0.0.1:{served.port}", token, interval="1s")
-    prometheus = subprocess.Popen(
-        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{prom_port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    prometheus = start_prometheus(config, tmp_path / "tsdb", prom_port)
     try:
         lines = random_workload(seed=41, n=3000)
         for start in range(0, len(lines), 100):  # load over several scrapes

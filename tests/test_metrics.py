@@ -2,8 +2,6 @@
 
 import json
 import shutil
-import socket
-import subprocess
 import time
 import urllib.request
 
@@ -13,13 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from skpub.app.engines.local import run_local
 from skpub.app.metrics import Metrics
 from skpub.app.summary import RunObserver, RunSummary
+from tests.served import free_port, start_prometheus
 from tests.workloads import deployment, random_workload, write_lines
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_with_metrics(tmp_path, metrics):
@@ -86,11 +79,7 @@ def test_real_prometheus_scrapes_the_metrics_endpoint(tmp_path):
         "global:\n  scrape_interval: 1s\nscrape_configs:\n"
         f"  - job_name: skpub\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
     )
-    server = subprocess.Popen(
-        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{prom_port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    server = start_prometheus(config, tmp_path / "tsdb", prom_port)
     try:
         url = f"http://127.0.0.1:{prom_port}/api/v1/query?query=skpub_objects_total"
         deadline, value = time.monotonic() + 60, None
