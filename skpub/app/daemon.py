@@ -36,7 +36,7 @@ import orjson
 from prometheus_client import Counter, Gauge, Histogram, ProcessCollector
 
 from skpub.app.engines.local import LocalPipeline
-from skpub.app.engines.sink import unique_letters
+from skpub.app.engines.sink import complete_report, unique_letters
 from skpub.app.journal import LineLog
 from skpub.app.metrics import Metrics
 from skpub.app.summary import BatchReport
@@ -262,15 +262,10 @@ class Daemon:
                 start = first + len(entries) - len(fresh)
                 log.append([_with_offset(line, start + i + 1) for i, line in enumerate(fresh)])
             self._produced[name] = first + len(entries)
-        report.deliveries = len(produced["deliveries"])
         self.served.delivered.labels(event="match").inc(len(matches))
         for event, count in Tally(e["event"] for e in events).items():
             self.served.delivered.labels(event=event).inc(count)
-        report.dead_letters.update(d.reason for d in dead)
-        for row in statistics:
-            report.evaluator_cost[row["evaluator"]] = row["cost"]
-            report.evaluator_cpu[row["evaluator"]] = row["cpu_seconds"]
-        return report
+        return complete_report(report, len(produced["deliveries"]), dead, statistics)
 
 
 def _control(line: bytes) -> tuple[str, str] | None:

@@ -63,7 +63,14 @@ def write_batch(
     dead = unique_letters(dead_letters)
     write_part(root, "dead_letters", batch_id, (d.to_json() for d in dead))
     write_part(root, "statistics", batch_id, statistics)
-    report.deliveries = sum(len(part) for part in parts) + len(events)
+    return complete_report(report, sum(len(part) for part in parts) + len(events), dead, statistics)
+
+
+def complete_report(
+    report: BatchReport, deliveries: int, dead: list[DeadLetter], statistics: list[dict]
+) -> BatchReport:
+    """Fill in what the sink knows of a batch: deliveries written, dead letters by reason, evaluator cost and CPU."""
+    report.deliveries = deliveries
     report.dead_letters = Counter(d.reason for d in dead)
     for row in statistics:
         report.evaluator_cost[row["evaluator"]] = row["cost"]
