@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 from skpub.kernel.config import Deployment
@@ -36,7 +37,7 @@ from skpub.kernel.messages import Routed
 from skpub.kernel.records import DeadLetter, position_index, stream_position
 from skpub.kernel.registry import IdRegistry
 from skpub.kernel.text import Vocabulary
-from skpub.kernel.wire import ROUTED_SCHEMA, from_columns, table_columns
+from skpub.kernel.wire import ROUTED_SCHEMA, SNAPSHOT, SUBSCRIBE, UNSUBSCRIBE, from_columns, table_columns
 from skpub.router.epoch import RoutingEpoch
 from skpub.router.locate import Locator, located_table
 from skpub.router.sequencer import Decisions, Sequencer, evaluator_tables, routed_table
@@ -49,7 +50,8 @@ class RoutedBatch:
     ``table`` holds one :data:`~skpub.kernel.wire.ROUTED_SCHEMA` row per
     (record, evaluator); :meth:`rows_for` turns an evaluator's rows into
     records. ``marks`` are the ``(position, snapshot id)`` where evaluators
-    report their ranked results, in stream order (:func:`marks`).
+    report their ranked results, in stream order (:func:`marks`);
+    ``controls`` the accepted control records (:func:`accepted_controls`).
     """
 
     batch_id: int
@@ -61,6 +63,7 @@ class RoutedBatch:
     parse_cpu_seconds: float = 0.0
     sequencer_cpu_seconds: float = 0.0
     marks: list[tuple[int, str]] = field(default_factory=list)
+    controls: list[tuple[int, str, str]] = field(default_factory=list)
 
     def rows_for(self, evaluators: int) -> list[list[Routed]]:
         """Return each evaluator's routed rows as records, in stream order (``evaluators`` lists)."""
@@ -79,6 +82,34 @@ def marks(decisions: Decisions, items: pa.Table, end: int) -> list[tuple[int, st
         taken = items.take(pa.array(decisions.snapshots, pa.int64()))
         out = list(zip(taken.column("pos").to_pylist(), taken.column("id").to_pylist(), strict=True))
     return [*out, (end, "")] if decisions.mark else out
+
+
+CONTROL_TYPES = {SUBSCRIBE: "subscribe", UNSUBSCRIBE: "unsubscribe", SNAPSHOT: "snapshot"}
+"""Record types of the kind codes the daemon follows: subscription definitions and snapshots by id."""
+
+
+def accepted_controls(decisions: Decisions, items: pa.Table) -> list[tuple[int, str, str]]:
+    """Return ``(position, type, id)`` of the batch's accepted subscribe, unsubscribe and snapshot records.
+
+    Accepted: located (valid) and not rejected by the sequencer. In stream
+    order; O(items) vectorized, O(controls) in Python.
+    """
+    kinds = items.column("kind").to_numpy(zero_copy_only=False)
+    wanted = np.isin(kinds, list(CONTROL_TYPES))
+    wanted[[i for i, _, _ in decisions.rejected]] = False
+    rows = np.flatnonzero(wanted)
+    if not len(rows):
+        return []
+    taken = items.take(pa.array(rows, pa.int64()))
+    return [
+        (pos, CONTROL_TYPES[kind], rid)
+        for pos, kind, rid in zip(
+            taken.column("pos").to_pylist(),
+            taken.column("kind").to_pylist(),
+            taken.column("id").to_pylist(),
+            strict=True,
+        )
+    ]
 
 
 def rejected_letters(
@@ -150,4 +181,5 @@ class Router:
             parse,
             serial,
             marks(decisions, items, end),
+            accepted_controls(decisions, items),
         )

@@ -257,8 +257,8 @@ def test_spark_engine_honours_the_object_id_horizon(spark, tmp_path):
     assert len(expected.deliveries) > 7 and expected.dead_letters
 
 
-def test_a_byte_order_mark_at_a_chunk_start_is_data_not_stripped(spark, tmp_path):
-    """Hadoop's line reader strips a BOM at the start of a file; each staged chunk must not lose one."""
+def test_a_byte_order_mark_inside_the_stream_is_data_not_stripped(spark, tmp_path):
+    """Only a BOM at the start of a file is skipped; one at a micro-batch's or a slice's start is data."""
     sub = '{"type": "subscribe", "id": "s", "kind": "range", "rect": [0, 0, 100, 100], "keywords": ["a"]}'
     objects = [f'{{"type": "object", "id": "o{i}", "x": 1, "y": 1, "terms": ["a"]}}' for i in range(5)]
     lines = [
@@ -281,3 +281,27 @@ def test_spark_engine_without_evaluator_hosts_equals_oracle(spark, tmp_path, mon
     _, summary = run(spark, tmp_path, lines, dep)
     assert_outputs_equal_oracle(tmp_path / "run", lines, dep)
     assert summary.batches == -(-len(lines) // 41)
+
+
+def test_a_directory_input_read_in_place_equals_the_local_engine(spark, tmp_path):
+    """Slices cross file boundaries; each file's BOM is skipped, CRLF endings and a last line without newline are
+    records as the local engine reads them; the input is neither copied nor changed."""
+    lines = [line.encode() for line in random_workload(seed=31, n=240)]
+    folder = tmp_path / "in"
+    folder.mkdir()
+    cuts = [0, 50, 51, 130, len(lines)]
+    for k, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)):
+        body = b"\r\n".join(lines[a:b]) if k == 1 else b"\n".join(lines[a:b])
+        (folder / f"part-{k}.jsonl").write_bytes(
+            (b"\xef\xbb\xbf" if k % 2 == 0 else b"") + body + (b"\n" if k < 3 else b"")
+        )
+    (folder / "part-2b.jsonl").write_bytes(b"")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    dep = deployment(evaluators=3, batch_size=37)
+    observer = RunObserver(RunSummary("spark", dep.router, dep.evaluators), stream=None)
+    summary = run_spark(folder, tmp_path / "out", dep, observer, spark=spark)
+    expected = assert_outputs_equal_oracle(tmp_path / "out", list(iter_lines(folder)), dep)
+    assert list(iter_lines(folder)) == lines and len(expected.deliveries) > 20
+    assert summary.batches == -(-len(lines) // 37)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert not list((tmp_path / "out").rglob("chunk-*"))

@@ -1,4 +1,4 @@
-"""The Spark engine's routing tasks without Spark: staging, stream order, completeness, rejections."""
+"""The Spark engine's routing tasks without Spark: stream order, completeness, rejections."""
 
 import json
 import random
@@ -6,8 +6,6 @@ import random
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from skpub.app.checkpoint import Checkpoint
 from skpub.app.engines.spark_tasks import (
@@ -15,10 +13,9 @@ from skpub.app.engines.spark_tasks import (
     _check_complete,
     _in_stream_order,
     _rejected_letters,
-    split_part,
-    stage_parts,
 )
-from skpub.kernel.errors import CheckpointError
+from skpub.kernel.errors import CheckpointError, InputError
+from skpub.kernel.slices import file_sizes, split
 from skpub.kernel.text import Vocabulary
 from skpub.kernel.wire import bytes_table, table_bytes
 from skpub.router.initial import initial_table
@@ -26,24 +23,6 @@ from skpub.router.locate import Locator, located_table
 from skpub.router.sequencer import Decisions
 from skpub.router.summary import TextualSummaries
 from tests.workloads import deployment, random_workload
-
-LINES = st.lists(st.binary(max_size=12).map(lambda b: b.replace(b"\n", b"")), max_size=30)
-
-
-@settings(max_examples=100, deadline=None)
-@given(lines=LINES, parts=st.integers(1, 5))
-def test_staged_parts_give_back_every_line_once_in_order(tmp_path_factory, lines, parts):
-    directory = tmp_path_factory.mktemp("source")
-    stage_parts(lines, 7, parts, directory)
-    files = sorted(directory.glob("chunk-00000007-*.raw"))
-    assert len(files) == parts
-    got, expected_first = [], 0
-    for k, path in enumerate(files):
-        batch, part, first, part_lines = split_part(path.read_bytes(), str(path))
-        assert (batch, part, first) == (7, k, expected_first)
-        got += part_lines
-        expected_first += len(part_lines)
-    assert got == lines
 
 
 def _located(directory, lines, batch_id=0, parts=3):
@@ -96,15 +75,19 @@ def test_a_part_whose_rows_cannot_be_read_or_are_cut_is_refused_not_dropped(tmp_
         _in_stream_order(pa.Table.from_batches(runs), 3, 0)
 
 
-def test_rejections_get_their_own_input_line_from_the_staged_parts(tmp_path):
+def test_rejections_get_their_own_input_line_from_the_slices(tmp_path):
     lines = [f'{{"type": "unsubscribe", "id": "u{i}"}}' for i in range(10)]
-    checkpoint = Checkpoint(tmp_path / "ck")
-    checkpoint.source.mkdir(parents=True)
-    stage_parts([line.encode() for line in lines], 0, 3, checkpoint.source)
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"".join(line.encode() + b"\n" for line in lines))
+    sizes = file_sizes([path])
+    reports = [{"slice": s.to_json().decode()} for s in split([path], sizes, (0, 0), (1, 0), 3)]
     items, _ = _in_stream_order(pa.Table.from_batches(_located(tmp_path, lines)), 3, 0)
     decisions = Decisions(rejected=[(i, "unknown_id", "no") for i in (0, 4, 9)])
-    letters = _rejected_letters(checkpoint, 0, items, decisions)
+    letters = _rejected_letters([str(path)], reports, items, decisions)
     assert [d.line for d in letters] == [lines[0], lines[4], lines[9]]
+    path.write_bytes(b"changed\n")
+    with pytest.raises(InputError, match="input changed"):
+        _rejected_letters([str(path)], reports, items, decisions)
 
 
 def test_vectorized_summaries_handle_null_terms_and_sliced_arrays():

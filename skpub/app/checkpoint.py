@@ -4,7 +4,7 @@
 
     skpub-checkpoint.json    written first, when skpub creates the checkpoint
     manifest.json        deployment, input fingerprint, output directory, run id
-    source/chunk-<b>-<p>.raw the staged input as read (bytes, maybe not UTF-8): micro-batch b, part p
+    source/chunk-<b>-<p>.raw the staged input of checkpoints before format 6 (cleared, never read)
     epochs/epoch-<n>.json    published routing epochs
     router/              the id registry: delta-<b>.json journals,
                          snapshot-<b>.json snapshots, report-<b>.json counters
@@ -37,7 +37,7 @@ CHECKPOINT_DIR = "_checkpoint"
 MARKER = "skpub-checkpoint.json"
 MANIFEST = "manifest.json"
 _OWN = {
-    "source": own_files(r"chunk-\d{8}(-\d{3})?\.raw"),  # without a part: skpub before parallel parse
+    "source": own_files(r"chunk-\d{8}(-\d{3})?\.raw"),  # staged input before format 6: cleared, never read
     "epochs": own_files(r"epoch-\d{6}\.json"),
     "router": own_files(r"(?:delta|snapshot|report)-\d{8}\.json"),
     "merge": own_files(r"(?:delta|snapshot)-\d{8}\.json"),
@@ -171,7 +171,7 @@ class Checkpoint:
         return {int(p.stem.split("-")[1]): p for p in self.merge.glob(f"{kind}-*.json")}
 
     def located_file(self, batch_id: int, part: int) -> Path:
-        """Return the file of micro-batch ``batch_id``'s located rows of staged part ``part``."""
+        """Return the file of micro-batch ``batch_id``'s located rows of slice ``part``."""
         return self.located / f"rows-{batch_id:08d}-{part:03d}.arrow"
 
     def routed_file(self, batch_id: int, evaluator: int) -> Path:

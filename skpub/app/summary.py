@@ -51,6 +51,9 @@ class BatchReport:
     hosts: Counter = field(default_factory=Counter)
     """Spark: ``applied`` evaluator batches, ``hosted`` those applied in an evaluator host (the rest were applied
     by the task itself, after rebuilding the evaluator when its worker did not hold it)."""
+    controls: list[tuple[int, str, str]] = field(default_factory=list)
+    """``(position, type, id)`` of the accepted subscribe, unsubscribe and snapshot records, in stream order
+    (:func:`skpub.router.dispatch.accepted_controls`): what the daemon follows."""
 
 
 @dataclass

@@ -148,6 +148,7 @@ class LocalPipeline:
         merge_seconds = time.thread_time() - merge_start
         report.objects, report.forwarded = routed.objects, routed.forwarded
         report.routing_seconds, report.epoch = routed.routing_seconds, epoch.number
+        report.controls = routed.controls
         report.ranked.update(
             reevaluations=sum(r.stats.reevaluations for r in results),
             reevaluated=sum(r.stats.reevaluated for r in results),

@@ -2,7 +2,7 @@
 
 Query shape (DESIGN "The Spark engine")::
 
-    binaryFile source (one micro-batch = ``parts`` staged part files)
+    skpub_lines source (one micro-batch = ``parts`` slices of the input)
       -> mapInArrow(ParseTask)                    parallel: parse, validate, locate;
                                                   writes its dead letters
       -> repartition(1).mapInArrow(SequencerTask) serial: registry, placements, summaries
@@ -15,8 +15,8 @@ Every task writes its own part files, named by batch id and writer, so a
 replayed batch rewrites exactly the same files; only counters reach the
 driver.
 
-The checkpoint directory holds everything a restart needs: the staged input
-parts (``source/``), the routing epochs (``epochs/``), the router's id
+The checkpoint directory holds everything a restart needs besides the input
+(read in place, :mod:`skpub.app.engines.source`): the routing epochs (``epochs/``), the router's id
 registry (``router/``: each micro-batch's changes, and a full snapshot every
 ``ROUTER_SNAPSHOT_EVERY`` batches, so a batch writes O(batch) bytes, not
 O(stream)), the evaluator grouping keys and the deployment
@@ -42,7 +42,8 @@ import orjson
 from skpub.app.checkpoint import CHECKPOINT_DIR, Checkpoint
 from skpub.app.console import engine_log
 from skpub.app.engines.sink import unique_letters
-from skpub.app.engines.spark_tasks import PARSE_REPORT_COLUMNS, ParseTask, SequencerTask, stage_parts, staged_batches
+from skpub.app.engines.source import SOURCE_NAME, LineSource
+from skpub.app.engines.spark_tasks import PARSE_REPORT_COLUMNS, PART_BYTES, ParseTask, SequencerTask
 from skpub.app.output import check_output, claim_output, inspect_output, mark_success
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
 from skpub.balancer.transfer import plan_after, transfer_lines
@@ -61,8 +62,9 @@ from skpub.kernel.wire import ROUTED_FILE_COLUMNS, ddl
 from skpub.router.epoch import EpochLog, RoutingEpoch
 from skpub.router.initial import initial_table
 
-MANIFEST_FORMAT = 5
-"""Checkpoint layout version: 5 adds the balancer (its directory, the evaluators' load statistics); 4 saves
+MANIFEST_FORMAT = 6
+"""Checkpoint layout version: 6 reads the input in place (skpub's source) instead of staging it; 5 adds
+ the balancer (its directory, the evaluators' load statistics); 4 saves
 the evaluators' last top-k/kNN reports and merge generation; 3 added the watermark to the router's state, the
 evaluators' window and top-k/kNN state, and the merge's results. A checkpoint of another version is never
 resumed (it is replaced with ``--overwrite``)."""
@@ -133,39 +135,24 @@ def spark_session(master: str, evaluators: int, app_name: str = "skpub"):  # noq
     )  # fmt: skip
 
 
+FINGERPRINT_HEAD = 1 << 20
+"""Bytes at the head of each input file that the checkpoint's fingerprint hashes."""
+
+
 def _input_fingerprint(input_path: str | Path) -> list:
-    """Name, size and SHA-256 of every input file: a restart must read the same stream."""
+    """Path, size, modification time and SHA-256 of the head of every input file: a restart must read the same stream.
+
+    The input is read in place, so a restart must find it as it was; hashing
+    only the head keeps a start O(1) in the input's size (a file rewritten
+    with the same size, head and modification time is not noticed).
+    """
     out = []
     for f in input_files(input_path):
-        digest = hashlib.sha256()
         with f.open("rb") as fh:
-            while chunk := fh.read(1 << 22):
-                digest.update(chunk)
-        out.append([f.name, f.stat().st_size, digest.hexdigest()])
+            head = hashlib.sha256(fh.read(FINGERPRINT_HEAD)).hexdigest()
+        stat = f.stat()
+        out.append([str(f.absolute()), stat.st_size, stat.st_mtime_ns, head])
     return out
-
-
-def stage_input(input_path: str | Path, checkpoint: Checkpoint, batch_size: int, parts: int) -> int:
-    r"""Copy the input into micro-batches of ``batch_size`` lines, each as ``parts`` part files; return the batch count.
-
-    Part ``j`` of batch ``b`` gets modification time ``base + b * parts + j``
-    seconds, so the file source (``parts`` files per trigger) takes each
-    micro-batch's parts together and in stream order. Lines are copied as
-    bytes, exactly as read (BOM and ``\r\n`` handled by
-    :func:`skpub.kernel.inputs.read_records`); each part starts with a header
-    line naming its batch, part and first line
-    (:func:`skpub.app.engines.spark_tasks.part_header`).
-    """
-    checkpoint.source.mkdir(parents=True, exist_ok=True)
-    count = 0
-    base = 1_000_000_000
-    for batch_id, lines in enumerate(staged_batches(iter_lines(input_path), batch_size, parts)):
-        stage_parts(lines, batch_id, parts, checkpoint.source)
-        for part in range(parts):
-            stamp = base + batch_id * parts + part
-            os.utime(checkpoint.source / f"chunk-{batch_id:08d}-{part:03d}.raw", (stamp, stamp))
-        count = batch_id + 1
-    return count
 
 
 def parse_parallelism(spark) -> int:  # noqa: ANN001
@@ -232,6 +219,7 @@ class Sink:
             dead_letters=Counter(routing["dead_letters"]) + Counter(d.reason for d in letters),
             routing_seconds=routing["parse_cpu_seconds"] + routing["sequencer_cpu_seconds"],
             epoch=routing["epoch"],
+            controls=[(int(p), str(t), str(i)) for p, t, i in routing["controls"]],
         )
         for c in counters:
             report.ranked.update(c["ranked"])
@@ -412,15 +400,13 @@ def _open_checkpoint(
     table = initial_table(deployment, vocabulary, take_sample(iter_lines(input_path), deployment.sample_size))
     EpochLog(checkpoint.epochs).publish(RoutingEpoch(0, 0, table))
     parts = parse_parallelism(spark)
-    chunks = stage_input(input_path, checkpoint, deployment.batch_size, parts)
     observer.note(
-        f"staged the input as {chunks} micro-batches of up to {deployment.batch_size} records, {parts} parse tasks each"
+        f"reading the input in place: micro-batches of up to {deployment.batch_size} records, {parts} parse tasks each"
     )
     manifest = {
         **wanted,
         "run_id": run_id,
         "evaluator_keys": evaluator_keys(spark, deployment.evaluators),
-        "chunks": chunks,
         "parts": parts,
     }
     checkpoint.router.mkdir(parents=True, exist_ok=True)
@@ -472,7 +458,7 @@ def run_spark(
         If the input is missing or empty, or is standard input.
     """
     if str(input_path) == STDIN:
-        raise InputError("the Spark engine reads files (it stages and fingerprints them); use --engine local for -")
+        raise InputError("the Spark engine reads files in place; use --engine local for -")
     if not all(f.is_file() for f in input_files(input_path)):
         raise InputError(f"the Spark engine reads regular files, and {input_path} is not one; use --engine local")
     output = Path(output_dir).absolute()
@@ -514,19 +500,22 @@ def _run_query(
     deployment_json = json.dumps(deployment.to_json())
     keys = manifest["evaluator_keys"]
     run_id = manifest["run_id"]
-    files = (
-        spark.readStream.format("binaryFile")
-        .schema("path string, modificationTime timestamp, length bigint, content binary")
-        .option("maxFilesPerTrigger", manifest["parts"])
-        .option("pathGlobFilter", "chunk-*.raw")
-        .load(str(ckpt.source))
-        .select("path", "content")
+    files = [f for f, *_ in manifest["input"]]
+    parts = manifest["parts"]
+    spark.dataSource.register(LineSource)
+    slices = (
+        spark.readStream.format(SOURCE_NAME)
+        .option("files", json.dumps(files))
+        .option("batch_size", deployment.batch_size)
+        .option("max_bytes", parts * PART_BYTES)
+        .option("parts", parts)
+        .load()
     )
     root = str(output)
     balancer_dir = str(ckpt.balancer) if deployment.balancer.mode != "off" else ""
-    located = files.mapInArrow(ParseTask(str(ckpt.root), root, deployment_json), ddl(PARSE_REPORT_COLUMNS))
+    located = slices.mapInArrow(ParseTask(str(ckpt.root), root, deployment_json, files), ddl(PARSE_REPORT_COLUMNS))
     routed = located.repartition(1).mapInArrow(
-        SequencerTask(str(ckpt.root), root, run_id, deployment_json, keys, manifest["parts"]), ddl(ROUTED_FILE_COLUMNS)
+        SequencerTask(str(ckpt.root), root, run_id, deployment_json, keys, parts, files), ddl(ROUTED_FILE_COLUMNS)
     )
     outputs = routed.groupBy("evaluator").transformWithStateInPandas(
         EvaluatorProcessor(run_id, root, deployment_json, keys, uuid.uuid4().hex, balancer_dir),

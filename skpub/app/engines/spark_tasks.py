@@ -1,8 +1,9 @@
 """The Spark engine's routing tasks: parallel parse, then the serial sequencer.
 
-``ParseTask`` runs in one task per staged part file (``mapInArrow`` over the
-``binaryFile`` source): it parses, validates, normalizes and locates its
-lines (:class:`~skpub.router.locate.Locator`), writes their dead letters
+``ParseTask`` runs in one task per slice of the micro-batch (``mapInArrow``
+over skpub's source, :mod:`skpub.app.engines.source`): it reads the slice's
+records from the input files, parses, validates, normalizes and locates
+them (:class:`~skpub.router.locate.Locator`), writes their dead letters
 straight to the output (``dead_letters/part-<batch>-p<part>.jsonl``),
 writes the located records (:data:`skpub.kernel.wire.LOCATED_COLUMNS`) to a
 file in the checkpoint (``located/``, Arrow IPC) and emits one report row
@@ -22,7 +23,7 @@ them (DESIGN "The Spark engine"). It saves the id registry's changes (and every
 writes its own dead letters (``part-<batch>-s.jsonl``) and the batch's
 routing report for the driver.
 
-Both are deterministic functions of the staged input, the published epochs
+Both are deterministic functions of the input's slices, the published epochs
 and the registry before the batch, so a replayed batch rewrites the same
 files.
 """
@@ -31,10 +32,8 @@ from __future__ import annotations
 
 import json
 import time
-from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterator
-from itertools import accumulate
 from pathlib import Path
 
 import numpy as np
@@ -44,54 +43,38 @@ import pyarrow.compute as pc
 from skpub.app.checkpoint import Checkpoint
 from skpub.evaluators.spark_processor import current_batch_id
 from skpub.kernel.config import Deployment, deployment_from_text
-from skpub.kernel.errors import CheckpointError
+from skpub.kernel.errors import CheckpointError, InputError
 from skpub.kernel.parts import write_part
 from skpub.kernel.records import DeadLetter, position_index, stream_position
 from skpub.kernel.registry import IdRegistry
 from skpub.kernel.runtime import tune_gc
+from skpub.kernel.slices import Slice, slice_lines
 from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
 from skpub.kernel.text import load_vocabulary
 from skpub.kernel.transfer import read_handoffs, read_plan
 from skpub.kernel.wire import LOCATED_SCHEMA, ROUTED_FILE_COLUMNS, arrow_schema, read_rows_file, table_bytes
-from skpub.router.dispatch import marks, rejected_letters
+from skpub.router.dispatch import accepted_controls, marks, rejected_letters
 from skpub.router.epoch import EpochLog
 from skpub.router.locate import Locator, located_table
 from skpub.router.sequencer import Sequencer, evaluator_tables, routed_table
 from skpub.router.state import decode_journal, decode_snapshot, encode_journal, encode_snapshot
 
 ROUTER_SNAPSHOT_EVERY = 16
-CHUNK_HEADER = b"skpub-chunk-v2"
-"""First line of every staged part: ``skpub-chunk-v2 <batch> <part> <index of its first line in the batch>``."""
-
-
-def part_header(batch_id: int, part: int, first: int) -> bytes:
-    """Return the header line of staged part ``part`` of micro-batch ``batch_id``."""
-    return b"%s %d %d %d" % (CHUNK_HEADER, batch_id, part, first)
-
-
-def split_part(content: bytes, path: str) -> tuple[int, int, int, list[bytes]]:
-    """Split a staged part into ``(batch, part, first, lines)``.
-
-    Raises
-    ------
-    CheckpointError
-        If the part does not start with skpub's header line.
-    """
-    header, _, body = content.partition(b"\n")
-    fields = header.split(b" ")
-    if len(fields) != 4 or fields[0] != CHUNK_HEADER or not all(f.isdigit() for f in fields[1:]):
-        raise CheckpointError(f"staged part {path} does not start with skpub's chunk header")
-    lines = body[:-1].split(b"\n") if body else []
-    return int(fields[1]), int(fields[2]), int(fields[3]), lines
 
 
 class ParseTask:
-    """The ``mapInArrow`` function of the parse stage: one staged part per input row."""
+    """The ``mapInArrow`` function of the parse stage: one slice of the input per input row.
 
-    def __init__(self, checkpoint_root: str, output_root: str, deployment_json: str) -> None:
+    ``files`` are the input's files in stream order (the source's option):
+    the task reads its slice's records from them
+    (:func:`~skpub.kernel.slices.slice_lines`).
+    """
+
+    def __init__(self, checkpoint_root: str, output_root: str, deployment_json: str, files: list[str]) -> None:
         self.checkpoint_root = checkpoint_root
         self.output_root = output_root
         self.deployment_json = deployment_json
+        self.files = files
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Parse and locate each part's lines; write its located rows to a file; yield a report row per part.
@@ -107,12 +90,11 @@ class ParseTask:
         epoch = EpochLog(checkpoint.epochs).for_batch(batch_id)
         locator = Locator(deployment, vocabulary, epoch.table)
         for batch in batches:
-            paths, contents = batch.column("path").to_pylist(), batch.column("content")
-            for k, path in enumerate(paths):
+            for raw in batch.column("slice").to_pylist():
                 start = time.thread_time()
-                staged_batch, part, first, lines = split_part(contents[k].as_py(), path)
-                if staged_batch != batch_id:
-                    raise CheckpointError(f"staged part {path} belongs to batch {staged_batch}, not {batch_id}")
+                piece = _slice(raw)
+                lines = _lines(self.files, piece)
+                part, first = piece.part, piece.first
                 located = locator.locate_lines(lines, batch_id, first)
                 rows = located_table(located)
                 rows_file = checkpoint.located_file(batch_id, part)
@@ -127,6 +109,7 @@ class ParseTask:
                     "cpu_seconds": time.thread_time() - start,
                     "path": str(rows_file),
                     "rows": rows.num_rows,
+                    "slice": raw,
                 }
                 yield pa.RecordBatch.from_pydict({"report": [json.dumps(report)]}, schema=PARSE_REPORT_SCHEMA)
 
@@ -141,9 +124,17 @@ class SequencerTask:
     """The ``mapInArrow`` function of the serial stage, after ``repartition(1)``: one micro-batch."""
 
     def __init__(
-        self, checkpoint_root: str, output_root: str, run_id: str, deployment_json: str, keys: list[int], parts: int
+        self,
+        checkpoint_root: str,
+        output_root: str,
+        run_id: str,
+        deployment_json: str,
+        keys: list[int],
+        parts: int,
+        files: list[str],
     ) -> None:
         self.checkpoint_root = checkpoint_root
+        self.files = files
         self.output_root = output_root
         self.run_id = run_id
         self.deployment_json = deployment_json
@@ -175,7 +166,7 @@ class SequencerTask:
         decisions = sequencer.sequence_table(items)
         end = stream_position(batch_id, sum(r["lines"] for r in reports))
         routed = routed_table(items, decisions, self.keys, end)
-        rejected = _rejected_letters(checkpoint, batch_id, items, decisions)
+        rejected = _rejected_letters(self.files, reports, items, decisions)
         write_part(self.output_root, "dead_letters", batch_id, (d.to_json() for d in rejected), "s")
         atomic_write_bytes(checkpoint.router_delta(batch_id), encode_journal(sequencer.registry.take_journal()))
         if batch_id % ROUTER_SNAPSHOT_EVERY == ROUTER_SNAPSHOT_EVERY - 1:
@@ -193,6 +184,7 @@ class SequencerTask:
             "restore_cpu_seconds": restore,
             "epoch": epoch.number,
             "marks": marks(decisions, items, end),
+            "controls": accepted_controls(decisions, items),
             "placements": placements,
         }
         atomic_write_text(checkpoint.router_report(batch_id), json.dumps(report))
@@ -298,15 +290,43 @@ def _in_stream_order(table: pa.Table, parts: int, batch_id: int) -> tuple[pa.Tab
     return items.combine_chunks(), reports
 
 
-def _rejected_letters(checkpoint: Checkpoint, batch_id: int, items: pa.Table, decisions) -> list[DeadLetter]:  # noqa: ANN001
-    """Dead letters of the sequencer's rejections, with their input lines read back from the staged parts."""
+def _rejected_letters(files: list[str], reports: list[dict], items: pa.Table, decisions) -> list[DeadLetter]:  # noqa: ANN001
+    """Dead letters of the sequencer's rejections, with their input lines read back from the parts' slices."""
     if not decisions.rejected:
         return []
     lines: dict[int, bytes] = {}
-    for path in checkpoint.source.glob(f"chunk-{batch_id:08d}-*.raw"):
-        _, _, first, part_lines = split_part(path.read_bytes(), str(path))
-        lines.update(enumerate(part_lines, start=first))
+    for r in reports:
+        piece = _slice(r["slice"])
+        lines.update(enumerate(_lines(files, piece), start=piece.first))
     return rejected_letters(decisions, items.column("pos"), lambda pos: lines[position_index(pos)])
+
+
+def _slice(raw: str) -> Slice:
+    """Decode a source row's slice.
+
+    Raises
+    ------
+    CheckpointError
+        If it is not one (a checkpoint of another skpub).
+    """
+    try:
+        return Slice.from_json(raw)
+    except ValueError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+def _lines(files: list[str], piece: Slice) -> list[bytes]:
+    """Read a slice's records from the input.
+
+    Raises
+    ------
+    InputError
+        If the input changed since the micro-batch was planned.
+    """
+    try:
+        return slice_lines([Path(f) for f in files], piece)
+    except (OSError, ValueError) as exc:
+        raise InputError(f"the input changed during the run: {exc}") from None
 
 
 def _sequencer_before(checkpoint: Checkpoint, run_id: str, deployment: Deployment, batch_id: int) -> Sequencer:
@@ -350,36 +370,4 @@ def _sequencer_before(checkpoint: Checkpoint, run_id: str, deployment: Deploymen
 
 
 PART_BYTES = 256 << 20
-"""Staged bytes per part a micro-batch aims under (Spark's binaryFile reader refuses files over 2 GiB)."""
-
-
-def stage_parts(lines: list[bytes], batch_id: int, parts: int, directory: Path) -> None:
-    """Write one micro-batch's ``lines`` as ``parts`` contiguous staged part files of about equal bytes.
-
-    Some parts may hold no line. Each holds at most its share of the bytes
-    plus one line.
-    """
-    ends = list(accumulate(len(line) + 1 for line in lines))
-    total = ends[-1] if ends else 0
-    first = 0
-    for part in range(parts):
-        last = bisect_left(ends, total * (part + 1) / parts) + 1 if part < parts - 1 else len(lines)
-        last = min(max(last, first), len(lines))
-        chunk = lines[first:last]
-        data = part_header(batch_id, part, first) + b"\n" + b"".join(line + b"\n" for line in chunk)
-        atomic_write_bytes(directory / f"chunk-{batch_id:08d}-{part:03d}.raw", data)
-        first = last
-
-
-def staged_batches(lines: Iterator[bytes], batch_size: int, parts: int) -> Iterator[list[bytes]]:
-    """Group ``lines`` into micro-batches of ``batch_size`` lines, cut early at ``parts x PART_BYTES`` bytes."""
-    batch: list[bytes] = []
-    size, limit = 0, parts * PART_BYTES
-    for line in lines:
-        batch.append(line)
-        size += len(line) + 1
-        if len(batch) >= batch_size or size >= limit:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
+"""Bytes per parse task a micro-batch aims under: the source cuts a batch at ``parts x PART_BYTES``."""

@@ -1,0 +1,110 @@
+"""The Spark engine's streaming source: the input read in place through PySpark's Python data source API.
+
+``spark.readStream.format("skpub_lines")`` (:class:`LineSource`) is a
+micro-batch source whose offsets are input positions
+(:data:`skpub.kernel.slices.Position`, as ``{"file", "byte"}``): a
+micro-batch is at most ``batch_size`` records (or ``max_bytes`` bytes) from
+where the last one ended, planned on the driver by
+:func:`skpub.kernel.slices.cut` and cut into ``parts`` slices
+(:func:`~skpub.kernel.slices.split`), one row each. A row is the slice's
+JSON, never its records: the parse task reads the records from the input
+files itself (:func:`~skpub.kernel.slices.slice_lines`), so the bytes cross
+no JVM and the input is neither copied nor hashed whole. Spark's offset
+log holds every batch's start and end before it runs, so a replayed batch
+gets the same slices.
+
+Options: ``files`` (a JSON list of absolute paths, in stream order, on a
+file system every executor sees), ``batch_size``, ``max_bytes``, ``parts``.
+The input must not change during a run (``slice_lines`` refuses a slice
+whose bytes no longer hold the records planned). ``Trigger.AvailableNow``
+reads up to the input's end as it was when the query started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+
+from skpub.kernel.slices import Position, cut, file_sizes, split
+
+SOURCE_NAME = "skpub_lines"
+SLICE_SCHEMA = "slice string"
+"""One row per slice: its JSON (:meth:`skpub.kernel.slices.Slice.to_json`)."""
+
+
+def _offset(position: Position) -> dict:
+    return {"file": position[0], "byte": position[1]}
+
+
+def _position(offset: dict) -> Position:
+    return int(offset["file"]), int(offset["byte"])
+
+
+class SliceInput(InputPartition):
+    """One slice of a micro-batch, as its JSON."""
+
+    def __init__(self, value: str) -> None:
+        super().__init__(value)
+
+
+class LineReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Plans micro-batches of the input files (see the module's docstring)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        self.files = [Path(f) for f in orjson.loads(options["files"])]
+        self.batch_size = int(options["batch_size"])
+        self.max_bytes = int(options["max_bytes"])
+        self.parts = int(options["parts"])
+        self.sizes: list[int] | None = None  # the input's end for Trigger.AvailableNow
+
+    def initialOffset(self) -> dict:
+        """Return the input's start."""
+        return _offset((0, 0))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """Return ``batch_size`` records."""
+        return ReadMaxRows(self.batch_size)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Note the input's end now: ``Trigger.AvailableNow`` reads no further."""
+        self.sizes = file_sizes(self.files)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """Return where the micro-batch from ``start`` ends; ``start`` itself when no record is left."""
+        rows = self.batch_size if isinstance(limit, ReadAllAvailable) else min(limit.max_rows, self.batch_size)
+        sizes = self.sizes if self.sizes is not None else file_sizes(self.files)
+        end = cut(self.files, sizes, _position(start), rows, self.max_bytes)
+        return _offset(end) if end != _position(start) else start
+
+    def partitions(self, start: dict, end: dict) -> list[SliceInput]:
+        """Return the ``parts`` slices of the micro-batch from ``start`` to ``end`` (none when they are equal)."""
+        first, last = _position(start), _position(end)
+        if first == last:
+            return []
+        sizes = file_sizes(self.files)
+        return [SliceInput(s.to_json().decode()) for s in split(self.files, sizes, first, last, self.parts)]
+
+    def read(self, partition: SliceInput) -> Iterator[tuple[str]]:
+        """Yield the slice's row (runs on an executor)."""
+        yield (partition.value,)
+
+
+class LineSource(DataSource):
+    """``spark.readStream.format("skpub_lines")``: the input's records, planned as slices (module docstring)."""
+
+    @classmethod
+    def name(cls) -> str:
+        """Return the format name, :data:`SOURCE_NAME`."""
+        return SOURCE_NAME
+
+    def schema(self) -> str:
+        """Return :data:`SLICE_SCHEMA`."""
+        return SLICE_SCHEMA
+
+    def streamReader(self, schema) -> LineReader:  # noqa: ANN001 - pyspark's StructType
+        """Return the reader of the options' input."""
+        return LineReader(self.options)
