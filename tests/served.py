@@ -5,6 +5,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
@@ -18,13 +19,15 @@ def free_port() -> int:
 class Served:
     """A ``skpub serve`` subprocess on loopback."""
 
-    def __init__(self, data, config, token="t0ken"):
+    def __init__(self, data, config, token="t0ken", engine="local"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "SKPUB_TOKEN": token}
         cmd = [sys.executable, "-m", "skpub.app.cli", "serve", "--data", str(data), "--config", str(config),
-               "--listen", f"127.0.0.1:{self.port}"]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+               "--listen", f"127.0.0.1:{self.port}", "--engine", engine]  # fmt: skip
+        self.errors = Path(data).parent / f"serve-{self.port}.err"  # a file: Spark's JVM may write much
+        with self.errors.open("wb") as err:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
         self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
         deadline = time.monotonic() + 60
         while True:
@@ -34,7 +37,7 @@ class Served:
             except httpx.TransportError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the daemon did not start: {self.proc.stderr.read().decode()}")
+                raise RuntimeError(f"the daemon did not start: {self.errors.read_text()}")
             time.sleep(0.1)
 
     def post(self, lines):
@@ -43,9 +46,9 @@ class Served:
         return reply.json()
 
     def wait_ready(self):
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 180
         while self.http.get("/readyz").status_code != 200:
-            assert time.monotonic() < deadline and self.proc.poll() is None
+            assert time.monotonic() < deadline and self.proc.poll() is None, self.errors.read_text()[-3000:]
             time.sleep(0.1)
 
     def read(self, name, after=0):

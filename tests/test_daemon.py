@@ -148,12 +148,16 @@ def stream_events(served, params, count, headers=None):
     return out
 
 
+ENGINES = ["local", pytest.param("spark", marks=[pytest.mark.spark, pytest.mark.slow])]
+
+
 @pytest.mark.integration
-def test_records_posted_in_many_requests_equal_a_file_run_of_the_same_lines(tmp_path):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_records_posted_in_many_requests_equal_a_file_run_of_the_same_lines(tmp_path, engine):
     lines = random_workload(seed=21, n=700) + ranked_workload(seed=22, n=300)
-    dep = deployment(evaluators=3, batch_size=40)
+    dep = deployment(evaluators=3, batch_size=40 if engine == "local" else 150)
     (tmp_path / "dep.json").write_text(json.dumps(dep.to_json()))
-    served = Served(tmp_path / "data", tmp_path / "dep.json")
+    served = Served(tmp_path / "data", tmp_path / "dep.json", engine=engine)
     try:
         start, sizes = 0, [1, 7, 130, 3, 64]
         while start < len(lines):
@@ -214,11 +218,12 @@ def test_records_posted_in_many_requests_equal_a_file_run_of_the_same_lines(tmp_
 
 
 @pytest.mark.integration
-def test_a_consumer_following_deliveries_across_kill_9_sees_each_once(tmp_path):
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_consumer_following_deliveries_across_kill_9_sees_each_once(tmp_path, engine):
     lines = random_workload(seed=31, n=1500, invalid=False)
-    dep = deployment(evaluators=4, batch_size=5)
+    dep = deployment(evaluators=4, batch_size=5 if engine == "local" else 120)
     (tmp_path / "dep.json").write_text(json.dumps(dep.to_json()))
-    served = Served(tmp_path / "data", tmp_path / "dep.json")
+    served = Served(tmp_path / "data", tmp_path / "dep.json", engine=engine)
     for start in range(0, len(lines), 100):
         served.post(lines[start : start + 100])  # acknowledged: must survive the kill
     seen = []
@@ -227,7 +232,7 @@ def test_a_consumer_following_deliveries_across_kill_9_sees_each_once(tmp_path):
     served.proc.send_signal(signal.SIGKILL)
     served.proc.wait()
     assert not served.http.close()
-    restarted = Served(tmp_path / "data", tmp_path / "dep.json")
+    restarted = Served(tmp_path / "data", tmp_path / "dep.json", engine=engine)
     try:
         restarted.wait_ready()
         rest = restarted.read("deliveries", after=seen[-1]["offset"])

@@ -125,7 +125,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         data plane committed.
         """
         check_id(sid)
-        line = daemon.definitions.get(sid)
+        line = daemon.definition(sid)
         if line is None:
             raise HTTPException(404, f"no live subscription {sid!r} (yet)")
         ranked = orjson.loads(line).get("kind") in ("topk", "knn")

@@ -88,7 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the routing daemon: HTTP API, durable ingest, the data plane")
     serve.add_argument("--data", required=True, help="data directory (created; reused on restart)")
-    serve.add_argument("--engine", choices=("local",), default="local", help="data plane engine (default local)")
+    serve.add_argument(
+        "--engine", choices=("local", "spark"), default="local", help="data plane engine (default local)"
+    )
+    serve.add_argument("--master", default="local[2]", help="Spark master URL (default local[2])")
     serve.add_argument("--listen", default="127.0.0.1:8750", help="HOST:PORT to listen on (default 127.0.0.1:8750)")
     serve.add_argument("--token-file", help="file holding the bearer token (default $SKPUB_TOKEN; none: no token)")
     serve.add_argument("--config", help="deployment JSON file")
@@ -181,7 +184,9 @@ def _serve(args: argparse.Namespace) -> int:
     )
     if args.balancer is not None:
         deployment = deployment.replace(balancer=dataclasses.replace(deployment.balancer, mode=args.balancer))
-    return serve(args.data, deployment, args.listen, load_token(args.token_file))
+    return serve(
+        args.data, deployment, args.listen, load_token(args.token_file), engine=args.engine, master=args.master
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,23 +4,34 @@ Everything lives in one data directory (DESIGN "The daemon"):
 
 - ``ingest.log``: every line a client posted, fsync'd before the reply
   (:class:`~skpub.app.journal.LineLog`); a line's *position* is its index;
-- ``batches.log``: the micro-batch journal, one ``{"batch", "end"}`` entry
-  per batch (batch ``b`` is the ingest lines from the previous entry's end to
-  its ``end``), written durably *before* the batch runs, so batch boundaries
-  are fixed once chosen;
+- ``batches.log``: the micro-batch journal, one ``{"batch", "end", "byte"}``
+  entry per batch (batch ``b`` is the ingest lines from the previous entry's
+  end to its ``end``, which starts at byte ``byte`` of the ingest log),
+  written durably *before* the batch runs, so batch boundaries are fixed
+  once chosen;
 - ``deliveries.log``, ``dead_letters.log``, ``snapshots.log``: each batch's
   outputs in commit order, each line its SEMANTICS 5 line with one more
   field first, ``offset`` (1-based, the entry's index + 1);
+- ``commits.log``: one :class:`Commit` per batch whose outputs are in those
+  logs, appended after them: each log's entry count after the batch, and
+  its accepted subscribe, unsubscribe and snapshot records (what
+  ``GET /v1/subscriptions/{id}`` and ``GET /v1/snapshots/{id}`` read);
 - ``deployment.json``: the deployment the directory was created with
   (a restart with another one is refused: results would change);
-- ``output/balancer/``: the balancer's log.
+- ``output/``: the balancer's log; on Spark also each batch's part files
+  until they are committed to the logs, and ``spark/``, the Spark
+  engine's checkpoint.
 
-A restart replays the journaled batches through a fresh
-:class:`~skpub.app.engines.local.LocalPipeline` (the same lines, boundaries,
-deployment and initial sample give the same outputs, decisions included:
-DESIGN "Exactness") and appends only what the logs do not hold yet, so a
-consumer's offsets stay valid across ``kill -9``: no gap, no duplicate.
-The initial partitioning samples the first batch's lines.
+Results are a deterministic function of the lines, the batch boundaries,
+the deployment and the initial sample (the first batch's lines; DESIGN
+"Exactness"), so a batch that runs again produces the same outputs in the
+same order. A restart reads the commit log; the local engine replays the
+journaled batches through a fresh
+:class:`~skpub.app.engines.local.LocalPipeline`, the Spark engine resumes
+its query from its checkpoint, and either way a batch's outputs are
+appended only when the commit log does not hold the batch yet, and then
+only what the logs lack (a commit cut short by ``kill -9``): a consumer's
+offsets stay valid, with no gap and no duplicate.
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ import threading
 import time
 from collections import Counter as Tally
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
@@ -41,14 +52,11 @@ from skpub.app.journal import LineLog
 from skpub.app.metrics import Metrics
 from skpub.app.summary import BatchReport
 from skpub.kernel.config import Deployment, deployment_from_json
-from skpub.kernel.errors import ConfigError
+from skpub.kernel.errors import CheckpointError, ConfigError
 from skpub.kernel.parts import delivery_lines
-from skpub.kernel.records import stream_position
+from skpub.kernel.records import position_index
 from skpub.kernel.storage import atomic_write_bytes
 from skpub.kernel.text import load_vocabulary
-
-CONTROL = ("subscribe", "unsubscribe", "snapshot")
-"""Record types the daemon notes as they are accepted (definitions, snapshots by id)."""
 
 LOGS = ("deliveries", "dead_letters", "snapshots")
 """The output logs a client reads, by the name of their route."""
@@ -126,6 +134,12 @@ class Daemon:
         The data directory (created if missing).
     deployment : Deployment
         Must equal the one the directory was created with.
+    engine : str
+        ``"local"`` (the data plane in this process, :class:`LocalPipeline`)
+        or ``"spark"`` (a streaming query over the ingest log,
+        :class:`~skpub.app.engines.spark.SparkPlane`).
+    master : str
+        Spark's master URL (``engine="spark"`` only).
 
     Raises
     ------
@@ -135,30 +149,60 @@ class Daemon:
         If a log file in ``data`` is not skpub's.
     """
 
-    def __init__(self, data: str | Path, deployment: Deployment, limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        data: str | Path,
+        deployment: Deployment,
+        limits: Limits | None = None,
+        engine: str = "local",
+        master: str = "local[2]",
+    ) -> None:
         self.data = Path(data)
         self.data.mkdir(parents=True, exist_ok=True)
+        if deployment.vocabulary:  # Spark's tasks run in other working directories
+            deployment = deployment.replace(vocabulary=str(Path(deployment.vocabulary).absolute()))
         self.deployment = _claim(self.data / "deployment.json", deployment)
         self.limits = limits or Limits()
+        self.engine, self.master = engine, master
         self.vocabulary = load_vocabulary(deployment.vocabulary)
         self.ingest = LineLog(self.data / "ingest.log")
         self.batches = LineLog(self.data / "batches.log")
+        self.commits = LineLog(self.data / "commits.log")
         self.logs = {name: LineLog(self.data / f"{name}.log") for name in LOGS}
         self.metrics = Metrics()
         self.served = DaemonMetrics(self.metrics, self)
         self._acks: deque[tuple[int, float]] = deque()  # (end position, acknowledged at) of requests in the backlog
         self._post_lock = threading.Lock()
         self.stopping = threading.Event()
-        self.processed = 0  # ingest lines in batches that ran
         self.failure: BaseException | None = None
-        self._produced = dict.fromkeys(LOGS, 0)
         self.snapshots: dict[str, tuple[int, int]] = {}  # accepted snapshot id -> (first entry, entries) of its lines
-        self.definitions: dict[str, bytes] = {}  # live subscription id -> its accepted subscribe record
-        self._controls: list[tuple[int, str, str, bytes]] = []  # the batch's (position, type, id, line) of CONTROL
+        self._definitions: dict[str, int] = {}  # live subscription id -> ingest index of its accepted subscribe
+        self._ends: list[int] = []  # ingest end of each journaled batch
+        self._committed = Commit(-1, 0, dict.fromkeys(LOGS, 0))
+        self._recover()
         self._pipeline: LocalPipeline | None = None
+        self._plane = None  # the Spark engine's SparkPlane
+        self._batch_started = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="skpub-data-plane", daemon=True)
 
+    def _recover(self) -> None:
+        """Read the batch journal and the commit log: batch boundaries, output totals, definitions, snapshots."""
+        for raw in self.batches.read(0, self.batches.count):
+            entry = orjson.loads(raw)
+            if int(entry["batch"]) != len(self._ends):
+                raise CheckpointError(f"{self.batches.path}: entry {len(self._ends)} names batch {entry['batch']}")
+            self._ends.append(int(entry["end"]))
+        for raw in self.commits.read(0, self.commits.count):
+            commit = Commit.from_json(raw)
+            self._account(commit)
+            self._committed = commit
+
     # --- the client's side -------------------------------------------------------------------------------
+    @property
+    def processed(self) -> int:
+        """Ingest lines in batches whose outputs are committed."""
+        return self._committed.end
+
     @property
     def backlog(self) -> int:
         """Ingest lines acknowledged and not yet processed."""
@@ -177,9 +221,20 @@ class Daemon:
         """Whether the data plane has processed everything acknowledged."""
         return self.failure is None and self.processed == self.ingest.count
 
+    def definition(self, sid: str) -> bytes | None:
+        """Return live subscription ``sid``'s accepted subscribe record, or None."""
+        index = self._definitions.get(sid)
+        return None if index is None else self.ingest.read(index, 1)[0]
+
+    def result(self, sid: str) -> list | None:
+        """Return ranked subscription ``sid``'s current result, ``[[object id, score or dist], ...]``, or None."""
+        merge = self._pipeline.merge if self._pipeline is not None else self._plane.merge if self._plane else None
+        merged = merge.subscriptions.get(sid) if merge is not None else None
+        return None if merged is None else [[oid, value] for oid, value, _ in merged.result]
+
     # --- the data plane ----------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the data plane thread: replay the journaled batches, then follow the ingest log."""
+        """Start the data plane thread: catch up with the journaled batches, then follow the ingest log."""
         self._thread.start()
 
     def stop(self, timeout: float = 60.0) -> None:
@@ -187,101 +242,227 @@ class Daemon:
         self.stopping.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
-        for log in (self.ingest, self.batches, *self.logs.values()):
+        for log in (self.ingest, self.batches, self.commits, *self.logs.values()):
             log.close()
 
     def _run(self) -> None:
         try:
-            for raw in self.batches.read(0, self.batches.count):
-                entry = orjson.loads(raw)
-                self._step(int(entry["batch"]), int(entry["end"]))
-            while not self.stopping.is_set():
-                if not self.ingest.wait(self.processed, self.limits.trigger) and not self.backlog:
-                    continue
-                time.sleep(self.limits.trigger if self.backlog < self.deployment.batch_size else 0.0)
-                end = min(self.ingest.count, self.processed + self.deployment.batch_size)
-                batch_id = self.batches.count
-                self.batches.append([orjson.dumps({"batch": batch_id, "end": end})])
-                self._step(batch_id, end)
+            if self.engine == "spark":
+                self._run_spark()
+            else:
+                self._run_local()
         except BaseException as exc:  # noqa: BLE001 - the thread must report, /readyz turns false
             self.failure = exc
             raise
 
-    def _step(self, batch_id: int, end: int) -> None:
-        start = time.monotonic()
-        lines = self.ingest.read(self.processed, end - self.processed)
+    def _cut(self) -> int | None:
+        """Journal the next batch once lines wait (after ``trigger`` for a short one); return its id or None."""
+        if not self.ingest.wait(self._journaled_end, self.limits.trigger):
+            return None
+        if self.ingest.count - self._journaled_end < self.deployment.batch_size:
+            time.sleep(self.limits.trigger)
+        end = min(self.ingest.count, self._journaled_end + self.deployment.batch_size)
+        batch_id = len(self._ends)
+        self.batches.append([orjson.dumps({"batch": batch_id, "end": end, "byte": self.ingest.byte_offset(end)})])
+        self._ends.append(end)
+        return batch_id
+
+    @property
+    def _journaled_end(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def _start_of(self, batch_id: int) -> int:
+        return self._ends[batch_id - 1] if batch_id > 0 else 0
+
+    def _run_local(self) -> None:
+        """Replay the journaled batches through a fresh pipeline, then cut and run batches until stopped.
+
+        Outputs the commit log already holds are not appended again.
+        """
+        for batch_id in range(len(self._ends)):
+            self._step_local(batch_id)
+        while not self.stopping.is_set():
+            batch_id = self._cut()
+            if batch_id is not None:
+                self._step_local(batch_id)
+
+    def _step_local(self, batch_id: int) -> None:
+        self._batch_started = time.monotonic()
+        start = self._start_of(batch_id)
+        lines = self.ingest.read(start, self._ends[batch_id] - start)
         if self._pipeline is None:
             sample = lines[: self.deployment.sample_size]
             self._pipeline = LocalPipeline(self.data / "output", self.deployment, self.vocabulary, sample)
-        found = ((i, line, _control(line)) for i, line in enumerate(lines))
-        self._controls = [(stream_position(batch_id, i), *c, line) for i, line, c in found if c is not None]
-        report = self._pipeline.step(batch_id, lines, self._sink)
-        self.processed = end
-        now = time.monotonic()
-        self.served.batch_seconds.observe(now - start)
-        while self._acks and self._acks[0][0] <= end:
-            self.served.latency.observe(now - self._acks.popleft()[1])
-        self.metrics.observe_batch(report)
+        self.metrics.observe_batch(self._pipeline.step(batch_id, lines, self._local_sink))
 
-    def _account_controls(self, rejected: set[int], snapshots: list[dict]) -> None:
-        """Note the batch's accepted snapshots (where their lines are) and subscription definitions."""
-        first, mine = self._produced["snapshots"], Tally(s["snapshot"] for s in snapshots)
-        starts: dict[str, int] = {}
-        for j, line in enumerate(snapshots):
-            starts.setdefault(line["snapshot"], first + j)
-        for pos, kind, sid, line in self._controls:
-            if pos in rejected:
-                continue
-            if kind == "snapshot":
-                self.snapshots[sid] = (starts.get(sid, first), mine.get(sid, 0))
-            elif kind == "subscribe":
-                self.definitions[sid] = line
-            else:
-                self.definitions.pop(sid, None)
-
-    def result(self, sid: str) -> list | None:
-        """Return ranked subscription ``sid``'s current result, ``[[object id, score or dist], ...]``, or None."""
-        merged = self._pipeline.merge.subscriptions.get(sid) if self._pipeline is not None else None
-        return None if merged is None else [[oid, value] for oid, value, _ in merged.result]
-
-    def _sink(self, batch_id, deliveries, dead_letters, statistics, report: BatchReport, events, snapshots):  # noqa: ANN001
-        """Append the batch's outputs the logs do not hold yet (a replay produces the same ones again)."""
+    def _local_sink(self, batch_id, deliveries, dead_letters, statistics, report: BatchReport, events, snapshots):  # noqa: ANN001
+        """Commit a local pipeline batch's outputs (:meth:`commit`) and complete its report (the pipeline's sink)."""
         matches = [line for part in deliveries for line in delivery_lines(part).split(b"\n")[:-1]]
         dead = unique_letters(dead_letters)
-        produced = {
-            "deliveries": [*matches, *(orjson.dumps(e) for e in events)],
-            "dead_letters": [orjson.dumps(d.to_json()) for d in dead],
-            "snapshots": [orjson.dumps(s) for s in snapshots],
-        }
-        if self._controls:
-            self._account_controls({d.pos for d in dead}, snapshots)
+        self.commit(
+            report,
+            {
+                "deliveries": [*matches, *(orjson.dumps(e) for e in events)],
+                "dead_letters": [orjson.dumps(d.to_json()) for d in dead],
+                "snapshots": [orjson.dumps(s) for s in snapshots],
+            },
+        )
+        return complete_report(report, len(matches) + len(events), dead, statistics)
+
+    def _run_spark(self) -> None:
+        """Start the streaming query over the journal, then cut batches, one in flight at a time, until stopped.
+
+        The first batch's lines sample the initial partitioning. On a stop,
+        the batch in flight commits before the query stops (up to a minute).
+        """
+        from skpub.app.engines.spark import SparkPlane
+
+        while not self._ends and not self.stopping.is_set():
+            self._cut()
+        if not self._ends:
+            return
+        first = self.ingest.read(0, min(self._ends[0], self.deployment.sample_size))
+        self._plane = SparkPlane(self, first)
+        try:
+            while not self.stopping.is_set():
+                self._plane.check()
+                if self.processed < self._journaled_end:
+                    self._plane.wait(self.limits.trigger)
+                    continue
+                self._cut()
+            deadline = time.monotonic() + 60.0
+            while self.processed < self._journaled_end and time.monotonic() < deadline:
+                self._plane.check()
+                self._plane.wait(self.limits.trigger)
+        finally:
+            self._plane.stop()
+
+    # --- committing a batch's outputs --------------------------------------------------------------------
+    def commit(self, report: BatchReport, produced: dict[str, list[bytes]]) -> None:
+        """Append micro-batch ``report.batch_id``'s outputs to the logs, then its entry to the commit log.
+
+        ``produced`` holds each output log's entries (SEMANTICS 5 lines,
+        without ``offset``) in commit order. Exactly once across restarts
+        and replays: a batch the commit log holds is not appended again,
+        and of the next one only what the logs lack (a commit cut short by
+        a crash) is appended, since a replay produces the same entries in
+        the same order.
+
+        Raises
+        ------
+        CheckpointError
+            If the batch is not the one after the last committed, or its
+            records are not its journaled boundaries.
+        """
+        batch_id, last = report.batch_id, self._committed
+        if batch_id <= last.batch:
+            return
+        start, end = self._start_of(batch_id), self._ends[batch_id]
+        if batch_id != last.batch + 1 or report.records != end - start:
+            raise CheckpointError(
+                f"micro-batch {batch_id} ({report.records} records) is not the journaled batch after {last.batch} "
+                f"({end - start} records)"
+            )
+        totals = {}
         for name, entries in produced.items():
-            log, first = self.logs[name], self._produced[name]
+            log, first = self.logs[name], last.totals[name]
             fresh = entries[max(0, log.count - first) :]
             if fresh:
-                start = first + len(entries) - len(fresh)
-                log.append([_with_offset(line, start + i + 1) for i, line in enumerate(fresh)])
-            self._produced[name] = first + len(entries)
-        self.served.delivered.labels(event="match").inc(len(matches))
-        for event, count in Tally(e["event"] for e in events).items():
-            self.served.delivered.labels(event=event).inc(count)
-        return complete_report(report, len(produced["deliveries"]), dead, statistics)
+                at = first + len(entries) - len(fresh)
+                log.append([_with_offset(line, at + i + 1) for i, line in enumerate(fresh)])
+            totals[name] = first + len(entries)
+        snapshot_lines = [orjson.loads(line) for line in produced["snapshots"]]
+        controls = _controls(report.controls, start, last.totals["snapshots"], snapshot_lines)
+        commit = Commit(batch_id, end, totals, controls)
+        self.commits.append([commit.to_json()])
+        self._account(commit)
+        self._committed = commit
+        self._observe(produced["deliveries"])
+
+    def _account(self, commit: Commit) -> None:
+        """Follow a committed batch's accepted controls: live subscriptions' definitions, snapshots by id."""
+        for kind, sid, at, count in commit.controls:
+            if kind == "subscribe":
+                self._definitions[sid] = at
+            elif kind == "unsubscribe":
+                self._definitions.pop(sid, None)
+            else:
+                self.snapshots[sid] = (at, count)
+
+    def _observe(self, deliveries: list[bytes]) -> None:
+        """Count a committed batch: its wall time, its requests' ingest-to-delivery latency, its delivery lines."""
+        now = time.monotonic()
+        self.served.batch_seconds.observe(now - self._batch_started)
+        self._batch_started = now
+        while self._acks and self._acks[0][0] <= self.processed:
+            self.served.latency.observe(now - self._acks.popleft()[1])
+        for event in ("match", "enter", "exit"):  # a quote inside an id is escaped: this is the field
+            field_bytes = b'"event":"%s"' % event.encode()
+            self.served.delivered.labels(event=event).inc(sum(field_bytes in line for line in deliveries))
 
 
-def _control(line: bytes) -> tuple[str, str] | None:
-    """Return ``(type, id)`` of a line that looks like a record of :data:`CONTROL`, else None.
+@dataclass(frozen=True)
+class Commit:
+    """One entry of the commit log: micro-batch ``batch`` committed its outputs.
 
-    The engine decides whether it is accepted (it is unless it became a dead letter).
+    ``end``: the ingest index after its last record; ``totals``: each
+    output log's entries after it; ``controls``: its accepted controls as
+    ``(type, id, at, count)``: a subscribe's ingest index (``at``), an
+    unsubscribe, or a snapshot's first entry in the snapshot log and its
+    line count.
     """
-    if not any(b'"%s"' % t.encode() in line for t in CONTROL):
-        return None
-    try:
-        record = orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return None
-    if isinstance(record, dict) and record.get("type") in CONTROL and isinstance(record.get("id"), str):
-        return record["type"], record["id"]
-    return None
+
+    batch: int
+    end: int
+    totals: dict[str, int]
+    controls: list[tuple[str, str, int, int]] = field(default_factory=list)
+
+    def to_json(self) -> bytes:
+        """Encode as one JSON line."""
+        return orjson.dumps(
+            {"batch": self.batch, "end": self.end, "totals": self.totals, "controls": [list(c) for c in self.controls]}
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Commit:
+        """Decode :meth:`to_json` output.
+
+        Raises
+        ------
+        CheckpointError
+            If ``raw`` is not such an entry.
+        """
+        try:
+            doc = orjson.loads(raw)
+            totals = {name: int(doc["totals"][name]) for name in LOGS}
+            controls = [(str(k), str(i), int(a), int(c)) for k, i, a, c in doc["controls"]]
+            return cls(int(doc["batch"]), int(doc["end"]), totals, controls)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise CheckpointError(f"damaged commit log entry: {exc}") from None
+
+
+def _controls(
+    accepted: list[tuple[int, str, str]], start: int, first_snapshot: int, snapshot_lines: list[dict]
+) -> list[tuple[str, str, int, int]]:
+    """Return a batch's commit-log controls from its accepted ``(position, type, id)`` records.
+
+    ``start`` is the batch's first ingest index; ``first_snapshot`` the
+    snapshot log's entries before the batch, ``snapshot_lines`` its snapshot
+    lines in order.
+    """
+    count = Tally(line["snapshot"] for line in snapshot_lines)
+    starts: dict[str, int] = {}
+    for j, line in enumerate(snapshot_lines):
+        starts.setdefault(line["snapshot"], first_snapshot + j)
+    out = []
+    for pos, kind, sid in accepted:
+        if kind == "subscribe":
+            out.append((kind, sid, start + position_index(pos), 0))
+        elif kind == "unsubscribe":
+            out.append((kind, sid, 0, 0))
+        else:
+            out.append((kind, sid, starts.get(sid, first_snapshot), count.get(sid, 0)))
+    return out
 
 
 def _with_offset(line: bytes, offset: int) -> bytes:

@@ -140,6 +140,27 @@ class LineLog:
                 index += 1
         return out
 
+    def byte_offset(self, index: int) -> int:
+        """Return the byte offset in the file where entry ``index`` starts (the file's end for ``count``); O(STRIDE).
+
+        Raises
+        ------
+        IndexError
+            If ``index`` is not in ``0 .. count``.
+        """
+        with self._lock:
+            if not 0 <= index <= self._count:
+                raise IndexError(f"entry {index} of a log of {self._count}")
+            if index == self._count:
+                return self._end
+            mark = index // STRIDE
+            pos = self._marks[mark]
+        with self.path.open("rb") as fh:
+            fh.seek(pos)
+            for _ in range(index - mark * STRIDE):
+                pos += len(fh.readline())
+        return pos
+
     def wait(self, count: int, timeout: float) -> bool:
         """Block until the log holds more than ``count`` entries or ``timeout`` seconds pass; return whether it does."""
         with self._changed:

@@ -65,7 +65,13 @@ def load_token(token_file: str | None) -> str | None:
 
 
 def serve(
-    data: str | Path, deployment: Deployment, listen: str, token: str | None, limits: Limits | None = None
+    data: str | Path,
+    deployment: Deployment,
+    listen: str,
+    token: str | None,
+    limits: Limits | None = None,
+    engine: str = "local",
+    master: str = "local[2]",
 ) -> int:
     """Run the daemon until SIGTERM or SIGINT; return the exit status (0 after a clean shutdown).
 
@@ -73,21 +79,27 @@ def serve(
     ------
     ConfigError
         If ``listen`` is not loopback and there is no token, or is malformed.
+    JavaNotFoundError
+        If ``engine`` is ``"spark"`` and no Java runtime is available.
     """
     import uvicorn
 
     from skpub.app.api import create_app
 
     host, port = parse_listen(listen)
+    if engine == "spark":
+        from skpub.app.engines.spark import require_java
+
+        require_java()
     if token is None and not ipaddress.ip_address(host).is_loopback:
         raise ConfigError(f"--listen {listen}: a non-loopback address needs a token (--token-file or ${TOKEN_ENV})")
-    daemon = Daemon(data, deployment, limits or Limits())
+    daemon = Daemon(data, deployment, limits or Limits(), engine, master)
     app = create_app(daemon, token)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):  # noqa: ANN001, ANN202 - FastAPI's lifespan protocol
         daemon.start()
-        print(f"[skpub] serving {Path(data)} on http://{listen} (deployment: {deployment.evaluators} evaluators)",
+        print(f"[skpub] serving {Path(data)} on http://{listen} ({engine} engine, {deployment.evaluators} evaluators)",
               file=sys.stderr, flush=True)  # fmt: skip
         yield
         daemon.stop()

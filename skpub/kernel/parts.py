@@ -32,6 +32,14 @@ def part_path(root: str | Path, stream: str, batch_id: int, writer: str = "") ->
     return Path(root) / stream / f"part-{batch_id:08d}{suffix}.jsonl"
 
 
+def batch_parts(root: str | Path, stream: str, batch_id: int) -> list[Path]:
+    """Return micro-batch ``batch_id``'s part files of ``stream``, in name order (every writer's; no temporary name)."""
+    folder = Path(root) / stream
+    if not folder.is_dir():
+        return []
+    return sorted(folder.glob(f"part-{batch_id:08d}.jsonl")) + sorted(folder.glob(f"part-{batch_id:08d}-*.jsonl"))
+
+
 def write_lines(root: str | Path, stream: str, batch_id: int, data: bytes, writer: str = "") -> None:
     """Write ``data`` (complete JSON lines, UTF-8) as one part file atomically; nothing when empty."""
     if data:

@@ -107,33 +107,6 @@ def _blocks(path: Path, start: int, end: int) -> Iterator[tuple[int, bytes]]:
             at += len(data)
 
 
-def _record_ends(path: Path, start: int, stop: int) -> Iterator[int]:
-    """Yield the byte offset just after each record in ``[start, stop)`` of ``path``.
-
-    ``stop`` ends a last record that has no newline.
-    """
-    tail = False
-    for offset, data in _blocks(path, start, stop):
-        i = data.find(b"\n")
-        while i >= 0:
-            yield offset + i + 1
-            i = data.find(b"\n", i + 1)
-        tail = not data.endswith(b"\n")
-    if tail:
-        yield stop
-
-
-def _records(files: Sequence[Path], sizes: Sequence[int], start: Position, end: Position) -> Iterator[Span]:
-    """Yield each record from input position ``start`` to ``end`` as the span of its bytes (terminator included)."""
-    f, at = start
-    while f < len(files) and (f, at) < end:
-        stop = sizes[f] if f < end[0] else end[1]
-        for record_end in _record_ends(Path(files[f]), at, stop):
-            yield Span(f, at, record_end)
-            at = record_end
-        f, at = f + 1, 0
-
-
 def _canonical(sizes: Sequence[int], position: Position) -> Position:
     """Return ``position`` moved past file ends (and empty files) to the next file's start.
 
@@ -150,6 +123,20 @@ def input_end(sizes: Sequence[int]) -> Position:
     return (len(sizes), 0)
 
 
+def _ends_with_newline(path: Path, size: int) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(size - 1)
+        return fh.read(1) == b"\n"
+
+
+def _nth_newline(data: bytes, n: int) -> int:
+    """Return the index of the ``n``-th newline of ``data`` (1-based; there are at least ``n``)."""
+    i = -1
+    for _ in range(n):
+        i = data.index(b"\n", i + 1)
+    return i
+
+
 def cut(files: Sequence[Path], sizes: Sequence[int], start: Position, max_lines: int, max_bytes: int) -> Position:
     """Return where a micro-batch starting at ``start`` ends: after ``max_lines`` records or ``max_bytes`` bytes.
 
@@ -157,49 +144,101 @@ def cut(files: Sequence[Path], sizes: Sequence[int], start: Position, max_lines:
     planned, :func:`file_sizes`). The batch takes whole records only, and
     the record that reaches ``max_bytes`` (so a batch always makes progress).
     Returns ``start`` itself when no record is left. O(bytes of the batch)
-    time, O(:data:`BLOCK`) memory.
+    time in C (newlines are counted per block, found one by one only in the
+    block where the batch ends), O(:data:`BLOCK`) memory.
     """
     lines = taken = 0
-    end = start
-    for span in _records(files, sizes, start, input_end(sizes)):
-        lines, taken = lines + 1, taken + span.end - span.start
-        end = (span.file, span.end)
-        if lines >= max_lines or taken >= max_bytes:
-            break
-    return start if lines == 0 else _canonical(sizes, end)
+    f, at = start
+    while f < len(files):
+        size, tail = sizes[f], False
+        for offset, data in _blocks(Path(files[f]), at, size):
+            count = data.count(b"\n")
+            ends = []
+            if lines + count >= max_lines:
+                ends.append(_nth_newline(data, max_lines - lines))
+            if taken + len(data) >= max_bytes and (i := data.find(b"\n", max(0, max_bytes - taken - 1))) >= 0:
+                ends.append(i)
+            if ends:
+                return _canonical(sizes, (f, offset + min(ends) + 1))
+            lines, taken, tail = lines + count, taken + len(data), not data.endswith(b"\n")
+        if tail:  # the file's last record has no newline
+            lines += 1
+            if lines >= max_lines or taken >= max_bytes:
+                return _canonical(sizes, (f, size))
+        f, at = f + 1, 0
+    return start if lines == 0 else input_end(sizes)
+
+
+def _ranges(sizes: Sequence[int], start: Position, end: Position) -> list[Span]:
+    """Return the byte ranges, one per file, from input position ``start`` to ``end`` (none empty)."""
+    out, (f, at) = [], start
+    while f < len(sizes) and (f, at) < end:
+        stop = sizes[f] if f < end[0] else end[1]
+        if stop > at:
+            out.append(Span(f, at, stop))
+        f, at = f + 1, 0
+    return out
+
+
+def _count_records(files: Sequence[Path], sizes: Sequence[int], span: Span) -> int:
+    """Return the records in ``span`` (it starts at a record and ends at one's end or at its file's end)."""
+    count = sum(data.count(b"\n") for _, data in _blocks(Path(files[span.file]), span.start, span.end))
+    at_end = span.end == sizes[span.file]
+    return count + (1 if at_end and not _ends_with_newline(Path(files[span.file]), span.end) else 0)
+
+
+def _record_end_from(files: Sequence[Path], ranges: list[Span], k: int, local: int) -> int:
+    """Return the first record end at or after byte ``local`` of range ``k`` (a position in that range's file)."""
+    span = ranges[k]
+    at = max(span.start, local - 1)
+    for offset, data in _blocks(Path(files[span.file]), at, span.end):
+        i = data.find(b"\n")
+        if i >= 0:
+            return offset + i + 1
+    return span.end
 
 
 def split(files: Sequence[Path], sizes: Sequence[int], start: Position, end: Position, parts: int) -> list[Slice]:
     """Cut the micro-batch from ``start`` to ``end`` into ``parts`` slices of about equal bytes, in stream order.
 
-    Some slices may hold no record. Each holds at most its share of the
-    bytes plus one record. O(records of the batch) memory (their spans).
+    Slice ``k`` ends at the first record end at or after ``(k + 1) / parts``
+    of the batch's bytes (some slices may hold no record; each holds at most
+    its share of the bytes plus one record). O(bytes of the batch) time in
+    C, O(:data:`BLOCK`) memory.
     """
-    records = list(_records(files, sizes, start, end))
-    ends = list(accumulate(r.end - r.start for r in records))
-    total = ends[-1] if ends else 0
-    out, first = [], 0
+    ranges = _ranges(sizes, start, end)
+    before = list(accumulate((r.end - r.start for r in ranges), initial=0))  # batch bytes before each range
+    total = before[-1]
+    cuts: list[tuple[int, int]] = []  # (range index, byte in its file) where each slice ends
     for part in range(parts):
-        last = bisect_left(ends, total * (part + 1) / parts) + 1 if part < parts - 1 else len(records)
-        last = min(max(last, first), len(records))
-        out.append(Slice(part, first, last - first, _spans(records[first:last]), end))
-        first = last
+        if part == parts - 1 or not ranges:
+            cuts.append((len(ranges) - 1, ranges[-1].end) if ranges else (0, 0))
+            continue
+        target = -(-total * (part + 1) // parts)  # the slice ends at the first record end at or after this
+        k = bisect_left(before, target) - 1  # the range holding the target's last byte
+        point = (k, _record_end_from(files, ranges, k, ranges[k].start + target - before[k]))
+        cuts.append(max(point, cuts[-1]) if cuts else point)
+    out, first, at = [], 0, (0, ranges[0].start if ranges else 0)
+    for part, (k, byte) in enumerate(cuts):
+        spans = []
+        for j in range(at[0], k + 1) if ranges else ():
+            lo = at[1] if j == at[0] else ranges[j].start
+            hi = byte if j == k else ranges[j].end
+            if hi > lo:
+                spans.append(Span(ranges[j].file, lo, hi))
+        lines = sum(_count_records(files, sizes, span) for span in spans)
+        out.append(Slice(part, first, lines, tuple(spans), end))
+        first += lines
+        at = (k, byte)
     return out
 
 
-def _spans(records: list[Span]) -> tuple[Span, ...]:
-    """Merge consecutive records of the same file into one span each."""
-    spans: list[Span] = []
-    for r in records:
-        if spans and spans[-1].file == r.file and spans[-1].end == r.start:
-            spans[-1] = Span(r.file, spans[-1].start, r.end)
-        else:
-            spans.append(r)
-    return tuple(spans)
-
-
-def slice_lines(files: Sequence[Path], piece: Slice) -> list[bytes]:
+def slice_lines(files: Sequence[Path], piece: Slice, entries: bool = False) -> list[bytes]:
     """Return the records of ``piece``, as :func:`skpub.kernel.inputs.read_records` gives them.
+
+    With ``entries`` the files are logs of entries that are records as they
+    are (the daemon's ingest log, :class:`skpub.app.journal.LineLog`): split
+    at newlines only, nothing dropped.
 
     Raises
     ------
@@ -214,6 +253,9 @@ def slice_lines(files: Sequence[Path], piece: Slice) -> list[bytes]:
         if len(data) != span.end - span.start:
             raise ValueError(f"input file {files[span.file]} is shorter than when the micro-batch was planned")
         tail = not data.endswith(b"\n")  # the file's last record, without a newline
+        if entries:
+            lines += data.split(b"\n")[:-1] if not tail else data.split(b"\n")
+            continue
         if span.start == 0 and data.startswith(BOM):
             data = data[len(BOM) :]
         records = data.split(b"\n")

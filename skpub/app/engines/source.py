@@ -18,6 +18,14 @@ file system every executor sees), ``batch_size``, ``max_bytes``, ``parts``.
 The input must not change during a run (``slice_lines`` refuses a slice
 whose bytes no longer hold the records planned). ``Trigger.AvailableNow``
 reads up to the input's end as it was when the query started.
+
+With the option ``journal`` (the daemon's batch journal,
+:class:`skpub.app.daemon.Daemon`) the one file is the daemon's ingest log
+and the micro-batches are the journal's entries, one per trigger, in order:
+the offset adds ``batch`` (entries taken) and ``journal`` (the byte where
+the next entry starts), and a micro-batch starts only once its entry is
+complete in the journal, which the daemon writes after the lines are
+durable. Spark's batch ids then equal the journal's.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import orjson
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
+from skpub.app.journal import MAGIC
 from skpub.kernel.slices import Position, cut, file_sizes, split
 
 SOURCE_NAME = "skpub_lines"
@@ -59,11 +68,14 @@ class LineReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.batch_size = int(options["batch_size"])
         self.max_bytes = int(options["max_bytes"])
         self.parts = int(options["parts"])
+        self.journal = Path(options["journal"]) if options.get("journal") else None
         self.sizes: list[int] | None = None  # the input's end for Trigger.AvailableNow
 
     def initialOffset(self) -> dict:
-        """Return the input's start."""
-        return _offset((0, 0))
+        """Return the input's start (after the logs' header with a journal)."""
+        if self.journal is None:
+            return _offset((0, 0))
+        return {**_offset((0, len(MAGIC))), "batch": 0, "journal": len(MAGIC)}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """Return ``batch_size`` records."""
@@ -75,10 +87,34 @@ class LineReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         """Return where the micro-batch from ``start`` ends; ``start`` itself when no record is left."""
+        if self.journal is not None:
+            return self._journaled(start)
         rows = self.batch_size if isinstance(limit, ReadAllAvailable) else min(limit.max_rows, self.batch_size)
         sizes = self.sizes if self.sizes is not None else file_sizes(self.files)
         end = cut(self.files, sizes, _position(start), rows, self.max_bytes)
         return _offset(end) if end != _position(start) else start
+
+    def _journaled(self, start: dict) -> dict:
+        """Return the end of the journal's next entry after ``start``, or ``start`` while it is not complete.
+
+        Raises
+        ------
+        ValueError
+            If the entry does not name the batch that follows ``start``.
+        """
+        with self.journal.open("rb") as fh:
+            fh.seek(int(start["journal"]))
+            line = fh.readline(1 << 16)
+        if not line.endswith(b"\n"):
+            return start
+        entry = orjson.loads(line)
+        if int(entry["batch"]) != int(start["batch"]):
+            raise ValueError(f"{self.journal}: entry of batch {entry['batch']} where {start['batch']} was expected")
+        return {
+            **_offset((0, int(entry["byte"]))),
+            "batch": int(start["batch"]) + 1,
+            "journal": int(start["journal"]) + len(line),
+        }
 
     def partitions(self, start: dict, end: dict) -> list[SliceInput]:
         """Return the ``parts`` slices of the micro-batch from ``start`` to ``end`` (none when they are equal)."""

@@ -32,6 +32,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -52,7 +53,7 @@ from skpub.kernel.config import Deployment
 from skpub.kernel.errors import CheckpointError, EngineError, InputError, JavaNotFoundError
 from skpub.kernel.inputs import STDIN, input_files, iter_lines, take_sample
 from skpub.kernel.load import LoadSummary
-from skpub.kernel.parts import write_part
+from skpub.kernel.parts import batch_parts, write_part
 from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
@@ -493,29 +494,63 @@ def _run_query(
     """Set up or resume the checkpoint, run the streaming query to the end, write ``_SUCCESS``."""
     from pyspark.errors import StreamingQueryException
 
+    manifest = _open_checkpoint(ckpt, input_path, deployment, output, spark, observer, overwrite)
+    files = [f for f, *_ in manifest["input"]]
+    tune_gc()
+    observer.note("running; the first micro-batch pays Spark's warm-up")
+    observer.start()
+    query, _ = start_query(spark, ckpt, output, deployment, manifest, observer, files, {"availableNow": True})
+    try:
+        query.awaitTermination()
+    except StreamingQueryException as exc:
+        raise EngineError(f"the Spark query failed: {str(exc).strip().splitlines()[0]}") from exc
+    if not ckpt.all_committed():
+        raise EngineError("the Spark query stopped before the last micro-batch; run again to resume")
+    mark_success(output, manifest["run_id"])
+    return observer.finish()
+
+
+def start_query(  # noqa: PLR0913 - the query's whole configuration
+    spark,  # noqa: ANN001
+    ckpt: Checkpoint,
+    output: Path,
+    deployment: Deployment,
+    manifest: dict,
+    observer: RunObserver,
+    files: list[str],
+    trigger: dict,
+    journal: Path | None = None,
+):  # noqa: ANN202 - (StreamingQuery, Sink)
+    """Start skpub's streaming query (module docstring) over ``files``; return it and its sink.
+
+    ``trigger`` is the keyword of ``DataStreamWriter.trigger``; with
+    ``journal`` the source follows the daemon's batch journal over its
+    ingest log (``files``, one), whose entries are records as they are.
+    """
     from skpub.evaluators.spark_processor import CONTROL_DDL, EvaluatorProcessor
 
     spark.conf.set("spark.sql.shuffle.partitions", str(deployment.evaluators))
-    manifest = _open_checkpoint(ckpt, input_path, deployment, output, spark, observer, overwrite)
     deployment_json = json.dumps(deployment.to_json())
-    keys = manifest["evaluator_keys"]
-    run_id = manifest["run_id"]
-    files = [f for f, *_ in manifest["input"]]
-    parts = manifest["parts"]
+    keys, run_id, parts = manifest["evaluator_keys"], manifest["run_id"], manifest["parts"]
     spark.dataSource.register(LineSource)
-    slices = (
+    reader = (
         spark.readStream.format(SOURCE_NAME)
         .option("files", json.dumps(files))
         .option("batch_size", deployment.batch_size)
         .option("max_bytes", parts * PART_BYTES)
         .option("parts", parts)
-        .load()
     )
+    entries = journal is not None
+    if entries:
+        reader = reader.option("journal", str(journal))
     root = str(output)
     balancer_dir = str(ckpt.balancer) if deployment.balancer.mode != "off" else ""
-    located = slices.mapInArrow(ParseTask(str(ckpt.root), root, deployment_json, files), ddl(PARSE_REPORT_COLUMNS))
+    located = reader.load().mapInArrow(
+        ParseTask(str(ckpt.root), root, deployment_json, files, entries), ddl(PARSE_REPORT_COLUMNS)
+    )
     routed = located.repartition(1).mapInArrow(
-        SequencerTask(str(ckpt.root), root, run_id, deployment_json, keys, parts, files), ddl(ROUTED_FILE_COLUMNS)
+        SequencerTask(str(ckpt.root), root, run_id, deployment_json, keys, parts, files, entries),
+        ddl(ROUTED_FILE_COLUMNS),
     )
     outputs = routed.groupBy("evaluator").transformWithStateInPandas(
         EvaluatorProcessor(run_id, root, deployment_json, keys, uuid.uuid4().hex, balancer_dir),
@@ -523,20 +558,114 @@ def _run_query(
         "Append",
         "None",
     )
-    tune_gc()
-    observer.note("running; the first micro-batch pays Spark's warm-up")
-    observer.start()
+    sink = Sink(output, ckpt, observer, deployment)
     query = (
-        outputs.writeStream.foreachBatch(Sink(output, ckpt, observer, deployment))
-        .option("checkpointLocation", str(ckpt.query))
-        .trigger(availableNow=True)
-        .start()
+        outputs.writeStream.foreachBatch(sink).option("checkpointLocation", str(ckpt.query)).trigger(**trigger).start()
     )
-    try:
-        query.awaitTermination()
-    except StreamingQueryException as exc:
-        raise EngineError(f"the Spark query failed: {str(exc).strip().splitlines()[0]}") from exc
-    if not ckpt.all_committed():
-        raise EngineError("the Spark query stopped before the last micro-batch; run again to resume")
-    mark_success(output, run_id)
-    return observer.finish()
+    return query, sink
+
+
+DAEMON_OUTPUTS = ("deliveries", "dead_letters", "snapshots")
+"""The part-file streams a daemon's batch commits to its logs (then removes, with its statistics)."""
+
+
+class SparkPlane:
+    """The daemon's data plane on Spark: the streaming query over the ingest log's journaled batches.
+
+    Its checkpoint is ``DATA/spark`` and its part files go to ``DATA/output``
+    (:class:`skpub.app.daemon.Daemon`). Each committed batch's deliveries,
+    dead letters and snapshot lines are read from its part files, in name
+    order, committed to the daemon's logs (:meth:`Daemon.commit`, exactly
+    once) and removed. A restart resumes the query from its checkpoint.
+
+    Raises
+    ------
+    CheckpointError
+        If ``DATA/spark`` holds files skpub did not write, or a checkpoint of another format or deployment.
+    JavaNotFoundError
+        If no Java runtime is available.
+    """
+
+    def __init__(self, daemon, sample: list[bytes]) -> None:  # noqa: ANN001 - skpub.app.daemon.Daemon
+        self.daemon = daemon
+        self.output = daemon.data / "output"
+        self.committed = threading.Event()
+        ckpt = Checkpoint(daemon.data / "spark")
+        ckpt.check_owned()
+        deployment = daemon.deployment
+        self.spark = spark_session(daemon.master, deployment.evaluators, "skpub-serve")
+        manifest = _open_daemon_checkpoint(ckpt, deployment, self.spark, sample)
+        files = [str(daemon.ingest.path.absolute())]
+        journal = daemon.batches.path.absolute()
+        trigger = {"processingTime": f"{max(1, round(daemon.limits.trigger * 1000))} milliseconds"}
+        tune_gc()
+        self.query, self.sink = start_query(
+            self.spark, ckpt, self.output, deployment, manifest, self, files, trigger, journal
+        )
+
+    @property
+    def merge(self):  # noqa: ANN201 - skpub.evaluators.merge.RankedMerge or None
+        """The ranked merge as of the last committed batch (None before the first)."""
+        return self.sink.merged[1] if self.sink.merged is not None else None
+
+    def on_batch(self, report: BatchReport) -> None:
+        """Commit batch ``report.batch_id``'s part files to the daemon's logs, then remove them (sink observer)."""
+        batch_id = report.batch_id
+        produced = {
+            name: [line for path in batch_parts(self.output, name, batch_id) for line in path.read_bytes().splitlines()]
+            for name in DAEMON_OUTPUTS
+        }
+        self.daemon.commit(report, produced)
+        self.daemon.metrics.observe_batch(report)
+        for name in (*DAEMON_OUTPUTS, "statistics"):
+            for path in batch_parts(self.output, name, batch_id):
+                path.unlink(missing_ok=True)
+        self.committed.set()
+
+    def check(self) -> None:
+        """Raise :class:`EngineError` if the query has stopped."""
+        if not self.query.isActive:
+            error = self.query.exception()
+            reason = str(error).strip().splitlines()[0] if error is not None else "it stopped"
+            raise EngineError(f"the Spark query failed: {reason}")
+
+    def wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for the next batch to commit."""
+        self.committed.wait(seconds)
+        self.committed.clear()
+
+    def stop(self) -> None:
+        """Stop the query (a batch in flight is replayed by the next start) and Spark."""
+        try:
+            self.query.stop()
+        finally:
+            self.spark.stop()
+
+
+def _open_daemon_checkpoint(ckpt: Checkpoint, deployment: Deployment, spark, sample: list[bytes]) -> dict:  # noqa: ANN001
+    """Resume the daemon's Spark checkpoint, or create it with the initial epoch from ``sample``.
+
+    Raises
+    ------
+    CheckpointError
+        If the checkpoint was made by another skpub or for another deployment.
+    """
+    wanted = json.loads(json.dumps({"format": MANIFEST_FORMAT, "deployment": deployment.to_json(), "daemon": True}))
+    manifest = ckpt.read_manifest()
+    if manifest is not None:
+        if {k: manifest.get(k) for k in wanted} != wanted:
+            raise CheckpointError(f"checkpoint {ckpt.root} was made by another skpub or for another deployment")
+        return manifest
+    ckpt.create()
+    vocabulary = load_vocabulary(deployment.vocabulary)
+    EpochLog(ckpt.epochs).publish(RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample)))
+    manifest = {
+        **wanted,
+        "run_id": uuid.uuid4().hex,
+        "evaluator_keys": evaluator_keys(spark, deployment.evaluators),
+        "parts": parse_parallelism(spark),
+    }
+    for folder in (ckpt.router, ckpt.merge, ckpt.balancer):
+        folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(ckpt.manifest, json.dumps(manifest))
+    return manifest

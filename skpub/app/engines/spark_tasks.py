@@ -67,14 +67,18 @@ class ParseTask:
 
     ``files`` are the input's files in stream order (the source's option):
     the task reads its slice's records from them
-    (:func:`~skpub.kernel.slices.slice_lines`).
+    (:func:`~skpub.kernel.slices.slice_lines`; ``entries``: they are the
+    daemon's ingest log, whose entries are records as they are).
     """
 
-    def __init__(self, checkpoint_root: str, output_root: str, deployment_json: str, files: list[str]) -> None:
+    def __init__(
+        self, checkpoint_root: str, output_root: str, deployment_json: str, files: list[str], entries: bool = False
+    ) -> None:
         self.checkpoint_root = checkpoint_root
         self.output_root = output_root
         self.deployment_json = deployment_json
         self.files = files
+        self.entries = entries
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Parse and locate each part's lines; write its located rows to a file; yield a report row per part.
@@ -93,7 +97,7 @@ class ParseTask:
             for raw in batch.column("slice").to_pylist():
                 start = time.thread_time()
                 piece = _slice(raw)
-                lines = _lines(self.files, piece)
+                lines = _lines(self.files, piece, self.entries)
                 part, first = piece.part, piece.first
                 located = locator.locate_lines(lines, batch_id, first)
                 rows = located_table(located)
@@ -132,9 +136,11 @@ class SequencerTask:
         keys: list[int],
         parts: int,
         files: list[str],
+        entries: bool = False,
     ) -> None:
         self.checkpoint_root = checkpoint_root
         self.files = files
+        self.entries = entries
         self.output_root = output_root
         self.run_id = run_id
         self.deployment_json = deployment_json
@@ -166,7 +172,7 @@ class SequencerTask:
         decisions = sequencer.sequence_table(items)
         end = stream_position(batch_id, sum(r["lines"] for r in reports))
         routed = routed_table(items, decisions, self.keys, end)
-        rejected = _rejected_letters(self.files, reports, items, decisions)
+        rejected = _rejected_letters(self.files, reports, items, decisions, self.entries)
         write_part(self.output_root, "dead_letters", batch_id, (d.to_json() for d in rejected), "s")
         atomic_write_bytes(checkpoint.router_delta(batch_id), encode_journal(sequencer.registry.take_journal()))
         if batch_id % ROUTER_SNAPSHOT_EVERY == ROUTER_SNAPSHOT_EVERY - 1:
@@ -290,14 +296,16 @@ def _in_stream_order(table: pa.Table, parts: int, batch_id: int) -> tuple[pa.Tab
     return items.combine_chunks(), reports
 
 
-def _rejected_letters(files: list[str], reports: list[dict], items: pa.Table, decisions) -> list[DeadLetter]:  # noqa: ANN001
+def _rejected_letters(  # noqa: ANN001
+    files: list[str], reports: list[dict], items: pa.Table, decisions, entries: bool = False
+) -> list[DeadLetter]:
     """Dead letters of the sequencer's rejections, with their input lines read back from the parts' slices."""
     if not decisions.rejected:
         return []
     lines: dict[int, bytes] = {}
     for r in reports:
         piece = _slice(r["slice"])
-        lines.update(enumerate(_lines(files, piece), start=piece.first))
+        lines.update(enumerate(_lines(files, piece, entries), start=piece.first))
     return rejected_letters(decisions, items.column("pos"), lambda pos: lines[position_index(pos)])
 
 
@@ -315,7 +323,7 @@ def _slice(raw: str) -> Slice:
         raise CheckpointError(str(exc)) from None
 
 
-def _lines(files: list[str], piece: Slice) -> list[bytes]:
+def _lines(files: list[str], piece: Slice, entries: bool = False) -> list[bytes]:
     """Read a slice's records from the input.
 
     Raises
@@ -324,7 +332,7 @@ def _lines(files: list[str], piece: Slice) -> list[bytes]:
         If the input changed since the micro-batch was planned.
     """
     try:
-        return slice_lines([Path(f) for f in files], piece)
+        return slice_lines([Path(f) for f in files], piece, entries)
     except (OSError, ValueError) as exc:
         raise InputError(f"the input changed during the run: {exc}") from None
 
