@@ -293,17 +293,19 @@ class Evaluator:
         vocabulary: Vocabulary,
         blocks: Mapping[int, bytes],
         load: bytes | None = None,
+        durable: bool = True,
     ) -> Evaluator:
         """Rebuild an evaluator (and its GI^2 index) from serialized state blocks and load statistics.
 
-        ``load`` is :meth:`~skpub.evaluators.load.CellLoad.to_document` output (None: none kept).
+        ``load`` is :meth:`~skpub.evaluators.load.CellLoad.to_document` output (None: none kept);
+        ``durable`` as for a new evaluator.
 
         Raises
         ------
         EvaluatorError
             If a block is not a state block of :data:`skpub.evaluators.durable.FORMAT`, or ``load`` is damaged.
         """
-        ev = cls(evaluator_id, deployment, vocabulary, durable=True)
+        ev = cls(evaluator_id, deployment, vocabulary, durable)
         for key, data in blocks.items():
             block = decode_block(data)
             ev.blocks[key] = block

@@ -231,9 +231,17 @@ class RankedMonitor:
             self.changed[sub.id] = sub
 
     def _index_terms(self, handler: Handler) -> list[str]:
-        """Return the terms a subscription is filed under: all its keywords, or a knn ``all``'s rarest (CkQST 3.2)."""
+        """Return the terms a subscription is filed under: all its keywords, or a knn ``all``'s rarest (CkQST 3.2).
+
+        Rarest by the deployment's document frequencies (ties by the term),
+        not by the window's contents when it subscribes: a fixed choice, so
+        an evaluator restored from its state files it where the live one
+        did, and the cost it counts (hence the balancer's decisions) is the
+        same.
+        """
         if handler.needs_all:
-            return [min(handler.keywords, key=lambda t: (len(self.store.postings.get(t, ())), t))]
+            df = self.vocabulary.df
+            return [min(handler.keywords, key=lambda t: (df.get(t, 1), t))]
         return sorted(handler.keywords)
 
     def unsubscribe(self, sid: str, pos: int) -> bool:
@@ -426,6 +434,7 @@ class RankedMonitor:
         clock: tuple[int, float],
         segments: dict[int, bytes],
         changes: list[bytes],
+        durable: bool = True,
     ) -> RankedMonitor:
         """Rebuild a monitor from its saved window segments, ranked changes and clock ``(accepted, watermark)``.
 
@@ -441,8 +450,8 @@ class RankedMonitor:
         EvaluatorError
             On damaged state.
         """
-        monitor = cls(evaluator_id, deployment, vocabulary, durable=True)
-        monitor.store = WindowStore.restore(deployment.window, clock[0], clock[1], segments)
+        monitor = cls(evaluator_id, deployment, vocabulary, durable)
+        monitor.store = WindowStore.restore(deployment.window, clock[0], clock[1], segments, durable)
         held: dict[str, TopkSubscription | KnnSubscription] = {}
         reports: dict[str, list | None] = {}
         try:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import socket
 import sys
@@ -53,12 +52,10 @@ from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.evaluator import Evaluator
 from skpub.evaluators.host import HostError, connect, host_for, recv_message, send_message
 from skpub.evaluators.merge import encode_updates
-from skpub.evaluators.monitor import RankedMonitor
-from skpub.kernel.config import deployment_from_text
+from skpub.evaluators.state import EvaluatorState, clock_of, restore_evaluator
 from skpub.kernel.parts import delivery_lines, write_lines, write_part
 from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import tune_gc
-from skpub.kernel.text import load_vocabulary
 from skpub.kernel.transfer import read_handoffs, read_plan, write_handoff
 from skpub.kernel.wire import from_columns, read_rows_file, table_columns
 
@@ -286,41 +283,6 @@ class BatchInput:
 
 
 @dataclass
-class EvaluatorState:
-    """An evaluator's entries in the state store: blocks, window segments, ranked changes in order, clock, load.
-
-    ``load`` is the load statistics' document (:meth:`~skpub.evaluators.load.CellLoad.to_document`), None when
-    the balancer is off.
-    """
-
-    blocks: dict[int, bytes]
-    window: dict[int, bytes]
-    ranked: list[bytes]
-    clock: tuple[int, float, str]
-    load: bytes | None = None
-
-    def to_message(self) -> tuple[dict, list[bytes]]:
-        """Return the state as a host message (header and blobs; the load, when kept, is the last blob)."""
-        header = {"blocks": list(self.blocks), "window": list(self.window), "clock": list(self.clock),
-                  "load": self.load is not None}  # fmt: skip
-        load = [self.load] if self.load is not None else []
-        return header, [*self.blocks.values(), *self.window.values(), *self.ranked, *load]
-
-    @classmethod
-    def from_message(cls, header: dict, blobs: list[bytes]) -> EvaluatorState:
-        """Rebuild the state of :meth:`to_message`."""
-        nb, nw = len(header["blocks"]), len(header["window"])
-        blobs, load = (blobs[:-1], blobs[-1]) if header["load"] else (blobs, None)
-        return cls(
-            dict(zip(map(int, header["blocks"]), blobs[:nb], strict=True)),
-            dict(zip(map(int, header["window"]), blobs[nb : nb + nw], strict=True)),
-            blobs[nb + nw :],
-            clock_of(header["clock"]),
-            load,
-        )
-
-
-@dataclass
 class BatchOutcome:
     """What one evaluator's micro-batch gives the state store and the driver."""
 
@@ -385,33 +347,9 @@ class BatchOutcome:
         )
 
 
-def clock_of(raw: list) -> tuple[int, float, str]:
-    """Rebuild a clock ``(objects accepted, watermark in seconds, generation)`` from a host message.
-
-    JSON has no infinity: orjson writes the watermark of an evaluator that
-    has seen no object yet (-inf) as null, which reads back as -inf.
-    """
-    accepted, watermark, generation = raw
-    return int(accepted), -math.inf if watermark is None else float(watermark), str(generation)
-
-
 def use_hosts() -> bool:
     """Whether evaluators run in their hosts (:mod:`skpub.evaluators.host`); ``SKPUB_EVALUATOR_HOSTS=0``: no."""
     return os.environ.get("SKPUB_EVALUATOR_HOSTS", "1") != "0"
-
-
-def restore_evaluator(e: int, deployment_json: str, state: EvaluatorState | None) -> Evaluator:
-    """Rebuild evaluator ``e`` from its state-store entries (None: a new evaluator)."""
-    deployment = deployment_from_text(deployment_json)
-    vocabulary = load_vocabulary(deployment.vocabulary)
-    if state is None:
-        return Evaluator(e, deployment, vocabulary, durable=True)
-    evaluator = Evaluator.restore(e, deployment, vocabulary, state.blocks, state.load)
-    accepted, watermark, generation = state.clock
-    clock = (accepted, watermark)
-    evaluator.monitor = RankedMonitor.restore(e, deployment, vocabulary, clock, state.window, state.ranked)
-    evaluator.monitor.generation = generation
-    return evaluator
 
 
 def apply_batch(evaluator: Evaluator, columns: dict, batch: BatchInput, restore_seconds: float) -> BatchOutcome:

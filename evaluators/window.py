@@ -197,7 +197,9 @@ class WindowStore:
         return out
 
     @classmethod
-    def restore(cls, window: Window, accepted: int, watermark: float, segments: Mapping[int, bytes]) -> WindowStore:
+    def restore(
+        cls, window: Window, accepted: int, watermark: float, segments: Mapping[int, bytes], durable: bool = True
+    ) -> WindowStore:
         """Rebuild a store at clock ``(accepted, watermark)`` from the segments of :meth:`take_segments`.
 
         Objects that have left the window by that clock are dropped.
@@ -207,7 +209,7 @@ class WindowStore:
         EvaluatorError
             If a segment is damaged or of another format.
         """
-        store = cls(window, durable=True)
+        store = cls(window, durable)
         store.advance(accepted, watermark)
         objects = sorted((obj for data in segments.values() for obj in decode_segment(data)), key=lambda o: o.number)
         for obj in objects:

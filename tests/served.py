@@ -19,12 +19,12 @@ def free_port() -> int:
 class Served:
     """A ``skpub serve`` subprocess on loopback."""
 
-    def __init__(self, data, config, token="t0ken", engine="local"):
+    def __init__(self, data, config, token="t0ken", engine="local", extra=()):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "SKPUB_TOKEN": token}
         cmd = [sys.executable, "-m", "skpub.app.cli", "serve", "--data", str(data), "--config", str(config),
-               "--listen", f"127.0.0.1:{self.port}", "--engine", engine]  # fmt: skip
+               "--listen", f"127.0.0.1:{self.port}", "--engine", engine, *extra]  # fmt: skip
         self.errors = Path(data).parent / f"serve-{self.port}.err"  # a file: Spark's JVM may write much
         with self.errors.open("wb") as err:
             self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)

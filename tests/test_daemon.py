@@ -4,6 +4,7 @@ import json
 import signal
 from collections import Counter
 
+import orjson
 import pytest
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from skpub.app.api import create_app, split_lines
 from skpub.app.daemon import Daemon, Limits
+from skpub.app.engines import local_checkpoint
 from skpub.app.engines.local import run_local
 from skpub.app.journal import MAGIC, STRIDE, LineLog
 from skpub.app.summary import RunObserver, RunSummary
@@ -223,7 +225,8 @@ def test_a_consumer_following_deliveries_across_kill_9_sees_each_once(tmp_path, 
     lines = random_workload(seed=31, n=1500, invalid=False)
     dep = deployment(evaluators=4, batch_size=5 if engine == "local" else 120)
     (tmp_path / "dep.json").write_text(json.dumps(dep.to_json()))
-    served = Served(tmp_path / "data", tmp_path / "dep.json", engine=engine)
+    extra = ("--checkpoint-seconds", "0")  # local: a checkpoint after every batch, restored after the kill
+    served = Served(tmp_path / "data", tmp_path / "dep.json", engine=engine, extra=extra)
     for start in range(0, len(lines), 100):
         served.post(lines[start : start + 100])  # acknowledged: must survive the kill
     seen = []
@@ -232,7 +235,9 @@ def test_a_consumer_following_deliveries_across_kill_9_sees_each_once(tmp_path, 
     served.proc.send_signal(signal.SIGKILL)
     served.proc.wait()
     assert not served.http.close()
-    restarted = Served(tmp_path / "data", tmp_path / "dep.json", engine=engine)
+    if engine == "local":
+        assert local_checkpoint.checkpoints(tmp_path / "data" / "checkpoints")
+    restarted = Served(tmp_path / "data", tmp_path / "dep.json", engine=engine, extra=extra)
     try:
         restarted.wait_ready()
         rest = restarted.read("deliveries", after=seen[-1]["offset"])
@@ -258,3 +263,36 @@ def test_a_non_loopback_listen_without_a_token_is_refused(tmp_path):
     with pytest.raises(ConfigError):
         parse_listen("localhost:80")
     assert parse_listen("[::1]:9") == ("::1", 9)
+
+
+def test_a_restarted_local_daemon_resumes_from_its_checkpoint_not_from_the_start(tmp_path, monkeypatch):
+    """With checkpoints after every batch, a restart builds no new pipeline and replays no batch it had committed;
+    its outputs continue the first run's as one run would."""
+    from skpub.app.engines.local import LocalPipeline
+
+    lines = random_workload(seed=41, n=400) + ranked_workload(seed=42, n=200)
+    dep = deployment(evaluators=3, batch_size=30)
+    limits = Limits(checkpoint_seconds=0.0, trigger=0.01)
+    first = Daemon(tmp_path / "data", dep, limits)
+    first.start()
+    first.post([line.encode() for line in lines[:300]])
+    while not first.ready:
+        first.stopping.wait(0.01)
+    first.stop()
+    steps = []
+    real_step = LocalPipeline.step
+    monkeypatch.setattr(LocalPipeline, "new", lambda *a: pytest.fail("a restart must restore, not start anew"))
+    monkeypatch.setattr(LocalPipeline, "step", lambda self, b, *a: steps.append(b) or real_step(self, b, *a))
+    again = Daemon(tmp_path / "data", dep, limits)
+    committed = again.processed
+    again.start()
+    again.post([line.encode() for line in lines[300:]])
+    while not again.ready:
+        again.stopping.wait(0.01)
+    assert committed == 300 and steps and min(steps) == len(again._ends) - len(steps)  # only new batches ran
+    deliveries = [orjson.loads(x) for x in again.read_committed("deliveries", 0, 10**6)]
+    again.stop()
+    monkeypatch.undo()
+    expected, _ = file_run(tmp_path, lines, dep)
+    got = Counter(json.dumps({k: v for k, v in d.items() if k != "offset"}, sort_keys=True) for d in deliveries)
+    assert got == expected and [d["offset"] for d in deliveries] == list(range(1, len(deliveries) + 1))

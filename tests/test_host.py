@@ -10,7 +10,8 @@ import time
 import pytest
 
 from skpub.evaluators import host
-from skpub.evaluators.spark_processor import BatchOutcome, EvaluatorState, host_handler
+from skpub.evaluators.spark_processor import BatchOutcome, host_handler
+from skpub.evaluators.state import EvaluatorState
 
 
 def test_frames_round_trip_headers_and_blobs():

@@ -144,19 +144,18 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
 
     async def arrived(name: str, after: int, wait: float) -> None:
         """Wait up to ``wait`` seconds for an entry past ``after`` (polled: a long poll holds no thread)."""
-        log, deadline = daemon.logs[name], time.monotonic() + min(wait, limits.max_wait)
-        while log.count <= after and time.monotonic() < deadline and not daemon.stopping.is_set():
+        deadline = time.monotonic() + min(wait, limits.max_wait)
+        while daemon.committed(name) <= after and time.monotonic() < deadline and not daemon.stopping.is_set():
             await asyncio.sleep(POLL_SECONDS)
 
     def entries_after(name: str, after: int, limit: int, subscription: str | None) -> tuple[list[bytes], int]:
         """Return up to ``limit`` entries past offset ``after`` (of ``subscription`` only, if given), and ``next``."""
-        log = daemon.logs[name]
         if subscription is None:
-            entries = log.read(after, limit)
+            entries = daemon.read_committed(name, after, limit)
             return entries, after + len(entries)
         needle = b'"sub":' + orjson.dumps(subscription)
         entries, scanned = [], 0
-        for line in log.read(after, limit * 16):  # a bounded stretch, its matches
+        for line in daemon.read_committed(name, after, limit * 16):  # a bounded stretch, its matches
             scanned += 1
             if needle in line:
                 entries.append(line)
@@ -207,7 +206,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
                         yield b"id: %d\ndata: %s\n\n" % (orjson.loads(line)["offset"], line)
                     if following == position:
                         await arrived(name, position, HEARTBEAT_SECONDS)
-                        if daemon.logs[name].count <= position:
+                        if daemon.committed(name) <= position:
                             yield b": keep-alive\n\n"
                     position = following
 
@@ -259,7 +258,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         if taken is None:
             raise HTTPException(404, f"snapshot {sid!r} is not taken (yet)")
         first, count = taken
-        lines = await anyio.to_thread.run_sync(daemon.logs["snapshots"].read, first, count)
+        lines = await anyio.to_thread.run_sync(daemon.read_committed, "snapshots", first, count)
         return Response(b'{"lines":[%s]}' % b",".join(lines), media_type="application/json")
 
     @app.get("/healthz")

@@ -16,7 +16,7 @@ from skpub.app.metrics import Metrics
 from skpub.app.output import WORKLOAD_DIR, check_output
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.config import BALANCER_MODES, ROUTERS, Window, load_deployment
-from skpub.kernel.errors import SkpubError
+from skpub.kernel.errors import ConfigError, SkpubError
 from skpub.kernel.inputs import skipped_entries
 
 
@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine", choices=("local", "spark"), default="local", help="data plane engine (default local)"
     )
     serve.add_argument("--master", default="local[2]", help="Spark master URL (default local[2])")
+    serve.add_argument(
+        "--checkpoint-seconds", type=float, default=60.0,
+        help="local engine: checkpoint the pipeline this often, seconds (default 60; a restart replays what follows)",
+    )  # fmt: skip
     serve.add_argument("--listen", default="127.0.0.1:8750", help="HOST:PORT to listen on (default 127.0.0.1:8750)")
     serve.add_argument("--token-file", help="file holding the bearer token (default $SKPUB_TOKEN; none: no token)")
     serve.add_argument("--config", help="deployment JSON file")
@@ -177,6 +181,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from skpub.app.daemon import Limits
     from skpub.app.serve import load_token, serve
 
     deployment = load_deployment(args.config).replace(
@@ -184,9 +189,10 @@ def _serve(args: argparse.Namespace) -> int:
     )
     if args.balancer is not None:
         deployment = deployment.replace(balancer=dataclasses.replace(deployment.balancer, mode=args.balancer))
-    return serve(
-        args.data, deployment, args.listen, load_token(args.token_file), engine=args.engine, master=args.master
-    )
+    if not 0 <= args.checkpoint_seconds < float("inf"):
+        raise ConfigError("--checkpoint-seconds is a finite number of seconds, 0 or more")
+    limits = Limits(checkpoint_seconds=args.checkpoint_seconds)
+    return serve(args.data, deployment, args.listen, load_token(args.token_file), limits, args.engine, args.master)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,8 @@ Everything lives in one data directory (DESIGN "The daemon"):
   ``GET /v1/subscriptions/{id}`` and ``GET /v1/snapshots/{id}`` read);
 - ``deployment.json``: the deployment the directory was created with
   (a restart with another one is refused: results would change);
+- ``checkpoints/``: the local engine's newest checkpoints of its pipeline
+  (:mod:`skpub.app.engines.local_checkpoint`);
 - ``output/``: the balancer's log; on Spark also each batch's part files
   until they are committed to the logs, and ``spark/``, the Spark
   engine's checkpoint.
@@ -25,8 +27,8 @@ Everything lives in one data directory (DESIGN "The daemon"):
 Results are a deterministic function of the lines, the batch boundaries,
 the deployment and the initial sample (the first batch's lines; DESIGN
 "Exactness"), so a batch that runs again produces the same outputs in the
-same order. A restart reads the commit log; the local engine replays the
-journaled batches through a fresh
+same order. A restart reads the commit log; the local engine restores its
+newest checkpoint and replays the journaled batches after it through the
 :class:`~skpub.app.engines.local.LocalPipeline`, the Spark engine resumes
 its query from its checkpoint, and either way a batch's outputs are
 appended only when the commit log does not hold the batch yet, and then
@@ -36,6 +38,7 @@ offsets stay valid, with no gap and no duplicate.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import Counter as Tally
@@ -46,6 +49,7 @@ from pathlib import Path
 import orjson
 from prometheus_client import Counter, Gauge, Histogram, ProcessCollector
 
+from skpub.app.engines import local_checkpoint
 from skpub.app.engines.local import LocalPipeline
 from skpub.app.engines.sink import complete_report, unique_letters
 from skpub.app.journal import LineLog
@@ -57,6 +61,9 @@ from skpub.kernel.parts import delivery_lines
 from skpub.kernel.records import position_index
 from skpub.kernel.storage import atomic_write_bytes
 from skpub.kernel.text import load_vocabulary
+
+CHECKPOINTS = "checkpoints"
+"""The data directory's folder of local-engine checkpoints (:mod:`skpub.app.engines.local_checkpoint`)."""
 
 LOGS = ("deliveries", "dead_letters", "snapshots")
 """The output logs a client reads, by the name of their route."""
@@ -72,7 +79,10 @@ class Limits:
     lines acknowledged but not yet in a batch (beyond it, 429); ``max_id``:
     characters of an id in a path; ``max_limit``, ``max_wait``: a read's
     entries and long-poll seconds; ``trigger``: seconds the data plane waits
-    for lines before it cuts a batch of fewer than ``batch_size``.
+    for lines before it cuts a batch of fewer than ``batch_size``;
+    ``checkpoint_seconds``: the local engine's pipeline is checkpointed
+    after a batch once this many seconds passed since the last checkpoint
+    (a restart replays only the batches after it).
     """
 
     max_body_bytes: int = 16 << 20
@@ -81,6 +91,7 @@ class Limits:
     max_limit: int = 10_000
     max_wait: float = 30.0
     trigger: float = 0.1
+    checkpoint_seconds: float = 60.0
 
 
 class DaemonMetrics:
@@ -182,7 +193,7 @@ class Daemon:
         self._recover()
         self._pipeline: LocalPipeline | None = None
         self._plane = None  # the Spark engine's SparkPlane
-        self._batch_started = time.monotonic()
+        self._batch_started = self._checkpointed_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="skpub-data-plane", daemon=True)
 
     def _recover(self) -> None:
@@ -196,6 +207,11 @@ class Daemon:
             commit = Commit.from_json(raw)
             self._account(commit)
             self._committed = commit
+        for name, log in self.logs.items():  # what a commit cut short appended: never served, done again
+            if log.count > self._committed.totals[name]:
+                log.truncate(self._committed.totals[name])
+            elif log.count < self._committed.totals[name]:
+                raise CheckpointError(f"{log.path} holds fewer entries than {self.commits.path} says were committed")
 
     # --- the client's side -------------------------------------------------------------------------------
     @property
@@ -220,6 +236,14 @@ class Daemon:
     def ready(self) -> bool:
         """Whether the data plane has processed everything acknowledged."""
         return self.failure is None and self.processed == self.ingest.count
+
+    def committed(self, name: str) -> int:
+        """Entries of output log ``name`` that are committed: all a client may read."""
+        return self._committed.totals[name]
+
+    def read_committed(self, name: str, after: int, limit: int) -> list[bytes]:
+        """Return up to ``limit`` committed entries of output log ``name`` from index ``after`` on."""
+        return self.logs[name].read(after, min(limit, self.committed(name) - after))
 
     def definition(self, sid: str) -> bytes | None:
         """Return live subscription ``sid``'s accepted subscribe record, or None."""
@@ -275,16 +299,43 @@ class Daemon:
         return self._ends[batch_id - 1] if batch_id > 0 else 0
 
     def _run_local(self) -> None:
-        """Replay the journaled batches through a fresh pipeline, then cut and run batches until stopped.
+        """Restore the newest checkpoint and replay the journaled batches after it, then cut and run batches.
 
         Outputs the commit log already holds are not appended again.
         """
-        for batch_id in range(len(self._ends)):
+        for batch_id in range(self._restore_local(), len(self._ends)):
             self._step_local(batch_id)
         while not self.stopping.is_set():
             batch_id = self._cut()
             if batch_id is not None:
                 self._step_local(batch_id)
+
+    def _restore_local(self) -> int:
+        """Load the newest readable checkpoint of a committed batch; return the first batch to replay after it.
+
+        An unreadable checkpoint is reported and the one before is tried
+        (the first batch, with none).
+        """
+        saved = local_checkpoint.checkpoints(self.data / CHECKPOINTS)
+        for batch_id in sorted((b for b in saved if b <= self._committed.batch), reverse=True):
+            try:
+                self._pipeline, _ = local_checkpoint.load(
+                    saved[batch_id], self.data / "output", self.deployment, self.vocabulary
+                )
+            except CheckpointError as exc:
+                print(f"[skpub] {exc}; trying an older checkpoint", file=sys.stderr, flush=True)
+                continue
+            return batch_id + 1
+        return 0
+
+    def _checkpoint_local(self, batch_id: int) -> None:
+        """Checkpoint the pipeline after committed batch ``batch_id`` when it is due."""
+        now = time.monotonic()
+        if now - self._checkpointed_at < self.limits.checkpoint_seconds:
+            return
+        if batch_id == self._committed.batch:
+            local_checkpoint.save(self._pipeline, self.data / CHECKPOINTS, batch_id)
+            self._checkpointed_at = now
 
     def _step_local(self, batch_id: int) -> None:
         self._batch_started = time.monotonic()
@@ -292,8 +343,9 @@ class Daemon:
         lines = self.ingest.read(start, self._ends[batch_id] - start)
         if self._pipeline is None:
             sample = lines[: self.deployment.sample_size]
-            self._pipeline = LocalPipeline(self.data / "output", self.deployment, self.vocabulary, sample)
+            self._pipeline = LocalPipeline.new(self.data / "output", self.deployment, self.vocabulary, sample)
         self.metrics.observe_batch(self._pipeline.step(batch_id, lines, self._local_sink))
+        self._checkpoint_local(batch_id)
 
     def _local_sink(self, batch_id, deliveries, dead_letters, statistics, report: BatchReport, events, snapshots):  # noqa: ANN001
         """Commit a local pipeline batch's outputs (:meth:`commit`) and complete its report (the pipeline's sink)."""
@@ -343,10 +395,11 @@ class Daemon:
 
         ``produced`` holds each output log's entries (SEMANTICS 5 lines,
         without ``offset``) in commit order. Exactly once across restarts
-        and replays: a batch the commit log holds is not appended again,
-        and of the next one only what the logs lack (a commit cut short by
-        a crash) is appended, since a replay produces the same entries in
-        the same order.
+        and replays: a batch the commit log holds is not appended again;
+        clients read committed entries only (:meth:`read_committed`), and a
+        restart cuts the logs back to the last commit, so a batch whose
+        commit was cut short is appended whole again (in whatever order its
+        run gives: nobody read the first attempt).
 
         Raises
         ------
@@ -366,10 +419,10 @@ class Daemon:
         totals = {}
         for name, entries in produced.items():
             log, first = self.logs[name], last.totals[name]
-            fresh = entries[max(0, log.count - first) :]
-            if fresh:
-                at = first + len(entries) - len(fresh)
-                log.append([_with_offset(line, at + i + 1) for i, line in enumerate(fresh)])
+            if log.count != first:  # an append refused midway (a full disk) left part of it
+                log.truncate(first)
+            if entries:
+                log.append([_with_offset(line, first + i + 1) for i, line in enumerate(entries)])
             totals[name] = first + len(entries)
         snapshot_lines = [orjson.loads(line) for line in produced["snapshots"]]
         controls = _controls(report.controls, start, last.totals["snapshots"], snapshot_lines)

@@ -161,6 +161,22 @@ class LineLog:
                 pos += len(fh.readline())
         return pos
 
+    def truncate(self, count: int) -> None:
+        """Cut the log back to its first ``count`` entries (durably); O(STRIDE).
+
+        Raises
+        ------
+        IndexError
+            If ``count`` is not in ``0 .. count``.
+        """
+        end = self.byte_offset(count)
+        with self._lock:
+            self._fh.truncate(end)
+            os.fsync(self._fh.fileno())
+            self._fh.seek(end)
+            self._end, self._count = end, count
+            del self._marks[-(-count // STRIDE) :]
+
     def wait(self, count: int, timeout: float) -> bool:
         """Block until the log holds more than ``count`` entries or ``timeout`` seconds pass; return whether it does."""
         with self._changed:

@@ -112,19 +112,33 @@ class LocalPipeline:
     """The local engine's data plane between batches: routing unit, evaluators, ranked merge and balancer.
 
     ``run_local`` feeds it a file's micro-batches; the daemon (``skpub
-    serve``) feeds it the ingest log's. The initial partitioning is computed
-    from ``sample`` (lines of the stream's head); ``root`` receives the
-    balancer's log (``root/balancer/part-<batch>.jsonl``).
+    serve``) feeds it the ingest log's. :meth:`new` starts one whose
+    initial partitioning is computed from a sample (lines of the stream's
+    head); :mod:`skpub.app.engines.local_checkpoint` restores one from its
+    parts. ``root`` receives the balancer's log
+    (``root/balancer/part-<batch>.jsonl``).
     """
 
-    def __init__(self, root: Path, deployment: Deployment, vocabulary: Vocabulary, sample: list[bytes]) -> None:
-        self.epoch = RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample))
-        self.router = Router(deployment, vocabulary)
-        self.evaluators = [Evaluator(e, deployment, vocabulary) for e in range(deployment.evaluators)]
-        for e, ev in enumerate(self.evaluators):
-            ev.set_partition(self.epoch.table.partitioning.boxes_of(e))
-        self.merge = RankedMerge()
+    def __init__(
+        self,
+        root: Path,
+        deployment: Deployment,
+        epoch: RoutingEpoch,
+        router: Router,
+        evaluators: list[Evaluator],
+        merge: RankedMerge,
+    ) -> None:
+        self.epoch, self.router, self.evaluators, self.merge = epoch, router, evaluators, merge
         self.balancing = Balancing(root, deployment) if deployment.balancer.mode != "off" else None
+
+    @classmethod
+    def new(cls, root: Path, deployment: Deployment, vocabulary: Vocabulary, sample: list[bytes]) -> LocalPipeline:
+        """Return a pipeline at the stream's start, partitioned from ``sample`` (Tornado 4.1)."""
+        epoch = RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample))
+        evaluators = [Evaluator(e, deployment, vocabulary) for e in range(deployment.evaluators)]
+        for e, ev in enumerate(evaluators):
+            ev.set_partition(epoch.table.partitioning.boxes_of(e))
+        return cls(root, deployment, epoch, Router(deployment, vocabulary), evaluators, RankedMerge())
 
     def step(self, batch_id: int, batch: list[bytes], sink: Sink) -> BatchReport:
         """Run micro-batch ``batch_id`` of lines ``batch`` and hand its outputs to ``sink``; return its report.
@@ -225,7 +239,7 @@ def run_local(
     run_id = uuid.uuid4().hex
     root = claim_output(output_dir, run_id, overwrite)
     Checkpoint(root / CHECKPOINT_DIR).clear()
-    pipeline = LocalPipeline(root, deployment, vocabulary, sample)
+    pipeline = LocalPipeline.new(root, deployment, vocabulary, sample)
     tune_gc()
     observer.start()
     for batch_id, batch in enumerate(batches(_replay_then(sample, lines), deployment.batch_size)):

@@ -1,0 +1,77 @@
+"""Local-engine checkpoints: a pipeline restored after any batch continues exactly as the uninterrupted one."""
+
+import pytest
+
+from skpub.app.engines import local_checkpoint
+from skpub.app.engines.local import LocalPipeline
+from skpub.app.engines.sink import complete_report
+from skpub.kernel.config import BalancerConfig, Window
+from skpub.kernel.errors import CheckpointError
+from skpub.kernel.inputs import batches
+from skpub.kernel.text import Vocabulary
+from tests.workloads import deployment, random_workload, ranked_workload
+
+
+def capture(outputs):
+    """A pipeline sink that records each batch's outputs in their order."""
+
+    def sink(batch_id, deliveries, dead_letters, statistics, report, events, snapshots):
+        letters = sorted((d.pos, d.line, d.reason) for d in dead_letters)
+        outputs.append((batch_id, [list(part) for part in deliveries], letters, events, snapshots))
+        return complete_report(report, sum(map(len, deliveries)) + len(events), dead_letters, statistics)
+
+    return sink
+
+
+def run(pipeline, chunks, first, outputs):
+    epochs = []
+    for batch_id in range(first, len(chunks)):
+        report = pipeline.step(batch_id, chunks[batch_id], capture(outputs))
+        epochs.append(report.epoch)
+    return epochs
+
+
+@pytest.mark.parametrize("window", [Window(), Window("count", 40), Window("seconds", 20.0)], ids=str)
+@pytest.mark.parametrize("mode", ["off", "chaos", "adaptive"])
+def test_a_pipeline_restored_after_any_batch_continues_exactly(tmp_path, window, mode):
+    lines = [line.encode() for line in ranked_workload(seed=5, n=260) + random_workload(seed=6, n=260)]
+    dep = deployment(evaluators=3, batch_size=23).replace(window=window, balancer=BalancerConfig(mode=mode, seed=3))
+    chunks = list(batches(iter(lines), dep.batch_size))
+    vocabulary = Vocabulary()
+    whole: list = []
+    whole_epochs = run(LocalPipeline.new(tmp_path / "a", dep, vocabulary, lines[:200]), chunks, 0, whole)
+    assert any(events for *_, events, _ in whole) and any(any(part) for _, part, *_ in whole)
+    transfers = 0
+    for cut in (0, 3, 7, len(chunks) - 2):
+        pipeline, seen = LocalPipeline.new(tmp_path / "b", dep, vocabulary, lines[:200]), []
+        run(pipeline, chunks[: cut + 1], 0, seen)
+        in_transfer = pipeline.balancing is not None and pipeline.balancing.plan is not None
+        path = local_checkpoint.save(pipeline, tmp_path / "ckpt", cut)
+        restored, batch_id = local_checkpoint.load(path, tmp_path / "b", dep, vocabulary)
+        assert batch_id == cut
+        epochs = run(restored, chunks, cut + 1, seen)
+        assert seen == whole, f"restored after batch {cut}"  # the same outputs in the same order
+        assert epochs == whole_epochs[cut + 1 :]  # the balancer decides as it did (cost units, exact floats)
+        transfers += in_transfer
+    assert transfers >= (2 if mode == "chaos" else 0)  # restored with a rebalancing in flight too
+    assert sorted(local_checkpoint.checkpoints(tmp_path / "ckpt")) == [7, len(chunks) - 2][-local_checkpoint.KEEP :]
+
+
+def test_a_damaged_or_foreign_checkpoint_is_refused_not_run(tmp_path):
+    dep = deployment(evaluators=2, batch_size=10)
+    lines = [line.encode() for line in random_workload(seed=1, n=40)]
+    pipeline = LocalPipeline.new(tmp_path, dep, Vocabulary(), lines)
+    pipeline.step(0, lines[:10], capture([]))
+    path = local_checkpoint.save(pipeline, tmp_path / "ckpt", 0)
+    data = path.read_bytes()
+    for damaged in (
+        data[: len(data) // 2],
+        b'{"format": 99}\n',
+        b"\x80\x04pickle",
+        data.replace(b'"format":1', b'"format":2'),
+    ):
+        path.write_bytes(damaged)
+        with pytest.raises(CheckpointError):
+            local_checkpoint.load(path, tmp_path, dep, Vocabulary())
+    (tmp_path / "ckpt" / "notes.skpub").write_text("mine")
+    assert list(local_checkpoint.checkpoints(tmp_path / "ckpt")) == [0]
