@@ -15,7 +15,10 @@ seconds (one client thread), while a consumer long-polls
   first and last minute's means and their ratio (flat within 10% is the
   target of a 10-minute soak).
 
-Run: ``.venv/bin/python -m benchmarks.daemon --rate 5000 --duration 60``.
+Memory is the daemon's process tree (on Spark with its JVM and Python
+workers).
+
+Run: ``.venv/bin/python -m benchmarks.daemon --rate 5000 --duration 60 [--engine spark]``.
 """
 
 from __future__ import annotations
@@ -38,10 +41,16 @@ from tests.served import free_port
 
 
 def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+    """Resident memory of process ``pid`` and all its descendants (on Spark: the JVM, its Python workers), KiB."""
+    total = 0
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1])
+        children = [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
+    except (FileNotFoundError, ProcessLookupError):
+        return total
+    return total + sum(rss_kib(child) for child in children)
 
 
 def main() -> None:
@@ -53,6 +62,7 @@ def main() -> None:
     parser.add_argument("--evaluators", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=20_000)
     parser.add_argument("--horizon", type=int, default=None, help="object_id_horizon (default the deployment's)")
+    parser.add_argument("--engine", choices=("local", "spark"), default="local")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -69,7 +79,7 @@ def main() -> None:
         Path(f"{tmp}/dep.json").write_text(json.dumps(dep.to_json()))
         port = free_port()
         cmd = [sys.executable, "-m", "skpub.app.cli", "serve", "--data", f"{tmp}/data", "--config", f"{tmp}/dep.json",
-               "--listen", f"127.0.0.1:{port}"]  # fmt: skip
+               "--listen", f"127.0.0.1:{port}", "--engine", args.engine]  # fmt: skip
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
         while True:
@@ -82,8 +92,10 @@ def main() -> None:
             http.post("/v1/records", content="\n".join(subscriptions[start : start + args.request_lines]) + "\n")
         while http.get("/readyz").status_code != 200:
             time.sleep(0.05)
-        print(f"(g) daemon, local engine: {len(subscriptions)} subscriptions registered; posting {args.rate:.0f} "
-              f"objects/s in requests of {args.request_lines} for {args.duration:.0f} s")  # fmt: skip
+        print(
+            f"(g) daemon, {args.engine} engine: {len(subscriptions)} subscriptions registered; posting "
+            f"{args.rate:.0f} objects/s in requests of {args.request_lines} for {args.duration:.0f} s"
+        )
 
         acks: list[tuple[int, float]] = []  # (end position, acknowledged at)
         done: dict[int, float] = {}

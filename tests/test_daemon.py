@@ -9,12 +9,13 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from prometheus_client import generate_latest
 
 from skpub.app.api import create_app, split_lines
 from skpub.app.daemon import Daemon, Limits
 from skpub.app.engines import local_checkpoint
 from skpub.app.engines.local import run_local
-from skpub.app.journal import MAGIC, STRIDE, LineLog
+from skpub.app.journal import MAGIC, STRIDE, LineLog, SegmentedLog
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.errors import ConfigError, OutputError
 from skpub.kernel.parts import read_stream
@@ -64,6 +65,65 @@ def test_a_file_skpub_did_not_write_is_never_taken_for_a_log(tmp_path):
         LineLog(path)
     assert path.read_bytes() == b"precious\n"
     assert LineLog(tmp_path / "new.log").path.read_bytes() == MAGIC
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.binary(min_size=1, max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=9), max_size=14
+    ),
+    st.integers(20, 200),
+    st.integers(0, 400),
+    st.integers(0, 13),
+)
+def test_a_segmented_log_reads_back_what_it_keeps_across_rolls_retention_cuts_and_reopening(
+    tmp_path_factory, appends, segment_bytes, retention_bytes, cut_at
+):
+    directory = tmp_path_factory.mktemp("log")
+    log = SegmentedLog(directory, "deliveries", segment_bytes, retention_bytes)
+    everything = []
+    for k, lines in enumerate(appends):
+        first, end = log.append(lines)
+        assert (first, end) == (len(everything), len(everything) + len(lines))
+        everything += lines
+        if k == cut_at and everything:  # a commit cut short: back to an earlier count
+            keep = max(log.first, len(everything) - len(lines))
+            log.truncate(keep)
+            everything = everything[:keep]
+        log.retain()
+    kept = log.first
+    assert log.count == len(everything) and kept <= len(everything)
+    assert log.nbytes <= retention_bytes or len(list(directory.glob("deliveries-*.log"))) == 1
+    for start in (kept, (kept + len(everything)) // 2, len(everything)):
+        assert log.read(start, 5) == everything[start : start + 5]
+    assert log.read(kept, len(everything)) == everything[kept:]
+    log.close()
+    again = SegmentedLog(directory, "deliveries", segment_bytes, retention_bytes)
+    assert (again.first, again.count) == (kept, len(everything))
+    assert again.read(kept, len(everything)) == everything[kept:]
+
+
+def test_a_read_older_than_retention_gets_410_with_the_earliest_offset_kept(tmp_path):
+    daemon = Daemon(
+        tmp_path / "data",
+        deployment(evaluators=2, batch_size=40),
+        Limits(trigger=0.01, segment_bytes=2000, retention_bytes=5000),
+    )
+    client = TestClient(create_app(daemon, None))
+    daemon.start()
+    lines = random_workload(seed=61, n=800, invalid=False)
+    daemon.post([line.encode() for line in lines])
+    while not daemon.ready:
+        daemon.stopping.wait(0.01)
+    earliest = daemon.earliest("deliveries")
+    assert earliest > 0 and daemon.committed("deliveries") > earliest
+    gone = client.get("/v1/deliveries", params={"after": earliest - 1})
+    assert gone.status_code == 410 and gone.json()["earliest"] == earliest + 1
+    page = client.get("/v1/deliveries", params={"after": earliest}).json()
+    assert page["deliveries"][0]["offset"] == earliest + 1
+    stream = client.get("/v1/deliveries/stream", headers={"Last-Event-ID": "0"})
+    assert stream.status_code == 410
+    daemon.stop()
 
 
 def test_request_bodies_split_into_records_as_files_do():
@@ -293,6 +353,37 @@ def test_a_restarted_local_daemon_resumes_from_its_checkpoint_not_from_the_start
     deliveries = [orjson.loads(x) for x in again.read_committed("deliveries", 0, 10**6)]
     again.stop()
     monkeypatch.undo()
+    expected, _ = file_run(tmp_path, lines, dep)
+    got = Counter(json.dumps({k: v for k, v in d.items() if k != "offset"}, sort_keys=True) for d in deliveries)
+    assert got == expected and [d["offset"] for d in deliveries] == list(range(1, len(deliveries) + 1))
+
+
+def test_a_disk_that_refuses_the_outputs_stalls_the_commit_and_it_is_tried_again(tmp_path, monkeypatch):
+    """A full disk while appending a batch's outputs: nothing of the batch is served, /readyz says why, the
+    commit is tried again and lands once, whole."""
+    lines = random_workload(seed=51, n=300, invalid=False)
+    dep = deployment(evaluators=2, batch_size=50)
+    daemon = Daemon(tmp_path / "data", dep, Limits(trigger=0.01, retry_seconds=0.01))
+    log = daemon.logs["deliveries"]
+    real_append, refusals = log.append, []
+
+    def full_disk_twice(entries):
+        if len(refusals) < 2 and len(entries) > 3:
+            real_append(entries[:2])  # a write cut short by the full disk
+            refusals.append(daemon.stalled)
+            raise OSError(28, "No space left on device")
+        return real_append(entries)
+
+    monkeypatch.setattr(log, "append", full_disk_twice)
+    daemon.start()
+    daemon.post([line.encode() for line in lines])
+    while not daemon.ready:
+        daemon.stopping.wait(0.01)
+    deliveries = [orjson.loads(x) for x in daemon.read_committed("deliveries", 0, 10**6)]
+    metrics = generate_latest(daemon.metrics.registry).decode()
+    daemon.stop()
+    assert len(refusals) == 2 and refusals[1] is not None and "No space left" in refusals[1]
+    assert "skpub_commit_retries_total 2.0" in metrics
     expected, _ = file_run(tmp_path, lines, dep)
     got = Counter(json.dumps({k: v for k, v in d.items() if k != "offset"}, sort_keys=True) for d in deliveries)
     assert got == expected and [d["offset"] for d in deliveries] == list(range(1, len(deliveries) + 1))

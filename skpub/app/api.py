@@ -26,7 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from skpub.app.daemon import Daemon
+from skpub.app.daemon import Daemon, Gone
 from skpub.kernel.inputs import BOM
 
 POLL_SECONDS = 0.02
@@ -58,6 +58,11 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
 
     guarded = [Depends(authorized)]
     served = daemon.served
+
+    @app.exception_handler(Gone)
+    async def gone(_request: Request, exc: Gone) -> JSONResponse:
+        """Answer a read from an offset older than retention: 410 with the earliest offset kept."""
+        return JSONResponse({"detail": str(exc), "earliest": exc.earliest + 1}, status_code=410)
 
     @app.middleware("http")
     async def measure(request: Request, call_next):  # noqa: ANN001, ANN202 - Starlette's middleware protocol
@@ -195,13 +200,18 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
                 if not last_event_id.isdigit():
                     raise HTTPException(400, "Last-Event-ID is the last offset received")
                 start = int(last_event_id)
+            if start < daemon.earliest(name):
+                raise Gone(name, daemon.earliest(name))
 
             async def events():  # noqa: ANN202 - an async generator
                 position = start
                 while not daemon.stopping.is_set() and not await request.is_disconnected():
-                    entries, following = await anyio.to_thread.run_sync(
-                        entries_after, name, position, limits.max_limit, subscription
-                    )
+                    try:
+                        entries, following = await anyio.to_thread.run_sync(
+                            entries_after, name, position, limits.max_limit, subscription
+                        )
+                    except Gone:  # retention passed a slow reader: it reconnects and gets 410
+                        return
                     for line in entries:
                         yield b"id: %d\ndata: %s\n\n" % (orjson.loads(line)["offset"], line)
                     if following == position:
@@ -268,8 +278,13 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
 
     @app.get("/readyz", dependencies=guarded)
     def readyz() -> JSONResponse:
-        """Readiness: the data plane has processed every acknowledged record (503 until then)."""
+        """Readiness: the data plane has processed every acknowledged record (503 until then).
+
+        ``stalled`` says why, when the disk refuses the outputs (the commit is tried again every second).
+        """
         body = {"ready": daemon.ready, "acknowledged": daemon.ingest.count, "processed": daemon.processed}
+        if daemon.stalled is not None:
+            body["stalled"] = daemon.stalled
         return JSONResponse(body, status_code=200 if daemon.ready else 503)
 
     @app.get("/metrics", dependencies=guarded)

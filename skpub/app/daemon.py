@@ -9,9 +9,11 @@ Everything lives in one data directory (DESIGN "The daemon"):
   end to its ``end``, which starts at byte ``byte`` of the ingest log),
   written durably *before* the batch runs, so batch boundaries are fixed
   once chosen;
-- ``deliveries.log``, ``dead_letters.log``, ``snapshots.log``: each batch's
-  outputs in commit order, each line its SEMANTICS 5 line with one more
-  field first, ``offset`` (1-based, the entry's index + 1);
+- ``deliveries-<first>.log``, ``dead_letters-<first>.log``,
+  ``snapshots-<first>.log``: each batch's outputs in commit order, each
+  line its SEMANTICS 5 line with one more field first, ``offset`` (1-based,
+  the entry's index + 1), in segments (:class:`~skpub.app.journal.SegmentedLog`)
+  whose oldest are removed past the retention;
 - ``commits.log``: one :class:`Commit` per batch whose outputs are in those
   logs, appended after them: each log's entry count after the batch, and
   its accepted subscribe, unsubscribe and snapshot records (what
@@ -52,7 +54,7 @@ from prometheus_client import Counter, Gauge, Histogram, ProcessCollector
 from skpub.app.engines import local_checkpoint
 from skpub.app.engines.local import LocalPipeline
 from skpub.app.engines.sink import complete_report, unique_letters
-from skpub.app.journal import LineLog
+from skpub.app.journal import LineLog, SegmentedLog
 from skpub.app.metrics import Metrics
 from skpub.app.summary import BatchReport
 from skpub.kernel.config import Deployment, deployment_from_json
@@ -82,7 +84,8 @@ class Limits:
     for lines before it cuts a batch of fewer than ``batch_size``;
     ``checkpoint_seconds``: the local engine's pipeline is checkpointed
     after a batch once this many seconds passed since the last checkpoint
-    (a restart replays only the batches after it).
+    (a restart replays only the batches after it); ``retry_seconds``: the
+    wait before a commit the disk refused is tried again.
     """
 
     max_body_bytes: int = 16 << 20
@@ -92,6 +95,9 @@ class Limits:
     max_wait: float = 30.0
     trigger: float = 0.1
     checkpoint_seconds: float = 60.0
+    retry_seconds: float = 1.0
+    segment_bytes: int = 64 << 20
+    retention_bytes: int = 1 << 30
 
 
 class DaemonMetrics:
@@ -127,6 +133,9 @@ class DaemonMetrics:
             registry=r,
         )
         self.requests = Counter("skpub_http_requests", "HTTP requests", ["route", "method", "status"], registry=r)
+        self.stalls = Counter(
+            "skpub_commit_retries", "Batch commits the disk refused (full or failing), tried again", registry=r
+        )
         self.request_seconds = Histogram(
             "skpub_http_request_duration_seconds",
             "HTTP request seconds",
@@ -179,13 +188,14 @@ class Daemon:
         self.ingest = LineLog(self.data / "ingest.log")
         self.batches = LineLog(self.data / "batches.log")
         self.commits = LineLog(self.data / "commits.log")
-        self.logs = {name: LineLog(self.data / f"{name}.log") for name in LOGS}
+        self.logs = {name: _output_log(self.data, name, self.limits) for name in LOGS}
         self.metrics = Metrics()
         self.served = DaemonMetrics(self.metrics, self)
         self._acks: deque[tuple[int, float]] = deque()  # (end position, acknowledged at) of requests in the backlog
         self._post_lock = threading.Lock()
         self.stopping = threading.Event()
         self.failure: BaseException | None = None
+        self.stalled: str | None = None  # why the last commit is being retried
         self.snapshots: dict[str, tuple[int, int]] = {}  # accepted snapshot id -> (first entry, entries) of its lines
         self._definitions: dict[str, int] = {}  # live subscription id -> ingest index of its accepted subscribe
         self._ends: list[int] = []  # ingest end of each journaled batch
@@ -234,15 +244,27 @@ class Daemon:
 
     @property
     def ready(self) -> bool:
-        """Whether the data plane has processed everything acknowledged."""
-        return self.failure is None and self.processed == self.ingest.count
+        """Whether the data plane has processed everything acknowledged (and is not stalled or failed)."""
+        return self.failure is None and self.stalled is None and self.processed == self.ingest.count
 
     def committed(self, name: str) -> int:
         """Entries of output log ``name`` that are committed: all a client may read."""
         return self._committed.totals[name]
 
+    def earliest(self, name: str) -> int:
+        """Return the earliest index of output log ``name`` still kept (retention removed those before)."""
+        return self.logs[name].first
+
     def read_committed(self, name: str, after: int, limit: int) -> list[bytes]:
-        """Return up to ``limit`` committed entries of output log ``name`` from index ``after`` on."""
+        """Return up to ``limit`` committed entries of output log ``name`` from index ``after`` on.
+
+        Raises
+        ------
+        Gone
+            If entries from ``after`` on are no longer kept.
+        """
+        if after < self.earliest(name):
+            raise Gone(name, self.earliest(name))
         return self.logs[name].read(after, min(limit, self.committed(name) - after))
 
     def definition(self, sid: str) -> bytes | None:
@@ -416,21 +438,35 @@ class Daemon:
                 f"micro-batch {batch_id} ({report.records} records) is not the journaled batch after {last.batch} "
                 f"({end - start} records)"
             )
-        totals = {}
-        for name, entries in produced.items():
-            log, first = self.logs[name], last.totals[name]
-            if log.count != first:  # an append refused midway (a full disk) left part of it
-                log.truncate(first)
-            if entries:
-                log.append([_with_offset(line, first + i + 1) for i, line in enumerate(entries)])
-            totals[name] = first + len(entries)
+        totals = {name: last.totals[name] + len(entries) for name, entries in produced.items()}
         snapshot_lines = [orjson.loads(line) for line in produced["snapshots"]]
         controls = _controls(report.controls, start, last.totals["snapshots"], snapshot_lines)
         commit = Commit(batch_id, end, totals, controls)
-        self.commits.append([commit.to_json()])
+        while True:
+            try:
+                self._append(last, produced, commit)
+                break
+            except OSError as exc:  # a full or failing disk: nothing of the batch is served; try again
+                self.stalled = f"the output logs refuse writes: {exc.strerror or exc}"
+                self.served.stalls.inc()
+                if self.stopping.wait(self.limits.retry_seconds):
+                    raise
+        self.stalled = None
+        for log in self.logs.values():
+            log.retain()
         self._account(commit)
         self._committed = commit
         self._observe(produced["deliveries"])
+
+    def _append(self, last: Commit, produced: dict[str, list[bytes]], commit: Commit) -> None:
+        """Append a batch's entries to each output log after ``last``'s totals, then ``commit`` to the commit log."""
+        for name, entries in produced.items():
+            log, first = self.logs[name], last.totals[name]
+            if log.count != first:  # an append refused midway left part of it
+                log.truncate(first)
+            if entries:
+                log.append([_with_offset(line, first + i + 1) for i, line in enumerate(entries)])
+        self.commits.append([commit.to_json()])
 
     def _account(self, commit: Commit) -> None:
         """Follow a committed batch's accepted controls: live subscriptions' definitions, snapshots by id."""
@@ -516,6 +552,26 @@ def _controls(
         else:
             out.append((kind, sid, starts.get(sid, first_snapshot), count.get(sid, 0)))
     return out
+
+
+class Gone(Exception):
+    """Entries a client asked for were removed by retention; ``earliest`` is the first index kept."""
+
+    def __init__(self, name: str, earliest: int) -> None:
+        super().__init__(f"{name} before offset {earliest + 1} are no longer kept")
+        self.earliest = earliest
+
+
+def _output_log(data: Path, name: str, limits: Limits) -> SegmentedLog:
+    """Open output log ``name`` of ``data`` in segments.
+
+    A single ``<name>.log`` of an earlier skpub becomes the first segment.
+    """
+    single = data / f"{name}.log"
+    if single.exists() and not any(data.glob(f"{name}-*.log")):
+        LineLog(single).close()  # checks that it is skpub's
+        single.rename(data / f"{name}-{0:012d}.log")
+    return SegmentedLog(data, name, limits.segment_bytes, limits.retention_bytes)
 
 
 def _with_offset(line: bytes, offset: int) -> bytes:

@@ -17,6 +17,7 @@ read scans at most ``STRIDE`` lines before its first entry.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -194,3 +195,112 @@ def _fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class SegmentedLog:
+    """An output log kept as segment files with retention: ``<name>-<first index>.log``, each a :class:`LineLog`.
+
+    Entries keep their index for the log's whole life; a segment holds a
+    contiguous run of them and is named by its first. Appends go to the
+    newest segment, a new one starts once it holds ``segment_bytes``, and
+    :meth:`retain` removes the oldest segments (never the newest) while the
+    log is over ``retention_bytes``: :attr:`first` is then the earliest
+    index kept (a reader asking for less gets 410). Only files of this
+    name pattern are touched, each checked by its header.
+
+    Raises
+    ------
+    OutputError
+        If a segment is not skpub's, or the segments do not follow each other.
+    """
+
+    def __init__(self, directory: str | Path, name: str, segment_bytes: int, retention_bytes: int) -> None:
+        self.directory, self.name = Path(directory), name
+        self.segment_bytes, self.retention_bytes = segment_bytes, retention_bytes
+        pattern = re.compile(rf"{re.escape(name)}-(\d{{12}})\.log")
+        found = sorted(
+            (int(m.group(1)), p) for p in self.directory.iterdir() if (m := pattern.fullmatch(p.name)) and p.is_file()
+        )
+        self._segments = [(first, LineLog(path)) for first, path in found]
+        for (first, log), (following, _) in zip(self._segments, self._segments[1:], strict=False):
+            if first + log.count != following:
+                raise OutputError(f"{log.path} ends at entry {first + log.count}; the next segment at {following}")
+        if not self._segments:
+            self._segments = [(0, LineLog(self._path(0)))]
+        self._lock = threading.Lock()
+
+    def _path(self, first: int) -> Path:
+        return self.directory / f"{self.name}-{first:012d}.log"
+
+    @property
+    def count(self) -> int:
+        """Entries ever appended and not cut back (the next entry's index)."""
+        first, log = self._segments[-1]
+        return first + log.count
+
+    @property
+    def first(self) -> int:
+        """The earliest index still kept."""
+        return self._segments[0][0]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the segments kept."""
+        return sum(log.byte_offset(log.count) for _, log in self._segments)
+
+    def append(self, lines: list[bytes]) -> tuple[int, int]:
+        """Append durably as :meth:`LineLog.append` does (to a new segment when the newest is full)."""
+        with self._lock:
+            first, log = self._segments[-1]
+            if log.count and log.byte_offset(log.count) >= self.segment_bytes:
+                log.close()
+                first, log = self.count, LineLog(self._path(self.count))
+                self._segments.append((first, log))
+        start, end = log.append(lines)
+        return first + start, first + end
+
+    def read(self, start: int, limit: int) -> list[bytes]:
+        """Return up to ``limit`` entries from index ``start`` on ([] from an index no longer kept)."""
+        out: list[bytes] = []
+        at = start
+        for first, log in list(self._segments):
+            if at >= first + log.count:
+                continue
+            if at < first or len(out) >= limit:
+                break
+            got = log.read(at - first, limit - len(out))
+            out += got
+            at += len(got)
+        return out
+
+    def truncate(self, count: int) -> None:
+        """Cut the log back to its first ``count`` entries (segments past it removed).
+
+        Raises
+        ------
+        IndexError
+            If ``count`` is past the end or before :attr:`first`.
+        """
+        if not self.first <= count <= self.count:
+            raise IndexError(f"cannot cut the log {self.name} to {count} entries")
+        with self._lock:
+            while len(self._segments) > 1 and self._segments[-1][0] > count:
+                _, log = self._segments.pop()
+                log.close()
+                log.path.unlink()
+            first, log = self._segments[-1]
+            log.truncate(count - first)
+
+    def retain(self) -> int:
+        """Remove the oldest segments while the log is over its retention; return the earliest index kept."""
+        with self._lock:
+            while len(self._segments) > 1 and self.nbytes > self.retention_bytes:
+                _, log = self._segments.pop(0)
+                log.close()
+                log.path.unlink()
+        return self.first
+
+    def close(self) -> None:
+        """Close every segment."""
+        for _, log in self._segments:
+            log.close()
