@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--checkpoint-seconds", type=float, default=60.0,
         help="local engine: checkpoint the pipeline this often, seconds (default 60; a restart replays what follows)",
     )  # fmt: skip
+    serve.add_argument(
+        "--retention-bytes", type=int, default=1 << 30,
+        help="keep about this many bytes of each output log (default 1 GiB); older offsets get 410",
+    )  # fmt: skip
     serve.add_argument("--listen", default="127.0.0.1:8750", help="HOST:PORT to listen on (default 127.0.0.1:8750)")
     serve.add_argument("--token-file", help="file holding the bearer token (default $SKPUB_TOKEN; none: no token)")
     serve.add_argument("--config", help="deployment JSON file")
@@ -191,7 +195,9 @@ def _serve(args: argparse.Namespace) -> int:
         deployment = deployment.replace(balancer=dataclasses.replace(deployment.balancer, mode=args.balancer))
     if not 0 <= args.checkpoint_seconds < float("inf"):
         raise ConfigError("--checkpoint-seconds is a finite number of seconds, 0 or more")
-    limits = Limits(checkpoint_seconds=args.checkpoint_seconds)
+    if args.retention_bytes < 1:
+        raise ConfigError("--retention-bytes is a positive number of bytes")
+    limits = Limits(checkpoint_seconds=args.checkpoint_seconds, retention_bytes=args.retention_bytes)
     return serve(args.data, deployment, args.listen, load_token(args.token_file), limits, args.engine, args.master)
 
 
