@@ -15,7 +15,11 @@ on it in a fresh process, one after the other, and reports:
 
 Deliveries of every run are compared: they must be the same.
 
-Run: ``python -m benchmarks.source [--objects 1000000] [--baseline DIR]``
+With ``--copies N`` the stream is written N times over (ids repeat, so the
+copies are mostly ``duplicate_id`` dead letters: parse work without
+matching), for inputs past the GeoNames places.
+
+Run: ``python -m benchmarks.source [--objects N] [--copies N] [--baseline DIR]``
 """
 
 from __future__ import annotations
@@ -66,11 +70,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--objects", type=int, default=1_000_000)
     parser.add_argument("--baseline", type=Path, help="an older checkout to compare with (run from there)")
+    parser.add_argument("--copies", type=int, default=1, help="the stream this many times over (ids repeat)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="skpub-source-") as tmp:
         work = Path(tmp)
         write_workload(WorkloadSpec(objects=args.objects), work / "w")
         stream = work / "w" / "stream.jsonl"
+        if args.copies > 1:
+            data = stream.read_bytes()
+            stream = work / "w" / "copies.jsonl"
+            with stream.open("wb") as fh:
+                for _ in range(args.copies):
+                    fh.write(data)
         size = stream.stat().st_size
         seconds, batches = planning(stream)
         print(f"input: {size / 1e6:.0f} MB, {batches} micro-batches of {BATCH} records")
