@@ -265,7 +265,10 @@ class Daemon:
         """
         if after < self.earliest(name):
             raise Gone(name, self.earliest(name))
-        return self.logs[name].read(after, min(limit, self.committed(name) - after))
+        entries = self.logs[name].read(after, min(limit, self.committed(name) - after))
+        if after < self.earliest(name):  # retention ran while reading
+            raise Gone(name, self.earliest(name))
+        return entries
 
     def definition(self, sid: str) -> bytes | None:
         """Return live subscription ``sid``'s accepted subscribe record, or None."""

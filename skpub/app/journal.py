@@ -268,7 +268,10 @@ class SegmentedLog:
                 continue
             if at < first or len(out) >= limit:
                 break
-            got = log.read(at - first, limit - len(out))
+            try:
+                got = log.read(at - first, limit - len(out))
+            except OSError:  # retention removed the segment meanwhile: the caller checks what is kept
+                break
             out += got
             at += len(got)
         return out
