@@ -5,6 +5,7 @@
   initial cost-based partitioning (Tornado section 4.1) and the uniform one.
 - :mod:`skpub.router.agrid`: the A-Grid with neighbor-based range routing.
 - :mod:`skpub.router.uniform`: Uni-Space-Rout, the uniform-grid baseline.
+- :mod:`skpub.router.kdtree`: kd-tree partitioning, PS2Stream's space baseline.
 - :mod:`skpub.router.summary`: textual summaries per evaluator.
 - :mod:`skpub.router.epoch`: immutable, versioned routing tables.
 - :mod:`skpub.router.locate`: the parallel stage: parse, validate, locate each line.

@@ -29,6 +29,7 @@ from skpub.kernel.objects import ObjectColumns, decode_objects
 from skpub.kernel.records import KnnSubscription, ObjectRecord, RangeSubscription, TopkSubscription, parse_line
 from skpub.kernel.text import Vocabulary
 from skpub.router.agrid import AGrid
+from skpub.router.kdtree import kdtree_partitioning
 from skpub.router.partitioning import cost_partitioning
 from skpub.router.table import RoutingTable
 from skpub.router.uniform import UniformGrid
@@ -103,10 +104,14 @@ def initial_table(deployment: Deployment, vocabulary: Vocabulary, sample: Iterab
     """Build the epoch-0 routing table of a deployment.
 
     ``router = "agrid"``: A-Grid over the cost partitioning of the sample;
+    ``router = "kdtree"``: the leaves of a kd-tree over the sample's costs
+    (PS2Stream VI-B), routed as a grid index by the A-Grid's neighbor search;
     ``router = "uniform"``: Uni-Space-Rout (the sample is not read).
     """
     grid = FineGrid(deployment.space, deployment.grid_size)
     if deployment.router == "uniform":
         return UniformGrid(grid, deployment.evaluators)
     costs = sample_cell_costs(sample, grid, vocabulary, deployment.index_block, deployment.max_record_bytes)
+    if deployment.router == "kdtree":
+        return AGrid(grid, kdtree_partitioning(costs, deployment.evaluators))
     return AGrid(grid, cost_partitioning(costs, deployment.evaluators))

@@ -37,7 +37,7 @@ def chaos(dep, seed=0):
     return dep.replace(balancer=BalancerConfig(mode="chaos", seed=seed))
 
 
-@pytest.mark.parametrize("router", ["agrid", "uniform"])
+@pytest.mark.parametrize("router", ["agrid", "kdtree", "uniform"])
 @pytest.mark.parametrize("evaluators", [1, 3, 8])
 @pytest.mark.parametrize("batch_size", [1, 7, 5000])
 def test_range_results_equal_the_oracle_under_chaos(tmp_path, router, evaluators, batch_size):

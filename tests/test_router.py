@@ -7,6 +7,7 @@ from skpub.kernel.geometry import Rect
 from skpub.kernel.grid import FineGrid
 from skpub.router.agrid import AGrid
 from skpub.router.errors import RoutingError
+from skpub.router.kdtree import kdtree_partitioning
 from skpub.router.partitioning import Partitioning, cost_partitioning, uniform_partitioning
 from skpub.router.summary import TextualSummaries
 from skpub.router.uniform import UniformGrid
@@ -26,7 +27,8 @@ def partitionings(draw, max_size=40):
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     costs = rng.pareto(1.0, size=(size, size)) * (rng.random((size, size)) < draw(st.floats(0.05, 1.0)))
-    return cost_partitioning(costs, n)
+    build = draw(st.sampled_from([cost_partitioning, kdtree_partitioning]))
+    return build(costs, n)
 
 
 @st.composite
@@ -170,6 +172,28 @@ def test_cost_partitioning_balances_skewed_costs():
     uniform_loads = [costs[y0 : y1 + 1, x0 : x1 + 1].sum() for x0, y0, x1, y1 in uniform.boxes.tolist()]
     assert max(loads) / np.mean(loads) < 1.5
     assert max(uniform_loads) / np.mean(uniform_loads) > 3
+
+
+@given(st.integers(1, 12), st.integers(1, 144), st.integers(0, 2**32 - 1))
+def test_kdtree_partitioning_gives_every_evaluator_one_rectangle(size, n, seed):
+    n = min(n, size * size)
+    costs = np.random.default_rng(seed).pareto(1.0, (size, size))
+    part = kdtree_partitioning(costs, n)
+    assert part.count == n and len(part.boxes) == n
+
+
+def test_kdtree_balances_skewed_costs_by_load_medians():
+    rng = np.random.default_rng(0)
+    costs = np.zeros((100, 100))
+    costs[rng.integers(0, 20, 5000), rng.integers(0, 30, 5000)] += 1
+    costs[rng.integers(0, 100, 500), rng.integers(0, 100, 500)] += 1
+    part = kdtree_partitioning(costs, 8)
+    loads = [costs[y0 : y1 + 1, x0 : x1 + 1].sum() for x0, y0, x1, y1 in part.boxes.tolist()]
+    assert max(loads) / np.mean(loads) < 1.2
+    # the root cuts x at the load median: the low half's four leaves hold half the load
+    x_cut = max(b[2] for b in part.boxes.tolist()[:4])
+    assert abs(costs[:, : x_cut + 1].sum() / costs.sum() - 0.5) < 0.05
+    assert part.boxes.tolist() != cost_partitioning(costs, 8).boxes.tolist()
 
 
 def test_partitions_must_tile_the_grid():
