@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
+from skpub.app.summary import decision_seconds, parallel_seconds, slowest_evaluator_seconds
 from skpub.balancer.migration import SELECTORS, optimum
 from skpub.balancer.operation import apply_moves
 from skpub.balancer.policy import decide
@@ -185,26 +186,6 @@ class _Recorder:
         self.observer.on_batch(report)
 
 
-def batch_parallel(report, routing_units: int) -> float:
-    """Simulated parallel seconds of one batch (DESIGN "Measuring load honestly"): routing, the slowest evaluator, the
-    balancer's decision; the parse stage (per line, no shared state: one task per input split on Spark) spread
-    over ``routing_units`` routing units, the sequencer (stream order) serial. An evaluator's load summary,
-    hand-off and take-over count in its own time, as on Spark where its task does them."""
-    routing = report.stage_cpu["parse"] / routing_units + report.stage_cpu["sequencer"]
-    return routing + slowest(report) + decision(report)
-
-
-def slowest(report) -> float:
-    """The slowest evaluator's seconds in a batch: applying its rows and its share of the balancer's steps."""
-    extra = report.evaluator_balancer_cpu
-    return max(cpu + extra.get(e, 0.0) for e, cpu in report.evaluator_cpu.items())
-
-
-def decision(report) -> float:
-    """The routing unit's balancer seconds in a batch: the decision (the evaluators' steps are theirs)."""
-    return max(0.0, report.stage_cpu["balancer"] - sum(report.evaluator_balancer_cpu.values()))
-
-
 def part_drift(args) -> None:
     import tempfile
 
@@ -246,8 +227,8 @@ def part_drift(args) -> None:
                 run_local(stream, f"{tmp}/out-{scale}-{mode}", dep, recorder)
                 wall = time.perf_counter() - start
                 reports = [r for r in recorder.reports if r.objects]
-                parallel = sum(batch_parallel(r, 1) for r in reports)
-                spread = sum(batch_parallel(r, args.routing_units) for r in reports)
+                parallel = sum(parallel_seconds(r, 1) for r in reports)
+                spread = sum(parallel_seconds(r, args.routing_units) for r in reports)
                 imbalance = [
                     max(r.evaluator_cost.values()) / (sum(r.evaluator_cost.values()) / 8)
                     if sum(r.evaluator_cost.values())
@@ -270,7 +251,7 @@ def part_drift(args) -> None:
                     unit = sum(sum(r.evaluator_cpu.values()) for r in reports) / sum(
                         sum(r.evaluator_cost.values()) for r in reports
                     )
-                    per_batch = {r.batch_id: batch_parallel(r, 1) for r in reports}
+                    per_batch = {r.batch_id: parallel_seconds(r, 1) for r in reports}
                     transfer = {row["transfer_batch"] for row in lines} & set(per_batch)
                     update = {row["first_batch"] for row in lines} & set(per_batch)
                     plain = set(per_batch) - transfer - update
@@ -292,8 +273,8 @@ def part_drift(args) -> None:
                       f" {ops:>4}")  # fmt: skip
                 parse = sum(r.stage_cpu["parse"] for r in reports)
                 sequencer = sum(r.stage_cpu["sequencer"] for r in reports)
-                slow = sum(slowest(r) for r in reports)
-                decide = sum(decision(r) for r in reports)
+                slow = sum(slowest_evaluator_seconds(r) for r in reports)
+                decide = sum(decision_seconds(r) for r in reports)
                 steps = sum(sum(r.evaluator_balancer_cpu.values()) for r in reports)
                 print(f"      of which parse {parse:.2f} s, sequencer {sequencer:.2f} s, slowest evaluators"
                       f" {slow:.2f} s (their balancer steps {steps:.2f} s), decisions {decide:.2f} s")  # fmt: skip

@@ -36,7 +36,9 @@ regions): the space is cut into 10 x 10 regions and, in each of the
 subscription sampled at a place there takes that place's 1-2 most frequent
 terms as keywords (PS2Stream's STS-Q1 type, frequent keywords) instead of
 selective ones (STS-Q2), so the matching load of those regions jumps while
-their objects stay the same, and moves when the phase changes.
+their objects stay the same, and moves when the phase changes. Their range
+sides are scaled by ``burst_side_scale`` (default 1): PS2Stream's Q1 ranges
+are small where Q2's are large.
 """
 
 from __future__ import annotations
@@ -77,10 +79,13 @@ class WorkloadSpec:
     drift_scale: float = 1.0
     drift_phases: int = 4
     burst_regions: float = 0.0
+    burst_side_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.burst_regions <= 1:
             raise ValueError("burst_regions must be in [0, 1]")
+        if not 0 < self.burst_side_scale <= 1:
+            raise ValueError("burst_side_scale must be in (0, 1]")
         if not 0 < self.drift_scale <= 1 or self.drift_phases < 1:
             raise ValueError("drift_scale must be in (0, 1] and drift_phases >= 1")
         if self.live < 0 or not 0 < self.keyword_percentile <= 100:
@@ -169,7 +174,8 @@ class _SubscriptionSampler:
             eligible = [t for t in place.terms if t in self.pool]
             if eligible:
                 break
-        if self.bursting and region_of(place.x, place.y) in self.bursting:
+        burst = bool(self.bursting) and region_of(place.x, place.y) in self.bursting
+        if burst:
             frequent = sorted(place.terms, key=lambda t: (-self.df[t], t))
             keywords = frequent[: int(min(len(frequent), rng.integers(1, 3)))]
         else:
@@ -180,7 +186,7 @@ class _SubscriptionSampler:
             return self._topk(place, keywords)
         if u < spec.topk_fraction + spec.knn_fraction:
             return self._knn(place, keywords)
-        return self._range(place, keywords)
+        return self._range(place, keywords, spec.burst_side_scale if burst else 1.0)
 
     def _next_id(self) -> str:
         self.count += 1
@@ -209,10 +215,10 @@ class _SubscriptionSampler:
             "from": "registration" if rng.random() < 0.5 else "window",
         }  # fmt: skip
 
-    def _range(self, place: Place, keywords: list[str]) -> dict:
+    def _range(self, place: Place, keywords: list[str], scale: float) -> dict:
         rng, spec, k = self.rng, self.spec, len(keywords)
-        w = rng.uniform(spec.min_side, spec.max_side) * SPACE.width
-        h = rng.uniform(spec.min_side, spec.max_side) * SPACE.height
+        w = rng.uniform(spec.min_side, spec.max_side) * SPACE.width * scale
+        h = rng.uniform(spec.min_side, spec.max_side) * SPACE.height * scale
         rect = [place.x - w / 2, place.y - h / 2, place.x + w / 2, place.y + h / 2]
         sub = {"type": "subscribe", "id": self._next_id(), "kind": "range", "rect": rect}
         if k >= 2 and rng.random() < spec.or_fraction:

@@ -108,6 +108,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--vocabulary", help="vocabulary JSON file {N, df}")
     serve.add_argument("--balancer", choices=BALANCER_MODES, help="rebalancing: adaptive, off or chaos")
 
+    sim = sub.add_parser(
+        "simulate",
+        help="compare routers, balancer modes and evaluator counts on workload-skew scenarios; write an HTML report",
+    )
+    sim.add_argument(
+        "scenarios", nargs="*", metavar="SCENARIO",
+        help="shipped scenario names (uniform, drift, burst, q1, q2, q3) or scenario JSON files (default: all shipped)",
+    )  # fmt: skip
+    sim.add_argument("--output", default="simulation", help="report directory (default: simulation)")
+    sim.add_argument("--overwrite", action="store_true", help="replace a report skpub wrote there before")
+    sim.add_argument("--routers", nargs="+", choices=ROUTERS, help="routers to compare (default: the scenario's)")
+    sim.add_argument("--balancers", nargs="+", choices=BALANCER_MODES, help="balancer modes (default: the scenario's)")
+    sim.add_argument("--evaluators", nargs="+", type=int, help="evaluator counts (default: the scenario's)")
+    sim.add_argument("--objects", type=int, help="objects per workload (default: the scenario's)")
+
     workload = sub.add_parser("workload", help="write a replayable workload")
     wsub = workload.add_subparsers(dest="workload", required=True)
     geonames = wsub.add_parser("geonames", help="GeoNames places with sampled range, topk and knn subscriptions")
@@ -201,14 +216,46 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(args.data, deployment, args.listen, load_token(args.token_file), limits, args.engine, args.master)
 
 
+def _simulate(args: argparse.Namespace, argv: list[str]) -> int:
+    from skpub.app.report import WORKLOAD, claim_report_dir, write_report
+    from skpub.app.simulate import load_scenario, override, print_progress, recommend, shipped_scenarios, simulate
+    from skpub.sims.geonames import SPACE
+
+    scenarios = [
+        override(
+            load_scenario(ref),
+            routers=args.routers,
+            balancers=args.balancers,
+            evaluators=args.evaluators,
+            objects=args.objects,
+        )  # fmt: skip
+        for ref in (args.scenarios or shipped_scenarios())
+    ]
+    names = [s.name for s in scenarios]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"two scenarios share a name: {sorted(n for n in set(names) if names.count(n) > 1)}")
+    root = claim_report_dir(Path(args.output), args.overwrite)
+    runs = sum(len(s.strategies()) for s in scenarios)
+    print_progress(f"{len(scenarios)} scenario(s), {runs} runs, report in {root}")
+    outcome = simulate(scenarios, root / WORKLOAD, print_progress)
+    page = write_report(root, outcome, "skpub " + " ".join(argv), SPACE)
+    for scenario, results in outcome:
+        print(f"{scenario.name}: {recommend(results).reason}")
+    print(f"report: {page}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``skpub`` console script; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     try:
         if args.command == "run":
             return _run(args)
         if args.command == "serve":
             return _serve(args)
+        if args.command == "simulate":
+            return _simulate(args, argv)
         from skpub.sims.geonames import write_workload
 
         stream, vocabulary = write_workload(_spec(args), args.output)

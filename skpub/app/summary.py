@@ -56,6 +56,31 @@ class BatchReport:
     (:func:`skpub.router.dispatch.accepted_controls`): what the daemon follows."""
 
 
+def parallel_seconds(report: BatchReport, routing_units: int = 1) -> float:
+    """Return the simulated parallel seconds of one micro-batch (DESIGN "Measuring load honestly").
+
+    The parse stage (per line, no shared state: one task per input split on
+    Spark) spread over ``routing_units`` routing units, the sequencer (stream
+    order) serial, the slowest evaluator (its rows and its share of the
+    balancer's steps: load summary, hand-off and take-over, which its own task
+    does on Spark) and the routing unit's balancing decision. Seconds of
+    thread CPU, so a run on 2 cores simulates any number of evaluators.
+    """
+    routing = report.stage_cpu["parse"] / routing_units + report.stage_cpu["sequencer"]
+    return routing + slowest_evaluator_seconds(report) + decision_seconds(report)
+
+
+def slowest_evaluator_seconds(report: BatchReport) -> float:
+    """Return the slowest evaluator's CPU seconds in a batch: its rows and its share of the balancer's steps."""
+    extra = report.evaluator_balancer_cpu
+    return max((cpu + extra.get(e, 0.0) for e, cpu in report.evaluator_cpu.items()), default=0.0)
+
+
+def decision_seconds(report: BatchReport) -> float:
+    """Return the routing unit's balancer CPU seconds in a batch: its decision (evaluators' steps are theirs)."""
+    return max(0.0, report.stage_cpu["balancer"] - sum(report.evaluator_balancer_cpu.values()))
+
+
 @dataclass
 class RunSummary:
     """Totals of a run. Seconds are wall-clock unless named ``cpu``."""
