@@ -152,8 +152,11 @@ def subtract(box: CellBox, hole: CellBox) -> list[CellBox]:
     return out
 
 
-def coalesce(rects: list[tuple[CellBox, int]]) -> list[tuple[CellBox, int]]:
-    """Merge rectangles of one owner that share a whole edge, until none do; O(r) per pass.
+def coalesce(rects: list[tuple[CellBox, tuple[int, int]]]) -> list[tuple[CellBox, tuple[int, int]]]:
+    """Merge rectangles of one owner key that share a whole edge, until none do; O(r) per pass.
+
+    An owner key is ``(evaluator, text rectangle index or -1)``: rectangles
+    merge only with the same key, so a text-partitioned one never merges.
 
     A rectangle takes part in at most one merge per pass (the edge maps hold
     the pass's starting geometry).
@@ -190,14 +193,25 @@ def apply_moves(partitioning: Partitioning, moves: tuple[Move, ...] | list[Move]
     a pass per merge in the worst case), plus building the new partitioning
     (O(grid cells), numpy).
 
+    Text-partitioned rectangles keep their term tables and are never cut or
+    merged (the balancer does not move their cells).
+
     Raises
     ------
     RoutingError
         If a move's cells are not inside one rectangle of its source (as the
-        earlier moves left it), or the moves leave an evaluator with no cell.
+        earlier moves left it), meet a text-partitioned rectangle, or the
+        moves leave an evaluator with no cell.
     """
-    rects = [(tuple(b), o) for b, o in zip(partitioning.boxes.tolist(), partitioning.owners.tolist(), strict=True)]
+    texts = partitioning.texts
+    # a text rectangle's owner key is (owner, its index), so that coalescing never merges it
+    rects = [
+        (tuple(b), (o, i if texts[i] is not None else -1))
+        for i, (b, o) in enumerate(zip(partitioning.boxes.tolist(), partitioning.owners.tolist(), strict=True))
+    ]
     for m in moves:
+        if touches_text(partitioning, m.cells):
+            raise RoutingError(f"move {m.cells} meets a text-partitioned rectangle")
         if not 0 <= m.target < partitioning.count:
             raise RoutingError(f"move {m.cells} targets evaluator {m.target}, not one of {partitioning.count}")
         hx0, hy0, hx1, hy1 = m.cells
@@ -205,21 +219,31 @@ def apply_moves(partitioning: Partitioning, moves: tuple[Move, ...] | list[Move]
             (
                 i
                 for i, ((x0, y0, x1, y1), o) in enumerate(rects)
-                if o == m.source and x0 <= hx0 <= hx1 <= x1 and y0 <= hy0 <= hy1 <= y1
+                if o == (m.source, -1) and x0 <= hx0 <= hx1 <= x1 and y0 <= hy0 <= hy1 <= y1
             ),
             -1,
         )
         if i < 0:
             raise RoutingError(f"move {m.cells} is not inside one rectangle of evaluator {m.source}")
         box = rects[i][0]
-        rest = [(piece, m.source) for piece in subtract(box, m.cells)]
-        rects[i : i + 1] = [*rest, (m.cells, m.target)]
-    empty = set(range(partitioning.count)) - {o for _, o in rects}
+        rest = [(piece, (m.source, -1)) for piece in subtract(box, m.cells)]
+        rects[i : i + 1] = [*rest, (m.cells, (m.target, -1))]
+    held = {o for _, (o, _) in rects} | {e for t in texts if t is not None for e in t.evaluators}
+    empty = set(range(partitioning.count)) - held
     if empty:
         raise RoutingError(f"the moves leave evaluators {sorted(empty)} with no cell")
     rects = coalesce(rects)
     return Partitioning(
         partitioning.size,
         np.array([b for b, _ in rects], dtype=np.int32),
-        np.array([o for _, o in rects], dtype=np.int32),
+        np.array([o for _, (o, _) in rects], dtype=np.int32),
+        tuple(texts[t] if t >= 0 else None for _, (_, t) in rects) if partitioning.has_text else None,
     )
+
+
+def touches_text(partitioning: Partitioning, cells: CellBox) -> bool:
+    """Return whether ``cells`` meets a text-partitioned rectangle (whose cells the balancer never moves)."""
+    if not partitioning.has_text:
+        return False
+    x0, y0, x1, y1 = cells
+    return bool(partitioning.text_cells[y0 : y1 + 1, x0 : x1 + 1].any())

@@ -30,7 +30,7 @@ import numpy as np
 
 from skpub.balancer.adjacency import adjacent_rectangles, partition_graph
 from skpub.balancer.migration import fan_out_shares, greedy, migration
-from skpub.balancer.operation import KINDS, Loads, Move, Operation
+from skpub.balancer.operation import KINDS, Loads, Move, Operation, touches_text
 from skpub.balancer.shift import best_shift, depth, shift, sites
 from skpub.balancer.splitmerge import best_split_merge, split_merge
 from skpub.kernel.config import BalancerConfig
@@ -43,6 +43,15 @@ NEGLIGIBLE = 0.01
 A decision blocks the next one for a batch (the transfer in flight), so a
 shift of empty lines must not take the place of one that matters.
 """
+
+
+CHAOS_DRAWS = 32
+"""``chaos`` draws this many operations at most until one leaves text-partitioned rectangles alone."""
+
+
+def movable(partitioning: Partitioning, op: Operation) -> bool:
+    """Return whether no move of ``op`` meets a text-partitioned rectangle (those the balancer leaves alone)."""
+    return not any(touches_text(partitioning, m.cells) for m in op.moves)
 
 
 def imbalance(costs: np.ndarray) -> float:
@@ -87,7 +96,7 @@ def adaptive(partitioning: Partitioning, loads: Loads, sigma: float, gain: float
     """
     if partitioning.count < 2 or imbalance(loads.costs) <= sigma:
         return []
-    fixed = candidates(partitioning, loads)
+    fixed = [op for op in candidates(partitioning, loads) if movable(partitioning, op)]
     chosen: list[Operation] = []
     touched: set[int] = set()
     view = loads
@@ -96,7 +105,7 @@ def adaptive(partitioning: Partitioning, loads: Loads, sigma: float, gain: float
         options = [view.operation(op.kind, list(op.moves)) for op in fixed if touched.isdisjoint(op.evaluators)]
         source = max(free, key=lambda e: (view.costs[e], -e))
         fan = migration(partitioning, view, source, fan_out_shares(view.costs, source, free), greedy)
-        if fan is not None:
+        if fan is not None and movable(partitioning, fan):
             options.append(fan)
         best = None
         floor = NEGLIGIBLE * float(view.costs.max())
@@ -199,6 +208,10 @@ def decide(
         return []
     loads = Loads(partitioning, summaries, settings.beta)
     if settings.mode == "chaos":
-        op = chaos(partitioning, loads, np.random.default_rng([settings.seed, batch]))
-        return [op] if op is not None else []
+        rng = np.random.default_rng([settings.seed, batch])
+        for _ in range(CHAOS_DRAWS):
+            op = chaos(partitioning, loads, rng)
+            if op is None or movable(partitioning, op):
+                return [op] if op is not None else []
+        return []
     return adaptive(partitioning, loads, settings.sigma, (1 - settings.decay) * settings.horizon)

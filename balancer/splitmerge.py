@@ -98,7 +98,10 @@ def best_split_merge(partitioning: Partitioning, loads: Loads, graph: nx.Graph) 
     if partitioning.count < 3:
         return None
     x = int(np.argmax(loads.costs))
-    rects = [i for i in range(len(partitioning.boxes)) if partitioning.owners[i] == x]
+    texts = partitioning.texts
+    rects = [i for i in range(len(partitioning.boxes)) if partitioning.owners[i] == x and texts[i] is None]
+    if not rects:  # X answers only for terms of text-partitioned rectangles, which the balancer leaves alone
+        return None
     rect = max(rects, key=lambda i: (loads.rect_cost(i), -i))
     load = loads.rect_loads[rect]
     halves = best_split(load) if load is not None else None

@@ -70,8 +70,14 @@ def plan_after(
         if (partitioning.owner[y0 : y1 + 1, x0 : x1 + 1] != m.source).any():
             raise RoutingError(f"move {m.cells} takes cells evaluator {m.source} does not own before the operation")
     after = apply_moves(partitioning, moves)
-    touched = sorted({e for op in operations for e in op.evaluators})
-    rectangles = {e: tuple(after.boxes_of(e)) for e in touched}
+    touched = {e for op in operations for e in op.evaluators}
+    # and every evaluator whose rectangles the coalescing renumbered or merged (kdt leaves two of one evaluator
+    # side by side): each engine's evaluators take their partitions from the plan
+    rectangles = {
+        e: tuple(after.boxes_of(e))
+        for e in range(after.count)
+        if e in touched or after.boxes_of(e) != partitioning.boxes_of(e)
+    }
     summary_bytes = sum(s.nbytes() for s in summaries)
     decisions = tuple({**op.to_json(), "summary_bytes": summary_bytes} for op in operations)
     plan = TransferPlan(batch, epoch.number + 1, moves, rectangles, decisions)

@@ -115,8 +115,9 @@ class Evaluator:
                 monitor.advance(row.accepted, row.watermark)
                 if isinstance(record, ObjectRecord):
                     cx, cy = row.cells[0], row.cells[1]
-                    matched, examined = match_one(record, cx, cy)
-                    examined += monitor.add_object(record, row.accepted - 1, block_of(cx, cy))
+                    matched, examined = match_one(record, cx, cy, row.only)
+                    if row.window:
+                        examined += monitor.add_object(record, row.accepted - 1, block_of(cx, cy))
                     stats.add(cy * size + cx, cx, cy, examined)
                     if matched:
                         deliveries.extend((record.pos, sid, record.id) for sid in matched)

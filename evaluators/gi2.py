@@ -161,7 +161,9 @@ class GI2Index:
         else:
             del lists[kw]
 
-    def match_one(self, obj: ObjectRecord, cx: int, cy: int) -> tuple[list[str], int]:
+    def match_one(
+        self, obj: ObjectRecord, cx: int, cy: int, only: frozenset[str] | None = None
+    ) -> tuple[list[str], int]:
         """Return the ids of the subscriptions ``obj`` matches (sorted), and the candidates examined.
 
         ``(cx, cy)`` is the object's fine cell. The candidate count is ``q_l``
@@ -169,25 +171,35 @@ class GI2Index:
         that share a keyword with the object. Cost O(min(terms, cell keywords)
         + candidates): the object's terms and the lists' keywords are
         intersected in C first.
+
+        ``only`` (an object of a text-partitioned rectangle, PS2Stream IV-C):
+        the terms this evaluator answers for. Only their lists are read, and
+        a subscription is returned only when the least key (in code-point
+        order) among the clauses the object satisfies is one of them: the
+        evaluators an object reaches answer for disjoint terms, so exactly
+        one returns each match (DESIGN "Text partitions").
         """
         b = self.block
         matched: list[str] = []
         lists = self.cells.get((cy // b) * _ROW + cx // b)
-        examined = self._scan(lists, obj, matched) if lists else 0
+        examined = self._scan(lists, obj, matched, only) if lists else 0
         if self.wide:
-            examined += self._scan(self.wide, obj, matched)
+            examined += self._scan(self.wide, obj, matched, only)
         if len(matched) > 1:
             matched.sort()  # keyword lists come in hash order; a replay must write the same bytes
         return matched, examined
 
-    def _scan(self, lists: dict[str, list[Entry]], obj: ObjectRecord, matched: list[str]) -> int:
+    def _scan(
+        self, lists: dict[str, list[Entry]], obj: ObjectRecord, matched: list[str], only: frozenset[str] | None
+    ) -> int:
         """Append to ``matched`` the subscriptions of ``lists`` that ``obj`` matches; return candidates examined."""
         x, y, terms = obj.x, obj.y, obj.term_set
         dead = self.deleted
         seen: set[str] | None = None
         examined = 0
         stale: list[str] = []
-        for t in lists.keys() & terms:
+        least = self.vocabulary.least_frequent
+        for t in lists.keys() & (terms if only is None else only & terms):
             lst = lists[t]
             examined += len(lst)
             for sid, xmin, ymin, xmax, ymax, dnf, multi in lst:
@@ -203,6 +215,8 @@ class GI2Index:
                     if sid in seen or not any(c <= terms for c in dnf):
                         continue
                     seen.add(sid)
+                    if only is not None and min(least(c) for c in dnf if c <= terms) not in only:
+                        continue
                 elif not dnf[0] <= terms:
                     continue
                 matched.append(sid)

@@ -166,7 +166,7 @@ class Router:
         items = located_table(located)
         parse = time.thread_time() - parse + located.cpu_seconds
         serial = time.thread_time()
-        decisions = self.sequencer.sequence_table(items)
+        decisions = self.sequencer.sequence_table(items, epoch.table.partitioning)
         end = stream_position(batch_id, len(lines))
         table = routed_table(items, decisions, range(self.deployment.evaluators), end)
         dead = rejected_letters(decisions, items.column("pos"), lambda pos: lines[position_index(pos)])

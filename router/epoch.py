@@ -20,7 +20,8 @@ from skpub.kernel.geometry import Rect
 from skpub.kernel.grid import FineGrid
 from skpub.kernel.storage import atomic_write_text
 from skpub.router.agrid import AGrid
-from skpub.router.errors import EpochError
+from skpub.router.errors import EpochError, RoutingError
+from skpub.router.gridt import TermTable
 from skpub.router.partitioning import Partitioning
 from skpub.router.table import RoutingTable
 from skpub.router.uniform import UniformGrid
@@ -35,17 +36,20 @@ class RoutingEpoch:
     table: RoutingTable
 
     def to_json(self) -> dict:
-        """Return the JSON form stored in the epoch directory."""
-        grid = self.table.grid
-        return {
+        """Return the JSON form stored in the epoch directory (``texts``: the term tables, when any)."""
+        grid, partitioning = self.table.grid, self.table.partitioning
+        out = {
             "number": self.number,
             "from_batch": self.from_batch,
             "kind": self.table.kind,
             "space": grid.space.as_list(),
             "grid_size": grid.size,
-            "boxes": self.table.partitioning.boxes.tolist(),
-            "owners": self.table.partitioning.owners.tolist(),
+            "boxes": partitioning.boxes.tolist(),
+            "owners": partitioning.owners.tolist(),
         }
+        if partitioning.has_text:
+            out["texts"] = [None if t is None else t.to_json() for t in partitioning.texts]
+        return out
 
     @classmethod
     def from_json(cls, raw: dict) -> RoutingEpoch:
@@ -60,14 +64,17 @@ class RoutingEpoch:
             grid = FineGrid(Rect(*raw["space"]), int(raw["grid_size"]))
             boxes = np.array(raw["boxes"], dtype=np.int32)
             owners = np.array(raw.get("owners", range(len(boxes))), dtype=np.int32)
+            texts = raw.get("texts")
+            if texts is not None:
+                texts = tuple(None if t is None else TermTable.from_json(t) for t in texts)
             if raw["kind"] == "uniform":
                 table: RoutingTable = UniformGrid(grid, len(boxes))
             elif raw["kind"] == "agrid":
-                table = AGrid(grid, Partitioning(grid.size, boxes, owners))
+                table = AGrid(grid, Partitioning(grid.size, boxes, owners, texts))
             else:
                 raise EpochError(f"unknown routing table kind {raw['kind']!r}")
             return cls(int(raw["number"]), int(raw["from_batch"]), table)
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, RoutingError) as exc:
             raise EpochError(f"damaged epoch: {exc}") from exc
 
 

@@ -17,7 +17,6 @@ then cuts the grid so that the costliest partition is as cheap as possible.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
 
 import numpy as np
@@ -25,13 +24,14 @@ import numpy as np
 from skpub.kernel.config import Deployment
 from skpub.kernel.geometry import Rect
 from skpub.kernel.grid import FineGrid
-from skpub.kernel.objects import ObjectColumns, decode_objects
-from skpub.kernel.records import KnnSubscription, ObjectRecord, RangeSubscription, TopkSubscription, parse_line
 from skpub.kernel.text import Vocabulary
 from skpub.router.agrid import AGrid
+from skpub.router.kdt import kdt_partitioning
 from skpub.router.kdtree import kdtree_partitioning
 from skpub.router.partitioning import cost_partitioning
+from skpub.router.sample import KeyedSample, Sample, parse_sample
 from skpub.router.table import RoutingTable
+from skpub.router.textpart import text_partitioning
 from skpub.router.uniform import UniformGrid
 
 
@@ -60,44 +60,39 @@ def subscription_costs(boxes: np.ndarray, size: int, index_block: int) -> np.nda
     return np.cumsum(np.cumsum(diff, axis=0), axis=1)[:size, :size]
 
 
+def cell_costs(sample: Sample, size: int, index_block: int) -> np.ndarray:
+    """Return the per-cell cost of a parsed sample (Tornado equation 1 and the ranked share, see the module).
+
+    Returns
+    -------
+    ndarray, shape (size, size), float64
+        Cost per fine cell, indexed ``[cy, cx]``. O(objects x matching subscriptions).
+    """
+    by_keyword: dict[str, list[Rect]] = {}
+    for _, rect, keys in sample.ranges:
+        for kw in keys:
+            by_keyword.setdefault(kw, []).append(rect)
+    boxes = np.array([box for box, _, _ in sample.ranges], dtype=np.int64).reshape(-1, 4)
+    costs = subscription_costs(boxes, size, index_block)
+    ranked = sample.ranked
+    columns = (sample.x.tolist(), sample.y.tolist(), sample.cx.tolist(), sample.cy.tolist(), sample.terms)
+    for x, y, cx, cy, term_set in zip(*columns, strict=True):
+        q = sum(1 for t in term_set for r in by_keyword.get(t, ()) if r.contains_point(x, y))
+        costs[cy, cx] += 1 + q + sum(ranked.get(t, 0) for t in term_set)
+    return costs
+
+
 def sample_cell_costs(
     lines: Iterable[bytes | str], grid: FineGrid, vocabulary: Vocabulary, index_block: int, max_record_bytes: int
 ) -> np.ndarray:
-    """Estimate per-cell cost from a sample of input lines.
+    """Estimate per-cell cost from a sample of input lines: :func:`cell_costs` of :func:`parse_sample`.
 
     Returns
     -------
     ndarray, shape (grid.size, grid.size), float64
-        Cost per fine cell, indexed ``[cy, cx]``. Invalid lines are ignored
-        (they cost nothing to evaluate). O(objects x matching subscriptions);
-        objects are decoded in bulk (:func:`~skpub.kernel.objects.decode_objects`), other lines one by one.
+        Cost per fine cell, indexed ``[cy, cx]``.
     """
-    lines = [line.encode("utf-8", "surrogatepass") if isinstance(line, str) else line for line in lines]
-    try:
-        objects, rest = decode_objects(lines, 0, grid.space, max_record_bytes)
-    except Exception:  # noqa: BLE001 - a failing bulk decoder leaves every line to the line-by-line path
-        objects, rest = ObjectColumns.from_records([]), list(range(len(lines)))
-    parsed = [parse_line(lines[i], i, grid.space, max_record_bytes) for i in rest]
-    more = ObjectColumns.from_records([r for r in parsed if type(r) is ObjectRecord])
-    objects = ObjectColumns.concat([objects, more])
-    by_keyword: dict[str, list[Rect]] = {}
-    ranked: Counter[str] = Counter()
-    boxes = []
-    for record in parsed:
-        if isinstance(record, RangeSubscription):
-            boxes.append(grid.cell_box(record.rect))
-            for kw in vocabulary.summary_keywords(record.dnf):
-                by_keyword.setdefault(kw, []).append(record.rect)
-        elif isinstance(record, TopkSubscription | KnnSubscription):
-            ranked.update(record.keywords)
-    costs = subscription_costs(np.array(boxes, dtype=np.int64).reshape(-1, 4), grid.size, index_block)
-    columns = objects.x.tolist(), objects.y.tolist(), objects.terms.to_pylist()
-    for x, y, terms in zip(*columns, strict=True):
-        term_set = set(terms)
-        q = sum(1 for t in term_set for r in by_keyword.get(t, ()) if r.contains_point(x, y))
-        cx, cy = grid.cell_of(x, y)
-        costs[cy, cx] += 1 + q + sum(ranked.get(t, 0) for t in term_set)
-    return costs
+    return cell_costs(parse_sample(lines, grid, vocabulary, max_record_bytes), grid.size, index_block)
 
 
 def initial_table(deployment: Deployment, vocabulary: Vocabulary, sample: Iterable[bytes | str]) -> RoutingTable:
@@ -106,12 +101,21 @@ def initial_table(deployment: Deployment, vocabulary: Vocabulary, sample: Iterab
     ``router = "agrid"``: A-Grid over the cost partitioning of the sample;
     ``router = "kdtree"``: the leaves of a kd-tree over the sample's costs
     (PS2Stream VI-B), routed as a grid index by the A-Grid's neighbor search;
+    ``router = "text"``: every cell text-partitioned with one term
+    assignment (PS2Stream VI-B's metric-based text partitioning,
+    :mod:`skpub.router.textpart`); ``router = "kdt"``: PS2Stream's hybrid
+    kd^t-tree (IV-B, :mod:`skpub.router.kdt`);
     ``router = "uniform"``: Uni-Space-Rout (the sample is not read).
     """
     grid = FineGrid(deployment.space, deployment.grid_size)
     if deployment.router == "uniform":
         return UniformGrid(grid, deployment.evaluators)
-    costs = sample_cell_costs(sample, grid, vocabulary, deployment.index_block, deployment.max_record_bytes)
+    sample = parse_sample(sample, grid, vocabulary, deployment.max_record_bytes)
+    costs = cell_costs(sample, grid.size, deployment.index_block)
     if deployment.router == "kdtree":
         return AGrid(grid, kdtree_partitioning(costs, deployment.evaluators))
+    if deployment.router in ("text", "kdt"):
+        keyed = KeyedSample.of(sample)
+        build = text_partitioning if deployment.router == "text" else kdt_partitioning
+        return AGrid(grid, build(keyed, costs, deployment.evaluators))
     return AGrid(grid, cost_partitioning(costs, deployment.evaluators))

@@ -179,8 +179,8 @@ class Locator:
         assert isinstance(record, RangeSubscription)
         table = self.table
         box = table.grid.cell_box(record.rect)
-        targets = tuple(table.route_parts(box))
-        return Located(record, kind, targets=targets, keywords=self.vocabulary.summary_keywords(record.dnf))
+        keywords = self.vocabulary.summary_keywords(record.dnf)
+        return Located(record, kind, targets=tuple(table.route_parts(box, keywords)), keywords=keywords)
 
 
 def located_table(batch: LocatedBatch) -> pa.Table:

@@ -20,17 +20,24 @@ import numpy as np
 
 from skpub.kernel.grid import CellBox
 from skpub.router.errors import RoutingError
+from skpub.router.gridt import TermTable
 
 
 @dataclass(frozen=True)
 class Partitioning:
     """A tiling of the ``size x size`` fine grid by disjoint cell rectangles, each owned by an evaluator.
 
-    Evaluator ``p``'s *partition* is the union of the rectangles it owns. The
-    initial partitionings give every evaluator one rectangle; the balancer's
-    corner shifts, split/merge and migrations (``skpub.balancer``) leave
-    partitions of several rectangles. Routing stays neighbor-based over the
-    rectangles (:class:`skpub.router.agrid.AGrid`).
+    Evaluator ``p``'s *partition* is the union of the rectangles it holds.
+    The initial partitionings give every evaluator one rectangle; the
+    balancer's corner shifts, split/merge and migrations (``skpub.balancer``)
+    leave partitions of several rectangles. Routing stays neighbor-based over
+    the rectangles (:class:`skpub.router.agrid.AGrid`).
+
+    A rectangle with a :class:`~skpub.router.gridt.TermTable` in ``texts`` is
+    *text-partitioned* (a kd^t-tree leaf partitioned by text, PS2Stream
+    IV-B): every evaluator of its table holds it, each for its terms, and
+    its owner is the table's primary. The balancer never moves its cells
+    (:attr:`text_cells`).
 
     Attributes
     ----------
@@ -39,34 +46,51 @@ class Partitioning:
     boxes : ndarray, shape (r, 4), int32
         Inclusive cell rectangles ``[cx0, cy0, cx1, cy1]``, disjoint, covering the grid.
     owners : ndarray, shape (r,), int32
-        ``owners[i]`` is the evaluator owning rectangle ``i``; None means
-        ``arange(r)`` (one rectangle per evaluator). Every evaluator
-        ``0 .. count - 1`` owns at least one rectangle.
+        ``owners[i]`` is the evaluator owning rectangle ``i`` (the primary of
+        a text-partitioned one); None means ``arange(r)``. Every evaluator
+        ``0 .. count - 1`` holds at least one rectangle.
+    texts : tuple of (TermTable or None), length r, optional
+        The term table of each text-partitioned rectangle; None (default):
+        none is.
     rect_of : ndarray, shape (size, size), int32
         ``rect_of[cy, cx]`` is the rectangle holding cell ``(cx, cy)`` (derived).
     owner : ndarray, shape (size, size), int32
-        ``owner[cy, cx]`` is the evaluator holding cell ``(cx, cy)`` (derived).
+        ``owner[cy, cx]`` is the evaluator owning cell ``(cx, cy)`` (derived).
+    text_cells : ndarray, shape (size, size), bool
+        Whether cell ``(cx, cy)`` is in a text-partitioned rectangle (derived).
 
     Raises
     ------
     RoutingError
-        If the rectangles leave a cell uncovered or cover one twice, or an
-        evaluator below the largest owner owns no rectangle.
+        If the rectangles leave a cell uncovered or cover one twice, an
+        evaluator below the largest one holds no rectangle, or a text
+        rectangle's owner is not its table's primary.
     """
 
     size: int
     boxes: np.ndarray
     owners: np.ndarray | None = None
+    texts: tuple[TermTable | None, ...] | None = None
     rect_of: np.ndarray = field(init=False, repr=False, compare=False)
     owner: np.ndarray = field(init=False, repr=False, compare=False)
+    text_cells: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         boxes = np.asarray(self.boxes, dtype=np.int32).reshape(-1, 4)
         owners = np.arange(len(boxes), dtype=np.int32) if self.owners is None else np.asarray(self.owners, np.int32)
         if owners.shape != (len(boxes),):
             raise RoutingError("one owner per rectangle")
-        if len(boxes) == 0 or set(owners.tolist()) != set(range(int(owners.max()) + 1)):
-            raise RoutingError("every evaluator 0 .. n-1 must own at least one rectangle")
+        texts = (None,) * len(boxes) if self.texts is None else tuple(self.texts)
+        if len(texts) != len(boxes):
+            raise RoutingError("one term table (or None) per rectangle")
+        holders = set(owners.tolist())
+        for i, table in enumerate(texts):
+            if table is not None:
+                if table.primary != owners[i]:
+                    raise RoutingError(f"text rectangle {i} is owned by {owners[i]}, not its primary {table.primary}")
+                holders.update(table.evaluators)
+        if len(boxes) == 0 or holders != set(range(max(holders) + 1)):
+            raise RoutingError("every evaluator 0 .. n-1 must hold at least one rectangle")
         rect_of = np.full((self.size, self.size), -1, dtype=np.int32)
         area = 0
         for i, (x0, y0, x1, y1) in enumerate(boxes.tolist()):
@@ -77,21 +101,34 @@ class Partitioning:
         if area != self.size * self.size or (rect_of < 0).any():
             raise RoutingError("partitions must tile the fine grid exactly once")
         owner = owners[rect_of]
-        for array in (boxes, owners, rect_of, owner):
+        text_cells = np.array([t is not None for t in texts], dtype=bool)[rect_of]
+        for array in (boxes, owners, rect_of, owner, text_cells):
             array.flags.writeable = False
         object.__setattr__(self, "boxes", boxes)
         object.__setattr__(self, "owners", owners)
+        object.__setattr__(self, "texts", texts)
         object.__setattr__(self, "rect_of", rect_of)
         object.__setattr__(self, "owner", owner)
+        object.__setattr__(self, "text_cells", text_cells)
+        object.__setattr__(self, "_count", max(holders) + 1)
 
     @property
     def count(self) -> int:
         """Number of partitions (evaluators)."""
-        return int(self.owners.max()) + 1
+        return self._count
+
+    @property
+    def has_text(self) -> bool:
+        """Whether any rectangle is text-partitioned."""
+        return any(t is not None for t in self.texts)
 
     def boxes_of(self, p: int) -> list[CellBox]:
-        """Return the inclusive cell rectangles of evaluator ``p``'s partition, in rectangle order."""
-        return [tuple(b) for b in self.boxes[self.owners == p].tolist()]
+        """Return the rectangles evaluator ``p`` holds (owned, or text rectangles naming it), in order."""
+        return [
+            tuple(b)
+            for b, o, t in zip(self.boxes.tolist(), self.owners.tolist(), self.texts, strict=True)
+            if o == p or (t is not None and p in t.evaluators)
+        ]
 
 
 def _box_cost(prefix: np.ndarray, box: CellBox) -> float:

@@ -34,6 +34,8 @@ from skpub.kernel.grid import CellBox
 from skpub.kernel.registry import IdRegistry
 from skpub.kernel.transfer import Handoff, holders_after
 from skpub.kernel.wire import KINDS, MARK, OBJECT, ROUTED_SCHEMA, SUBSCRIBE
+from skpub.router.gridt import object_routes
+from skpub.router.partitioning import Partitioning
 from skpub.router.summary import TextualSummaries
 
 Targets = tuple[tuple[int, CellBox], ...]
@@ -97,6 +99,8 @@ class Decisions:
     index: list[int] = field(default_factory=list)
     evaluator: list[int] = field(default_factory=list)
     box: list[CellBox | None] = field(default_factory=list)
+    only: dict[int, tuple[frozenset[str], bool]] = field(default_factory=dict)
+    """Rows of objects in text-partitioned rectangles: ``row -> (terms answered for, window copy)``."""
     rejected: list[tuple[int, str, str]] = field(default_factory=list)
     objects: int = 0
     forwarded: int = 0
@@ -108,7 +112,11 @@ class Decisions:
 
 
 Admit = Callable[[TextualSummaries, list[int]], Sequence[bool]]
-"""``admit(summaries, objects)``: for the accepted object items ``objects``, whether each passes its owner's summary."""
+"""``admit(summaries, objects)``: for the accepted object items ``objects``, whether each passes its owner's summary
+(for an object in a text-partitioned rectangle: whether its primary's window store needs it)."""
+Spread = Callable[[TextualSummaries, list[int]], dict[int, dict[int, frozenset[str]]]]
+"""``spread(summaries, objects)``: for the accepted object items in text-partitioned rectangles, ``item ->
+evaluator -> terms it answers for`` (grid^t's H1 and H2, :func:`skpub.router.gridt.object_routes`)."""
 
 
 class Sequencer:
@@ -215,6 +223,7 @@ class Sequencer:
         owners: np.ndarray,
         subscriptions: Mapping[int, tuple[Targets, frozenset[str]]],
         admit: Admit,
+        spread: Spread | None = None,
     ) -> Decisions:
         """Decide one micro-batch, given its records' compact columns in stream order.
 
@@ -231,6 +240,12 @@ class Sequencer:
         admit : callable
             Tests the batch's accepted objects against the textual summaries
             (:meth:`TextualSummaries.admits` or its vectorized form).
+        spread : callable, optional
+            Routes the accepted objects of text-partitioned rectangles by
+            their terms (:data:`Spread`); such an object goes to its owner
+            (the rectangle's primary) when ``admit`` says its window store
+            needs it or a term sends it there, and to every other evaluator
+            a term sends it to, with no window copy.
 
         Returns
         -------
@@ -255,24 +270,75 @@ class Sequencer:
         rows, ended = self._sequence_others(kinds, ids, subscriptions, out)
         out.objects = len(accepted)
         out.accepted = accepted
-        admitted = (
-            accepted[np.asarray(admit(self.summaries, accepted.tolist()), dtype=bool)] if len(accepted) else accepted
-        )
-        out.forwarded = len(admitted)
+        items = accepted.tolist()
+        mask = np.asarray(admit(self.summaries, items), dtype=bool) if len(accepted) else np.zeros(0, bool)
+        routes = self._spread(spread, items, out.rejected) if spread is not None and len(accepted) else {}
+        owners = np.asarray(owners)
+        if routes:
+            mask = mask.copy()
+            for k, item in enumerate(items):
+                by = routes.get(item)
+                if by is not None and int(owners[item]) in by:
+                    mask[k] = True
+        admitted = accepted[mask]
+        spread_rows = [
+            (item, e, terms) for item, by in routes.items() for e, terms in sorted(by.items()) if e != owners[item]
+        ]
         out.mark = bool(ranked_before or self.ranked_active or any(p.ranked for p in ended))
         for placement in ended:
             self._remove_placement(placement)
-        index = np.concatenate([admitted, np.fromiter((i for i, _, _ in rows), np.int64, len(rows))])
+        index = np.concatenate(
+            [
+                admitted,
+                np.fromiter((i for i, _, _ in spread_rows), np.int64, len(spread_rows)),
+                np.fromiter((i for i, _, _ in rows), np.int64, len(rows)),
+            ]
+        )
+        out.forwarded = len(admitted) + len(spread_rows)
         order = np.argsort(index, kind="stable")
         evaluator = np.concatenate(
-            [np.asarray(owners)[admitted], np.fromiter((e for _, e, _ in rows), np.int64, len(rows))]
+            [
+                owners[admitted],
+                np.fromiter((e for _, e, _ in spread_rows), np.int64, len(spread_rows)),
+                np.fromiter((e for _, e, _ in rows), np.int64, len(rows)),
+            ]
         )
-        box: list[CellBox | None] = [None] * len(admitted) + [b for _, _, b in rows]
+        box: list[CellBox | None] = [None] * (len(admitted) + len(spread_rows)) + [b for _, _, b in rows]
+        only: dict[int, tuple[frozenset[str], bool]] = {}
+        if routes:
+            for r, item in enumerate(admitted.tolist()):
+                by = routes.get(item)
+                if by is not None:
+                    only[r] = (by.get(int(owners[item]), frozenset()), True)
+            for r, (_, _, terms) in enumerate(spread_rows, start=len(admitted)):
+                only[r] = (terms, False)
         out.index = index[order].tolist()
         out.evaluator = evaluator[order].tolist()
         out.box = [box[r] for r in order.tolist()]
+        if only:
+            rank = np.empty(len(order), np.int64)
+            rank[order] = np.arange(len(order))
+            out.only = {int(rank[r]): value for r, value in only.items()}
         out.rejected.sort(key=lambda r: r[0])
         return out
+
+    def _spread(self, spread: Spread, items: list[int], rejected: list) -> dict[int, dict[int, frozenset[str]]]:
+        """Run ``spread`` on the batch's objects, or, should it fail, on each alone.
+
+        An object that fails alone becomes an ``internal_error`` rejection
+        and goes nowhere (SEMANTICS 1: one record never stops the run).
+        """
+        try:
+            return spread(self.summaries, items)
+        except Exception:  # noqa: BLE001 - retried one by one below
+            routes: dict[int, dict[int, frozenset[str]]] = {}
+            for item in items:
+                try:
+                    routes.update(spread(self.summaries, [item]))
+                except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
+                    rejected.append((item, "internal_error", clip(f"{type(exc).__name__}: {exc}", 500)))
+                    routes[item] = {}
+            return routes
 
     def _accept_objects(self, items: np.ndarray, oids: list[str], rejected: list) -> np.ndarray:
         """Register the batch's object ids (stream order); return the items accepted."""
@@ -371,21 +437,64 @@ class Sequencer:
             self.registry.advance_clock(float(watermark[-1]))
         return count_after, watermark, ts
 
-    def sequence_table(self, items: pa.Table) -> Decisions:
+    def sequence_table(self, items: pa.Table, partitioning: Partitioning | None = None) -> Decisions:
         """:meth:`sequence` for a micro-batch's located records in stream order (:data:`LOCATED_SCHEMA` rows).
 
         The records stay columns: the summary test runs in Arrow over the
         objects' terms (:meth:`TextualSummaries.admits_many`), and only
-        subscriptions' targets become Python values.
+        subscriptions' targets become Python values. ``partitioning`` is the
+        batch's epoch's: an object in one of its text-partitioned rectangles
+        goes where its terms send it (:func:`skpub.router.gridt.object_routes`
+        against the textual summaries, grid^t's H2), its terms turned into
+        Python values only for those objects.
         """
         owners = items.column("evaluator").to_numpy()
         terms = items.column("terms").combine_chunks()
+        text = None
+        if partitioning is not None and partitioning.has_text:
+            cx = pc.fill_null(items.column("cx0"), 0).to_numpy()
+            cy = pc.fill_null(items.column("cy0"), 0).to_numpy()
+            text = (items.column("kind").to_numpy() == OBJECT) & partitioning.text_cells[cy, cx]
 
         def admit(summaries: TextualSummaries, objects: list[int]) -> np.ndarray:
-            return summaries.admits_many(owners, terms)[objects] | self._window_needs(terms)[objects]
+            needs = self._window_needs(terms)[objects]
+            admitted = summaries.admits_many(owners, terms)[objects]
+            return needs | (admitted & ~text[objects]) if text is not None else needs | admitted
+
+        def spread(summaries: TextualSummaries, objects: list[int]) -> dict[int, dict[int, frozenset[str]]]:
+            chosen = [i for i in objects if text[i]]
+            if not chosen:
+                return {}
+            held = summaries.counts
+            keys = set().union(*held)
+            out: dict[int, dict[int, frozenset[str]]] = dict.fromkeys(chosen, {})
+            if not keys:
+                return out
+            # only terms that are some subscription's key can send an object anywhere: find them in Arrow
+            lists = terms.take(pa.array(chosen))
+            flat = pc.list_flatten(lists)
+            hit = pc.is_in(flat, value_set=pa.array(list(keys), flat.type)).to_numpy(zero_copy_only=False)
+            where = np.flatnonzero(hit)
+            if not len(where):
+                return out
+            parents = pc.list_parent_indices(lists).to_numpy()[where]
+            words = flat.take(pa.array(where)).to_pylist()
+            found: dict[int, list[str]] = {}
+            for k, word in zip(parents.tolist(), words, strict=True):
+                found.setdefault(k, []).append(word)
+            rects = partitioning.rect_of[cy[chosen], cx[chosen]]
+            tables = partitioning.texts
+            for k, found_words in found.items():
+                out[chosen[k]] = object_routes(tables[int(rects[k])], found_words, held)
+            return out
 
         decisions = self.sequence(
-            items.column("kind").to_numpy(), items.column("id").to_pylist(), owners, _subscriptions(items), admit
+            items.column("kind").to_numpy(),
+            items.column("id").to_pylist(),
+            owners,
+            _subscriptions(items),
+            admit,
+            spread if text is not None else None,
         )
         decisions.clock = self.clock(items, decisions.accepted)
         decisions.end_clock = (self.registry.objects_accepted, self.watermark)
@@ -469,6 +578,14 @@ def routed_table(items: pa.Table, decisions: Decisions, keys: Sequence[int], end
             column = pc.fill_null(taken.column(name), -1).to_numpy().copy()
             column[rows] = [box[c] for _, box in override]
             taken = taken.set_column(taken.schema.get_field_index(name), name, pa.array(column, pa.int32()))
+    if decisions.only:
+        rows_only = [None] * len(decisions.index)
+        window = [None] * len(decisions.index)
+        for r, (terms, keeps) in decisions.only.items():
+            rows_only[r] = sorted(terms)
+            window[r] = None if keeps else False
+        for name, values in (("only", pa.array(rows_only, pa.list_(pa.string()))), ("window", pa.array(window))):
+            taken = taken.set_column(taken.schema.get_field_index(name), name, values)
     taken = taken.cast(ROUTED_SCHEMA)
     if not decisions.mark:
         return taken

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -30,6 +31,7 @@ class RoutingTable(ABC):
         self._rect_of = partitioning.rect_of
         self._boxes = [tuple(b) for b in partitioning.boxes.tolist()]
         self._owners = partitioning.owners.tolist()
+        self._texts = partitioning.texts
 
     @property
     def count(self) -> int:
@@ -58,36 +60,44 @@ class RoutingTable(ABC):
         return self.route_cells(self.grid.cell_box(rect))
 
     def route_cells(self, box: CellBox) -> list[int]:
-        """Return every partition that overlaps the inclusive cell box, without repeats; O(rectangles overlapped)."""
-        return [e for e, _ in self.route_parts(box)]
+        """Return every partition owning a rectangle the inclusive cell box overlaps, once; O(rectangles overlapped)."""
+        return list(dict.fromkeys(self._owners[i] for i in self.route_rects(box)))
 
-    def route_parts(self, box: CellBox) -> list[tuple[int, CellBox]]:
-        """Return ``(partition, cells)`` for every partition the inclusive cell box overlaps.
+    def route_parts(self, box: CellBox, keys: Iterable[str] = ()) -> list[tuple[int, CellBox]]:
+        """Return ``(partition, cells)`` for every partition that must index a range subscription over ``box``.
 
-        ``cells`` is the bounding box of ``box`` ∩ the partition's rectangles
-        that ``box`` overlaps: an evaluator indexes a range subscription over
-        it. It can hold cells of other partitions (when the partition has
-        several rectangles), which is harmless: an evaluator receives only
-        objects of its own cells, and GI^2 tests each against the
-        subscription's rectangle. When cells move to an evaluator that
-        already indexes a subscription over such a box, the transfer must
-        merge the two parts (one entry per subscription id, over their
-        bounding box), or an object could match it twice. O(rectangles
-        overlapped).
+        A rectangle the box overlaps sends the subscription to its owner, or,
+        when text-partitioned, to the evaluator of each of ``keys`` (its
+        clauses' least frequent keywords) in the rectangle's term table
+        (PS2Stream IV-C, :mod:`skpub.router.gridt`). ``cells`` is the bounding
+        box of ``box`` ∩ the rectangles that sent it there: an evaluator
+        indexes the subscription over it. It can hold cells of other
+        partitions (when the partition has several rectangles), which is
+        harmless: an evaluator receives only objects of its own cells, or of
+        a text rectangle with the terms it answers for, and GI^2 tests each
+        against the subscription's rectangle. When cells move to an
+        evaluator that already indexes a subscription over such a box, the
+        transfer must merge the two parts (one entry per subscription id,
+        over their bounding box), or an object could match it twice.
+        O(rectangles overlapped x keys).
         """
         parts: dict[int, CellBox] = {}
         x0, y0, x1, y1 = box
-        boxes, owners = self._boxes, self._owners
+        boxes, owners, texts = self._boxes, self._owners, self._texts
         for i in self.route_rects(box):
             bx0, by0, bx1, by1 = boxes[i]
             cells = (max(x0, bx0), max(y0, by0), min(x1, bx1), min(y1, by1))
-            e = owners[i]
-            seen = parts.get(e)
-            if seen is not None:
-                cells = (min(seen[0], cells[0]), min(seen[1], cells[1]), max(seen[2], cells[2]), max(seen[3], cells[3]))
-            parts[e] = cells
+            table = texts[i]
+            for e in (owners[i],) if table is None else sorted({table.evaluator_of(k) for k in keys}):
+                seen = parts.get(e)
+                parts[e] = cells if seen is None else _union(seen, cells)
         return list(parts.items())
 
     @abstractmethod
     def route_rects(self, box: CellBox) -> list[int]:
         """Return every rectangle (index into ``partitioning.boxes``) overlapping the inclusive cell box, once each."""
+
+
+def _union(a: CellBox, b: CellBox) -> CellBox:
+    """Return the bounding box of two cell boxes."""
+    return (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]))

@@ -25,7 +25,7 @@ def run(tmp_path, lines, dep, overwrite=False):
     return out, summary
 
 
-@pytest.mark.parametrize("router", ["agrid", "kdtree", "uniform"])
+@pytest.mark.parametrize("router", ["agrid", "kdt", "kdtree", "text", "uniform"])
 @pytest.mark.parametrize("evaluators", [1, 3, 8])
 @pytest.mark.parametrize("batch_size", [1, 7, 5000])
 def test_local_engine_equals_oracle(tmp_path, router, evaluators, batch_size):

@@ -135,7 +135,7 @@ def test_local_engine_equals_oracle_on_ranked_workloads(tmp_path, window, evalua
     assert sum(1 for s in expected.snapshots if s["results"]) > 20
 
 
-@pytest.mark.parametrize("router", ["agrid", "uniform"])
+@pytest.mark.parametrize("router", ["agrid", "kdt", "text", "uniform"])
 def test_both_routers_and_near_tie_chains_equal_the_oracle(tmp_path, router):
     lines = ranked_workload(seed=99, n=500)
     dep = deployment(evaluators=4, router=router, batch_size=13).replace(window=Window("count", 40))

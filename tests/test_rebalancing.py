@@ -37,7 +37,7 @@ def chaos(dep, seed=0):
     return dep.replace(balancer=BalancerConfig(mode="chaos", seed=seed))
 
 
-@pytest.mark.parametrize("router", ["agrid", "kdtree", "uniform"])
+@pytest.mark.parametrize("router", ["agrid", "kdt", "kdtree", "text", "uniform"])
 @pytest.mark.parametrize("evaluators", [1, 3, 8])
 @pytest.mark.parametrize("batch_size", [1, 7, 5000])
 def test_range_results_equal_the_oracle_under_chaos(tmp_path, router, evaluators, batch_size):
@@ -48,11 +48,17 @@ def test_range_results_equal_the_oracle_under_chaos(tmp_path, router, evaluators
     operations = read_stream(out, "balancer")
     batches = -(-len(lines) // batch_size)
     # one operation every other batch (none is decided while one is in flight); the last one decided may
-    # find no transfer batch
-    assert len(operations) == (batches // 2 if evaluators > 1 else 0)
+    # find no transfer batch. The balancer leaves text-partitioned rectangles alone: with --router text every
+    # cell is one, with kdt some may be
+    if router == "text":
+        assert operations == []
+    elif router == "kdt":
+        assert len(operations) <= (batches // 2 if evaluators > 1 else 0)
+    else:
+        assert len(operations) == (batches // 2 if evaluators > 1 else 0)
     assert all(op["transfer_batch"] == op["batch"] + 1 and op["first_batch"] == op["batch"] + 2 for op in operations)
     assert sum(n for k, n in summary.balancer.items() if k not in ("subscriptions", "placements")) == len(operations)
-    if evaluators > 1 and batch_size < 50:
+    if evaluators > 1 and batch_size < 50 and router not in ("text", "kdt"):
         assert summary.balancer["placements"] > 0
 
 

@@ -178,10 +178,10 @@ def test_an_evaluator_failure_on_one_object_becomes_internal_error(tmp_path, mon
     victims = list(dict.fromkeys(d["obj"] for d in expected))[:2]
     real = GI2Index.match_one
 
-    def match_one(self, obj, cx, cy):
+    def match_one(self, obj, cx, cy, only=None):
         if obj.id in victims:
             raise ValueError(f"injected failure on {obj.id}")
-        return real(self, obj, cx, cy)
+        return real(self, obj, cx, cy, only)
 
     monkeypatch.setattr(GI2Index, "match_one", match_one)
     out, summary = local(tmp_path, lines, dep)

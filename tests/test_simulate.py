@@ -26,7 +26,7 @@ TINY = {
     "description": "a few thousand GeoNames places, every kind of subscription",
     "workload": {"objects": 2500, "live": 150, "window": 800, "burst_regions": 0.3, "burst_side_scale": 0.2},
     "batch_size": 300,
-    "routers": ["agrid", "kdtree", "uniform"],
+    "routers": ["agrid", "kdt", "kdtree", "text", "uniform"],
     "balancers": ["off", "chaos"],
     "evaluators": [2, 5],
     "maps": [0, 3, -1],
@@ -111,21 +111,23 @@ def report(tmp_path_factory):
 def test_simulate_writes_every_figure_and_routing_never_changes_results(report):
     strategies = list(csv.DictReader((report / "strategies.csv").open()))
     batches = list(csv.DictReader((report / "batches.csv").open()))
-    assert len(strategies) == 12
+    assert len(strategies) == 20
     assert sum(row["recommended"] == "True" for row in strategies) == 1
     per_run = defaultdict(dict)
     for row in batches:
         per_run[(row["router"], row["balancer"], row["evaluators"])][int(row["batch"])] = row
-    assert len(per_run) == 12
+    assert len(per_run) == 20
     # every strategy delivers the same number of results in every batch (exactness), accepts the same objects,
-    # ships each object to at most one evaluator and registers every range subscription at least once
+    # ships each object to at most one evaluator when routing by space, and registers every range subscription
     reference = next(iter(per_run.values()))
-    for run in per_run.values():
+    for (router, _, _), run in per_run.items():
         assert {b: r["deliveries"] for b, r in run.items()} == {b: r["deliveries"] for b, r in reference.items()}
         assert {b: r["objects"] for b, r in run.items()} == {b: r["objects"] for b, r in reference.items()}
-        assert all(float(r["shipping"]) <= 1.0 and float(r["replication"]) >= 1.0 for r in run.values())
+        assert all(float(r["replication"]) >= 1.0 for r in run.values())
+        if router in ("agrid", "kdtree", "uniform"):
+            assert all(float(r["shipping"]) <= 1.0 for r in run.values())
     assert sum(int(r["deliveries"]) for r in reference.values()) > 100
-    chaos = [row for row in strategies if row["balancer"] == "chaos"]
+    chaos = [r for r in strategies if r["balancer"] == "chaos" and r["router"] in ("agrid", "kdtree", "uniform")]
     assert all(int(row["operations"]) > 0 for row in chaos)
     assert all(int(row["operations"]) == 0 for row in strategies if row["balancer"] == "off")
     assert json.loads((report / "_skpub_report.json").read_text())["state"] == "complete"

@@ -41,7 +41,14 @@ def assert_equals_oracle(out, lines, dep):
 
 @pytest.mark.parametrize(
     ("router", "evaluators", "batch_size"),
-    [("agrid", 4, 150), ("uniform", 3, 400), ("kdtree", 5, 200), ("agrid", 1, 10_000)],
+    [
+        ("agrid", 4, 150),
+        ("uniform", 3, 400),
+        ("kdtree", 5, 200),
+        ("text", 3, 170),
+        ("kdt", 8, 120),
+        ("agrid", 1, 10_000),
+    ],  # fmt: skip
 )
 def test_spark_engine_equals_oracle(spark, tmp_path, router, evaluators, batch_size):
     lines = random_workload(seed=evaluators + batch_size, n=550)

@@ -41,6 +41,8 @@ def run_local_too(tmp_path, lines, dep):
         ("range", "agrid", 3, 1, Window()),
         ("ranked", "agrid", 4, 30, Window("count", 40)),
         ("ranked", "uniform", 3, 50, Window("seconds", 30.0)),
+        ("range", "kdt", 8, 20, Window()),
+        ("ranked", "kdt", 8, 30, Window("count", 40)),
     ],
 )
 def test_spark_equals_the_oracle_under_chaos_and_logs_the_local_engines_operations(
@@ -52,7 +54,8 @@ def test_spark_equals_the_oracle_under_chaos_and_logs_the_local_engines_operatio
     out, summary = run(spark, tmp_path, lines, dep)
     assert_outputs_equal_oracle(out, lines, dep, exact_events=batch_size == 1)
     log = operation_log(out)
-    assert len(log) == summary.batches // 2 > 0
+    # with kdt the balancer leaves text-partitioned rectangles alone, so chaos may find nothing to draw
+    assert (0 < len(log) <= summary.batches // 2) if router == "kdt" else len(log) == summary.batches // 2 > 0
     assert log == operation_log(run_local_too(tmp_path, lines, dep))
     assert sum(n for k, n in summary.balancer.items() if k not in ("subscriptions", "placements")) == len(log)
     if workload == "range":

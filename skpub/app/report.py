@@ -124,7 +124,9 @@ def maps_png(scenario: Scenario, results: Sequence[RunResult], space: Rect) -> b
     """Draw the partitions in force at the scenario's map batches; one row per strategy with maps; PNG bytes.
 
     Each rectangle of the partitioning is filled in its evaluator's colour
-    and labelled with its number when it is large enough to read.
+    and labelled with its number when it is large enough to read; a
+    text-partitioned one is hatched, in its primary's colour, and labelled
+    with all its evaluators.
     """
     from matplotlib import colormaps
     from matplotlib.figure import Figure
@@ -139,13 +141,16 @@ def maps_png(scenario: Scenario, results: Sequence[RunResult], space: Rect) -> b
     for row, r in zip(axes, rows, strict=False):
         for ax, (batch, part) in zip(row, sorted(r.maps.items()), strict=False):
             cw, ch = space.width / part.size, space.height / part.size
-            for (x0, y0, x1, y1), owner in zip(part.boxes.tolist(), part.owners.tolist(), strict=True):
+            cells = zip(part.boxes.tolist(), part.owners.tolist(), part.texts, strict=True)
+            for (x0, y0, x1, y1), owner, text in cells:
                 left, bottom = space.xmin + x0 * cw, space.ymin + y0 * ch
                 width, height = (x1 - x0 + 1) * cw, (y1 - y0 + 1) * ch
                 ax.add_patch(Rectangle((left, bottom), width, height, facecolor=palette(owner % 20), alpha=0.75,
-                                       edgecolor="white", linewidth=0.4))  # fmt: skip
+                                       edgecolor="white" if text is None else "black", linewidth=0.4,
+                                       hatch=None if text is None else "////"))  # fmt: skip
                 if width > space.width / 25 and height > space.height / 25:
-                    ax.text(left + width / 2, bottom + height / 2, str(owner), ha="center", va="center", fontsize=7)
+                    label = str(owner) if text is None else "t:" + ",".join(map(str, sorted(text.evaluators)))
+                    ax.text(left + width / 2, bottom + height / 2, label, ha="center", va="center", fontsize=7)
             ax.set_xlim(space.xmin, space.xmax)
             ax.set_ylim(space.ymin, space.ymax)
             ax.set_aspect("equal")
@@ -153,7 +158,7 @@ def maps_png(scenario: Scenario, results: Sequence[RunResult], space: Rect) -> b
             ax.set_title(f"{r.strategy.label}, batch {batch}", fontsize=8)
         for ax in row[len(r.maps) :]:
             ax.set_visible(False)
-    figure.suptitle(f"{scenario.name}: who owns which cells")
+    figure.suptitle(f"{scenario.name}: who owns which cells (hatched: partitioned by text)")
     return _png(figure)
 
 

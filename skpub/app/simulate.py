@@ -271,7 +271,7 @@ class RunResult:
         return sum(b.parts_moved for b in self.batches)
 
 
-def _counting_sink(batch_id, deliveries, dead_letters, statistics, report, events=(), snapshots=()):  # noqa: ANN001, ANN202, ARG001
+def count_outputs(batch_id, deliveries, dead_letters, statistics, report, events=(), snapshots=()):  # noqa: ANN001, ANN202, ARG001
     """Count a batch's outputs, write nothing (a :data:`~skpub.app.engines.local.Sink`)."""
     count = sum(len(part) for part in deliveries) + len(events)
     return complete_report(report, count, unique_letters(dead_letters), statistics)
@@ -334,7 +334,7 @@ def run_strategy(
     with tempfile.TemporaryDirectory(prefix="skpub-simulate-") as tmp:
         pipeline = LocalPipeline.new(Path(tmp), deployment, words, sample)
         for batch_id, batch in enumerate(batches(itertools.chain(sample, lines), deployment.batch_size)):
-            report = pipeline.step(batch_id, batch, _counting_sink)
+            report = pipeline.step(batch_id, batch, count_outputs)
             epochs.setdefault(pipeline.epoch.number, pipeline.epoch.table.partitioning)
             in_force.append(pipeline.epoch.number)
             result.batches.append(_figures(report, pipeline))

@@ -24,7 +24,7 @@ from skpub.kernel.geometry import Rect
 from skpub.kernel.records import MAX_RECORD_BYTES
 from skpub.kernel.registry import DEFAULT_OBJECT_ID_HORIZON
 
-ROUTERS = ("agrid", "kdtree", "uniform")
+ROUTERS = ("agrid", "kdt", "kdtree", "text", "uniform")
 INTEGER_FIELDS = (
     "evaluators", "grid_size", "index_block", "batch_size", "sample_size", "max_record_bytes", "object_id_horizon",
 )  # fmt: skip
@@ -127,7 +127,9 @@ class Deployment:
     router : str
         ``agrid`` (Tornado A-Grid with cost-based partitioning), ``kdtree``
         (a load-balanced kd-tree's leaves, PS2Stream VI-B's space baseline) or
-        ``uniform`` (Uni-Space-Rout: equal spatial partitions, Tornado section 5.1).
+        ``uniform`` (Uni-Space-Rout: equal spatial partitions, Tornado section 5.1),
+        ``text`` (every cell partitioned by terms, PS2Stream VI-B's metric-based
+        baseline) or ``kdt`` (PS2Stream's hybrid kd^t-tree, section IV-B).
     grid_size : int
         Fine grid cells per side (Tornado section 3.1); default 1000 x 1000.
     index_block : int

@@ -27,6 +27,13 @@ class Routed:
     far and the largest object time (seconds; NaN before the first object),
     which the sequencer stamps so that an evaluator keeps the global window
     while it sees only its own objects.
+
+    An object in a text-partitioned rectangle (PS2Stream IV-C) may go to
+    several evaluators: ``only`` is then the set of its terms this
+    evaluator answers for (range matches are delivered only through them,
+    DESIGN "Text partitions"), and ``window`` is false everywhere but at the
+    rectangle's primary, which alone keeps the object for top-k/kNN. For
+    every other row ``only`` is None (every term) and ``window`` true.
     """
 
     evaluator: int
@@ -34,6 +41,8 @@ class Routed:
     cells: CellBox | None = None
     accepted: int = 0
     watermark: float = math.nan
+    only: frozenset[str] | None = None
+    window: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -80,7 +80,8 @@ class TransferPlan:
     """A decision taken after micro-batch ``batch``: ``moves`` in order, and the partitions they leave.
 
     ``rectangles[e]`` is evaluator ``e``'s partition after the moves, for every
-    evaluator the moves touch; ``epoch`` is the number of the epoch that routes
+    evaluator the moves touch or whose rectangles the new partitioning
+    renumbers or merges; ``epoch`` is the number of the epoch that routes
     by it from ``batch + 2``; ``decisions`` the operations' JSON, one each
     (the balancer log's fields: kind, evaluators, moves, C_r, C_t, ...), whose
     moves, in order, are ``moves``.

@@ -15,7 +15,9 @@ the end of a micro-batch). For an object, ``evaluator`` is its owner and
 box of its rectangle (after the sequencer, of rectangle ∩ partition). A topk
 or knn subscription travels as ``spec``, the JSON of its fields. ``accepted``
 and ``watermark`` are the stream clock after the record (see
-:class:`~skpub.kernel.messages.Routed`).
+:class:`~skpub.kernel.messages.Routed`); ``only`` and ``window`` are null but
+for an object in a text-partitioned rectangle: the terms this evaluator
+answers for, and false where it does not keep the object for top-k/kNN.
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ ROUTED_COLUMNS: tuple[tuple[str, str], ...] = (
     ("spec", "string"),
     ("accepted", "bigint"),
     ("watermark", "double"),
+    ("only", "array<string>"),
+    ("window", "boolean"),
 )
 ROUTED_FILE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("evaluator", "int"),
@@ -92,6 +96,7 @@ _ARROW_TYPES = {
     "array<string>": pa.list_(pa.string()),
     "array<double>": pa.list_(pa.float64()),
     "array<int>": pa.list_(pa.int32()),
+    "boolean": pa.bool_(),
 }
 
 
@@ -155,6 +160,10 @@ def to_columns(rows: Sequence[Routed], evaluator_keys: Sequence[int] | None = No
         cols["evaluator"][i] = row.evaluator if evaluator_keys is None else evaluator_keys[row.evaluator]
         cols["pos"][i], cols["id"][i] = rec.pos, rec.id
         cols["accepted"][i], cols["watermark"][i] = row.accepted, row.watermark
+        if row.only is not None:
+            cols["only"][i] = sorted(row.only)
+        if not row.window:
+            cols["window"][i] = False
         if row.cells is not None:
             cols["cx0"][i], cols["cy0"][i], cols["cx1"][i], cols["cy1"][i] = row.cells
         if isinstance(rec, ObjectRecord):
@@ -256,14 +265,34 @@ def from_columns(cols: Mapping[str, Sequence], evaluator: int) -> list[Routed]:
     """
     pos = cols["pos"]
     names = ("kind", "id", "x", "y", "terms", "ts", "expires_at", "cx0", "cy0", "cx1", "cy1", "rect", "dnf", "spec")
-    columns = [cols[name] for name in (*names, "accepted", "watermark")]
+    columns = [cols[name] for name in (*names, "accepted", "watermark", "only", "window")]
     if any(a > b for a, b in pairwise(pos)):
         order = sorted(range(len(pos)), key=pos.__getitem__)
         pos = [pos[i] for i in order]
         columns = [[values[i] for i in order] for values in columns]
     rows = []
     append, nan = rows.append, math.nan
-    for p, kind, oid, x, y, words, ts, expires_at, cx0, cy0, cx1, cy1, rect, dnf, spec, accepted, watermark in zip(
+    for (
+        p,
+        kind,
+        oid,
+        x,
+        y,
+        words,
+        ts,
+        expires_at,
+        cx0,
+        cy0,
+        cx1,
+        cy1,
+        rect,
+        dnf,
+        spec,
+        accepted,
+        watermark,
+        only,
+        window,
+    ) in zip(  # noqa: E501
         pos, *columns, strict=True
     ):
         if watermark is None:
@@ -280,7 +309,12 @@ def from_columns(cols: Mapping[str, Sequence], evaluator: int) -> list[Routed]:
                 None if ts is None or ts != ts else ts,
                 None if expires_at is None or expires_at != expires_at else expires_at,
             )
-            append(Routed(evaluator, record, (cx0, cy0, cx1, cy1), accepted, watermark))
+            if only is None and window is None:
+                append(Routed(evaluator, record, (cx0, cy0, cx1, cy1), accepted, watermark))
+            else:
+                restricted = None if only is None else frozenset(only)
+                cells = (cx0, cy0, cx1, cy1)
+                append(Routed(evaluator, record, cells, accepted, watermark, restricted, window is not False))
         elif kind == SUBSCRIBE and spec is not None:
             append(Routed(evaluator, ranked_from_spec(p, oid, spec), None, accepted, watermark))
         elif kind == SUBSCRIBE:

@@ -169,7 +169,7 @@ class SequencerTask:
         restore = time.thread_time() - restore
         balancing = deployment.balancer.mode != "off"
         placements = _rehome(checkpoint, sequencer, batch_id) if balancing else 0
-        decisions = sequencer.sequence_table(items)
+        decisions = sequencer.sequence_table(items, epoch.table.partitioning)
         end = stream_position(batch_id, sum(r["lines"] for r in reports))
         routed = routed_table(items, decisions, self.keys, end)
         rejected = _rejected_letters(self.files, reports, items, decisions, self.entries)

@@ -1,0 +1,120 @@
+"""Benchmark (j): PS2Stream Figures 6-7 on GeoNames Q1, Q2, Q3, and grid^t's routing cost (docs/benchmarks.md (j)).
+
+Part ``figures``: the shipped scenarios ``q1``, ``q2`` and ``q3`` (``sims/scenarios/``)
+through the embedded engine with every router (kdt, kdtree, text, agrid,
+uniform), 8 evaluators, balancer off (the initial partitionings compared, as
+in Figure 7): simulated throughput (objects per simulated parallel second,
+:func:`skpub.app.summary.parallel_seconds`), total workload (PS2Stream's
+objective: every evaluator's cost, replication included, cost units) and
+the figures behind them, median of ``--repeat`` runs (the runs are
+identical but for CPU timing). Then the targets: on Q3 kdt at least 1.3x the
+better of kdtree and text and the least total workload; on Q1 within 10% of
+kdtree, on Q2 within 10% of text.
+
+Part ``routing``: the routing unit's cost per object with every cell
+text-partitioned (``--router text``) at ``--live`` live range subscriptions:
+the sequencer's CPU per object (grid^t lookups against the textual
+summaries) against the same stream routed by space (A-Grid).
+
+Run: python -m benchmarks.partitioning [--parts figures routing] [--repeat 3] [--objects N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from skpub.app.engines.local import LocalPipeline
+from skpub.app.simulate import RunResult, Strategy, count_outputs, deployment_for, load_scenario, override, run_strategy
+from skpub.kernel.inputs import batches, iter_lines, take_sample
+from skpub.kernel.text import load_vocabulary
+from skpub.sims.geonames import write_workload
+
+ROUTERS = ("kdt", "kdtree", "text", "agrid", "uniform")
+
+
+def _median_run(runs: list[RunResult]) -> tuple[float, RunResult]:
+    """Return the median throughput of identical runs and one of them (their cost figures are equal)."""
+    return statistics.median(r.throughput for r in runs), runs[0]
+
+
+def part_figures(args: argparse.Namespace, workdir: Path) -> None:
+    print(f"\n(j) PS2Stream Figure 7 on GeoNames, 8 evaluators, balancer off, median of {args.repeat}")
+    print(f"{'query':>5} {'router':>8} {'objects/sim s':>13} {'total workload':>14} {'imbalance':>9}"
+          f" {'subs/sub':>8} {'rows/object':>11}")  # fmt: skip
+    for name in ("q1", "q2", "q3"):
+        scenario = override(load_scenario(name), objects=args.objects)
+        stream, vocabulary = write_workload(scenario.workload, workdir / name)
+        results = {}
+        for router in ROUTERS:
+            strategy = Strategy(router, "off", 8)
+            runs = [run_strategy(scenario, stream, vocabulary, strategy) for _ in range(args.repeat)]
+            throughput, run = _median_run(runs)
+            results[router] = (throughput, run)
+            print(f"{name:>5} {router:>8} {throughput:>13,.0f} {run.total_workload:>14,} {run.imbalance:>9.2f}"
+                  f" {run.replication:>8.2f} {run.shipping:>11.2f}")  # fmt: skip
+        kdt, kdtree, text = results["kdt"][0], results["kdtree"][0], results["text"][0]
+        least = min(results, key=lambda r: results[r][1].total_workload)
+        if name == "q3":
+            ratio = kdt / max(kdtree, text)
+            verdict = "met" if ratio >= 1.3 else "NOT met"
+            print(f"      target: kdt {ratio:.2f}x the better of kdtree and text (>= 1.3: {verdict});"
+                  f" least total workload: {least} ({'met' if least == 'kdt' else 'NOT met'})")  # fmt: skip
+        else:
+            peer = "kdtree" if name == "q1" else "text"
+            ratio = kdt / results[peer][0]
+            print(f"      target: kdt {ratio:.2f}x {peer} (>= 0.9: {'met' if ratio >= 0.9 else 'NOT met'})")
+
+
+def _sequencer_us_per_object(scenario, stream: Path, vocabulary: Path, router: str) -> float:
+    """Return the sequencer's CPU microseconds per object over the batches that carry objects."""
+    dep = deployment_for(scenario, Strategy(router, "off", 8), vocabulary)
+    lines = iter_lines(stream)
+    sample = take_sample(lines, dep.sample_size)
+    seconds = objects = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        pipeline = LocalPipeline.new(Path(tmp), dep, load_vocabulary(dep.vocabulary), sample)
+        for b, batch in enumerate(batches(itertools.chain(sample, lines), dep.batch_size)):
+            report = pipeline.step(b, batch, count_outputs)
+            if report.objects:
+                seconds += report.stage_cpu["sequencer"]
+                objects += report.objects
+    return seconds / objects * 1e6 if objects else float("nan")
+
+
+def part_routing(args: argparse.Namespace, workdir: Path) -> None:
+    base = load_scenario("q2")
+    workload = dataclasses.replace(base.workload, live=args.live, objects=args.objects, inserts_per_object=0.0)
+    scenario = dataclasses.replace(base, workload=workload, batch_size=20_000)
+    stream, vocabulary = write_workload(scenario.workload, workdir / f"routing-{args.live}")
+    print(f"\n(j) routing unit per object at {args.live:,} live range subscriptions (Q2 keywords),"
+          f" median of {args.repeat}")  # fmt: skip
+    for router in ("agrid", "text", "kdt"):
+        runs = [_sequencer_us_per_object(scenario, stream, vocabulary, router) for _ in range(args.repeat)]
+        print(f"  {router:>6}: sequencer {statistics.median(runs):.2f} us per object")
+
+
+PARTS = {"figures": part_figures, "routing": part_routing}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--objects", type=int, default=None, help="objects per workload (default: the scenario's)")
+    parser.add_argument("--live", type=int, default=100_000, help="live subscriptions for the routing part")
+    args = parser.parse_args()
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="skpub-bench-") as tmp:
+        for part in args.parts:
+            PARTS[part](args, Path(tmp))
+    print(f"\n{time.perf_counter() - start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

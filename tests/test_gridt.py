@@ -1,0 +1,167 @@
+"""grid^t: text-partitioned rectangles route every matching (subscription, object) pair to an evaluator that
+delivers it, and exactly one does; the kd^t-tree and the text baseline build valid partitionings."""
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skpub.evaluators.gi2 import GI2Index
+from skpub.kernel.geometry import Rect
+from skpub.kernel.grid import FineGrid
+from skpub.kernel.records import ObjectRecord, RangeSubscription
+from skpub.kernel.text import Vocabulary
+from skpub.router.agrid import AGrid
+from skpub.router.epoch import RoutingEpoch
+from skpub.router.errors import RoutingError
+from skpub.router.gridt import TermTable, object_routes
+from skpub.router.kdt import KdtSettings, kdt_partitioning
+from skpub.router.partitioning import Partitioning, cost_partitioning
+from skpub.router.sample import KeyedSample, parse_sample
+from skpub.router.summary import TextualSummaries
+from skpub.router.textpart import text_partitioning
+
+WORDS = ["a", "b", "c", "d", "e", "f", "g", "h"]
+SPACE = Rect(0, 0, 100, 100)
+
+
+@st.composite
+def text_partitionings(draw):
+    size = draw(st.integers(2, 16))
+    n = min(draw(st.integers(1, 6)), size * size)
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    base = cost_partitioning(rng.random((size, size)), n)
+    texts, owners = [], []
+    for owner in base.owners.tolist():
+        if rng.random() < 0.6:
+            others = [e for e in range(n) if e != owner]
+            chosen = rng.choice(others, size=int(rng.integers(0, len(others) + 1)), replace=False).tolist()
+            members = (owner, *chosen)
+            assigned = {w: int(rng.choice(members)) for w in WORDS if rng.random() < 0.4}
+            texts.append(TermTable(members, assigned))
+        else:
+            texts.append(None)
+        owners.append(owner)
+    return Partitioning(size, base.boxes, np.array(owners), tuple(texts))
+
+
+@st.composite
+def dnfs(draw):
+    clauses = draw(st.lists(st.frozensets(st.sampled_from(WORDS), min_size=1, max_size=3), min_size=1, max_size=3))
+    return tuple(dict.fromkeys(clauses))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    text_partitionings(),
+    st.lists(st.tuples(st.floats(0, 90), st.floats(0, 90), st.floats(1, 60), st.floats(1, 60), dnfs()), max_size=12),
+    st.lists(st.tuples(st.floats(0, 100), st.floats(0, 100), st.frozensets(st.sampled_from(WORDS))), max_size=20),
+    st.dictionaries(st.sampled_from(WORDS), st.integers(1, 50)),
+)
+def test_every_matching_pair_reaches_a_common_evaluator_and_exactly_one_delivers_it(part, subs, objects, df):
+    grid = FineGrid(SPACE, part.size)
+    table = AGrid(grid, part)
+    vocabulary = Vocabulary(100, df)
+    indexes = {e: GI2Index(2, vocabulary) for e in range(part.count)}
+    summaries = TextualSummaries(part.count)
+    records = []
+    for i, (x, y, w, h, dnf) in enumerate(subs):
+        sub = RangeSubscription(i, f"s{i}", Rect(x, y, min(100, x + w), min(100, y + h)), dnf)
+        records.append(sub)
+        keys = vocabulary.summary_keywords(dnf)
+        for e, cells in table.route_parts(grid.cell_box(sub.rect), keys):
+            indexes[e].insert(sub, cells)
+            summaries.add(e, keys)
+    delivered = []
+    for j, (x, y, terms) in enumerate(objects):
+        obj = ObjectRecord(1000 + j, f"o{j}", x, y, tuple(sorted(terms)), terms)
+        cx, cy = grid.cell_of(x, y)
+        rect = part.rect_of[cy, cx]
+        if part.texts[rect] is None:
+            rows = {part.owners[rect]: None}
+        else:
+            rows = object_routes(part.texts[rect], terms, summaries.counts)
+        for e, only in rows.items():
+            matched, _ = indexes[e].match_one(obj, cx, cy, only)
+            delivered += [(s, obj.id) for s in matched]
+    expected = [
+        (s.id, f"o{j}")
+        for j, (x, y, terms) in enumerate(objects)
+        for s in records
+        if s.rect.contains_point(x, y) and any(c <= terms for c in s.dnf)
+    ]
+    assert sorted(delivered) == sorted(expected)
+
+
+def test_a_term_table_routes_assigned_terms_and_hashes_the_rest_the_same_everywhere():
+    a = TermTable((2, 0, 5), {"jazz": 5})
+    b = TermTable((5, 2, 0), {"jazz": 5})
+    assert a.primary == 2 and b.primary == 5
+    assert a.evaluator_of("jazz") == 5
+    for word in ("sushi", "ramen", "café", "\udcff"):
+        assert a.evaluator_of(word) == b.evaluator_of(word) in (0, 2, 5)
+    assert TermTable.from_json(json.loads(json.dumps(a.to_json()))) == a
+    with pytest.raises(RoutingError):
+        TermTable((1, 1))
+    with pytest.raises(RoutingError):
+        TermTable((1, 2), {"x": 3})
+    with pytest.raises(RoutingError):
+        TermTable.from_json({"evaluators": "no"})
+
+
+def test_a_text_rectangle_must_be_owned_by_its_primary_and_every_evaluator_must_hold_one():
+    boxes = np.array([[0, 0, 1, 3], [2, 0, 3, 3]])
+    with pytest.raises(RoutingError, match="primary"):
+        Partitioning(4, boxes, np.array([0, 1]), (TermTable((1, 0)), None))
+    part = Partitioning(4, boxes, np.array([0, 0]), (TermTable((0, 2, 1)), None))
+    assert part.count == 3 and part.boxes_of(2) == [(0, 0, 1, 3)] and part.boxes_of(0) == [(0, 0, 1, 3), (2, 0, 3, 3)]
+    with pytest.raises(RoutingError, match="every evaluator"):
+        Partitioning(4, boxes, np.array([0, 0]), (TermTable((0, 2)), None))
+
+
+def test_an_epoch_with_text_rectangles_survives_its_json():
+    boxes = np.array([[0, 0, 1, 3], [2, 0, 3, 3]])
+    part = Partitioning(4, boxes, np.array([0, 1]), (TermTable((0, 1), {"a": 1}), None))
+    epoch = RoutingEpoch(3, 7, AGrid(FineGrid(SPACE, 4), part))
+    again = RoutingEpoch.from_json(json.loads(json.dumps(epoch.to_json())))
+    assert again.table.partitioning.texts == part.texts
+    assert again.to_json() == epoch.to_json()
+
+
+def _sample_lines(seed, regions):
+    """Objects everywhere; per region (box, keyword pool, side): subscriptions over it."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for i, (box, pool, side) in enumerate(regions):
+        x0, y0, x1, y1 = box
+        for j in range(300):
+            x, y = rng.uniform(x0, x1 - side), rng.uniform(y0, y1 - side)
+            keywords = sorted(set(rng.choice(pool, size=2).tolist()))
+            rect = [x, y, x + side, y + side]
+            lines.append(json.dumps({"type": "subscribe", "id": f"s{i}-{j}", "kind": "range", "rect": rect,
+                                     "keywords": keywords[:1]}))  # fmt: skip
+    for k in range(4000):
+        x, y = rng.uniform(0, 100), rng.uniform(0, 100)
+        terms = sorted(set(rng.choice(WORDS + [f"w{i}" for i in range(40)], size=4).tolist()))
+        lines.append(json.dumps({"type": "object", "id": f"o{k}", "x": x, "y": y, "terms": terms}))
+    return lines
+
+
+def test_kdt_partitions_by_text_where_ranges_are_large_and_by_space_where_they_are_small():
+    # west: many selective keywords over whole-region ranges (Q2), east: one frequent keyword over tiny ranges (Q1)
+    west = ((0, 0, 50, 100), [f"w{i}" for i in range(40)], 45.0)
+    east = ((50, 0, 100, 100), ["a"], 0.5)
+    grid = FineGrid(SPACE, 50)
+    sample = parse_sample(_sample_lines(3, [west, east]), grid, Vocabulary(), 1 << 20)
+    keyed = KeyedSample.of(sample)
+    part = kdt_partitioning(keyed, np.ones((50, 50)), 8, KdtSettings(min_objects=100))
+    assert part.count == 8
+    text_columns = {
+        cx for i, t in enumerate(part.texts) if t is not None for cx in range(part.boxes[i][0], part.boxes[i][2] + 1)
+    }
+    assert text_columns and max(text_columns) < 25  # text partitions only in the west half
+    assert any(t is None and part.boxes[i][0] >= 25 for i, t in enumerate(part.texts))
+    whole = text_partitioning(keyed, np.ones((50, 50)), 8)
+    assert whole.text_cells.all() and {t.primary for t in whole.texts} == set(range(8))
