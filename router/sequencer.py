@@ -276,10 +276,8 @@ class Sequencer:
         owners = np.asarray(owners)
         if routes:
             mask = mask.copy()
-            for k, item in enumerate(items):
-                by = routes.get(item)
-                if by is not None and int(owners[item]) in by:
-                    mask[k] = True
+            sent = [item for item, by in routes.items() if int(owners[item]) in by]
+            mask[np.searchsorted(accepted, sent)] = True  # accepted items are ascending
         admitted = accepted[mask]
         spread_rows = [
             (item, e, terms) for item, by in routes.items() for e, terms in sorted(by.items()) if e != owners[item]

@@ -156,7 +156,7 @@ def test_kdt_partitions_by_text_where_ranges_are_large_and_by_space_where_they_a
     grid = FineGrid(SPACE, 50)
     sample = parse_sample(_sample_lines(3, [west, east]), grid, Vocabulary(), 1 << 20)
     keyed = KeyedSample.of(sample)
-    part = kdt_partitioning(keyed, np.ones((50, 50)), 8, KdtSettings(min_objects=100))
+    part = kdt_partitioning(keyed, np.ones((50, 50)), 8, KdtSettings(delta=0.3, min_objects=100))
     assert part.count == 8
     text_columns = {
         cx for i, t in enumerate(part.texts) if t is not None for cx in range(part.boxes[i][0], part.boxes[i][2] + 1)
