@@ -140,7 +140,30 @@ class _Builder:
         if len(weights) < k:
             return None
         groups = group_terms(weights, k)
-        return [replace(leaf, load=sum(weights[t] for t in g), terms=tuple(g)) for g in groups]
+        loads = self.group_loads(leaf, groups, o, q)
+        return [replace(leaf, load=load, terms=tuple(g)) for g, load in zip(groups, loads, strict=True)]
+
+    def group_loads(self, leaf: Leaf, groups: list[list[str]], o: Counter, q: Counter) -> list[float]:
+        """Return Definition 1 of each term group: its pairs, objects reached and subscriptions filed there.
+
+        An object counts once per group it reaches however many of its keys
+        the group answers for, a subscription once per group its clauses'
+        keys reach. O(objects x keys + subscriptions x clauses).
+        """
+        group_of = {t: g for g, terms in enumerate(groups) for t in terms}
+        objects = [0] * len(groups)
+        for i in leaf.objects.tolist():
+            for g in {group_of[t] for t in self.sample.keys[i] if t in group_of}:
+                objects[g] += 1
+        subscriptions = [0] * len(groups)
+        for i in leaf.subscriptions.tolist():
+            for g in {group_of[t] for t in self.sample.sub_keys[i] if t in group_of}:
+                subscriptions[g] += 1
+        model = self.model
+        return [
+            model.c1 * sum(o.get(t, 0) * q[t] for t in terms) + model.c2 * objects[g] + model.c3 * subscriptions[g]
+            for g, terms in enumerate(groups)
+        ]
 
     def by_space(self, leaf: Leaf, k: int, depth: int = 0) -> list[Leaf] | None:
         """Cut a region into ``k`` kd-tree leaves (None when it has fewer cells)."""
