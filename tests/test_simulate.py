@@ -54,6 +54,11 @@ def test_every_shipped_scenario_parses_and_names_its_strategies():
         ({"stray": 1}, "stray"),
         ({"routers": []}, "no strategy"),
         ({"evaluators": list(range(1, 40))}, "strategies (at most 64)"),
+        ({"evaluators": [5000]}, "evaluators 5000"),
+        ({"workload": {"live": 10**9}}, "workload live"),
+        ({"workload": {"objects": "many"}}, "workload: Expected `int | null`"),
+        ({"workload": {"seed": 1.5}}, "workload: "),
+        ({"maps": list(range(20))}, "20 maps"),
     ],
 )
 def test_a_bad_scenario_is_refused_with_the_reason(change, message):

@@ -51,6 +51,12 @@ from skpub.sims.geonames import WorkloadSpec, deployment_of, write_workload
 
 MAX_STRATEGIES = 64
 """Most strategies one scenario may ask for (each is a whole run)."""
+MAX_EVALUATORS = 1024
+MAX_LIVE = 1_000_000
+MAX_BATCH = 1_000_000
+MAX_MAPS = 12
+"""Bounds on what a scenario file may ask for: evaluators per strategy, live subscriptions, records per batch,
+batches drawn on the map."""
 SCENARIO_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """A scenario's name (its file's stem) names its report files."""
 
@@ -121,15 +127,22 @@ def parse_scenario(name: str, data: bytes) -> Scenario:
         raw = msgspec.json.decode(data, type=_ScenarioFile)
     except msgspec.DecodeError as exc:
         raise ConfigError(f"scenario {name}: {exc}") from None
+    unknown = sorted(set(raw.workload) - {f.name for f in dataclasses.fields(WorkloadSpec)})
+    if unknown:
+        raise ConfigError(f"scenario {name}: workload: unknown fields {unknown}")
     try:
-        workload = WorkloadSpec(**raw.workload)
-    except (TypeError, ValueError) as exc:
+        workload = msgspec.convert(raw.workload, WorkloadSpec)
+    except (msgspec.ValidationError, TypeError, ValueError) as exc:
         raise ConfigError(f"scenario {name}: workload: {exc}") from None
     problems = [f"router {r!r} (one of {ROUTERS})" for r in raw.routers if r not in ROUTERS]
     problems += [f"balancer {b!r} (one of {BALANCER_MODES})" for b in raw.balancers if b not in BALANCER_MODES]
-    problems += [f"evaluators {n} (1 or more)" for n in raw.evaluators if n < 1]
-    if raw.batch_size < 1:
-        problems.append(f"batch_size {raw.batch_size} (1 or more)")
+    problems += [f"evaluators {n} (1 to {MAX_EVALUATORS})" for n in raw.evaluators if not 1 <= n <= MAX_EVALUATORS]
+    if not 1 <= raw.batch_size <= MAX_BATCH:
+        problems.append(f"batch_size {raw.batch_size} (1 to {MAX_BATCH})")
+    if workload.live > MAX_LIVE:
+        problems.append(f"workload live {workload.live} (at most {MAX_LIVE})")
+    if len(raw.maps) > MAX_MAPS:
+        problems.append(f"{len(raw.maps)} maps (at most {MAX_MAPS})")
     if not (raw.routers and raw.balancers and raw.evaluators):
         problems.append("no strategy (routers, balancers and evaluators must not be empty)")
     count = len(set(raw.routers)) * len(set(raw.balancers)) * len(set(raw.evaluators))
@@ -161,8 +174,11 @@ def override(scenario: Scenario, **changes: object) -> Scenario:
             raise ConfigError("--objects must be 1 or more")
         scenario = dataclasses.replace(scenario, workload=dataclasses.replace(scenario.workload, objects=objects))
     kept = {k: tuple(dict.fromkeys(v)) for k, v in changes.items() if v is not None}
-    if any(n < 1 for n in kept.get("evaluators", ())):
-        raise ConfigError("--evaluators must be 1 or more")
+    if any(not 1 <= n <= MAX_EVALUATORS for n in kept.get("evaluators", ())):
+        raise ConfigError(f"--evaluators must be 1 to {MAX_EVALUATORS}")
+    count = len(kept.get("routers", scenario.routers)) * len(kept.get("balancers", scenario.balancers))
+    if count * len(kept.get("evaluators", scenario.evaluators)) > MAX_STRATEGIES:
+        raise ConfigError(f"more than {MAX_STRATEGIES} strategies for scenario {scenario.name}")
     return dataclasses.replace(scenario, **kept)
 
 
