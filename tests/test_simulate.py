@@ -15,6 +15,7 @@ from skpub.app.simulate import (
     RunResult,
     Strategy,
     load_scenario,
+    median_run,
     parse_scenario,
     recommend,
     shipped_scenarios,
@@ -101,6 +102,21 @@ def test_recommend_takes_the_fewest_evaluators_that_are_fast_enough_and_breaks_n
     assert recommend(results, enough=0.99).result.strategy.evaluators == 8
     with pytest.raises(ValueError):
         recommend([])
+
+
+def test_repeated_runs_take_each_batchs_median_time():
+    def run(times):
+        batches = [BatchFigures(i, 10, t, 1, 5, 1.0, 1.0, 1.0, 0, 0, 3) for i, t in enumerate(times)]
+        return RunResult("s", Strategy("agrid", "off", 2), batches, {}, sum(times))
+
+    combined = median_run([run([1.0, 9.0]), run([3.0, 1.0]), run([2.0, 2.0])])
+    assert [b.parallel_seconds for b in combined.batches] == [2.0, 2.0]
+    assert combined.throughput == 20 / 4.0 and combined.total_workload == 10
+    with pytest.raises(ValueError):
+        median_run([run([1.0]), run([1.0, 2.0])])
+    with pytest.raises(ValueError):
+        median_run([])
+    assert main(["simulate", "q1", "--repeat", "0"]) == 2
 
 
 @pytest.fixture(scope="module")

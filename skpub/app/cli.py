@@ -122,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--balancers", nargs="+", choices=BALANCER_MODES, help="balancer modes (default: the scenario's)")
     sim.add_argument("--evaluators", nargs="+", type=int, help="evaluator counts (default: the scenario's)")
     sim.add_argument("--objects", type=int, help="objects per workload (default: the scenario's)")
+    sim.add_argument(
+        "--repeat", type=int, default=1, help="runs per strategy; each batch takes their median time (default 1)"
+    )
 
     workload = sub.add_parser("workload", help="write a replayable workload")
     wsub = workload.add_subparsers(dest="workload", required=True)
@@ -234,10 +237,12 @@ def _simulate(args: argparse.Namespace, argv: list[str]) -> int:
     names = [s.name for s in scenarios]
     if len(set(names)) != len(names):
         raise ConfigError(f"two scenarios share a name: {sorted(n for n in set(names) if names.count(n) > 1)}")
+    if not 1 <= args.repeat <= 9:
+        raise ConfigError("--repeat must be 1 to 9")
     root = claim_report_dir(Path(args.output), args.overwrite)
     runs = sum(len(s.strategies()) for s in scenarios)
     print_progress(f"{len(scenarios)} scenario(s), {runs} runs, report in {root}")
-    outcome = simulate(scenarios, root / WORKLOAD, print_progress)
+    outcome = simulate(scenarios, root / WORKLOAD, print_progress, args.repeat)
     page = write_report(root, outcome, "skpub " + " ".join(argv), SPACE)
     for scenario, results in outcome:
         print(f"{scenario.name}: {recommend(results).reason}")

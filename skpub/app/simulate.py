@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -412,14 +413,43 @@ def recommend(results: Sequence[RunResult], enough: float = 0.9, noise: float = 
     return Recommendation(pick, reason + ".")
 
 
+def median_run(runs: Sequence[RunResult]) -> RunResult:
+    """Combine identical runs of one strategy: per batch the median simulated parallel seconds.
+
+    Everything but CPU timing is the same in every run (the engine is
+    deterministic), so the other figures are the first run's.
+
+    Raises
+    ------
+    ValueError
+        If ``runs`` is empty or the runs differ in their batches.
+    """
+    if not runs:
+        raise ValueError("no runs to combine")
+    first = runs[0]
+    if any(len(r.batches) != len(first.batches) for r in runs):
+        raise ValueError("runs of one strategy differ in their batches")
+    batches = [
+        dataclasses.replace(b, parallel_seconds=statistics.median(r.batches[i].parallel_seconds for r in runs))
+        for i, b in enumerate(first.batches)
+    ]
+    wall = statistics.median(r.wall_seconds for r in runs)
+    return RunResult(first.scenario, first.strategy, batches, first.maps, wall)
+
+
 def simulate(
-    scenarios: Sequence[Scenario], workdir: Path, progress: Callable[[str], None] = lambda text: None
+    scenarios: Sequence[Scenario],
+    workdir: Path,
+    progress: Callable[[str], None] = lambda text: None,
+    repeat: int = 1,
 ) -> list[tuple[Scenario, list[RunResult]]]:
-    """Run every strategy of every scenario; return the results in scenario and strategy order.
+    """Run every strategy of every scenario ``repeat`` times; return the results in scenario and strategy order.
 
     The workloads are written under ``workdir/<scenario>/`` (reused when
     their spec did not change). ``progress`` receives one line per run and
-    a line every 5 s within a long run.
+    a line every 5 s within a long run. With ``repeat`` > 1 each strategy's
+    batches take the median parallel seconds of its runs (:func:`median_run`),
+    which steadies the comparison of strategies within a few percent.
     """
     runs = sum(len(s.strategies()) for s in scenarios)
     done = 0
@@ -438,7 +468,7 @@ def simulate(
                     last[0] = time.perf_counter()
                     progress(f"{head}: batch {figures.batch}")
 
-            result = run_strategy(scenario, stream, vocabulary, strategy, tick)
+            result = median_run([run_strategy(scenario, stream, vocabulary, strategy, tick) for _ in range(repeat)])
             progress(
                 f"{head}: {len(result.batches)} batches in {result.wall_seconds:.1f} s, "
                 f"{result.throughput:,.0f} objects/simulated s, imbalance {result.imbalance:.2f}"
