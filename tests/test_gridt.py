@@ -4,6 +4,7 @@ delivers it, and exactly one does; the kd^t-tree and the text baseline build val
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -16,7 +17,7 @@ from skpub.kernel.text import Vocabulary
 from skpub.router.agrid import AGrid
 from skpub.router.epoch import RoutingEpoch
 from skpub.router.errors import RoutingError
-from skpub.router.gridt import TermTable, object_routes
+from skpub.router.gridt import TermTable, route_objects, routing_classes
 from skpub.router.kdt import KdtSettings, kdt_partitioning
 from skpub.router.partitioning import Partitioning, cost_partitioning
 from skpub.router.sample import KeyedSample, parse_sample
@@ -74,16 +75,25 @@ def test_every_matching_pair_reaches_a_common_evaluator_and_exactly_one_delivers
         for e, cells in table.route_parts(grid.cell_box(sub.rect), keys):
             indexes[e].insert(sub, cells)
             summaries.add(e, keys)
+    cells = [grid.cell_of(x, y) for x, y, _ in objects]
+    rects = [int(part.rect_of[cy, cx]) for cx, cy in cells]
+    text = [k for k, r in enumerate(rects) if part.texts[r] is not None]
+    # one batch, its terms in any order and repeated: grid^t routes them all at once
+    lists = pa.array([sorted(objects[k][2]) * 2 for k in text], pa.list_(pa.string()))
+    routes = route_objects(part.term_tables, part.text_class[[rects[k] for k in text]], lists, summaries.counts)
+    pairs = list(zip(routes.objects.tolist(), routes.evaluators.tolist(), strict=True))
+    assert pairs == sorted(set(pairs)), "one row per (object, evaluator), in order"
+    rows: dict[int, dict[int, frozenset | None]] = {k: {part.owners[r]: None} for k, r in enumerate(rects)}
+    for k in text:
+        rows[k] = {}
+    for k, e, only in zip(routes.objects.tolist(), routes.evaluators.tolist(), routes.terms.to_pylist(), strict=True):
+        assert only == sorted(set(only)) and only, "distinct sorted terms"
+        rows[text[k]][e] = frozenset(only)
     delivered = []
     for j, (x, y, terms) in enumerate(objects):
         obj = ObjectRecord(1000 + j, f"o{j}", x, y, tuple(sorted(terms)), terms)
-        cx, cy = grid.cell_of(x, y)
-        rect = part.rect_of[cy, cx]
-        if part.texts[rect] is None:
-            rows = {part.owners[rect]: None}
-        else:
-            rows = object_routes(part.texts[rect], terms, summaries.counts)
-        for e, only in rows.items():
+        cx, cy = cells[j]
+        for e, only in rows[j].items():
             matched, _ = indexes[e].match_one(obj, cx, cy, only)
             delivered += [(s, obj.id) for s in matched]
     expected = [
@@ -165,3 +175,19 @@ def test_kdt_partitions_by_text_where_ranges_are_large_and_by_space_where_they_a
     assert any(t is None and part.boxes[i][0] >= 25 for i, t in enumerate(part.texts))
     whole = text_partitioning(keyed, np.ones((50, 50)), 8)
     assert whole.text_cells.all() and {t.primary for t in whole.texts} == set(range(8))
+
+
+def test_route_objects_takes_null_rows_repeats_and_no_summaries():
+    a = TermTable((0, 1), {"jazz": 1, "sushi": 0})
+    b = TermTable((1, 0), {"jazz": 1, "sushi": 0})
+    classes, tables = routing_classes((a, None, b))
+    assert classes.tolist() == [0, -1, 0] and tables == (a,)
+    lists = pa.array([["jazz", "sushi", "jazz"], None, [], ["sushi"]], pa.list_(pa.string()))
+    routes = route_objects(tables, np.zeros(4, np.int64), lists)
+    rows = list(zip(routes.objects.tolist(), routes.evaluators.tolist(), routes.terms.to_pylist(), strict=True))
+    assert rows == [(0, 0, ["sushi"]), (0, 1, ["jazz"]), (3, 0, ["sushi"])]
+    held = [{"sushi": 1}, {}]
+    routes = route_objects(tables, np.zeros(4, np.int64), lists, held)
+    assert routes.objects.tolist() == [0, 3] and routes.terms.to_pylist() == [["sushi"], ["sushi"]]
+    empty = route_objects(tables, np.zeros(1, np.int64), pa.array([["x"]], pa.list_(pa.string())), [{}, {}])
+    assert len(empty.objects) == 0 and len(empty.terms) == 0
