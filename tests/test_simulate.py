@@ -139,13 +139,14 @@ def test_simulate_writes_every_figure_and_routing_never_changes_results(report):
         per_run[(row["router"], row["balancer"], row["evaluators"])][int(row["batch"])] = row
     assert len(per_run) == 20
     # every strategy delivers the same number of results in every batch (exactness), accepts the same objects,
-    # ships each object to at most one evaluator when routing by space, and registers every range subscription
+    # ships each object to at most one evaluator when routing by space (and no text split by the balancer made a
+    # rectangle text-partitioned), and registers every range subscription
     reference = next(iter(per_run.values()))
-    for (router, _, _), run in per_run.items():
+    for (router, balancer, _), run in per_run.items():
         assert {b: r["deliveries"] for b, r in run.items()} == {b: r["deliveries"] for b, r in reference.items()}
         assert {b: r["objects"] for b, r in run.items()} == {b: r["objects"] for b, r in reference.items()}
         assert all(float(r["replication"]) >= 1.0 for r in run.values())
-        if router in ("agrid", "kdtree", "uniform"):
+        if router in ("agrid", "kdtree", "uniform") and balancer == "off":
             assert all(float(r["shipping"]) <= 1.0 for r in run.values())
     assert sum(int(r["deliveries"]) for r in reference.values()) > 100
     chaos = [r for r in strategies if r["balancer"] == "chaos" and r["router"] in ("agrid", "kdtree", "uniform")]

@@ -13,7 +13,8 @@ import json
 import math
 import re
 import unicodedata
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import product
@@ -311,6 +312,17 @@ class Vocabulary:
         if len(dnf) == 1 and len(dnf[0]) == 1:
             return dnf[0]
         return frozenset(self.least_frequent(clause) for clause in dnf)
+
+
+def hashed_evaluator(term: str, ring: Sequence[int]) -> int:
+    """Return ``ring[crc32(term's UTF-8) % len(ring)]``: a term's evaluator among ``ring`` (sorted), in any process.
+
+    grid^t's term tables send a term no partitioning assigned by it
+    (:class:`skpub.router.gridt.TermTable`), and an evaluator that splits a
+    rectangle by text finds with it what it hands over (PS2Stream V-A phase
+    I). CRC-32, unlike ``hash``, is the same in every process; O(len(term)).
+    """
+    return ring[zlib.crc32(term.encode("utf-8", "surrogatepass")) % len(ring)]
 
 
 @lru_cache(maxsize=4)

@@ -41,12 +41,27 @@ FORMAT = 2
 """Format of plan and hand-off documents (2: a plan holds several operations)."""
 
 
+TEXT_MOVES = ("", "split", "merge")
+"""A move's ``text``: cells change owner (""), a plain rectangle is split by text, a text one merged back."""
+
+
 @dataclass(frozen=True)
 class Move:
     """Cells ``cells`` (inside one rectangle of ``source``'s partition) go to ``target``.
 
     ``cost`` is their decayed cost (cost units), ``queries`` the subscriptions
     indexed over them (what the transfer carries), both from the load summaries.
+    ``text`` (PS2Stream V-A phase I, :mod:`skpub.balancer.textsplit`):
+    ``"split"``: ``cells`` are a whole plain rectangle of ``source``, which
+    becomes text-partitioned between ``source`` (primary) and ``target``, and
+    only subscriptions with a key ``target`` answers for go; ``"merge"``:
+    ``cells`` are a whole text rectangle of exactly ``source`` and ``target``,
+    which becomes ``target``'s plain rectangle.
+
+    Raises
+    ------
+    ValueError
+        If ``text`` is not one of :data:`TEXT_MOVES`.
     """
 
     cells: CellBox
@@ -54,11 +69,17 @@ class Move:
     target: int
     cost: float = 0.0
     queries: int = 0
+    text: str = ""
+
+    def __post_init__(self) -> None:
+        if self.text not in TEXT_MOVES:
+            raise ValueError(f"a move's text is one of {TEXT_MOVES}, not {self.text!r}")
 
     def to_json(self) -> dict:
-        """Return the move as a JSON object."""
-        return {"cells": list(self.cells), "source": self.source, "target": self.target,
-                "cost": self.cost, "queries": self.queries}  # fmt: skip
+        """Return the move as a JSON object (``text`` only when set)."""
+        out = {"cells": list(self.cells), "source": self.source, "target": self.target,
+               "cost": self.cost, "queries": self.queries}  # fmt: skip
+        return {**out, "text": self.text} if self.text else out
 
     @classmethod
     def from_json(cls, raw: dict) -> Move:
@@ -72,7 +93,10 @@ class Move:
         cells = tuple(_int(c) for c in raw["cells"])
         if len(cells) != 4:
             raise ValueError("a move's cells are 4 integers")
-        return cls(cells, _int(raw["source"]), _int(raw["target"]), float(raw["cost"]), _int(raw["queries"]))
+        text = raw.get("text", "")
+        if not isinstance(text, str):
+            raise TypeError("a move's text is a string")
+        return cls(cells, _int(raw["source"]), _int(raw["target"]), float(raw["cost"]), _int(raw["queries"]), text)
 
 
 @dataclass(frozen=True)
