@@ -11,8 +11,11 @@ and coalesces rectangles of one owner that share a whole edge, so shifts and
 corner shifts leave rectangles and repeated migrations do not fragment the
 grid without end.
 
-The kd^t-tree's text partitions (PS2Stream phase I) will add a term set to a
-move; the protocol and the transfer stay the same.
+A move of PS2Stream's phase I (:mod:`skpub.balancer.textsplit`) keeps its
+rectangle whole and changes how it is partitioned: a ``split`` makes a plain
+rectangle text-partitioned between two evaluators, a ``merge`` makes a
+two-evaluator text rectangle plain again; the protocol and the transfer stay
+the same.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from skpub.kernel.grid import CellBox
 from skpub.kernel.load import BlockLoad, LoadSummary, RectangleLoad
 from skpub.kernel.transfer import Move
 from skpub.router.errors import RoutingError
+from skpub.router.gridt import TermTable
 from skpub.router.partitioning import Partitioning
 
-KINDS = ("horizontal_shift", "vertical_shift", "corner_shift", "split_merge", "migration")
-"""Operation names as in the papers (Tornado 4.2; PS2Stream V-A)."""
+KINDS = ("horizontal_shift", "vertical_shift", "corner_shift", "split_merge", "text_split", "text_merge", "migration")
+"""Operation names as in the papers (Tornado 4.2; PS2Stream V-A: phase I, text split and merge, before GR)."""
 
 
 @dataclass(frozen=True)
@@ -91,12 +95,14 @@ class Loads:
         self.queries = np.zeros(n, dtype=np.int64)
         self.blocks: list[tuple[BlockLoad, ...]] = [()] * n
         by_box: dict[CellBox, RectangleLoad] = {}
+        self.members: dict[tuple[int, CellBox], RectangleLoad] = {}
         for s in summaries:
             if 0 <= s.evaluator < n:
                 self.costs[s.evaluator] = s.cost
                 self.queries[s.evaluator] = s.queries
                 self.blocks[s.evaluator] = s.blocks
                 by_box.update((r.box, r) for r in s.rectangles)
+                self.members.update(((s.evaluator, r.box), r) for r in s.rectangles)
         self.rect_loads: list[RectangleLoad | None] = [by_box.get(tuple(b)) for b in partitioning.boxes.tolist()]
 
     def with_costs(self, costs: np.ndarray) -> Loads:
@@ -114,6 +120,14 @@ class Loads:
         """Return cost and subscriptions of ``cells``, a strip of rectangle ``i`` (zeros without a summary)."""
         r = self.rect_loads[i]
         return r.strip(cells) if r is not None else (0.0, 0)
+
+    def member_load(self, evaluator: int, box: CellBox) -> tuple[float, int]:
+        """Return ``evaluator``'s decayed cost and subscriptions over its rectangle ``box`` (zeros without a summary).
+
+        A text-partitioned rectangle has one per evaluator that shares it.
+        """
+        r = self.members.get((evaluator, box))
+        return (r.cost, r.queries) if r is not None else (0.0, 0)
 
     def rect_queries(self, i: int) -> int:
         """Subscriptions over rectangle ``i`` (0 without a summary)."""
@@ -194,26 +208,30 @@ def apply_moves(partitioning: Partitioning, moves: tuple[Move, ...] | list[Move]
     (O(grid cells), numpy).
 
     Text-partitioned rectangles keep their term tables and are never cut or
-    merged (the balancer does not move their cells).
+    coalesced; only a move of phase I changes one (:func:`_text_move`).
 
     Raises
     ------
     RoutingError
         If a move's cells are not inside one rectangle of its source (as the
         earlier moves left it), meet a text-partitioned rectangle, or the
-        moves leave an evaluator with no cell.
+        moves leave an evaluator with no cell; if a text move's rectangle is
+        not as :class:`~skpub.kernel.transfer.Move` says.
     """
-    texts = partitioning.texts
-    # a text rectangle's owner key is (owner, its index), so that coalescing never merges it
+    tables = list(partitioning.texts)
+    # a text rectangle's owner key is (owner, its index in tables), so that coalescing never merges it
     rects = [
-        (tuple(b), (o, i if texts[i] is not None else -1))
+        (tuple(b), (o, i if tables[i] is not None else -1))
         for i, (b, o) in enumerate(zip(partitioning.boxes.tolist(), partitioning.owners.tolist(), strict=True))
     ]
     for m in moves:
+        if not 0 <= m.target < partitioning.count or m.target == m.source:
+            raise RoutingError(f"move {m.cells} targets evaluator {m.target}, not another of {partitioning.count}")
+        if m.text:
+            _text_move(rects, tables, m)
+            continue
         if touches_text(partitioning, m.cells):
             raise RoutingError(f"move {m.cells} meets a text-partitioned rectangle")
-        if not 0 <= m.target < partitioning.count:
-            raise RoutingError(f"move {m.cells} targets evaluator {m.target}, not one of {partitioning.count}")
         hx0, hy0, hx1, hy1 = m.cells
         i = next(
             (
@@ -228,17 +246,43 @@ def apply_moves(partitioning: Partitioning, moves: tuple[Move, ...] | list[Move]
         box = rects[i][0]
         rest = [(piece, (m.source, -1)) for piece in subtract(box, m.cells)]
         rects[i : i + 1] = [*rest, (m.cells, (m.target, -1))]
-    held = {o for _, (o, _) in rects} | {e for t in texts if t is not None for e in t.evaluators}
+    held = {o for _, (o, _) in rects} | {e for _, (_, t) in rects if t >= 0 for e in tables[t].evaluators}
     empty = set(range(partitioning.count)) - held
     if empty:
         raise RoutingError(f"the moves leave evaluators {sorted(empty)} with no cell")
     rects = coalesce(rects)
+    texts = tuple(tables[t] if t >= 0 else None for _, (_, t) in rects)
     return Partitioning(
         partitioning.size,
         np.array([b for b, _ in rects], dtype=np.int32),
         np.array([o for _, (o, _) in rects], dtype=np.int32),
-        tuple(texts[t] if t >= 0 else None for _, (_, t) in rects) if partitioning.has_text else None,
+        texts if any(t is not None for t in texts) else None,
     )
+
+
+def _text_move(rects: list[tuple[CellBox, tuple[int, int]]], tables: list[TermTable | None], m: Move) -> None:
+    """Apply text move ``m`` to ``rects`` (owner keys index ``tables``, which a split extends), in place.
+
+    A split makes ``source``'s plain rectangle ``m.cells`` text-partitioned
+    with ``TermTable((source, target))``; a merge makes the text rectangle of
+    exactly ``source`` and ``target`` plain, ``target``'s.
+
+    Raises
+    ------
+    RoutingError
+        If no rectangle is as the move says.
+    """
+    for i, (box, (owner, t)) in enumerate(rects):
+        if box != tuple(m.cells):
+            continue
+        if m.text == "split" and owner == m.source and t < 0:
+            tables.append(TermTable((m.source, m.target)))
+            rects[i] = (box, (owner, len(tables) - 1))
+            return
+        if m.text == "merge" and t >= 0 and sorted(tables[t].evaluators) == sorted((m.source, m.target)):
+            rects[i] = (box, (m.target, -1))
+            return
+    raise RoutingError(f"text {m.text} {m.cells}: no such rectangle of evaluator {m.source}")
 
 
 def touches_text(partitioning: Partitioning, cells: CellBox) -> bool:

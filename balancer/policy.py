@@ -33,6 +33,8 @@ from skpub.balancer.migration import fan_out_shares, greedy, migration
 from skpub.balancer.operation import KINDS, Loads, Move, Operation, touches_text
 from skpub.balancer.shift import best_shift, depth, shift, sites
 from skpub.balancer.splitmerge import best_split_merge, split_merge
+from skpub.balancer.textsplit import mergeable, phase_one, text_merge, text_split
+from skpub.balancer.textsplit import splittable as text_splittable
 from skpub.kernel.config import BalancerConfig
 from skpub.kernel.load import LoadSummary
 from skpub.router.partitioning import Partitioning
@@ -50,8 +52,8 @@ CHAOS_DRAWS = 32
 
 
 def movable(partitioning: Partitioning, op: Operation) -> bool:
-    """Return whether no move of ``op`` meets a text-partitioned rectangle (those the balancer leaves alone)."""
-    return not any(touches_text(partitioning, m.cells) for m in op.moves)
+    """Return whether no move of ``op`` moves cells of a text-partitioned rectangle (only phase I changes those)."""
+    return not any(touches_text(partitioning, m.cells) for m in op.moves if not m.text)
 
 
 def imbalance(costs: np.ndarray) -> float:
@@ -79,8 +81,11 @@ def adaptive(partitioning: Partitioning, loads: Loads, sigma: float, gain: float
 
     A round weighs, on the costs the earlier rounds leave: every shift and
     the split/merge of :func:`candidates` whose evaluators are all untouched,
-    and the fan-out migration (PS2Stream V-A, GR) from the costliest
-    untouched evaluator to the untouched ones under the mean; it takes the
+    PS2Stream V-A's phase I for the costliest untouched evaluator (text
+    splits of its costliest rectangles towards the least loaded untouched
+    one, text merges into untouched ones: :func:`~skpub.balancer.textsplit.phase_one`)
+    and phase II, the fan-out migration (GR) from it to the untouched ones
+    under the mean; it takes the
     one with the largest C_r among those with ``gain`` x C_r > C_t (Tornado
     4.2; ties to the earlier kind in :data:`KINDS`, then the earlier
     candidate), and whose C_r is more than :data:`NEGLIGIBLE` of the
@@ -104,6 +109,7 @@ def adaptive(partitioning: Partitioning, loads: Loads, sigma: float, gain: float
     while len(free) > 1 and imbalance(view.costs) > sigma:
         options = [view.operation(op.kind, list(op.moves)) for op in fixed if touched.isdisjoint(op.evaluators)]
         source = max(free, key=lambda e: (view.costs[e], -e))
+        options += phase_one(partitioning, view, source, [e for e in free if e != source])
         fan = migration(partitioning, view, source, fan_out_shares(view.costs, source, free), greedy)
         if fan is not None and movable(partitioning, fan):
             options.append(fan)
@@ -124,7 +130,10 @@ def adaptive(partitioning: Partitioning, loads: Loads, sigma: float, gain: float
 def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) -> Operation | None:
     """Return one legal operation drawn with ``rng``, or None when none is legal.
 
-    A kind is drawn among the possible ones, then an instance: a shift site
+    A kind is drawn among the possible ones, then an instance: a text split
+    of a random plain rectangle towards a random other evaluator, a text
+    merge of a random two-evaluator text rectangle by a random one of them
+    (:mod:`skpub.balancer.textsplit`); a shift site
     (a horizontal or vertical one only where the rectangle keeps a line) and
     its number of lines; a split/merge of a random rectangle at a random cut
     with a random adjacent pair of other evaluators; or a migration of a
@@ -143,12 +152,27 @@ def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) ->
     splittable = [i for i, b in enumerate(boxes) if b[2] > b[0] or b[3] > b[1]]
     edges = list(partition_graph(partitioning, pairs).edges) if n >= 3 else []
     movable = [i for i, b in enumerate(boxes) if b[2] > b[0] or b[3] > b[1] or counts[owners[i]] > 1]
-    kinds = [
-        k for k, some in (("shift", shifts), ("split_merge", splittable and edges), ("migration", movable)) if some
-    ]
+    plain = [i for i in range(len(boxes)) if text_splittable(partitioning, i)]
+    merges = [(i, e) for i, t in enumerate(partitioning.texts) if t is not None for e in t.evaluators
+              if mergeable(partitioning, i, e)]  # fmt: skip
+    options = (
+        ("shift", shifts),
+        ("split_merge", splittable and edges),
+        ("migration", movable),
+        ("text_split", plain),
+        ("text_merge", merges),
+    )
+    kinds = [k for k, some in options if some]
     if not kinds:
         return None
     kind = kinds[int(rng.integers(len(kinds)))]
+    if kind == "text_split":
+        rect = plain[int(rng.integers(len(plain)))]
+        target = int(rng.choice([e for e in range(n) if e != owners[rect]]))
+        return text_split(partitioning, loads, rect, target)
+    if kind == "text_merge":
+        rect, source = merges[int(rng.integers(len(merges)))]
+        return text_merge(partitioning, loads, rect, source)
     if kind == "shift":
         site = shifts[int(rng.integers(len(shifts)))]
         lines = depth(boxes[site.a], site.side)

@@ -58,7 +58,8 @@ def plan_after(
     RoutingError
         If a move's cells are not all its source's before the decision (the
         sources hand off what they hold at the end of ``batch + 1``, so a
-        decision may not pass cells on twice).
+        decision may not pass cells on twice), or a text move's rectangle is
+        not as it says (:func:`~skpub.balancer.operation.apply_moves`).
     """
     operations = decide(settings, epoch.table.partitioning, summaries, batch)
     if not operations:
@@ -67,7 +68,7 @@ def plan_after(
     moves = tuple(m for op in operations for m in op.moves)
     for m in moves:
         x0, y0, x1, y1 = m.cells
-        if (partitioning.owner[y0 : y1 + 1, x0 : x1 + 1] != m.source).any():
+        if not m.text and (partitioning.owner[y0 : y1 + 1, x0 : x1 + 1] != m.source).any():
             raise RoutingError(f"move {m.cells} takes cells evaluator {m.source} does not own before the operation")
     after = apply_moves(partitioning, moves)
     touched = {e for op in operations for e in op.evaluators}

@@ -41,8 +41,8 @@ from skpub.kernel.records import (
     range_from_row,
     range_row,
 )
-from skpub.kernel.text import Vocabulary
-from skpub.kernel.transfer import Carried, Handoff, TransferPlan
+from skpub.kernel.text import Vocabulary, hashed_evaluator
+from skpub.kernel.transfer import Carried, Handoff, Move, TransferPlan
 
 
 @dataclass
@@ -210,14 +210,26 @@ class Evaluator:
         mine = [(i, m) for i, m in enumerate(plan.moves) if m.source == self.evaluator_id]
         if not mine:
             return None
-        carried = tuple(
-            Carried(i, m.target, tuple(self.export_cells(m.cells)), tuple(sorted(self.load.take(m.cells).items())))
-            for i, m in mine
-        )
+        carried = tuple(Carried(i, m.target, *self._moved(m)) for i, m in mine)
         keep = plan.rectangles[self.evaluator_id]
         # every subscription held meets the partition, so only one over moved cells can be left with none
         moved = {sub.id for c in carried for sub, _ in c.subscriptions}
         return Handoff(plan.transfer_batch, self.evaluator_id, carried, tuple(sorted(self._outside(moved, keep))))
+
+    def _moved(self, move: Move) -> tuple[tuple, tuple]:
+        """Return what ``move`` carries from here: subscription parts and cell costs (:class:`Carried`'s).
+
+        A text split (PS2Stream V-A phase I) carries the subscriptions with a
+        key the target answers for in the split rectangle (the stable hash
+        over the two, :func:`~skpub.kernel.text.hashed_evaluator`, as its
+        term table routes) and no cost: both evaluators go on working there.
+        """
+        parts = self.export_cells(move.cells)
+        if move.text == "split":
+            ring, keys = sorted((move.source, move.target)), self.index.vocabulary.summary_keywords
+            parts = [p for p in parts if any(hashed_evaluator(k, ring) == move.target for k in keys(p[0].dnf))]
+            return tuple(parts), ()
+        return tuple(parts), tuple(sorted(self.load.take(move.cells).items()))
 
     def take_over(self, plan: TransferPlan, handoffs: Iterable[Handoff]) -> None:
         """Complete ``plan`` here at the start of its first batch: import what is carried to us, keep the new partition.

@@ -16,7 +16,7 @@ Routing through a text-partitioned rectangle (PS2Stream IV-C; DESIGN
 - a range subscription goes, for each DNF clause, to the evaluator of the
   clause's least frequent keyword (its *key*; an AND subscription has one);
 - an object goes to the evaluator of each of its terms that is a key held
-  there (:func:`object_routes`), with the set of those terms: the evaluator
+  there (:func:`route_objects`), with the set of those terms: the evaluator
   delivers a subscription the object matches only when the least key among
   the clauses it satisfies is one of them (GI^2's restricted match,
   :meth:`skpub.evaluators.gi2.GI2Index.match_one`), so a (subscription,
@@ -28,16 +28,18 @@ Routing through a text-partitioned rectangle (PS2Stream IV-C; DESIGN
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from skpub.kernel.text import hashed_evaluator
 from skpub.router.errors import RoutingError
 
-
-def stable_hash(term: str) -> int:
-    """Return CRC-32 of the term's UTF-8 bytes: the same in every process (unlike ``hash``)."""
-    return zlib.crc32(term.encode("utf-8", "surrogatepass"))
+MEMO_TERMS = 1 << 18
+"""Terms a :class:`TermTable` remembers the evaluator of (then it forgets them all): bounds its memory."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class TermTable:
         object.__setattr__(self, "evaluators", evaluators)
         object.__setattr__(self, "assigned", dict(self.assigned))
         object.__setattr__(self, "_ring", tuple(sorted(evaluators)))
+        object.__setattr__(self, "_memo", {})  # term -> evaluator: a pure function's cache, at most MEMO_TERMS
 
     @property
     def primary(self) -> int:
@@ -82,9 +85,17 @@ class TermTable:
         return self.evaluators[0]
 
     def evaluator_of(self, term: str) -> int:
-        """Return the evaluator responsible for ``term`` in this rectangle; O(len(term))."""
-        e = self.assigned.get(term)
-        return e if e is not None else self._ring[stable_hash(term) % len(self._ring)]
+        """Return the evaluator responsible for ``term`` in this rectangle; O(len(term)), O(1) when seen lately."""
+        memo = self._memo
+        e = memo.get(term)
+        if e is None:
+            e = self.assigned.get(term)
+            if e is None:
+                e = hashed_evaluator(term, self._ring)
+            if len(memo) >= MEMO_TERMS:
+                memo.clear()
+            memo[term] = e
+        return e
 
     def to_json(self) -> dict:
         """Return ``{"evaluators": [...], "assigned": {term: evaluator}}`` (terms sorted)."""
@@ -106,35 +117,122 @@ class TermTable:
             raise RoutingError(f"damaged term table: {exc}") from None
 
 
-def subscription_evaluators(table: TermTable, keys: Iterable[str]) -> set[int]:
-    """Return the evaluators a range subscription with clause keys ``keys`` goes to in the rectangle."""
-    return {table.evaluator_of(k) for k in keys}
+def routing_classes(texts: Sequence[TermTable | None]) -> tuple[np.ndarray, tuple[TermTable, ...]]:
+    """Group rectangles whose tables send every term to the same evaluator.
 
-
-def object_routes(
-    table: TermTable, terms: Iterable[str], held: Sequence[Mapping[str, int]] | None = None
-) -> dict[int, frozenset[str]]:
-    """Return ``evaluator -> terms it is responsible for`` for an object in the rectangle.
-
-    Parameters
-    ----------
-    table : TermTable
-    terms : iterable of str
-        The object's terms.
-    held : sequence of mappings, optional
-        ``held[e]``: the keys of the subscriptions evaluator ``e`` holds (the textual
-        summaries' counts): a term goes to its evaluator only when held
-        there (grid^t's H2: an object no subscription term can match is not
-        sent). None sends every term.
+    Two tables route alike when they have the same evaluators (in any order:
+    the primary only keeps window objects) and the same assignments; the text
+    baseline gives every rectangle such a table, so a batch resolves each
+    term once rather than once per rectangle.
 
     Returns
     -------
-    dict
-        Evaluators with at least one responsible term; O(terms).
+    (classes, tables)
+        ``classes`` : ndarray, shape (len(texts),), int32: rectangle ``i``'s class,
+        -1 for a rectangle without a table; ``tables[c]`` is the first table
+        of class ``c``. O(assigned terms log assigned terms) per table.
     """
-    out: dict[int, set[str]] = {}
-    for t in terms:
-        e = table.evaluator_of(t)
-        if held is None or t in held[e]:
-            out.setdefault(e, set()).add(t)
-    return {e: frozenset(ts) for e, ts in out.items()}
+    keys: dict[tuple, int] = {}
+    tables: list[TermTable] = []
+    classes = np.full(len(texts), -1, np.int32)
+    for i, table in enumerate(texts):
+        if table is not None:
+            key = (table._ring, tuple(sorted(table.assigned.items())))
+            if key not in keys:
+                keys[key] = len(tables)
+                tables.append(table)
+            classes[i] = keys[key]
+    return classes, tuple(tables)
+
+
+@dataclass(frozen=True)
+class TermRoutes:
+    """Where grid^t sends a batch of objects in text-partitioned rectangles: one row per (object, evaluator).
+
+    Attributes
+    ----------
+    objects : ndarray, shape (r,), int64
+        The object (its index in the batch given to :func:`route_objects`), ascending.
+    evaluators : ndarray, shape (r,), int64
+        The evaluator, ascending within an object; no (object, evaluator) twice.
+    terms : pyarrow.ListArray of string, length r
+        The terms the evaluator answers for there: distinct, sorted.
+    """
+
+    objects: np.ndarray
+    evaluators: np.ndarray
+    terms: pa.ListArray
+
+
+def route_objects(
+    tables: Sequence[TermTable],
+    classes: np.ndarray,
+    terms: pa.ListArray,
+    held: Sequence[Mapping[str, int]] | None = None,
+    keys: pa.Array | None = None,
+) -> TermRoutes:
+    """Route objects in text-partitioned rectangles by their terms (grid^t's H1 and H2, PS2Stream IV-C).
+
+    An object goes to the evaluator of each of its terms (``tables[classes[k]]``,
+    :meth:`TermTable.evaluator_of`) that is a key held there, with the set of
+    those terms: only a term some subscription there was routed by can send it
+    (an object no subscription term can match goes nowhere).
+
+    Parameters
+    ----------
+    tables : sequence of TermTable
+        The rectangles' routing classes (:func:`routing_classes`).
+    classes : ndarray, shape (n,), int
+        Object ``k``'s class.
+    terms : pyarrow.ListArray of string, length n
+        Object ``k``'s terms (nulls and repeats allowed).
+    held : sequence of mappings, optional
+        ``held[e]``: the keys of the subscriptions evaluator ``e`` holds (the
+        textual summaries' counts). None sends every term.
+    keys : pyarrow.Array of string, optional
+        Every key in ``held`` (:meth:`~skpub.router.summary.TextualSummaries.key_array`);
+        computed from ``held`` when None.
+
+    Returns
+    -------
+    TermRoutes
+        In Arrow and numpy over the objects' terms; Python work once per
+        distinct (class, key term) of the batch, not per object. O(terms +
+        keys held).
+    """
+    flat = pc.list_flatten(terms)
+    parents = pc.list_parent_indices(terms).to_numpy()
+    if held is None:
+        usable = pc.is_valid(flat)
+    else:  # few of an object's terms are keys: filter before anything runs per term
+        keys = pa.array(list(set().union(*held)), pa.string()) if keys is None else keys
+        usable = pc.is_in(flat, value_set=keys)
+    where = np.flatnonzero(pc.fill_null(usable, False).to_numpy(zero_copy_only=False))
+    parents = parents[where]
+    encoded = pc.dictionary_encode(flat.take(pa.array(where, pa.int64())))  # each distinct term looked up once
+    values = encoded.dictionary
+    words = values.to_pylist()
+    word = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    width = max(len(words), 1)
+    pairs, pair = np.unique(np.asarray(classes, np.int64)[parents] * width + word, return_inverse=True)
+    evaluator_of_pair = np.empty(len(pairs), np.int64)
+    for j, (c, w) in enumerate(zip((pairs // width).tolist(), (pairs % width).tolist(), strict=True)):
+        term = words[w]
+        e = tables[c].evaluator_of(term)
+        evaluator_of_pair[j] = e if held is None or term in held[e] else -1
+    evaluator = evaluator_of_pair[pair.reshape(-1)]
+    sent = evaluator >= 0
+    objects, evaluator, word = parents[sent].astype(np.int64), evaluator[sent], word[sent]
+    rank = np.empty(len(words), np.int64)
+    rank[sorted(range(len(words)), key=words.__getitem__)] = np.arange(len(words))
+    order = np.lexsort((rank[word], evaluator, objects))
+    objects, evaluator, word = objects[order], evaluator[order], word[order]
+    fresh = np.ones(len(objects), bool)
+    fresh[1:] = (objects[1:] != objects[:-1]) | (evaluator[1:] != evaluator[:-1]) | (word[1:] != word[:-1])
+    objects, evaluator, word = objects[fresh], evaluator[fresh], word[fresh]
+    if not len(objects):
+        return TermRoutes(objects, evaluator, pa.array([], pa.list_(pa.string())))
+    starts = np.flatnonzero(np.concatenate([[True], (objects[1:] != objects[:-1]) | (evaluator[1:] != evaluator[:-1])]))
+    offsets = pa.array(np.append(starts, len(word)).astype(np.int32))
+    values = values.take(pa.array(word)).cast(pa.string())
+    return TermRoutes(objects[starts], evaluator[starts], pa.ListArray.from_arrays(offsets, values))

@@ -20,7 +20,7 @@ import numpy as np
 
 from skpub.kernel.grid import CellBox
 from skpub.router.errors import RoutingError
-from skpub.router.gridt import TermTable
+from skpub.router.gridt import TermTable, routing_classes
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,11 @@ class Partitioning:
         ``owner[cy, cx]`` is the evaluator owning cell ``(cx, cy)`` (derived).
     text_cells : ndarray, shape (size, size), bool
         Whether cell ``(cx, cy)`` is in a text-partitioned rectangle (derived).
+    text_class : ndarray, shape (r,), int32
+        Rectangle ``i``'s routing class in ``term_tables``, -1 without a table
+        (derived, :func:`~skpub.router.gridt.routing_classes`).
+    term_tables : tuple of TermTable
+        One table per routing class (derived).
 
     Raises
     ------
@@ -74,6 +79,8 @@ class Partitioning:
     rect_of: np.ndarray = field(init=False, repr=False, compare=False)
     owner: np.ndarray = field(init=False, repr=False, compare=False)
     text_cells: np.ndarray = field(init=False, repr=False, compare=False)
+    text_class: np.ndarray = field(init=False, repr=False, compare=False)
+    term_tables: tuple[TermTable, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         boxes = np.asarray(self.boxes, dtype=np.int32).reshape(-1, 4)
@@ -102,7 +109,8 @@ class Partitioning:
             raise RoutingError("partitions must tile the fine grid exactly once")
         owner = owners[rect_of]
         text_cells = np.array([t is not None for t in texts], dtype=bool)[rect_of]
-        for array in (boxes, owners, rect_of, owner, text_cells):
+        text_class, term_tables = routing_classes(texts)
+        for array in (boxes, owners, rect_of, owner, text_cells, text_class):
             array.flags.writeable = False
         object.__setattr__(self, "boxes", boxes)
         object.__setattr__(self, "owners", owners)
@@ -110,6 +118,8 @@ class Partitioning:
         object.__setattr__(self, "rect_of", rect_of)
         object.__setattr__(self, "owner", owner)
         object.__setattr__(self, "text_cells", text_cells)
+        object.__setattr__(self, "text_class", text_class)
+        object.__setattr__(self, "term_tables", term_tables)
         object.__setattr__(self, "_count", max(holders) + 1)
 
     @property

@@ -34,7 +34,7 @@ from skpub.kernel.grid import CellBox
 from skpub.kernel.registry import IdRegistry
 from skpub.kernel.transfer import Handoff, holders_after
 from skpub.kernel.wire import KINDS, MARK, OBJECT, ROUTED_SCHEMA, SUBSCRIBE
-from skpub.router.gridt import object_routes
+from skpub.router.gridt import TermRoutes, route_objects
 from skpub.router.partitioning import Partitioning
 from skpub.router.summary import TextualSummaries
 
@@ -77,6 +77,26 @@ class Placement(NamedTuple):
         return cls(tuple(evaluators), frozenset(keywords), bool(ranked))
 
 
+@dataclass(frozen=True)
+class TextRows:
+    """The rows of a micro-batch's decisions that carry objects in text-partitioned rectangles (grid^t).
+
+    Attributes
+    ----------
+    entry : ndarray, shape (rows,), int64
+        Per decision row, its entry in ``terms``; -1 for a row of another kind
+        (every term, window copy kept).
+    terms : pyarrow.ListArray of string
+        The terms a row answers for (GI^2's restricted match), distinct and sorted.
+    spread : ndarray, shape (rows,), bool
+        Rows an object's terms sent beyond its owner: they keep no window copy.
+    """
+
+    entry: np.ndarray
+    terms: pa.ListArray
+    spread: np.ndarray
+
+
 @dataclass
 class Decisions:
     """What the sequencer decided for one micro-batch.
@@ -99,8 +119,8 @@ class Decisions:
     index: list[int] = field(default_factory=list)
     evaluator: list[int] = field(default_factory=list)
     box: list[CellBox | None] = field(default_factory=list)
-    only: dict[int, tuple[frozenset[str], bool]] = field(default_factory=dict)
-    """Rows of objects in text-partitioned rectangles: ``row -> (terms answered for, window copy)``."""
+    only: TextRows | None = None
+    """Rows of objects in text-partitioned rectangles, when the batch has some."""
     rejected: list[tuple[int, str, str]] = field(default_factory=list)
     objects: int = 0
     forwarded: int = 0
@@ -111,12 +131,13 @@ class Decisions:
     end_clock: tuple[int, float] = (0, math.nan)
 
 
-Admit = Callable[[TextualSummaries, list[int]], Sequence[bool]]
+Admit = Callable[[TextualSummaries, np.ndarray], Sequence[bool]]
 """``admit(summaries, objects)``: for the accepted object items ``objects``, whether each passes its owner's summary
 (for an object in a text-partitioned rectangle: whether its primary's window store needs it)."""
-Spread = Callable[[TextualSummaries, list[int]], dict[int, dict[int, frozenset[str]]]]
-"""``spread(summaries, objects)``: for the accepted object items in text-partitioned rectangles, ``item ->
-evaluator -> terms it answers for`` (grid^t's H1 and H2, :func:`skpub.router.gridt.object_routes`)."""
+Spread = Callable[[TextualSummaries, np.ndarray], tuple[np.ndarray, TermRoutes]]
+"""``spread(summaries, objects)``: of the accepted object items ``objects`` (ascending), those in text-partitioned
+rectangles (ascending), and where their terms send them, ``TermRoutes.objects`` indexing that array (grid^t's H1
+and H2, :func:`skpub.router.gridt.route_objects`)."""
 
 
 class Sequencer:
@@ -270,73 +291,70 @@ class Sequencer:
         rows, ended = self._sequence_others(kinds, ids, subscriptions, out)
         out.objects = len(accepted)
         out.accepted = accepted
-        items = accepted.tolist()
-        mask = np.asarray(admit(self.summaries, items), dtype=bool) if len(accepted) else np.zeros(0, bool)
-        routes = self._spread(spread, items, out.rejected) if spread is not None and len(accepted) else {}
+        mask = np.asarray(admit(self.summaries, accepted), dtype=bool) if len(accepted) else np.zeros(0, bool)
         owners = np.asarray(owners)
-        if routes:
+        failed = len(out.rejected)
+        chosen, routes = (
+            self._spread(spread, accepted, out.rejected) if spread is not None and len(accepted) else _NO_ROUTES
+        )
+        if len(out.rejected) > failed:
+            mask = mask & ~np.isin(accepted, [item for item, _, _ in out.rejected[failed:]])
+        routed_item = chosen[routes.objects]
+        at_owner = routes.evaluators == owners[routed_item]
+        if at_owner.any():
             mask = mask.copy()
-            sent = [item for item, by in routes.items() if int(owners[item]) in by]
-            mask[np.searchsorted(accepted, sent)] = True  # accepted items are ascending
+            mask[np.searchsorted(accepted, routed_item[at_owner])] = True  # accepted items are ascending
         admitted = accepted[mask]
-        spread_rows = [
-            (item, e, terms) for item, by in routes.items() for e, terms in sorted(by.items()) if e != owners[item]
-        ]
+        beyond = np.flatnonzero(~at_owner)
         out.mark = bool(ranked_before or self.ranked_active or any(p.ranked for p in ended))
         for placement in ended:
             self._remove_placement(placement)
         index = np.concatenate(
-            [
-                admitted,
-                np.fromiter((i for i, _, _ in spread_rows), np.int64, len(spread_rows)),
-                np.fromiter((i for i, _, _ in rows), np.int64, len(rows)),
-            ]
+            [admitted, routed_item[beyond], np.fromiter((i for i, _, _ in rows), np.int64, len(rows))]
         )
-        out.forwarded = len(admitted) + len(spread_rows)
+        out.forwarded = len(admitted) + len(beyond)
         order = np.argsort(index, kind="stable")
         evaluator = np.concatenate(
             [
-                owners[admitted],
-                np.fromiter((e for _, e, _ in spread_rows), np.int64, len(spread_rows)),
+                owners[admitted].astype(np.int64),
+                routes.evaluators[beyond],
                 np.fromiter((e for _, e, _ in rows), np.int64, len(rows)),
             ]
         )
-        box: list[CellBox | None] = [None] * (len(admitted) + len(spread_rows)) + [b for _, _, b in rows]
-        only: dict[int, tuple[frozenset[str], bool]] = {}
-        if routes:
-            for r, item in enumerate(admitted.tolist()):
-                by = routes.get(item)
-                if by is not None:
-                    only[r] = (by.get(int(owners[item]), frozenset()), True)
-            for r, (_, _, terms) in enumerate(spread_rows, start=len(admitted)):
-                only[r] = (terms, False)
+        box: list[CellBox | None] = [None] * (len(admitted) + len(beyond)) + [b for _, _, b in rows]
         out.index = index[order].tolist()
         out.evaluator = evaluator[order].tolist()
         out.box = [box[r] for r in order.tolist()]
-        if only:
-            rank = np.empty(len(order), np.int64)
-            rank[order] = np.arange(len(order))
-            out.only = {int(rank[r]): value for r, value in only.items()}
+        if len(chosen):
+            out.only = _text_rows(admitted, chosen, routed_item[at_owner], np.flatnonzero(at_owner), beyond, routes,
+                                  len(rows), order)  # fmt: skip
         out.rejected.sort(key=lambda r: r[0])
         return out
 
-    def _spread(self, spread: Spread, items: list[int], rejected: list) -> dict[int, dict[int, frozenset[str]]]:
+    def _spread(self, spread: Spread, items: np.ndarray, rejected: list) -> tuple[np.ndarray, TermRoutes]:
         """Run ``spread`` on the batch's objects, or, should it fail, on each alone.
 
-        An object that fails alone becomes an ``internal_error`` rejection
-        and goes nowhere (SEMANTICS 1: one record never stops the run).
+        An object that fails alone becomes an ``internal_error`` rejection and
+        goes nowhere: it is returned in neither array, and :meth:`sequence`
+        admits no rejected object (SEMANTICS 1: one record never stops the run).
         """
         try:
             return spread(self.summaries, items)
         except Exception:  # noqa: BLE001 - retried one by one below
-            routes: dict[int, dict[int, frozenset[str]]] = {}
-            for item in items:
+            parts = []
+            for item in items.tolist():
                 try:
-                    routes.update(spread(self.summaries, [item]))
+                    parts.append(spread(self.summaries, np.array([item], np.int64)))
                 except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
                     rejected.append((item, "internal_error", clip(f"{type(exc).__name__}: {exc}", 500)))
-                    routes[item] = {}
-            return routes
+            chosen = np.concatenate([np.empty(0, np.int64), *(c for c, _ in parts)])
+            starts = np.cumsum([0, *(len(c) for c, _ in parts)])[:-1].tolist()
+            none = _NO_ROUTES[1]
+            return chosen, TermRoutes(
+                np.concatenate([none.objects, *(r.objects + s for (_, r), s in zip(parts, starts, strict=True))]),
+                np.concatenate([none.evaluators, *(r.evaluators for _, r in parts)]),
+                pa.concat_arrays([none.terms, *(r.terms for _, r in parts)]),
+            )
 
     def _accept_objects(self, items: np.ndarray, oids: list[str], rejected: list) -> np.ndarray:
         """Register the batch's object ids (stream order); return the items accepted."""
@@ -442,9 +460,8 @@ class Sequencer:
         objects' terms (:meth:`TextualSummaries.admits_many`), and only
         subscriptions' targets become Python values. ``partitioning`` is the
         batch's epoch's: an object in one of its text-partitioned rectangles
-        goes where its terms send it (:func:`skpub.router.gridt.object_routes`
-        against the textual summaries, grid^t's H2), its terms turned into
-        Python values only for those objects.
+        goes where its terms send it (:func:`skpub.router.gridt.route_objects`
+        against the textual summaries, grid^t's H2), in Arrow and numpy.
         """
         owners = items.column("evaluator").to_numpy()
         terms = items.column("terms").combine_chunks()
@@ -454,37 +471,19 @@ class Sequencer:
             cy = pc.fill_null(items.column("cy0"), 0).to_numpy()
             text = (items.column("kind").to_numpy() == OBJECT) & partitioning.text_cells[cy, cx]
 
-        def admit(summaries: TextualSummaries, objects: list[int]) -> np.ndarray:
-            needs = self._window_needs(terms)[objects]
-            admitted = summaries.admits_many(owners, terms)[objects]
-            return needs | (admitted & ~text[objects]) if text is not None else needs | admitted
+        def admit(summaries: TextualSummaries, objects: np.ndarray) -> np.ndarray:
+            plain = objects if text is None else objects[~text[objects]]  # text objects go by spread
+            admitted = np.zeros(len(owners), bool)
+            if len(plain):
+                admitted[plain] = summaries.admits_many(owners[plain], terms.take(pa.array(plain)))
+            return self._window_needs(terms)[objects] | admitted[objects]
 
-        def spread(summaries: TextualSummaries, objects: list[int]) -> dict[int, dict[int, frozenset[str]]]:
-            chosen = [i for i in objects if text[i]]
-            if not chosen:
-                return {}
-            held = summaries.counts
-            keys = set().union(*held)
-            out: dict[int, dict[int, frozenset[str]]] = dict.fromkeys(chosen, {})
-            if not keys:
-                return out
-            # only terms that are some subscription's key can send an object anywhere: find them in Arrow
-            lists = terms.take(pa.array(chosen))
-            flat = pc.list_flatten(lists)
-            hit = pc.is_in(flat, value_set=pa.array(list(keys), flat.type)).to_numpy(zero_copy_only=False)
-            where = np.flatnonzero(hit)
-            if not len(where):
-                return out
-            parents = pc.list_parent_indices(lists).to_numpy()[where]
-            words = flat.take(pa.array(where)).to_pylist()
-            found: dict[int, list[str]] = {}
-            for k, word in zip(parents.tolist(), words, strict=True):
-                found.setdefault(k, []).append(word)
-            rects = partitioning.rect_of[cy[chosen], cx[chosen]]
-            tables = partitioning.texts
-            for k, found_words in found.items():
-                out[chosen[k]] = object_routes(tables[int(rects[k])], found_words, held)
-            return out
+        def spread(summaries: TextualSummaries, objects: np.ndarray) -> tuple[np.ndarray, TermRoutes]:
+            chosen = objects[text[objects]]
+            classes = partitioning.text_class[partitioning.rect_of[cy[chosen], cx[chosen]]]
+            chosen_terms = terms.take(pa.array(chosen))
+            tables = partitioning.term_tables
+            return chosen, route_objects(tables, classes, chosen_terms, summaries.counts, summaries.key_array())
 
         decisions = self.sequence(
             items.column("kind").to_numpy(),
@@ -516,6 +515,46 @@ class Sequencer:
         out = np.zeros(n, bool)
         out[parents[hits.to_numpy(zero_copy_only=False)]] = True
         return out
+
+
+_NO_ROUTES = (
+    np.empty(0, np.int64),
+    TermRoutes(np.empty(0, np.int64), np.empty(0, np.int64), pa.array([], pa.list_(pa.string()))),
+)
+
+
+def _text_rows(
+    admitted: np.ndarray,
+    chosen: np.ndarray,
+    owned_items: np.ndarray,
+    owned_routes: np.ndarray,
+    beyond: np.ndarray,
+    routes: TermRoutes,
+    others: int,
+    order: np.ndarray,
+) -> TextRows | None:
+    """Return the :class:`TextRows` of decision rows ``[admitted, beyond, others]`` taken in ``order``.
+
+    An admitted object in a text-partitioned rectangle (``chosen``) answers
+    at its owner for the terms its route there names (``owned_items``, route
+    ``owned_routes``), or for none when it came only for its window store; a
+    route ``beyond`` its owner answers for its terms and keeps no window copy.
+    """
+    empty = len(routes.terms)
+    terms = pa.concat_arrays([routes.terms, pa.array([[]], pa.list_(pa.string()))])
+    owned = np.searchsorted(owned_items, admitted)
+    has_route = owned < len(owned_items)
+    has_route[has_route] = owned_items[owned[has_route]] == admitted[has_route]
+    picked = np.searchsorted(chosen, admitted)
+    is_text = picked < len(chosen)
+    is_text[is_text] = chosen[picked[is_text]] == admitted[is_text]
+    at_owner = np.where(has_route, owned_routes[np.minimum(owned, len(owned_routes) - 1)] if len(owned_routes) else -1,
+                        np.where(is_text, empty, -1))  # fmt: skip
+    entry = np.concatenate([at_owner, beyond, np.full(others, -1, np.int64)])[order]
+    if not (entry >= 0).any():
+        return None
+    spread = np.concatenate([np.zeros(len(admitted), bool), np.ones(len(beyond), bool), np.zeros(others, bool)])
+    return TextRows(entry, terms, spread[order])
 
 
 def _subscriptions(items: pa.Table) -> dict[int, tuple[Targets, frozenset[str], bool]]:
@@ -576,13 +615,11 @@ def routed_table(items: pa.Table, decisions: Decisions, keys: Sequence[int], end
             column = pc.fill_null(taken.column(name), -1).to_numpy().copy()
             column[rows] = [box[c] for _, box in override]
             taken = taken.set_column(taken.schema.get_field_index(name), name, pa.array(column, pa.int32()))
-    if decisions.only:
-        rows_only = [None] * len(decisions.index)
-        window = [None] * len(decisions.index)
-        for r, (terms, keeps) in decisions.only.items():
-            rows_only[r] = sorted(terms)
-            window[r] = None if keeps else False
-        for name, values in (("only", pa.array(rows_only, pa.list_(pa.string()))), ("window", pa.array(window))):
+    if decisions.only is not None:
+        text = decisions.only
+        only = text.terms.take(pa.array(text.entry, pa.int64(), mask=text.entry < 0))
+        window = pa.array(np.zeros(len(text.spread), bool), pa.bool_(), mask=~text.spread)
+        for name, values in (("only", only), ("window", window)):
             taken = taken.set_column(taken.schema.get_field_index(name), name, values)
     taken = taken.cast(ROUTED_SCHEMA)
     if not decisions.mark:

@@ -26,12 +26,20 @@ class TextualSummaries:
 
     def __init__(self, evaluators: int) -> None:
         self.counts: list[dict[str, int]] = [{} for _ in range(evaluators)]
+        self._holders: dict[str, int] = {}  # keyword -> evaluators whose summary holds it
+        self._keys: pa.Array | None = None  # every held keyword, built when asked and the set changed
 
     def add(self, evaluator: int, keywords: Iterable[str]) -> None:
         """Count one more subscription clause keyword at ``evaluator``."""
-        summary = self.counts[evaluator]
+        summary, holders = self.counts[evaluator], self._holders
         for kw in keywords:
-            summary[kw] = summary.get(kw, 0) + 1
+            count = summary.get(kw, 0)
+            if not count:
+                held = holders.get(kw, 0)
+                holders[kw] = held + 1
+                if not held:
+                    self._keys = None
+            summary[kw] = count + 1
 
     def remove(self, evaluator: int, keywords: Iterable[str]) -> list[str]:
         """Count one fewer; return the keywords that expired (count reached zero)."""
@@ -44,7 +52,22 @@ class TextualSummaries:
             else:
                 del summary[kw]
                 expired.append(kw)
+                held = self._holders.pop(kw) - 1
+                if held:
+                    self._holders[kw] = held
+                else:
+                    self._keys = None
         return expired
+
+    def key_array(self) -> pa.Array:
+        """Return every keyword some evaluator's summary holds, as an Arrow string array (any order).
+
+        Built again only after a keyword first appears in or last leaves
+        every summary; O(keywords) then, O(1) otherwise.
+        """
+        if self._keys is None:
+            self._keys = pa.array(list(self._holders), pa.string())
+        return self._keys
 
     def admits(self, evaluator: int, terms: Iterable[str]) -> bool:
         """Return whether an object with ``terms`` can match a subscription at ``evaluator``."""

@@ -1,0 +1,99 @@
+"""PS2Stream V-A phase I: split a loaded rectangle by text, or merge a text-partitioned one back into space.
+
+PS2Stream's local load adjustment first looks at the ``p`` most loaded cells
+of the most loaded worker ``w_o``: a cell partitioned by space may be
+partitioned by text into two, one of which goes to the least loaded worker
+``w_l``; a text-partitioned cell that ``w_l`` shares may go to ``w_l``
+whole, merged into one space cell. Phase II (GR's migration,
+:mod:`skpub.balancer.migration`) follows if the constraint still holds.
+
+In skpub the unit is a rectangle of the partitioning, and the operations
+are two kinds of :class:`~skpub.kernel.transfer.Move`:
+
+- ``text_split``: a plain rectangle of ``w_o`` becomes text-partitioned
+  between ``w_o`` (its primary, which keeps the window objects) and ``w_l``,
+  its terms split by :class:`~skpub.router.gridt.TermTable`'s stable hash (no
+  sample is at hand between batches; PS2Stream splits by term too). ``w_o``
+  hands ``w_l`` the subscriptions over the rectangle with a key that ``w_l``
+  now answers for, and keeps all of its own: a copy whose keys all went to
+  ``w_l`` delivers nothing more at ``w_o`` (GI^2's restricted match,
+  :meth:`~skpub.evaluators.gi2.GI2Index.match_one`), so nothing is dropped.
+  The estimate: half of the rectangle's decayed cost and subscriptions move.
+- ``text_merge``: a text-partitioned rectangle of exactly two evaluators
+  becomes plain, owned by the one that stays; the one that leaves hands it
+  every subscription it holds over the rectangle, and its cost there.
+
+A rectangle of the kd^t-tree with more than two evaluators is not merged:
+dropping one evaluator from a table would move the hashed terms of the
+others too. Window objects never move (DESIGN "The balancer"): after a merge
+the leaving primary keeps the ones it accepted until they leave the window.
+"""
+
+from __future__ import annotations
+
+from skpub.balancer.operation import Loads, Operation
+from skpub.kernel.transfer import Move
+from skpub.router.partitioning import Partitioning
+
+LOADED_RECTANGLES = 3
+"""PS2Stream's ``p``: how many of the most loaded evaluator's costliest plain rectangles phase I tries to split."""
+
+
+def text_split(partitioning: Partitioning, loads: Loads, rect: int, target: int) -> Operation:
+    """Weigh splitting plain rectangle ``rect`` by text between its owner and ``target``.
+
+    Half of the owner's decayed cost and subscriptions over the rectangle move
+    (the terms split by a hash); C_r and C_t as for every operation
+    (Tornado Eqs 4-5, :meth:`Loads.operation`).
+    """
+    box = tuple(partitioning.boxes[rect].tolist())
+    source = int(partitioning.owners[rect])
+    cost, queries = loads.member_load(source, box)
+    return loads.operation("text_split", [Move(box, source, target, cost / 2, queries // 2, "split")])
+
+
+def text_merge(partitioning: Partitioning, loads: Loads, rect: int, source: int) -> Operation:
+    """Weigh merging two-evaluator text rectangle ``rect`` into its other evaluator, ``source`` leaving it."""
+    box = tuple(partitioning.boxes[rect].tolist())
+    (target,) = (e for e in partitioning.texts[rect].evaluators if e != source)
+    cost, queries = loads.member_load(source, box)
+    return loads.operation("text_merge", [Move(box, source, target, cost, queries, "merge")])
+
+
+def splittable(partitioning: Partitioning, rect: int) -> bool:
+    """Return whether rectangle ``rect`` is plain (a text split's candidate)."""
+    return partitioning.texts[rect] is None
+
+
+def mergeable(partitioning: Partitioning, rect: int, source: int) -> bool:
+    """Return whether ``source`` may leave text rectangle ``rect`` by a merge.
+
+    The rectangle must have exactly two evaluators, ``source`` one of them,
+    and ``source`` must keep another rectangle if it owns this one.
+    """
+    table = partitioning.texts[rect]
+    if table is None or len(table.evaluators) != 2 or source not in table.evaluators:
+        return False
+    return len(partitioning.boxes_of(source)) > 1
+
+
+def phase_one(partitioning: Partitioning, loads: Loads, source: int, targets: list[int]) -> list[Operation]:
+    """Return phase I's candidates for the costliest evaluator ``source`` and the least loaded of ``targets``.
+
+    Splits of ``source``'s :data:`LOADED_RECTANGLES` costliest plain
+    rectangles towards the least loaded target, and merges of the two-evaluator
+    text rectangles ``source`` shares with any of ``targets`` into them.
+    O(rectangles log rectangles).
+    """
+    if not targets:
+        return []
+    lightest = min(targets, key=lambda e: (loads.costs[e], e))
+    owned = [i for i, o in enumerate(partitioning.owners.tolist()) if o == source and splittable(partitioning, i)]
+    box = partitioning.boxes
+    owned.sort(key=lambda i: (-loads.member_load(source, tuple(box[i].tolist()))[0], i))
+    out = [text_split(partitioning, loads, i, lightest) for i in owned[:LOADED_RECTANGLES]]
+    for i, table in enumerate(partitioning.texts):
+        if table is not None and mergeable(partitioning, i, source):
+            if next(e for e in table.evaluators if e != source) in targets:
+                out.append(text_merge(partitioning, loads, i, source))
+    return out
