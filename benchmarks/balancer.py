@@ -48,6 +48,7 @@ import dataclasses
 import json
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -248,6 +249,8 @@ def part_drift(args) -> None:
                         for line in part.read_text().splitlines()
                     ]
                     moved = sum(row["subscription_parts_moved"] for row in lines)
+                    kinds = Counter(row["operation"] for row in lines)
+                    print("      operations: " + (", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none"))
                     unit = sum(sum(r.evaluator_cpu.values()) for r in reports) / sum(
                         sum(r.evaluator_cost.values()) for r in reports
                     )
