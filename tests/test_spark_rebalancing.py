@@ -71,6 +71,8 @@ def test_spark_deliveries_per_batch_equal_a_run_without_rebalancing(spark, tmp_p
     on, _ = run(spark, tmp_path, lines, chaos(dep, seed=3), name="on")
     for stream in ("deliveries", "snapshots"):
         assert _per_batch(on, stream) == _per_batch(off, stream)
+    # PS2Stream's phase I among them: a rectangle split by text and merged back, on Spark's evaluators
+    assert {"text_split", "text_merge"} <= {row["operation"] for row in operation_log(on)}
 
 
 def _per_batch(out, stream):
