@@ -21,8 +21,9 @@ operation (DESIGN "The balancer"). Selection algorithms, each a function of
 - :func:`optimum`: the 0-1 program solved exactly by ``scipy.optimize.milp``
   (HiGHS), the yardstick of the benchmark on small instances.
 
-Phase I (split or merge text-partitioned cells before phase II) belongs to
-the kd^t-tree; :func:`migration` is where it will run first.
+Phase I (split or merge text-partitioned rectangles before phase II) is
+:mod:`skpub.balancer.textsplit`; :func:`migration` takes no block of a text
+rectangle.
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from skpub.balancer.operation import Loads, Move, Operation
-from skpub.kernel.load import BlockLoad
+from skpub.balancer.operation import Loads, Move, Operation, touches_text
 from skpub.router.partitioning import Partitioning
 
 Selector = Callable[[np.ndarray, np.ndarray, float], list[int]]
@@ -166,7 +166,8 @@ def migration(
         the chosen blocks would leave it no cell. O(blocks log blocks) per
         target with :func:`greedy`.
     """
-    blocks: tuple[BlockLoad, ...] = loads.blocks[source]
+    # a text rectangle's cells move only by phase I (skpub.balancer.textsplit): its blocks are not candidates
+    blocks = tuple(b for b in loads.blocks[source] if not touches_text(partitioning, b.cells))
     owned = sum((x1 - x0 + 1) * (y1 - y0 + 1) for x0, y0, x1, y1 in partitioning.boxes_of(source))
     free = np.ones(len(blocks), dtype=bool)
     costs = np.array([b.cost for b in blocks])

@@ -50,7 +50,7 @@ shift of empty lines must not take the place of one that matters.
 
 
 CHAOS_DRAWS = 32
-"""``chaos`` draws this many operations at most until one leaves text-partitioned rectangles alone."""
+"""``chaos`` draws this many operations at most until one moves no cell of a text-partitioned rectangle."""
 
 
 def movable(partitioning: Partitioning, op: Operation) -> bool:

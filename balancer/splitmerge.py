@@ -100,7 +100,7 @@ def best_split_merge(partitioning: Partitioning, loads: Loads, graph: nx.Graph) 
     x = int(np.argmax(loads.costs))
     texts = partitioning.texts
     rects = [i for i in range(len(partitioning.boxes)) if partitioning.owners[i] == x and texts[i] is None]
-    if not rects:  # X answers only for terms of text-partitioned rectangles, which the balancer leaves alone
+    if not rects:  # X answers only for terms of text-partitioned rectangles, which only phase I reshapes
         return None
     rect = max(rects, key=lambda i: (loads.rect_cost(i), -i))
     load = loads.rect_loads[rect]

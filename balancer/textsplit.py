@@ -69,7 +69,8 @@ def mergeable(partitioning: Partitioning, rect: int, source: int) -> bool:
     """Return whether ``source`` may leave text rectangle ``rect`` by a merge.
 
     The rectangle must have exactly two evaluators, ``source`` one of them,
-    and ``source`` must keep another rectangle if it owns this one.
+    and ``source`` must hold another rectangle (primary or not, it would
+    otherwise hold nothing).
     """
     table = partitioning.texts[rect]
     if table is None or len(table.evaluators) != 2 or source not in table.evaluators:

@@ -202,8 +202,10 @@ class Evaluator:
 
         For each of its moves, in order: the range subscriptions over the
         cells, clipped to them (:meth:`export_cells`), and the cells' decayed
-        costs, which leave its statistics now; and the subscriptions that meet
-        none of its new rectangles, which it drops at :meth:`take_over`.
+        costs, which leave its statistics now (a text split carries only some
+        of the subscriptions and no cost: :meth:`_moved`); and the
+        subscriptions that meet none of its new rectangles, which it drops at
+        :meth:`take_over`.
         Call after :meth:`load_summary` of the transfer batch. O(moves x
         (subscriptions held + cells with cost)).
         """

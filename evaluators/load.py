@@ -85,8 +85,9 @@ class CellLoad:
         """Take a new partition: cells outside it are forgotten; O(cells with cost + parts x new rectangles).
 
         A rectangle the partition already had keeps its aggregates (a move
-        takes cells only from rectangles it cuts, :meth:`take`); the others'
-        are computed from the cells and subscription parts held.
+        takes cells only from rectangles it cuts, :meth:`take`, and costs put
+        into a held one joined them, :meth:`put`); the others' are computed
+        from the cells and subscription parts held.
         """
         old = {r.box: (i, r) for i, r in enumerate(self._rects)}
         rects: list[_Rectangle] = []
@@ -223,9 +224,18 @@ class CellLoad:
         return out
 
     def put(self, costs: dict[int, float]) -> None:
-        """Add decayed cell costs brought by a move, in cells of rectangles the next :meth:`set_partition` adds."""
+        """Add decayed cell costs brought by a move; O(cells x rectangles) at worst.
+
+        A cell of a rectangle held already (a text merge's: the rectangle
+        stays, the leaving evaluator's costs join it) joins its aggregates now;
+        any other waits for the next :meth:`set_partition`, which adds its rectangle.
+        """
         for cell, cost in costs.items():
-            self._cells[cell] = self._cells.get(cell, 0.0) + cost * self._scale
+            cy, cx = divmod(cell, self.size)
+            if self._rect_index(cx, cy) >= 0:
+                self._add_raw(cell, cx, cy, cost * self._scale)
+            else:
+                self._cells[cell] = self._cells.get(cell, 0.0) + cost * self._scale
 
     def end_batch(self) -> None:
         """Close a micro-batch: everything so far now weighs ``decay`` times less."""

@@ -88,13 +88,13 @@ class TextRows:
         (every term, window copy kept).
     terms : pyarrow.ListArray of string
         The terms a row answers for (GI^2's restricted match), distinct and sorted.
-    spread : ndarray, shape (rows,), bool
+    beyond : ndarray, shape (rows,), bool
         Rows an object's terms sent beyond its owner: they keep no window copy.
     """
 
     entry: np.ndarray
     terms: pa.ListArray
-    spread: np.ndarray
+    beyond: np.ndarray
 
 
 @dataclass
@@ -553,8 +553,8 @@ def _text_rows(
     entry = np.concatenate([at_owner, beyond, np.full(others, -1, np.int64)])[order]
     if not (entry >= 0).any():
         return None
-    spread = np.concatenate([np.zeros(len(admitted), bool), np.ones(len(beyond), bool), np.zeros(others, bool)])
-    return TextRows(entry, terms, spread[order])
+    copyless = np.concatenate([np.zeros(len(admitted), bool), np.ones(len(beyond), bool), np.zeros(others, bool)])
+    return TextRows(entry, terms, copyless[order])
 
 
 def _subscriptions(items: pa.Table) -> dict[int, tuple[Targets, frozenset[str], bool]]:
@@ -618,7 +618,7 @@ def routed_table(items: pa.Table, decisions: Decisions, keys: Sequence[int], end
     if decisions.only is not None:
         text = decisions.only
         only = text.terms.take(pa.array(text.entry, pa.int64(), mask=text.entry < 0))
-        window = pa.array(np.zeros(len(text.spread), bool), pa.bool_(), mask=~text.spread)
+        window = pa.array(np.zeros(len(text.beyond), bool), pa.bool_(), mask=~text.beyond)
         for name, values in (("only", only), ("window", window)):
             taken = taken.set_column(taken.schema.get_field_index(name), name, values)
     taken = taken.cast(ROUTED_SCHEMA)

@@ -3,11 +3,13 @@
 import numpy as np
 import pytest
 
+from skpub.balancer.migration import greedy, migration
 from skpub.balancer.operation import Loads, apply_moves
 from skpub.balancer.policy import adaptive
 from skpub.balancer.textsplit import mergeable, phase_one, text_merge, text_split
+from skpub.evaluators.load import CellLoad
 from skpub.kernel.config import BalancerConfig, Window
-from skpub.kernel.load import LoadSummary, RectangleLoad
+from skpub.kernel.load import BlockLoad, LoadSummary, RectangleLoad
 from skpub.kernel.parts import read_stream
 from skpub.kernel.text import hashed_evaluator
 from skpub.kernel.transfer import Move
@@ -108,3 +110,28 @@ def test_text_splits_and_merges_under_chaos_equal_the_oracle_and_the_run_without
     off, _ = run(tmp_path, "off", lines, dep.replace(balancer=BalancerConfig(mode="off")))
     assert per_batch(on) == per_batch(off) and per_batch(on, "snapshots") == per_batch(off, "snapshots")
     assert {"text_split", "text_merge"} <= seen
+
+
+def test_a_merges_costs_join_the_aggregates_of_the_rectangle_that_stays():
+    # the staying evaluator held the text rectangle already: its aggregates must take the leaving one's costs
+    rects = [(0, 0, 3, 7), (4, 4, 7, 7)]
+    stay = CellLoad(8, rects, 4, decay=1.0)
+    stay.add_cost(5, 5, 10.0)
+    stay.put({6 * 8 + 6: 30.0})
+    stay.set_partition(rects)
+    fresh = CellLoad(8, rects, 4, decay=1.0)
+    fresh.add_cost(5, 5, 10.0)
+    fresh.add_cost(6, 6, 30.0)
+    assert stay.summary(0, 0).cost == 40.0
+    assert stay.summary(0, 0).to_json() == fresh.summary(0, 0).to_json()
+
+
+def test_gr_migrates_no_block_of_a_text_rectangle():
+    part = apply_moves(Partitioning(8, BOXES, np.array([0, 1, 2])), [Move((4, 0, 7, 3), 1, 0, text="split")])
+    blocks = (BlockLoad((4, 0, 7, 3), 100.0, 1), BlockLoad((0, 0, 3, 3), 5.0, 1), BlockLoad((0, 4, 3, 7), 5.0, 1))
+    hot = LoadSummary(0, 0, (rect((0, 0, 3, 7), 10.0, 2), rect((4, 0, 7, 3), 100.0, 1)), blocks)
+    loads = Loads(part, [hot, summary(1, ((4, 0, 7, 3), 1.0, 1)), summary(2, ((4, 4, 7, 7), 0.0, 0))], beta=1.0)
+    op = migration(part, loads, 0, [(2, 50.0)], greedy)
+    # the hot block is the text rectangle's: GR takes the plain ones, short of tau, and 0 keeps its text share
+    assert op is not None and [m.cells for m in op.moves] == [(0, 0, 3, 3), (0, 4, 3, 7)]
+    assert apply_moves(part, op.moves).boxes_of(0) == [(4, 0, 7, 3)]
