@@ -191,3 +191,18 @@ def test_route_objects_takes_null_rows_repeats_and_no_summaries():
     assert routes.objects.tolist() == [0, 3] and routes.terms.to_pylist() == [["sushi"], ["sushi"]]
     empty = route_objects(tables, np.zeros(1, np.int64), pa.array([["x"]], pa.list_(pa.string())), [{}, {}])
     assert len(empty.objects) == 0 and len(empty.terms) == 0
+
+
+def test_the_summaries_key_array_follows_keys_appearing_and_leaving():
+    summaries = TextualSummaries(3)
+    assert summaries.key_array().to_pylist() == []
+    summaries.add(0, ["jazz", "sushi"])
+    summaries.add(2, ["jazz"])
+    first = summaries.key_array()
+    assert sorted(first.to_pylist()) == ["jazz", "sushi"] and summaries.key_array() is first  # unchanged: kept
+    summaries.remove(0, ["jazz"])  # still held at 2
+    assert summaries.key_array() is first
+    summaries.remove(2, ["jazz"])
+    assert summaries.key_array().to_pylist() == ["sushi"]
+    summaries.add(1, ["sushi", "ramen"])
+    assert sorted(summaries.key_array().to_pylist()) == ["ramen", "sushi"]
