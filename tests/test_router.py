@@ -161,17 +161,25 @@ def test_point_in_rect_always_falls_in_rect_cells(x, y, rx, ry, w, h, size):
         assert table.route_many(np.array([x]), np.array([y]))[0] == table.route_one(x, y)
 
 
-def test_cost_partitioning_balances_skewed_costs():
+def skewed_costs():
+    """100 x 100 cell costs: a dense corner and a thin uniform background."""
     rng = np.random.default_rng(0)
     costs = np.zeros((100, 100))
     costs[rng.integers(0, 20, 5000), rng.integers(0, 30, 5000)] += 1
     costs[rng.integers(0, 100, 500), rng.integers(0, 100, 500)] += 1
-    part = cost_partitioning(costs, 8)
+    return costs
+
+
+def max_over_mean(costs, part):
+    """The partitioning's imbalance over ``costs``: its costliest rectangle over the mean."""
     loads = [costs[y0 : y1 + 1, x0 : x1 + 1].sum() for x0, y0, x1, y1 in part.boxes.tolist()]
-    uniform = uniform_partitioning(100, 8)
-    uniform_loads = [costs[y0 : y1 + 1, x0 : x1 + 1].sum() for x0, y0, x1, y1 in uniform.boxes.tolist()]
-    assert max(loads) / np.mean(loads) < 1.5
-    assert max(uniform_loads) / np.mean(uniform_loads) > 3
+    return max(loads) / np.mean(loads)
+
+
+def test_cost_partitioning_balances_skewed_costs():
+    costs = skewed_costs()
+    assert max_over_mean(costs, cost_partitioning(costs, 8)) < 1.5
+    assert max_over_mean(costs, uniform_partitioning(100, 8)) > 3
 
 
 @given(st.integers(1, 12), st.integers(1, 144), st.integers(0, 2**32 - 1))
@@ -183,13 +191,9 @@ def test_kdtree_partitioning_gives_every_evaluator_one_rectangle(size, n, seed):
 
 
 def test_kdtree_balances_skewed_costs_by_load_medians():
-    rng = np.random.default_rng(0)
-    costs = np.zeros((100, 100))
-    costs[rng.integers(0, 20, 5000), rng.integers(0, 30, 5000)] += 1
-    costs[rng.integers(0, 100, 500), rng.integers(0, 100, 500)] += 1
+    costs = skewed_costs()
     part = kdtree_partitioning(costs, 8)
-    loads = [costs[y0 : y1 + 1, x0 : x1 + 1].sum() for x0, y0, x1, y1 in part.boxes.tolist()]
-    assert max(loads) / np.mean(loads) < 1.2
+    assert max_over_mean(costs, part) < 1.2
     # the root cuts x at the load median: the low half's four leaves hold half the load
     x_cut = max(b[2] for b in part.boxes.tolist()[:4])
     assert abs(costs[:, : x_cut + 1].sum() / costs.sum() - 0.5) < 0.05
