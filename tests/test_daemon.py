@@ -103,6 +103,103 @@ def test_a_segmented_log_reads_back_what_it_keeps_across_rolls_retention_cuts_an
     assert again.read(kept, len(everything)) == everything[kept:]
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.binary(min_size=1, max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=9), max_size=14
+    ),
+    st.integers(20, 200),
+    st.integers(0, 120),
+)
+def test_a_segmented_log_locates_batch_ends_in_its_files_and_releases_only_whole_segments_before_what_is_needed(
+    tmp_path_factory, appends, segment_bytes, needed
+):
+    directory = tmp_path_factory.mktemp("log")
+    log = SegmentedLog(directory, "ingest", segment_bytes)
+    everything = [line for lines in appends for line in lines]
+    for lines in appends:
+        log.append(lines)
+    for i, line in enumerate(everything):
+        end = log.segment_end(i)
+        segment, byte = log.end_position(i + 1)
+        held = log.files()[segment].read_bytes()[len(MAGIC) : byte].split(b"\n")[:-1]
+        assert held[-1] == line and segment + len(held) == i + 1  # the file holds entries segment .. i
+        assert i < end <= len(everything) and log.end_position(end)[0] == segment  # a batch to `end` stays in it
+    first = log.release(needed)
+    kept = sorted(directory.glob("ingest-*.log"))
+    assert first <= min(needed, len(everything)) and first == int(kept[0].stem.split("-")[1])
+    assert len(kept) == 1 or int(kept[1].stem.split("-")[1]) > needed  # only segments wholly before it went
+    assert log.read(first, len(everything)) == everything[first:]
+    log.close()
+    again = SegmentedLog(directory, "ingest", segment_bytes)
+    assert (again.first, again.count) == (first, len(everything))
+
+
+def test_the_ingest_log_keeps_what_a_restart_needs_and_a_restart_after_its_segments_went_equals_one_run(tmp_path):
+    """Ingest segments behind the oldest checkpoint are removed; definitions whose lines went are still served; a
+    restart replays from a kept checkpoint; batches never cross a segment; the outputs are one run's."""
+    lines = random_workload(seed=71, n=900) + ranked_workload(seed=72, n=300)
+    dep = deployment(evaluators=3, batch_size=25)
+    limits = Limits(checkpoint_seconds=0.0, trigger=0.01, segment_bytes=3000)
+    first = Daemon(tmp_path / "data", dep, limits)
+    first.start()
+    for start in range(0, 700, 50):
+        first.post([line.encode() for line in lines[start : start + 50]])
+    while not first.ready:
+        first.stopping.wait(0.01)
+    gone = first.ingest.first
+    oldest = min(local_checkpoint.checkpoints(tmp_path / "data" / "checkpoints"))
+    assert 0 < gone <= first._start_of(oldest + 1)  # released, and nothing a restart needs
+    released = [sid for sid, line in first._definitions.items() if lines.index(line.decode()) < gone]
+    assert released and all(json.loads(first.definition(sid))["id"] == sid for sid in released)
+    first.stop()
+    again = Daemon(tmp_path / "data", dep, limits)
+    assert again.ingest.first == gone and {sid: again.definition(sid) for sid in released} == {
+        sid: first._definitions[sid] for sid in released
+    }
+    again.start()
+    for start in range(700, len(lines), 50):
+        again.post([line.encode() for line in lines[start : start + 50]])
+    while not again.ready:
+        again.stopping.wait(0.01)
+    deliveries = [orjson.loads(x) for x in again.read_committed("deliveries", 0, 10**6)]
+    journal = [orjson.loads(x) for x in again.batches.read(0, again.batches.count)]
+    again.stop()
+    starts = [0] + [entry["end"] for entry in journal[:-1]]
+    assert all(entry["segment"] <= begin < entry["end"] for begin, entry in zip(starts, journal, strict=True))
+    expected, _ = file_run(tmp_path, lines, dep)
+    got = Counter(json.dumps({k: v for k, v in d.items() if k != "offset"}, sort_keys=True) for d in deliveries)
+    assert got == expected and [d["offset"] for d in deliveries] == list(range(1, len(deliveries) + 1))
+
+
+def test_a_data_directory_of_an_earlier_skpub_keeps_its_ingest_log_whole_and_serves_its_definitions(tmp_path):
+    """One ``ingest.log``, commits without the definitions' lines, journal entries without segments: it is read
+    as it was, its definitions come from the ingest log, which is then never released."""
+    data, dep = tmp_path / "data", deployment(evaluators=2, batch_size=20)
+    lines = random_workload(seed=81, n=300, invalid=False)
+    old = Daemon(data, dep, Limits(trigger=0.01))
+    old.start()
+    old.post([line.encode() for line in lines[:200]])
+    while not old.ready:
+        old.stopping.wait(0.01)
+    definitions = dict(old._definitions)
+    old.stop()
+    (data / "ingest-000000000000.log").rename(data / "ingest.log")
+    for name, drop in (("commits.log", "definitions"), ("batches.log", "segment")):
+        entries = LineLog(data / name).read(0, 10**6)
+        stripped = [orjson.dumps({k: v for k, v in orjson.loads(e).items() if k != drop}) for e in entries]
+        (data / name).write_bytes(MAGIC + b"".join(e + b"\n" for e in stripped))
+    assert definitions
+    again = Daemon(data, dep, Limits(trigger=0.01, checkpoint_seconds=0.0, segment_bytes=2000))
+    assert again._pinned and again._definitions == definitions
+    again.start()
+    again.post([line.encode() for line in lines[200:]])
+    while not again.ready:
+        again.stopping.wait(0.01)
+    assert again.ingest.first == 0 and again.ingest.count == len(lines)
+    again.stop()
+
+
 def test_a_read_older_than_retention_gets_410_with_the_earliest_offset_kept(tmp_path):
     daemon = Daemon(
         tmp_path / "data",
@@ -285,7 +382,8 @@ def test_a_consumer_following_deliveries_across_kill_9_sees_each_once(tmp_path, 
     lines = random_workload(seed=31, n=1500, invalid=False)
     dep = deployment(evaluators=4, batch_size=5 if engine == "local" else 120)
     (tmp_path / "dep.json").write_text(json.dumps(dep.to_json()))
-    extra = ("--checkpoint-seconds", "0")  # local: a checkpoint after every batch, restored after the kill
+    # local: a checkpoint after every batch, restored after the kill; small segments: the ingest log is released
+    extra = ("--checkpoint-seconds", "0", "--segment-bytes", "4096")
     served = Served(tmp_path / "data", tmp_path / "dep.json", engine=engine, extra=extra)
     for start in range(0, len(lines), 100):
         served.post(lines[start : start + 100])  # acknowledged: must survive the kill
@@ -304,6 +402,7 @@ def test_a_consumer_following_deliveries_across_kill_9_sees_each_once(tmp_path, 
         everything = seen + rest
         assert [d["offset"] for d in everything] == list(range(1, len(everything) + 1))
         assert served_outputs(restarted)[0] == file_run(tmp_path, lines, dep)[0]
+        assert not (tmp_path / "data" / "ingest-000000000000.log").exists()
     finally:
         restarted.proc.terminate()
         restarted.proc.wait(60)

@@ -100,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--retention-bytes", type=int, default=1 << 30,
         help="keep about this many bytes of each output log (default 1 GiB); older offsets get 410",
     )  # fmt: skip
+    serve.add_argument(
+        "--segment-bytes", type=int, default=64 << 20,
+        help="start a new segment file of a log past this many bytes (default 64 MiB; retention removes whole ones)",
+    )  # fmt: skip
     serve.add_argument("--listen", default="127.0.0.1:8750", help="HOST:PORT to listen on (default 127.0.0.1:8750)")
     serve.add_argument("--token-file", help="file holding the bearer token (default $SKPUB_TOKEN; none: no token)")
     serve.add_argument("--config", help="deployment JSON file")
@@ -215,7 +219,13 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigError("--checkpoint-seconds is a finite number of seconds, 0 or more")
     if args.retention_bytes < 1:
         raise ConfigError("--retention-bytes is a positive number of bytes")
-    limits = Limits(checkpoint_seconds=args.checkpoint_seconds, retention_bytes=args.retention_bytes)
+    if args.segment_bytes < 1:
+        raise ConfigError("--segment-bytes is a positive number of bytes")
+    limits = Limits(
+        checkpoint_seconds=args.checkpoint_seconds,
+        retention_bytes=args.retention_bytes,
+        segment_bytes=args.segment_bytes,
+    )
     return serve(args.data, deployment, args.listen, load_token(args.token_file), limits, args.engine, args.master)
 
 

@@ -2,13 +2,15 @@
 
 Everything lives in one data directory (DESIGN "The daemon"):
 
-- ``ingest.log``: every line a client posted, fsync'd before the reply
-  (:class:`~skpub.app.journal.LineLog`); a line's *position* is its index;
-- ``batches.log``: the micro-batch journal, one ``{"batch", "end", "byte"}``
-  entry per batch (batch ``b`` is the ingest lines from the previous entry's
-  end to its ``end``, which starts at byte ``byte`` of the ingest log),
-  written durably *before* the batch runs, so batch boundaries are fixed
-  once chosen;
+- ``ingest-<first>.log``: every line a client posted, fsync'd before the
+  reply, in segments (:class:`~skpub.app.journal.SegmentedLog`); a line's
+  *position* is its index; segments no restart can need are removed;
+- ``batches.log``: the micro-batch journal, one ``{"batch", "end",
+  "segment", "byte"}`` entry per batch (batch ``b`` is the ingest lines
+  from the previous entry's end to its ``end``, which ends at byte ``byte``
+  of the ingest segment whose first entry is ``segment``; a batch never
+  crosses segments), written durably *before* the batch runs, so batch
+  boundaries are fixed once chosen;
 - ``deliveries-<first>.log``, ``dead_letters-<first>.log``,
   ``snapshots-<first>.log``: each batch's outputs in commit order, each
   line its SEMANTICS 5 line with one more field first, ``offset`` (1-based,
@@ -16,8 +18,9 @@ Everything lives in one data directory (DESIGN "The daemon"):
   whose oldest are removed past the retention;
 - ``commits.log``: one :class:`Commit` per batch whose outputs are in those
   logs, appended after them: each log's entry count after the batch, and
-  its accepted subscribe, unsubscribe and snapshot records (what
-  ``GET /v1/subscriptions/{id}`` and ``GET /v1/snapshots/{id}`` read);
+  its accepted subscribe (with the record's line), unsubscribe and snapshot
+  records (what ``GET /v1/subscriptions/{id}`` and ``GET /v1/snapshots/{id}``
+  read);
 - ``deployment.json``: the deployment the directory was created with
   (a restart with another one is refused: results would change);
 - ``checkpoints/``: the local engine's newest checkpoints of its pipeline
@@ -54,7 +57,7 @@ from prometheus_client import Counter, Gauge, Histogram, ProcessCollector
 from skpub.app.engines import local_checkpoint
 from skpub.app.engines.local import LocalPipeline
 from skpub.app.engines.sink import complete_report, unique_letters
-from skpub.app.journal import LineLog, SegmentedLog
+from skpub.app.journal import LineLog, SegmentedLog, segment_path
 from skpub.app.metrics import Metrics
 from skpub.app.summary import BatchReport
 from skpub.kernel.config import Deployment, deployment_from_json
@@ -185,10 +188,12 @@ class Daemon:
         self.limits = limits or Limits()
         self.engine, self.master = engine, master
         self.vocabulary = load_vocabulary(deployment.vocabulary)
-        self.ingest = LineLog(self.data / "ingest.log")
+        self.ingest = _segmented(self.data, "ingest", self.limits.segment_bytes)
         self.batches = LineLog(self.data / "batches.log")
         self.commits = LineLog(self.data / "commits.log")
-        self.logs = {name: _output_log(self.data, name, self.limits) for name in LOGS}
+        self.logs = {
+            name: _segmented(self.data, name, self.limits.segment_bytes, self.limits.retention_bytes) for name in LOGS
+        }
         self.metrics = Metrics()
         self.served = DaemonMetrics(self.metrics, self)
         self._acks: deque[tuple[int, float]] = deque()  # (end position, acknowledged at) of requests in the backlog
@@ -197,7 +202,8 @@ class Daemon:
         self.failure: BaseException | None = None
         self.stalled: str | None = None  # why the last commit is being retried
         self.snapshots: dict[str, tuple[int, int]] = {}  # accepted snapshot id -> (first entry, entries) of its lines
-        self._definitions: dict[str, int] = {}  # live subscription id -> ingest index of its accepted subscribe
+        self._definitions: dict[str, bytes] = {}  # live subscription id -> the line of its accepted subscribe
+        self._pinned = False  # definitions of an earlier skpub's commits point into the ingest log: keep it whole
         self._ends: list[int] = []  # ingest end of each journaled batch
         self._committed = Commit(-1, 0, dict.fromkeys(LOGS, 0))
         self._recover()
@@ -272,8 +278,7 @@ class Daemon:
 
     def definition(self, sid: str) -> bytes | None:
         """Return live subscription ``sid``'s accepted subscribe record, or None."""
-        index = self._definitions.get(sid)
-        return None if index is None else self.ingest.read(index, 1)[0]
+        return self._definitions.get(sid)
 
     def result(self, sid: str) -> list | None:
         """Return ranked subscription ``sid``'s current result, ``[[object id, score or dist], ...]``, or None."""
@@ -305,14 +310,21 @@ class Daemon:
             raise
 
     def _cut(self) -> int | None:
-        """Journal the next batch once lines wait (after ``trigger`` for a short one); return its id or None."""
-        if not self.ingest.wait(self._journaled_end, self.limits.trigger):
+        """Journal the next batch once lines wait (after ``trigger`` for a short one); return its id or None.
+
+        A batch ends at the end of the ingest segment it starts in (the
+        Spark source reads it from that one file), so a batch at a segment's
+        end may be short; its boundaries are journaled like any other's.
+        """
+        start = self._journaled_end
+        if not self.ingest.wait(start, self.limits.trigger):
             return None
-        if self.ingest.count - self._journaled_end < self.deployment.batch_size:
+        if self.ingest.count - start < self.deployment.batch_size:
             time.sleep(self.limits.trigger)
-        end = min(self.ingest.count, self._journaled_end + self.deployment.batch_size)
+        end = min(self.ingest.count, start + self.deployment.batch_size, self.ingest.segment_end(start))
+        segment, byte = self.ingest.end_position(end)
         batch_id = len(self._ends)
-        self.batches.append([orjson.dumps({"batch": batch_id, "end": end, "byte": self.ingest.byte_offset(end)})])
+        self.batches.append([orjson.dumps({"batch": batch_id, "end": end, "segment": segment, "byte": byte})])
         self._ends.append(end)
         return batch_id
 
@@ -328,7 +340,13 @@ class Daemon:
 
         Outputs the commit log already holds are not appended again.
         """
-        for batch_id in range(self._restore_local(), len(self._ends)):
+        replay = self._restore_local()
+        if self._start_of(replay) < self.ingest.first:
+            raise CheckpointError(
+                f"{self.data} holds no readable local checkpoint after batch {replay - 1}, and the ingest log "
+                f"before {self.ingest.first} is no longer kept (was it run with --engine spark?)"
+            )
+        for batch_id in range(replay, len(self._ends)):
             self._step_local(batch_id)
         while not self.stopping.is_set():
             batch_id = self._cut()
@@ -398,8 +416,7 @@ class Daemon:
             self._cut()
         if not self._ends:
             return
-        first = self.ingest.read(0, min(self._ends[0], self.deployment.sample_size))
-        self._plane = SparkPlane(self, first)
+        self._plane = SparkPlane(self, self._first_sample)
         try:
             while not self.stopping.is_set():
                 self._plane.check()
@@ -413,6 +430,34 @@ class Daemon:
                 self._plane.wait(self.limits.trigger)
         finally:
             self._plane.stop()
+
+    def _first_sample(self) -> list[bytes]:
+        """Return the first batch's lines that sample the initial partitioning (a new Spark checkpoint only).
+
+        Raises
+        ------
+        CheckpointError
+            If the ingest log no longer keeps them (the directory was run on the local engine before).
+        """
+        if self.ingest.first > 0:
+            raise CheckpointError(
+                f"{self.data / 'spark'} holds no Spark checkpoint, and the ingest log before {self.ingest.first} "
+                "is no longer kept (was it run with --engine local?)"
+            )
+        return self.ingest.read(0, min(self._ends[0], self.deployment.sample_size))
+
+    def _replay_from(self) -> int:
+        """Return the earliest batch a restart may run again (the ingest log keeps its lines on).
+
+        Local engine: the one after the oldest checkpoint kept (a restart
+        falls back to it when the newest is unreadable; the first batch with
+        none). Spark: its checkpoint may be one batch behind the commit log;
+        one more batch is kept for safety.
+        """
+        if self.engine == "spark":
+            return max(0, self._committed.batch - 1)
+        saved = [b for b in local_checkpoint.checkpoints(self.data / CHECKPOINTS) if b <= self._committed.batch]
+        return min(saved) + 1 if saved else 0
 
     # --- committing a batch's outputs --------------------------------------------------------------------
     def commit(self, report: BatchReport, produced: dict[str, list[bytes]]) -> None:
@@ -444,7 +489,7 @@ class Daemon:
         totals = {name: last.totals[name] + len(entries) for name, entries in produced.items()}
         snapshot_lines = [orjson.loads(line) for line in produced["snapshots"]]
         controls = _controls(report.controls, start, last.totals["snapshots"], snapshot_lines)
-        commit = Commit(batch_id, end, totals, controls)
+        commit = Commit(batch_id, end, totals, controls, self._definitions_of(report.controls, start, end))
         while True:
             try:
                 self._append(last, produced, commit)
@@ -459,7 +504,15 @@ class Daemon:
             log.retain()
         self._account(commit)
         self._committed = commit
+        if not self._pinned:
+            self.ingest.release(self._start_of(self._replay_from()))
         self._observe(produced["deliveries"])
+
+    def _definitions_of(self, accepted: list[tuple[int, str, str]], start: int, end: int) -> dict[str, str]:
+        """Return the lines of a batch's accepted subscribe records by id (read back from the ingest log)."""
+        subscribes = [(pos, sid) for pos, kind, sid in accepted if kind == "subscribe"]
+        lines = self.ingest.read(start, end - start) if subscribes else []
+        return {sid: lines[position_index(pos)].decode("utf-8", "replace") for pos, sid in subscribes}
 
     def _append(self, last: Commit, produced: dict[str, list[bytes]], commit: Commit) -> None:
         """Append a batch's entries to each output log after ``last``'s totals, then ``commit`` to the commit log."""
@@ -474,8 +527,11 @@ class Daemon:
     def _account(self, commit: Commit) -> None:
         """Follow a committed batch's accepted controls: live subscriptions' definitions, snapshots by id."""
         for kind, sid, at, count in commit.controls:
-            if kind == "subscribe":
-                self._definitions[sid] = at
+            if kind == "subscribe" and sid in commit.definitions:
+                self._definitions[sid] = commit.definitions[sid].encode()
+            elif kind == "subscribe":  # a commit of an earlier skpub: the line is read from the ingest log
+                self._pinned = True
+                self._definitions[sid] = b"".join(self.ingest.read(at, 1))
             elif kind == "unsubscribe":
                 self._definitions.pop(sid, None)
             else:
@@ -501,18 +557,27 @@ class Commit:
     output log's entries after it; ``controls``: its accepted controls as
     ``(type, id, at, count)``: a subscribe's ingest index (``at``), an
     unsubscribe, or a snapshot's first entry in the snapshot log and its
-    line count.
+    line count; ``definitions``: each accepted subscribe's record line by
+    id, so that the ingest log need not keep it (an earlier skpub's commits
+    have none).
     """
 
     batch: int
     end: int
     totals: dict[str, int]
     controls: list[tuple[str, str, int, int]] = field(default_factory=list)
+    definitions: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         """Encode as one JSON line."""
         return orjson.dumps(
-            {"batch": self.batch, "end": self.end, "totals": self.totals, "controls": [list(c) for c in self.controls]}
+            {
+                "batch": self.batch,
+                "end": self.end,
+                "totals": self.totals,
+                "controls": [list(c) for c in self.controls],
+                "definitions": self.definitions,
+            }
         )
 
     @classmethod
@@ -528,8 +593,9 @@ class Commit:
             doc = orjson.loads(raw)
             totals = {name: int(doc["totals"][name]) for name in LOGS}
             controls = [(str(k), str(i), int(a), int(c)) for k, i, a, c in doc["controls"]]
-            return cls(int(doc["batch"]), int(doc["end"]), totals, controls)
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            definitions = {str(sid): str(line) for sid, line in doc.get("definitions", {}).items()}
+            return cls(int(doc["batch"]), int(doc["end"]), totals, controls, definitions)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CheckpointError(f"damaged commit log entry: {exc}") from None
 
 
@@ -565,16 +631,16 @@ class Gone(Exception):
         self.earliest = earliest
 
 
-def _output_log(data: Path, name: str, limits: Limits) -> SegmentedLog:
-    """Open output log ``name`` of ``data`` in segments.
+def _segmented(data: Path, name: str, segment_bytes: int, retention_bytes: int | None = None) -> SegmentedLog:
+    """Open log ``name`` of ``data`` in segments.
 
     A single ``<name>.log`` of an earlier skpub becomes the first segment.
     """
     single = data / f"{name}.log"
     if single.exists() and not any(data.glob(f"{name}-*.log")):
         LineLog(single).close()  # checks that it is skpub's
-        single.rename(data / f"{name}-{0:012d}.log")
-    return SegmentedLog(data, name, limits.segment_bytes, limits.retention_bytes)
+        single.rename(segment_path(data, name, 0))
+    return SegmentedLog(data, name, segment_bytes, retention_bytes)
 
 
 def _with_offset(line: bytes, offset: int) -> bytes:

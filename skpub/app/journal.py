@@ -1,4 +1,4 @@
-"""Append-only, fsync'd logs of lines: the daemon's ingest log, delivery log and dead-letter log.
+"""Append-only, fsync'd logs of lines: the daemon's ingest, commit and output logs.
 
 A :class:`LineLog` is one file of newline-terminated lines. An entry's
 *index* is its line number (0-based). :meth:`LineLog.append` writes whole
@@ -198,15 +198,18 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class SegmentedLog:
-    """An output log kept as segment files with retention: ``<name>-<first index>.log``, each a :class:`LineLog`.
+    """A log kept as segment files: ``<name>-<first index>.log``, each a :class:`LineLog`.
 
     Entries keep their index for the log's whole life; a segment holds a
     contiguous run of them and is named by its first. Appends go to the
-    newest segment, a new one starts once it holds ``segment_bytes``, and
-    :meth:`retain` removes the oldest segments (never the newest) while the
-    log is over ``retention_bytes``: :attr:`first` is then the earliest
-    index kept (a reader asking for less gets 410). Only files of this
-    name pattern are touched, each checked by its header.
+    newest segment, and a new one starts once it holds ``segment_bytes``.
+    Old segments go in one of two ways, never the newest: :meth:`retain`
+    removes the oldest while the log is over ``retention_bytes`` (the output
+    logs: a reader asking for less than :attr:`first` gets 410), and
+    :meth:`release` removes those whose entries all lie before an index the
+    owner no longer needs (the ingest log behind the checkpoints, the commit
+    log behind its base). Only files of this name pattern are touched, each
+    checked by its header.
 
     Raises
     ------
@@ -214,7 +217,9 @@ class SegmentedLog:
         If a segment is not skpub's, or the segments do not follow each other.
     """
 
-    def __init__(self, directory: str | Path, name: str, segment_bytes: int, retention_bytes: int) -> None:
+    def __init__(
+        self, directory: str | Path, name: str, segment_bytes: int, retention_bytes: int | None = None
+    ) -> None:
         self.directory, self.name = Path(directory), name
         self.segment_bytes, self.retention_bytes = segment_bytes, retention_bytes
         pattern = re.compile(rf"{re.escape(name)}-(\d{{12}})\.log")
@@ -226,11 +231,17 @@ class SegmentedLog:
             if first + log.count != following:
                 raise OutputError(f"{log.path} ends at entry {first + log.count}; the next segment at {following}")
         if not self._segments:
-            self._segments = [(0, LineLog(self._path(0)))]
+            self._segments = [(0, LineLog(self.path_of(0)))]
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
 
-    def _path(self, first: int) -> Path:
-        return self.directory / f"{self.name}-{first:012d}.log"
+    def path_of(self, first: int) -> Path:
+        """Return the file of the segment whose first entry is ``first``."""
+        return segment_path(self.directory, self.name, first)
+
+    def files(self) -> SegmentFiles:
+        """Return the segments' files by first entry (what the Spark engine's tasks read)."""
+        return SegmentFiles(self.directory, self.name)
 
     @property
     def count(self) -> int:
@@ -254,10 +265,54 @@ class SegmentedLog:
             first, log = self._segments[-1]
             if log.count and log.byte_offset(log.count) >= self.segment_bytes:
                 log.close()
-                first, log = self.count, LineLog(self._path(self.count))
+                first, log = self.count, LineLog(self.path_of(self.count))
                 self._segments.append((first, log))
         start, end = log.append(lines)
+        with self._changed:
+            self._changed.notify_all()
         return first + start, first + end
+
+    def wait(self, count: int, timeout: float) -> bool:
+        """Block until the log holds more than ``count`` entries or ``timeout`` seconds pass; return whether it does."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.count > count, timeout)
+
+    def _holding(self, index: int) -> tuple[int, LineLog]:
+        """Return the segment holding entry ``index`` (the newest for :attr:`count`).
+
+        Raises
+        ------
+        IndexError
+            If ``index`` is before :attr:`first` or past :attr:`count`.
+        """
+        segments = list(self._segments)
+        if not segments[0][0] <= index <= self.count:
+            raise IndexError(f"entry {index} of the log {self.name} (entries {self.first} .. {self.count})")
+        return next(((f, log) for f, log in reversed(segments) if f <= index), segments[0])
+
+    def segment_end(self, index: int) -> int:
+        """Return the index after the last entry of the segment holding ``index`` (:attr:`count` for the newest).
+
+        Raises
+        ------
+        IndexError
+            As :meth:`_holding`.
+        """
+        first, log = self._holding(index)
+        return first + log.count
+
+    def end_position(self, end: int) -> tuple[int, int]:
+        """Return ``(segment, byte)``: where entry ``end - 1`` ends, ``segment`` naming its file by its first entry.
+
+        O(:data:`STRIDE`).
+
+        Raises
+        ------
+        IndexError
+            If ``end - 1`` is not an entry kept.
+        """
+        first, log = self._holding(end - 1)
+        return first, log.byte_offset(end - first)
 
     def read(self, start: int, limit: int) -> list[bytes]:
         """Return up to ``limit`` entries from index ``start`` on ([] from an index no longer kept)."""
@@ -297,13 +352,47 @@ class SegmentedLog:
     def retain(self) -> int:
         """Remove the oldest segments while the log is over its retention; return the earliest index kept."""
         with self._lock:
-            while len(self._segments) > 1 and self.nbytes > self.retention_bytes:
-                _, log = self._segments.pop(0)
-                log.close()
-                log.path.unlink()
+            while self.retention_bytes is not None and len(self._segments) > 1 and self.nbytes > self.retention_bytes:
+                self._drop_oldest()
         return self.first
+
+    def release(self, needed: int) -> int:
+        """Remove the oldest segments (never the newest) whose entries all lie before ``needed``.
+
+        Returns the earliest index kept, :attr:`first`.
+        """
+        with self._lock:
+            while len(self._segments) > 1 and self._segments[1][0] <= needed:
+                self._drop_oldest()
+        return self.first
+
+    def _drop_oldest(self) -> None:
+        _, log = self._segments.pop(0)
+        log.close()
+        log.path.unlink()
 
     def close(self) -> None:
         """Close every segment."""
         for _, log in self._segments:
             log.close()
+
+
+def segment_path(directory: Path, name: str, first: int) -> Path:
+    """Return the file of log ``name``'s segment whose first entry is ``first`` (:class:`SegmentedLog`)."""
+    return Path(directory) / f"{name}-{first:012d}.log"
+
+
+class SegmentFiles:
+    """The files of a :class:`SegmentedLog`, by the first entry of each: ``files[first]`` is a path.
+
+    What the Spark engine's tasks read the daemon's ingest log through
+    (:func:`skpub.kernel.slices.slice_lines` indexes its files by a span's
+    ``file``, here a segment's first entry); plain data, so it travels to
+    executors.
+    """
+
+    def __init__(self, directory: str | Path, name: str) -> None:
+        self.directory, self.name = str(Path(directory).absolute()), name
+
+    def __getitem__(self, first: int) -> Path:
+        return segment_path(Path(self.directory), self.name, first)

@@ -236,9 +236,11 @@ def split(files: Sequence[Path], sizes: Sequence[int], start: Position, end: Pos
 def slice_lines(files: Sequence[Path], piece: Slice, entries: bool = False) -> list[bytes]:
     """Return the records of ``piece``, as :func:`skpub.kernel.inputs.read_records` gives them.
 
-    With ``entries`` the files are logs of entries that are records as they
-    are (the daemon's ingest log, :class:`skpub.app.journal.LineLog`): split
-    at newlines only, nothing dropped.
+    ``files[span.file]`` is each span's file (any indexable: the daemon's
+    ingest segments are indexed by their first entry). With ``entries`` the
+    files are logs of entries that are records as they are (the daemon's
+    ingest log, :class:`skpub.app.journal.SegmentedLog`): split at newlines
+    only, nothing dropped.
 
     Raises
     ------

@@ -20,25 +20,30 @@ whose bytes no longer hold the records planned). ``Trigger.AvailableNow``
 reads up to the input's end as it was when the query started.
 
 With the option ``journal`` (the daemon's batch journal,
-:class:`skpub.app.daemon.Daemon`) the one file is the daemon's ingest log
-and the micro-batches are the journal's entries, one per trigger, in order:
-the offset adds ``batch`` (entries taken) and ``journal`` (the byte where
-the next entry starts), and a micro-batch starts only once its entry is
-complete in the journal, which the daemon writes after the lines are
-durable. Spark's batch ids then equal the journal's.
+:class:`skpub.app.daemon.Daemon`) the input is the daemon's ingest log, in
+segments (the option ``segments``: ``[directory, name]``,
+:class:`skpub.app.journal.SegmentFiles`), and the micro-batches are the
+journal's entries, one per trigger, in order: the offset's ``file`` names a
+segment by its first entry (retention removes old segments, so a list index
+would shift), and it adds ``batch`` (entries taken) and ``journal`` (the
+byte where the next entry starts). A micro-batch starts only once its entry
+is complete in the journal, which the daemon writes after the lines are
+durable; a batch never crosses segments (the daemon cuts it at a segment's
+end). Spark's batch ids then equal the journal's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import orjson
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 
-from skpub.app.journal import MAGIC
-from skpub.kernel.slices import Position, cut, file_sizes, split
+from skpub.app.journal import MAGIC, SegmentFiles
+from skpub.kernel.slices import Position, Slice, Span, cut, file_sizes, split
 
 SOURCE_NAME = "skpub_lines"
 SLICE_SCHEMA = "slice string"
@@ -64,11 +69,12 @@ class LineReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Plans micro-batches of the input files (see the module's docstring)."""
 
     def __init__(self, options: dict[str, str]) -> None:
-        self.files = [Path(f) for f in orjson.loads(options["files"])]
+        self.files = [Path(f) for f in orjson.loads(options.get("files", "[]"))]
         self.batch_size = int(options["batch_size"])
         self.max_bytes = int(options["max_bytes"])
         self.parts = int(options["parts"])
         self.journal = Path(options["journal"]) if options.get("journal") else None
+        self.segments = SegmentFiles(*orjson.loads(options["segments"])) if self.journal is not None else None
         self.sizes: list[int] | None = None  # the input's end for Trigger.AvailableNow
 
     def initialOffset(self) -> dict:
@@ -111,7 +117,7 @@ class LineReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if int(entry["batch"]) != int(start["batch"]):
             raise ValueError(f"{self.journal}: entry of batch {entry['batch']} where {start['batch']} was expected")
         return {
-            **_offset((0, int(entry["byte"]))),
+            **_offset((int(entry.get("segment", 0)), int(entry["byte"]))),
             "batch": int(start["batch"]) + 1,
             "journal": int(start["journal"]) + len(line),
         }
@@ -121,8 +127,23 @@ class LineReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         first, last = _position(start), _position(end)
         if first == last:
             return []
+        if self.segments is not None:
+            return [SliceInput(s.to_json().decode()) for s in self._segment_slices(first, last)]
         sizes = file_sizes(self.files)
         return [SliceInput(s.to_json().decode()) for s in split(self.files, sizes, first, last, self.parts)]
+
+    def _segment_slices(self, start: Position, end: Position) -> list[Slice]:
+        """Return a journaled batch's slices, all in ``end``'s segment.
+
+        The batch starts at that segment's first entry when ``start`` lies
+        in an earlier segment; the spans' ``file`` is the segment's first entry.
+        """
+        segment, stop = end
+        begin = start[1] if start[0] == segment else len(MAGIC)
+        planned = split([self.segments[segment]], [stop], (0, begin), (0, stop), self.parts)
+        return [
+            replace(s, spans=tuple(Span(segment, span.start, span.end) for span in s.spans), end=end) for s in planned
+        ]
 
     def read(self, partition: SliceInput) -> Iterator[tuple[str]]:
         """Yield the slice's row (runs on an executor)."""

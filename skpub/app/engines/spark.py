@@ -36,6 +36,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -45,6 +46,7 @@ from skpub.app.console import engine_log
 from skpub.app.engines.sink import unique_letters
 from skpub.app.engines.source import SOURCE_NAME, LineSource
 from skpub.app.engines.spark_tasks import PARSE_REPORT_COLUMNS, PART_BYTES, ParseTask, SequencerTask
+from skpub.app.journal import SegmentFiles
 from skpub.app.output import check_output, claim_output, inspect_output, mark_success
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
 from skpub.balancer.transfer import plan_after, transfer_lines
@@ -517,7 +519,7 @@ def start_query(  # noqa: PLR0913 - the query's whole configuration
     deployment: Deployment,
     manifest: dict,
     observer: RunObserver,
-    files: list[str],
+    files: list[str] | SegmentFiles,
     trigger: dict,
     journal: Path | None = None,
 ):  # noqa: ANN202 - (StreamingQuery, Sink)
@@ -525,7 +527,7 @@ def start_query(  # noqa: PLR0913 - the query's whole configuration
 
     ``trigger`` is the keyword of ``DataStreamWriter.trigger``; with
     ``journal`` the source follows the daemon's batch journal over its
-    ingest log (``files``, one), whose entries are records as they are.
+    ingest log (``files``, its segments), whose entries are records as they are.
     """
     from skpub.evaluators.spark_processor import CONTROL_DDL, EvaluatorProcessor
 
@@ -535,14 +537,15 @@ def start_query(  # noqa: PLR0913 - the query's whole configuration
     spark.dataSource.register(LineSource)
     reader = (
         spark.readStream.format(SOURCE_NAME)
-        .option("files", json.dumps(files))
         .option("batch_size", deployment.batch_size)
         .option("max_bytes", parts * PART_BYTES)
         .option("parts", parts)
     )
     entries = journal is not None
     if entries:
-        reader = reader.option("journal", str(journal))
+        reader = reader.option("journal", str(journal)).option("segments", json.dumps([files.directory, files.name]))
+    else:
+        reader = reader.option("files", json.dumps(files))
     root = str(output)
     balancer_dir = str(ckpt.balancer) if deployment.balancer.mode != "off" else ""
     located = reader.load().mapInArrow(
@@ -586,7 +589,7 @@ class SparkPlane:
         If no Java runtime is available.
     """
 
-    def __init__(self, daemon, sample: list[bytes]) -> None:  # noqa: ANN001 - skpub.app.daemon.Daemon
+    def __init__(self, daemon, sample: Callable[[], list[bytes]]) -> None:  # noqa: ANN001 - skpub.app.daemon.Daemon
         self.daemon = daemon
         self.output = daemon.data / "output"
         self.committed = threading.Event()
@@ -595,7 +598,7 @@ class SparkPlane:
         deployment = daemon.deployment
         self.spark = spark_session(daemon.master, deployment.evaluators, "skpub-serve")
         manifest = _open_daemon_checkpoint(ckpt, deployment, self.spark, sample)
-        files = [str(daemon.ingest.path.absolute())]
+        files = daemon.ingest.files()
         journal = daemon.batches.path.absolute()
         trigger = {"processingTime": f"{max(1, round(daemon.limits.trigger * 1000))} milliseconds"}
         tune_gc()
@@ -642,8 +645,10 @@ class SparkPlane:
             self.spark.stop()
 
 
-def _open_daemon_checkpoint(ckpt: Checkpoint, deployment: Deployment, spark, sample: list[bytes]) -> dict:  # noqa: ANN001
-    """Resume the daemon's Spark checkpoint, or create it with the initial epoch from ``sample``.
+def _open_daemon_checkpoint(  # noqa: ANN001
+    ckpt: Checkpoint, deployment: Deployment, spark, sample: Callable[[], list[bytes]]
+) -> dict:
+    """Resume the daemon's Spark checkpoint, or create it with the initial epoch from ``sample()`` (read only then).
 
     Raises
     ------
@@ -658,7 +663,7 @@ def _open_daemon_checkpoint(ckpt: Checkpoint, deployment: Deployment, spark, sam
         return manifest
     ckpt.create()
     vocabulary = load_vocabulary(deployment.vocabulary)
-    EpochLog(ckpt.epochs).publish(RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample)))
+    EpochLog(ckpt.epochs).publish(RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample())))
     manifest = {
         **wanted,
         "run_id": uuid.uuid4().hex,

@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from skpub.app.checkpoint import Checkpoint
+from skpub.app.journal import SegmentFiles
 from skpub.evaluators.spark_processor import current_batch_id
 from skpub.kernel.config import Deployment, deployment_from_text
 from skpub.kernel.errors import CheckpointError, InputError
@@ -68,11 +69,17 @@ class ParseTask:
     ``files`` are the input's files in stream order (the source's option):
     the task reads its slice's records from them
     (:func:`~skpub.kernel.slices.slice_lines`; ``entries``: they are the
-    daemon's ingest log, whose entries are records as they are).
+    segments of the daemon's ingest log, whose entries are records as they
+    are, :class:`~skpub.app.journal.SegmentFiles`).
     """
 
     def __init__(
-        self, checkpoint_root: str, output_root: str, deployment_json: str, files: list[str], entries: bool = False
+        self,
+        checkpoint_root: str,
+        output_root: str,
+        deployment_json: str,
+        files: list[str] | SegmentFiles,
+        entries: bool = False,
     ) -> None:
         self.checkpoint_root = checkpoint_root
         self.output_root = output_root
@@ -135,7 +142,7 @@ class SequencerTask:
         deployment_json: str,
         keys: list[int],
         parts: int,
-        files: list[str],
+        files: list[str] | SegmentFiles,
         entries: bool = False,
     ) -> None:
         self.checkpoint_root = checkpoint_root
@@ -297,7 +304,7 @@ def _in_stream_order(table: pa.Table, parts: int, batch_id: int) -> tuple[pa.Tab
 
 
 def _rejected_letters(  # noqa: ANN001
-    files: list[str], reports: list[dict], items: pa.Table, decisions, entries: bool = False
+    files: list[str] | SegmentFiles, reports: list[dict], items: pa.Table, decisions, entries: bool = False
 ) -> list[DeadLetter]:
     """Dead letters of the sequencer's rejections, with their input lines read back from the parts' slices."""
     if not decisions.rejected:
@@ -323,7 +330,7 @@ def _slice(raw: str) -> Slice:
         raise CheckpointError(str(exc)) from None
 
 
-def _lines(files: list[str], piece: Slice, entries: bool = False) -> list[bytes]:
+def _lines(files: list[str] | SegmentFiles, piece: Slice, entries: bool = False) -> list[bytes]:
     """Read a slice's records from the input.
 
     Raises
@@ -332,7 +339,7 @@ def _lines(files: list[str], piece: Slice, entries: bool = False) -> list[bytes]
         If the input changed since the micro-batch was planned.
     """
     try:
-        return slice_lines([Path(f) for f in files], piece, entries)
+        return slice_lines(files if entries else [Path(f) for f in files], piece, entries)
     except (OSError, ValueError) as exc:
         raise InputError(f"the input changed during the run: {exc}") from None
 
