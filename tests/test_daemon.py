@@ -1,5 +1,6 @@
 """The routing daemon (``skpub serve``): durable logs, the HTTP API over real loopback HTTP, kill -9 and restart."""
 
+import itertools
 import json
 import signal
 from collections import Counter
@@ -135,12 +136,13 @@ def test_a_segmented_log_locates_batch_ends_in_its_files_and_releases_only_whole
     assert (again.first, again.count) == (first, len(everything))
 
 
-def test_the_ingest_log_keeps_what_a_restart_needs_and_a_restart_after_its_segments_went_equals_one_run(tmp_path):
-    """Ingest segments behind the oldest checkpoint are removed; definitions whose lines went are still served; a
-    restart replays from a kept checkpoint; batches never cross a segment; the outputs are one run's."""
+def test_the_logs_keep_what_a_restart_needs_and_a_restart_after_their_segments_went_equals_one_run(tmp_path):
+    """Ingest and journal segments behind the oldest checkpoint are removed, the commit log behind its base;
+    definitions whose lines went are still served; a restart reads the base and replays from a kept checkpoint;
+    batches never cross a segment; the outputs are one run's."""
     lines = random_workload(seed=71, n=900) + ranked_workload(seed=72, n=300)
     dep = deployment(evaluators=3, batch_size=25)
-    limits = Limits(checkpoint_seconds=0.0, trigger=0.01, segment_bytes=3000)
+    limits = Limits(checkpoint_seconds=0.0, trigger=0.01, segment_bytes=1000, compact_commits=4)
     first = Daemon(tmp_path / "data", dep, limits)
     first.start()
     for start in range(0, 700, 50):
@@ -149,32 +151,65 @@ def test_the_ingest_log_keeps_what_a_restart_needs_and_a_restart_after_its_segme
         first.stopping.wait(0.01)
     gone = first.ingest.first
     oldest = min(local_checkpoint.checkpoints(tmp_path / "data" / "checkpoints"))
-    assert 0 < gone <= first._start_of(oldest + 1)  # released, and nothing a restart needs
-    released = [sid for sid, line in first._definitions.items() if lines.index(line.decode()) < gone]
+    assert 0 < gone <= first._ends.start(oldest + 1)  # released, and nothing a restart needs
+    definitions = dict(first._state.definitions)
+    released = [sid for sid, line in definitions.items() if lines.index(line.decode()) < gone]
     assert released and all(json.loads(first.definition(sid))["id"] == sid for sid in released)
+    assert first.batches.first > 0 and first.commits.first > 0 and first._ends.first > 0
+    assert list((tmp_path / "data").glob("commits-*.base"))
     first.stop()
     again = Daemon(tmp_path / "data", dep, limits)
-    assert again.ingest.first == gone and {sid: again.definition(sid) for sid in released} == {
-        sid: first._definitions[sid] for sid in released
-    }
+    assert again.ingest.first == gone and again._state.definitions == definitions
     again.start()
     for start in range(700, len(lines), 50):
         again.post([line.encode() for line in lines[start : start + 50]])
     while not again.ready:
         again.stopping.wait(0.01)
     deliveries = [orjson.loads(x) for x in again.read_committed("deliveries", 0, 10**6)]
-    journal = [orjson.loads(x) for x in again.batches.read(0, again.batches.count)]
+    journal = [orjson.loads(x) for x in again.batches.read(again.batches.first, again.batches.count)]
     again.stop()
-    starts = [0] + [entry["end"] for entry in journal[:-1]]
-    assert all(entry["segment"] <= begin < entry["end"] for begin, entry in zip(starts, journal, strict=True))
+    assert all(entry["segment"] <= before["end"] < entry["end"] for before, entry in itertools.pairwise(journal))
     expected, _ = file_run(tmp_path, lines, dep)
     got = Counter(json.dumps({k: v for k, v in d.items() if k != "offset"}, sort_keys=True) for d in deliveries)
     assert got == expected and [d["offset"] for d in deliveries] == list(range(1, len(deliveries) + 1))
 
 
-def test_a_data_directory_of_an_earlier_skpub_keeps_its_ingest_log_whole_and_serves_its_definitions(tmp_path):
-    """One ``ingest.log``, commits without the definitions' lines, journal entries without segments: it is read
-    as it was, its definitions come from the ingest log, which is then never released."""
+def test_the_spark_source_reads_each_journaled_batch_from_its_ingest_segment_across_rolls_and_releases(tmp_path):
+    """The Spark source in journal mode (driven directly, as Spark's driver calls it): batch by batch its slices
+    hold exactly the journaled lines, across ingest and journal segment rolls and after old segments went."""
+    from skpub.app.engines.source import LineReader
+    from skpub.kernel.slices import Slice, slice_lines
+
+    lines = random_workload(seed=91, n=600, invalid=False)
+    daemon = Daemon(tmp_path / "data", deployment(evaluators=2, batch_size=17), Limits(trigger=0.01, segment_bytes=700))
+    daemon.start()
+    for start in range(0, len(lines), 40):
+        daemon.post([line.encode() for line in lines[start : start + 40]])
+    while not daemon.ready:
+        daemon.stopping.wait(0.01)
+    daemon.stop()
+    ingest, journal = daemon.ingest.files(), daemon.batches.files()
+    assert len(list((tmp_path / "data").glob("batches-*.log"))) > 2  # the journal rolled
+    options = {"journal": json.dumps([journal.directory, journal.name]), "batch_size": "17", "max_bytes": "9999"}
+    reader = LineReader({**options, "segments": json.dumps([ingest.directory, ingest.name]), "parts": "3"})
+    offset, seen = reader.initialOffset(), []
+    while (end := reader.latestOffset(offset, reader.getDefaultReadLimit())) != offset:
+        assert end["batch"] == offset["batch"] + 1
+        pieces = [Slice.from_json(p.value) for p in reader.partitions(offset, end)]
+        seen.append(b"".join(line + b"\n" for piece in pieces for line in slice_lines(ingest, piece, entries=True)))
+        if end["batch"] == daemon._ends.count // 2:  # old segments go: the source goes on from where it is
+            daemon.batches.release(end["batch"])
+            daemon.ingest.release(daemon._ends.end(end["batch"] - 1))
+            assert not journal[0].exists() and not ingest[0].exists()
+        offset = end
+    assert len(seen) == daemon._ends.count
+    assert b"".join(seen) == b"".join(line.encode() + b"\n" for line in lines)
+
+
+def test_a_data_directory_of_an_earlier_skpub_is_read_as_it_was_and_compacted_before_its_ingest_log_goes(tmp_path):
+    """One ``ingest.log``, ``batches.log`` and ``commits.log``, commits without the definitions' lines, journal
+    entries without segments: its definitions come from the ingest log, which is released only once a commit log
+    base holds them."""
     data, dep = tmp_path / "data", deployment(evaluators=2, batch_size=20)
     lines = random_workload(seed=81, n=300, invalid=False)
     old = Daemon(data, dep, Limits(trigger=0.01))
@@ -182,22 +217,29 @@ def test_a_data_directory_of_an_earlier_skpub_keeps_its_ingest_log_whole_and_ser
     old.post([line.encode() for line in lines[:200]])
     while not old.ready:
         old.stopping.wait(0.01)
-    definitions = dict(old._definitions)
+    definitions = dict(old._state.definitions)
     old.stop()
-    (data / "ingest-000000000000.log").rename(data / "ingest.log")
+    assert not list(data.glob("commits-*.base"))
+    for name in ("ingest", "batches", "commits"):
+        (data / f"{name}-000000000000.log").rename(data / f"{name}.log")
     for name, drop in (("commits.log", "definitions"), ("batches.log", "segment")):
         entries = LineLog(data / name).read(0, 10**6)
         stripped = [orjson.dumps({k: v for k, v in orjson.loads(e).items() if k != drop}) for e in entries]
         (data / name).write_bytes(MAGIC + b"".join(e + b"\n" for e in stripped))
     assert definitions
-    again = Daemon(data, dep, Limits(trigger=0.01, checkpoint_seconds=0.0, segment_bytes=2000))
-    assert again._pinned and again._definitions == definitions
+    limits = Limits(trigger=0.01, checkpoint_seconds=0.0, segment_bytes=2000)
+    again = Daemon(data, dep, limits)
+    assert again._pinned and again._state.definitions == definitions
+    assert again.ingest.release(10**6) == 0  # the ingest log is one segment until new lines come
     again.start()
     again.post([line.encode() for line in lines[200:]])
     while not again.ready:
         again.stopping.wait(0.01)
-    assert again.ingest.first == 0 and again.ingest.count == len(lines)
+    assert not again._pinned and list(data.glob("commits-*.base")) and again.ingest.first > 0
+    now = dict(again._state.definitions)
+    assert all(now[sid] == line for sid, line in definitions.items() if sid in now)
     again.stop()
+    assert Daemon(data, dep, limits)._state.definitions == now
 
 
 def test_a_read_older_than_retention_gets_410_with_the_earliest_offset_kept(tmp_path):
@@ -448,7 +490,7 @@ def test_a_restarted_local_daemon_resumes_from_its_checkpoint_not_from_the_start
     again.post([line.encode() for line in lines[300:]])
     while not again.ready:
         again.stopping.wait(0.01)
-    assert committed == 300 and steps and min(steps) == len(again._ends) - len(steps)  # only new batches ran
+    assert committed == 300 and steps and min(steps) == again._ends.count - len(steps)  # only new batches ran
     deliveries = [orjson.loads(x) for x in again.read_committed("deliveries", 0, 10**6)]
     again.stop()
     monkeypatch.undo()

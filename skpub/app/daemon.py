@@ -5,7 +5,7 @@ Everything lives in one data directory (DESIGN "The daemon"):
 - ``ingest-<first>.log``: every line a client posted, fsync'd before the
   reply, in segments (:class:`~skpub.app.journal.SegmentedLog`); a line's
   *position* is its index; segments no restart can need are removed;
-- ``batches.log``: the micro-batch journal, one ``{"batch", "end",
+- ``batches-<first>.log``: the micro-batch journal, one ``{"batch", "end",
   "segment", "byte"}`` entry per batch (batch ``b`` is the ingest lines
   from the previous entry's end to its ``end``, which ends at byte ``byte``
   of the ingest segment whose first entry is ``segment``; a batch never
@@ -16,11 +16,12 @@ Everything lives in one data directory (DESIGN "The daemon"):
   line its SEMANTICS 5 line with one more field first, ``offset`` (1-based,
   the entry's index + 1), in segments (:class:`~skpub.app.journal.SegmentedLog`)
   whose oldest are removed past the retention;
-- ``commits.log``: one :class:`Commit` per batch whose outputs are in those
-  logs, appended after them: each log's entry count after the batch, and
-  its accepted subscribe (with the record's line), unsubscribe and snapshot
-  records (what ``GET /v1/subscriptions/{id}`` and ``GET /v1/snapshots/{id}``
-  read);
+- ``commits-<first>.log``: one :class:`~skpub.app.commits.Commit` per batch
+  whose outputs are in those logs, appended after them: each log's entry
+  count after the batch, and its accepted subscribe (with the record's
+  line), unsubscribe and snapshot records (what ``GET
+  /v1/subscriptions/{id}`` and ``GET /v1/snapshots/{id}`` read), compacted
+  into ``commits-<batch>.base`` (:mod:`skpub.app.commits`);
 - ``deployment.json``: the deployment the directory was created with
   (a restart with another one is refused: results would change);
 - ``checkpoints/``: the local engine's newest checkpoints of its pipeline
@@ -28,6 +29,10 @@ Everything lives in one data directory (DESIGN "The daemon"):
 - ``output/``: the balancer's log; on Spark also each batch's part files
   until they are committed to the logs, and ``spark/``, the Spark
   engine's checkpoint.
+
+The ingest log, the journal and the commit log keep only what a restart
+can need (:meth:`Daemon._release`): memory and disk stay bounded on an
+endless stream.
 
 Results are a deterministic function of the lines, the batch boundaries,
 the deployment and the initial sample (the first batch's lines; DESIGN
@@ -46,14 +51,14 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections import Counter as Tally
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 from prometheus_client import Counter, Gauge, Histogram, ProcessCollector
 
+from skpub.app.commits import LOGS, Base, Commit, commit_controls, read_base, write_base
 from skpub.app.engines import local_checkpoint
 from skpub.app.engines.local import LocalPipeline
 from skpub.app.engines.sink import complete_report, unique_letters
@@ -70,8 +75,8 @@ from skpub.kernel.text import load_vocabulary
 CHECKPOINTS = "checkpoints"
 """The data directory's folder of local-engine checkpoints (:mod:`skpub.app.engines.local_checkpoint`)."""
 
-LOGS = ("deliveries", "dead_letters", "snapshots")
-"""The output logs a client reads, by the name of their route."""
+COMPACT_RATIO = 4
+"""Commits after the last base per definition or snapshot it holds before the commit log is compacted again."""
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -88,7 +93,12 @@ class Limits:
     ``checkpoint_seconds``: the local engine's pipeline is checkpointed
     after a batch once this many seconds passed since the last checkpoint
     (a restart replays only the batches after it); ``retry_seconds``: the
-    wait before a commit the disk refused is tried again.
+    wait before a commit the disk refused is tried again; ``segment_bytes``,
+    ``retention_bytes``: every log's segment size and each output log's
+    retention; ``compact_commits``: the commit log is compacted into a base
+    once it holds this many commits after the last, or a
+    :data:`COMPACT_RATIO`-th of the base's definitions and snapshots if that is
+    more (a base costs O(1) lines per batch).
     """
 
     max_body_bytes: int = 16 << 20
@@ -101,6 +111,7 @@ class Limits:
     retry_seconds: float = 1.0
     segment_bytes: int = 64 << 20
     retention_bytes: int = 1 << 30
+    compact_commits: int = 10_000
 
 
 class DaemonMetrics:
@@ -189,8 +200,8 @@ class Daemon:
         self.engine, self.master = engine, master
         self.vocabulary = load_vocabulary(deployment.vocabulary)
         self.ingest = _segmented(self.data, "ingest", self.limits.segment_bytes)
-        self.batches = LineLog(self.data / "batches.log")
-        self.commits = LineLog(self.data / "commits.log")
+        self.batches = _segmented(self.data, "batches", self.limits.segment_bytes)
+        self.commits = _segmented(self.data, "commits", self.limits.segment_bytes)
         self.logs = {
             name: _segmented(self.data, name, self.limits.segment_bytes, self.limits.retention_bytes) for name in LOGS
         }
@@ -201,33 +212,58 @@ class Daemon:
         self.stopping = threading.Event()
         self.failure: BaseException | None = None
         self.stalled: str | None = None  # why the last commit is being retried
-        self.snapshots: dict[str, tuple[int, int]] = {}  # accepted snapshot id -> (first entry, entries) of its lines
-        self._definitions: dict[str, bytes] = {}  # live subscription id -> the line of its accepted subscribe
+        self._state = Base(Commit(-1, 0, dict.fromkeys(LOGS, 0)))  # what the commits so far add up to
+        self._based = -1  # the batch of the newest commit log base
         self._pinned = False  # definitions of an earlier skpub's commits point into the ingest log: keep it whole
-        self._ends: list[int] = []  # ingest end of each journaled batch
-        self._committed = Commit(-1, 0, dict.fromkeys(LOGS, 0))
+        self._ends = BatchEnds()
         self._recover()
         self._pipeline: LocalPipeline | None = None
         self._plane = None  # the Spark engine's SparkPlane
         self._batch_started = self._checkpointed_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="skpub-data-plane", daemon=True)
 
+    @property
+    def _committed(self) -> Commit:
+        return self._state.commit
+
+    @property
+    def snapshots(self) -> dict[str, tuple[int, int]]:
+        """Taken snapshot id -> (first entry, entries) of its lines in the snapshot log."""
+        return self._state.snapshots
+
     def _recover(self) -> None:
-        """Read the batch journal and the commit log: batch boundaries, output totals, definitions, snapshots."""
-        for raw in self.batches.read(0, self.batches.count):
+        """Read the batch journal, the newest commit log base and the commits after it.
+
+        Raises
+        ------
+        CheckpointError
+            If the logs do not follow each other (entries removed that a base does not cover, or damaged).
+        """
+        self._ends = BatchEnds(self.batches.first)
+        for i, raw in enumerate(self.batches.read(self.batches.first, self.batches.count), start=self.batches.first):
             entry = orjson.loads(raw)
-            if int(entry["batch"]) != len(self._ends):
-                raise CheckpointError(f"{self.batches.path}: entry {len(self._ends)} names batch {entry['batch']}")
+            if int(entry["batch"]) != i:
+                raise CheckpointError(f"the batch journal's entry {i} names batch {entry['batch']}")
             self._ends.append(int(entry["end"]))
-        for raw in self.commits.read(0, self.commits.count):
+        base = read_base(self.data)
+        if base is not None:
+            self._state, self._based = base, base.commit.batch
+        after = self._committed.batch + 1
+        if self.commits.first > after:
+            raise CheckpointError(f"the commit log starts at batch {self.commits.first}; no base holds those before")
+        for raw in self.commits.read(after, self.commits.count - after):
             commit = Commit.from_json(raw)
-            self._account(commit)
-            self._committed = commit
+            if commit.batch != self._committed.batch + 1:
+                raise CheckpointError(f"the commit log holds batch {commit.batch} after {self._committed.batch}")
+            self._pinned |= self._state.account(commit, self._ingest_line)
         for name, log in self.logs.items():  # what a commit cut short appended: never served, done again
             if log.count > self._committed.totals[name]:
                 log.truncate(self._committed.totals[name])
             elif log.count < self._committed.totals[name]:
-                raise CheckpointError(f"{log.path} holds fewer entries than {self.commits.path} says were committed")
+                raise CheckpointError(f"{log.name} holds fewer entries than the commit log says were committed")
+
+    def _ingest_line(self, index: int) -> bytes:
+        return b"".join(self.ingest.read(index, 1))
 
     # --- the client's side -------------------------------------------------------------------------------
     @property
@@ -278,7 +314,7 @@ class Daemon:
 
     def definition(self, sid: str) -> bytes | None:
         """Return live subscription ``sid``'s accepted subscribe record, or None."""
-        return self._definitions.get(sid)
+        return self._state.definitions.get(sid)
 
     def result(self, sid: str) -> list | None:
         """Return ranked subscription ``sid``'s current result, ``[[object id, score or dist], ...]``, or None."""
@@ -316,24 +352,17 @@ class Daemon:
         Spark source reads it from that one file), so a batch at a segment's
         end may be short; its boundaries are journaled like any other's.
         """
-        start = self._journaled_end
+        start = self._ends.start(self._ends.count)
         if not self.ingest.wait(start, self.limits.trigger):
             return None
         if self.ingest.count - start < self.deployment.batch_size:
             time.sleep(self.limits.trigger)
         end = min(self.ingest.count, start + self.deployment.batch_size, self.ingest.segment_end(start))
         segment, byte = self.ingest.end_position(end)
-        batch_id = len(self._ends)
+        batch_id = self._ends.count
         self.batches.append([orjson.dumps({"batch": batch_id, "end": end, "segment": segment, "byte": byte})])
         self._ends.append(end)
         return batch_id
-
-    @property
-    def _journaled_end(self) -> int:
-        return self._ends[-1] if self._ends else 0
-
-    def _start_of(self, batch_id: int) -> int:
-        return self._ends[batch_id - 1] if batch_id > 0 else 0
 
     def _run_local(self) -> None:
         """Restore the newest checkpoint and replay the journaled batches after it, then cut and run batches.
@@ -341,12 +370,12 @@ class Daemon:
         Outputs the commit log already holds are not appended again.
         """
         replay = self._restore_local()
-        if self._start_of(replay) < self.ingest.first:
+        if not self._ends.known(replay) or self._ends.start(replay) < self.ingest.first:
             raise CheckpointError(
                 f"{self.data} holds no readable local checkpoint after batch {replay - 1}, and the ingest log "
                 f"before {self.ingest.first} is no longer kept (was it run with --engine spark?)"
             )
-        for batch_id in range(replay, len(self._ends)):
+        for batch_id in range(replay, self._ends.count):
             self._step_local(batch_id)
         while not self.stopping.is_set():
             batch_id = self._cut()
@@ -382,8 +411,8 @@ class Daemon:
 
     def _step_local(self, batch_id: int) -> None:
         self._batch_started = time.monotonic()
-        start = self._start_of(batch_id)
-        lines = self.ingest.read(start, self._ends[batch_id] - start)
+        start = self._ends.start(batch_id)
+        lines = self.ingest.read(start, self._ends.end(batch_id) - start)
         if self._pipeline is None:
             sample = lines[: self.deployment.sample_size]
             self._pipeline = LocalPipeline.new(self.data / "output", self.deployment, self.vocabulary, sample)
@@ -412,20 +441,20 @@ class Daemon:
         """
         from skpub.app.engines.spark import SparkPlane
 
-        while not self._ends and not self.stopping.is_set():
+        while not self._ends.count and not self.stopping.is_set():
             self._cut()
-        if not self._ends:
+        if not self._ends.count:
             return
         self._plane = SparkPlane(self, self._first_sample)
         try:
             while not self.stopping.is_set():
                 self._plane.check()
-                if self.processed < self._journaled_end:
+                if self.processed < self._ends.start(self._ends.count):
                     self._plane.wait(self.limits.trigger)
                     continue
                 self._cut()
             deadline = time.monotonic() + 60.0
-            while self.processed < self._journaled_end and time.monotonic() < deadline:
+            while self.processed < self._ends.start(self._ends.count) and time.monotonic() < deadline:
                 self._plane.check()
                 self._plane.wait(self.limits.trigger)
         finally:
@@ -444,7 +473,7 @@ class Daemon:
                 f"{self.data / 'spark'} holds no Spark checkpoint, and the ingest log before {self.ingest.first} "
                 "is no longer kept (was it run with --engine local?)"
             )
-        return self.ingest.read(0, min(self._ends[0], self.deployment.sample_size))
+        return self.ingest.read(0, min(self._ends.end(0), self.deployment.sample_size))
 
     def _replay_from(self) -> int:
         """Return the earliest batch a restart may run again (the ingest log keeps its lines on).
@@ -480,7 +509,7 @@ class Daemon:
         batch_id, last = report.batch_id, self._committed
         if batch_id <= last.batch:
             return
-        start, end = self._start_of(batch_id), self._ends[batch_id]
+        start, end = self._ends.start(batch_id), self._ends.end(batch_id)
         if batch_id != last.batch + 1 or report.records != end - start:
             raise CheckpointError(
                 f"micro-batch {batch_id} ({report.records} records) is not the journaled batch after {last.batch} "
@@ -488,7 +517,7 @@ class Daemon:
             )
         totals = {name: last.totals[name] + len(entries) for name, entries in produced.items()}
         snapshot_lines = [orjson.loads(line) for line in produced["snapshots"]]
-        controls = _controls(report.controls, start, last.totals["snapshots"], snapshot_lines)
+        controls = commit_controls(report.controls, start, last.totals["snapshots"], snapshot_lines)
         commit = Commit(batch_id, end, totals, controls, self._definitions_of(report.controls, start, end))
         while True:
             try:
@@ -502,11 +531,33 @@ class Daemon:
         self.stalled = None
         for log in self.logs.values():
             log.retain()
-        self._account(commit)
-        self._committed = commit
-        if not self._pinned:
-            self.ingest.release(self._start_of(self._replay_from()))
+        self._state.account(commit, self._ingest_line)
+        self._release()
         self._observe(produced["deliveries"])
+
+    def _release(self) -> None:
+        """Compact the commit log when due; drop what no restart can need from the ingest log and the journal.
+
+        A restart runs again from :meth:`_replay_from` at the earliest: it
+        needs the journal from the batch before (its start) and the ingest
+        lines from its start. A failed compaction is reported and tried
+        again after the next batch (nothing is removed without a base).
+        """
+        since = self._committed.batch - self._based
+        held = len(self._state.definitions) + len(self.snapshots)
+        if self._pinned or since >= max(self.limits.compact_commits, held // COMPACT_RATIO):
+            try:
+                write_base(self.data, self._state)
+            except OSError as exc:
+                print(f"[skpub] the commit log base was not written: {exc}", file=sys.stderr, flush=True)
+            else:
+                self._based, self._pinned = self._committed.batch, False
+                self.commits.release(self._based + 1)
+        replay = self._replay_from()
+        self._ends.forget(replay - 1)
+        self.batches.release(replay - 1)
+        if not self._pinned:
+            self.ingest.release(self._ends.start(replay))
 
     def _definitions_of(self, accepted: list[tuple[int, str, str]], start: int, end: int) -> dict[str, str]:
         """Return the lines of a batch's accepted subscribe records by id (read back from the ingest log)."""
@@ -524,19 +575,6 @@ class Daemon:
                 log.append([_with_offset(line, first + i + 1) for i, line in enumerate(entries)])
         self.commits.append([commit.to_json()])
 
-    def _account(self, commit: Commit) -> None:
-        """Follow a committed batch's accepted controls: live subscriptions' definitions, snapshots by id."""
-        for kind, sid, at, count in commit.controls:
-            if kind == "subscribe" and sid in commit.definitions:
-                self._definitions[sid] = commit.definitions[sid].encode()
-            elif kind == "subscribe":  # a commit of an earlier skpub: the line is read from the ingest log
-                self._pinned = True
-                self._definitions[sid] = b"".join(self.ingest.read(at, 1))
-            elif kind == "unsubscribe":
-                self._definitions.pop(sid, None)
-            else:
-                self.snapshots[sid] = (at, count)
-
     def _observe(self, deliveries: list[bytes]) -> None:
         """Count a committed batch: its wall time, its requests' ingest-to-delivery latency, its delivery lines."""
         now = time.monotonic()
@@ -549,78 +587,48 @@ class Daemon:
             self.served.delivered.labels(event=event).inc(sum(field_bytes in line for line in deliveries))
 
 
-@dataclass(frozen=True)
-class Commit:
-    """One entry of the commit log: micro-batch ``batch`` committed its outputs.
+class BatchEnds:
+    """The ingest end of each journaled batch, from batch :attr:`first` on (those before are forgotten)."""
 
-    ``end``: the ingest index after its last record; ``totals``: each
-    output log's entries after it; ``controls``: its accepted controls as
-    ``(type, id, at, count)``: a subscribe's ingest index (``at``), an
-    unsubscribe, or a snapshot's first entry in the snapshot log and its
-    line count; ``definitions``: each accepted subscribe's record line by
-    id, so that the ingest log need not keep it (an earlier skpub's commits
-    have none).
-    """
+    def __init__(self, first: int = 0) -> None:
+        self.first = first
+        self._ends: list[int] = []
 
-    batch: int
-    end: int
-    totals: dict[str, int]
-    controls: list[tuple[str, str, int, int]] = field(default_factory=list)
-    definitions: dict[str, str] = field(default_factory=dict)
+    @property
+    def count(self) -> int:
+        """Batches journaled (the next batch's id)."""
+        return self.first + len(self._ends)
 
-    def to_json(self) -> bytes:
-        """Encode as one JSON line."""
-        return orjson.dumps(
-            {
-                "batch": self.batch,
-                "end": self.end,
-                "totals": self.totals,
-                "controls": [list(c) for c in self.controls],
-                "definitions": self.definitions,
-            }
-        )
+    def append(self, end: int) -> None:
+        """Journal the next batch, which ends before ingest index ``end``."""
+        self._ends.append(end)
 
-    @classmethod
-    def from_json(cls, raw: bytes) -> Commit:
-        """Decode :meth:`to_json` output.
+    def end(self, batch_id: int) -> int:
+        """Return the ingest index after batch ``batch_id``'s last line.
 
         Raises
         ------
-        CheckpointError
-            If ``raw`` is not such an entry.
+        IndexError
+            If the batch is forgotten or not journaled.
         """
-        try:
-            doc = orjson.loads(raw)
-            totals = {name: int(doc["totals"][name]) for name in LOGS}
-            controls = [(str(k), str(i), int(a), int(c)) for k, i, a, c in doc["controls"]]
-            definitions = {str(sid): str(line) for sid, line in doc.get("definitions", {}).items()}
-            return cls(int(doc["batch"]), int(doc["end"]), totals, controls, definitions)
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise CheckpointError(f"damaged commit log entry: {exc}") from None
+        if not self.first <= batch_id < self.count:
+            raise IndexError(f"batch {batch_id} is not among the journaled batches {self.first} .. {self.count - 1}")
+        return self._ends[batch_id - self.first]
 
+    def known(self, batch_id: int) -> bool:
+        """Return whether batch ``batch_id``'s start is known (the batch before is not forgotten)."""
+        return batch_id == 0 or self.first <= batch_id - 1 < self.count
 
-def _controls(
-    accepted: list[tuple[int, str, str]], start: int, first_snapshot: int, snapshot_lines: list[dict]
-) -> list[tuple[str, str, int, int]]:
-    """Return a batch's commit-log controls from its accepted ``(position, type, id)`` records.
+    def start(self, batch_id: int) -> int:
+        """Return the ingest index of batch ``batch_id``'s first line (``batch_id`` may be :attr:`count`)."""
+        return self.end(batch_id - 1) if batch_id > 0 else 0
 
-    ``start`` is the batch's first ingest index; ``first_snapshot`` the
-    snapshot log's entries before the batch, ``snapshot_lines`` its snapshot
-    lines in order.
-    """
-    count = Tally(line["snapshot"] for line in snapshot_lines)
-    starts: dict[str, int] = {}
-    for j, line in enumerate(snapshot_lines):
-        starts.setdefault(line["snapshot"], first_snapshot + j)
-    out = []
-    for pos, kind, sid in accepted:
-        if kind == "subscribe":
-            out.append((kind, sid, start + position_index(pos), 0))
-        elif kind == "unsubscribe":
-            out.append((kind, sid, 0, 0))
-        else:
-            out.append((kind, sid, starts.get(sid, first_snapshot), count.get(sid, 0)))
-    return out
+    def forget(self, before: int) -> None:
+        """Forget the batches before ``before`` (the newest is always kept)."""
+        drop = min(before, self.count - 1) - self.first
+        if drop > 0:
+            del self._ends[:drop]
+            self.first += drop
 
 
 class Gone(Exception):

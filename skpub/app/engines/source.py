@@ -20,16 +20,19 @@ whose bytes no longer hold the records planned). ``Trigger.AvailableNow``
 reads up to the input's end as it was when the query started.
 
 With the option ``journal`` (the daemon's batch journal,
-:class:`skpub.app.daemon.Daemon`) the input is the daemon's ingest log, in
-segments (the option ``segments``: ``[directory, name]``,
-:class:`skpub.app.journal.SegmentFiles`), and the micro-batches are the
-journal's entries, one per trigger, in order: the offset's ``file`` names a
-segment by its first entry (retention removes old segments, so a list index
-would shift), and it adds ``batch`` (entries taken) and ``journal`` (the
-byte where the next entry starts). A micro-batch starts only once its entry
-is complete in the journal, which the daemon writes after the lines are
-durable; a batch never crosses segments (the daemon cuts it at a segment's
-end). Spark's batch ids then equal the journal's.
+:class:`skpub.app.daemon.Daemon`) the input is the daemon's ingest log and
+the micro-batches are the journal's entries, one per trigger, in order.
+Both are logs in segments (:class:`skpub.app.journal.SegmentedLog`; the
+options ``journal`` and ``segments`` are ``[directory, name]`` of each,
+:class:`skpub.app.journal.SegmentFiles`): the offset's ``file`` names an
+ingest segment by its first entry (release removes old segments, so a list
+index would shift), and it adds ``batch`` (entries taken) and ``journal``
+(the byte where the next entry starts, in the journal segment whose first
+entry is ``journal_segment``; the next segment's start once the journal
+rolled). A micro-batch starts only once its entry is complete in the
+journal, which the daemon writes after the lines are durable; a batch never
+crosses ingest segments (the daemon cuts it at a segment's end). Spark's
+batch ids then equal the journal's.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ class LineReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.batch_size = int(options["batch_size"])
         self.max_bytes = int(options["max_bytes"])
         self.parts = int(options["parts"])
-        self.journal = Path(options["journal"]) if options.get("journal") else None
+        self.journal = SegmentFiles(*orjson.loads(options["journal"])) if options.get("journal") else None
         self.segments = SegmentFiles(*orjson.loads(options["segments"])) if self.journal is not None else None
         self.sizes: list[int] | None = None  # the input's end for Trigger.AvailableNow
 
@@ -81,7 +84,7 @@ class LineReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Return the input's start (after the logs' header with a journal)."""
         if self.journal is None:
             return _offset((0, 0))
-        return {**_offset((0, len(MAGIC))), "batch": 0, "journal": len(MAGIC)}
+        return {**_offset((0, len(MAGIC))), "batch": 0, "journal": len(MAGIC), "journal_segment": 0}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """Return ``batch_size`` records."""
@@ -108,18 +111,21 @@ class LineReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ValueError
             If the entry does not name the batch that follows ``start``.
         """
-        with self.journal.open("rb") as fh:
-            fh.seek(int(start["journal"]))
-            line = fh.readline(1 << 16)
+        batch, segment, byte = int(start["batch"]), int(start.get("journal_segment", 0)), int(start["journal"])
+        line = _line_at(self.journal[segment], byte)
+        if not line and self.journal[batch].exists():  # the journal rolled: the entry starts the next segment
+            segment, byte = batch, len(MAGIC)
+            line = _line_at(self.journal[segment], byte)
         if not line.endswith(b"\n"):
             return start
         entry = orjson.loads(line)
-        if int(entry["batch"]) != int(start["batch"]):
-            raise ValueError(f"{self.journal}: entry of batch {entry['batch']} where {start['batch']} was expected")
+        if int(entry["batch"]) != batch:
+            raise ValueError(f"{self.journal[segment]}: entry of batch {entry['batch']} where {batch} was expected")
         return {
             **_offset((int(entry.get("segment", 0)), int(entry["byte"]))),
-            "batch": int(start["batch"]) + 1,
-            "journal": int(start["journal"]) + len(line),
+            "batch": batch + 1,
+            "journal": byte + len(line),
+            "journal_segment": segment,
         }
 
     def partitions(self, start: dict, end: dict) -> list[SliceInput]:
@@ -148,6 +154,16 @@ class LineReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: SliceInput) -> Iterator[tuple[str]]:
         """Yield the slice's row (runs on an executor)."""
         yield (partition.value,)
+
+
+def _line_at(path: Path, byte: int) -> bytes:
+    """Return the line of ``path`` from ``byte`` (b"" at its end or when the file is gone; no newline if torn)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(byte)
+            return fh.readline(1 << 16)
+    except FileNotFoundError:
+        return b""
 
 
 class LineSource(DataSource):

@@ -521,7 +521,7 @@ def start_query(  # noqa: PLR0913 - the query's whole configuration
     observer: RunObserver,
     files: list[str] | SegmentFiles,
     trigger: dict,
-    journal: Path | None = None,
+    journal: SegmentFiles | None = None,
 ):  # noqa: ANN202 - (StreamingQuery, Sink)
     """Start skpub's streaming query (module docstring) over ``files``; return it and its sink.
 
@@ -543,7 +543,8 @@ def start_query(  # noqa: PLR0913 - the query's whole configuration
     )
     entries = journal is not None
     if entries:
-        reader = reader.option("journal", str(journal)).option("segments", json.dumps([files.directory, files.name]))
+        reader = reader.option("journal", json.dumps([journal.directory, journal.name]))
+        reader = reader.option("segments", json.dumps([files.directory, files.name]))
     else:
         reader = reader.option("files", json.dumps(files))
     root = str(output)
@@ -599,7 +600,7 @@ class SparkPlane:
         self.spark = spark_session(daemon.master, deployment.evaluators, "skpub-serve")
         manifest = _open_daemon_checkpoint(ckpt, deployment, self.spark, sample)
         files = daemon.ingest.files()
-        journal = daemon.batches.path.absolute()
+        journal = daemon.batches.files()
         trigger = {"processingTime": f"{max(1, round(daemon.limits.trigger * 1000))} milliseconds"}
         tune_gc()
         self.query, self.sink = start_query(
