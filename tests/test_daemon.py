@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
 from skpub.app.api import create_app, split_lines
-from skpub.app.daemon import Daemon, Limits
+from skpub.app.commits import LOGS, Base, Commit, read_base, write_base
+from skpub.app.daemon import BatchEnds, Daemon, Limits
 from skpub.app.engines import local_checkpoint
 from skpub.app.engines.local import run_local
 from skpub.app.journal import MAGIC, STRIDE, LineLog, SegmentedLog
@@ -136,6 +137,50 @@ def test_a_segmented_log_locates_batch_ends_in_its_files_and_releases_only_whole
     assert (again.first, again.count) == (first, len(everything))
 
 
+def test_a_segment_roll_the_disk_refuses_leaves_no_file_and_the_log_goes_on_once_it_takes_writes(tmp_path, monkeypatch):
+    import os
+
+    log = SegmentedLog(tmp_path, "ingest", 40)
+    log.append([b"x" * 50])
+
+    def full_disk(*_):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "replace", full_disk)  # the new segment's header is never put in place
+        with pytest.raises(OSError):
+            log.append([b"lost"])  # never acknowledged
+    assert [p.name for p in tmp_path.iterdir()] == ["ingest-000000000000.log"]  # no header-less file, no temporary
+    assert log.append([b"kept"]) == (1, 2)
+    log.close()
+    again = SegmentedLog(tmp_path, "ingest", 40)
+    assert again.read(0, 5) == [b"x" * 50, b"kept"] and again.first == 0
+
+
+def test_batch_ends_know_what_a_replay_can_start_from_and_forget_only_before_it():
+    ends = BatchEnds()
+    for end in (3, 5, 9, 12):
+        ends.append(end)
+    assert [ends.start(b) for b in range(5)] == [0, 3, 5, 9, 12] and ends.known(0) and ends.known(4)
+    ends.forget(2)
+    assert (ends.first, ends.count, ends.start(3), ends.end(2)) == (2, 4, 9, 9)
+    assert not ends.known(0) and not ends.known(2) and ends.known(3) and not ends.known(5)
+    with pytest.raises(IndexError):
+        ends.end(1)
+    ends.forget(10)  # the newest is kept: the next batch starts after it
+    assert (ends.first, ends.count, ends.start(4)) == (3, 4, 12)
+
+
+def test_a_commit_log_base_never_removes_a_file_skpub_did_not_write(tmp_path):
+    foreign = tmp_path / "commits-000000000000.base"
+    foreign.write_bytes(b"precious\n")
+    older = write_base(tmp_path, Base(Commit(1, 4, dict.fromkeys(LOGS, 0))))
+    newest = write_base(tmp_path, Base(Commit(7, 20, dict.fromkeys(LOGS, 2)), {"s": b'{"id":"s"}'}, {"p": (0, 2)}))
+    assert foreign.read_bytes() == b"precious\n" and not older.exists() and newest.exists()
+    base = read_base(tmp_path)
+    assert (base.commit.batch, base.definitions, base.snapshots) == (7, {"s": b'{"id":"s"}'}, {"p": (0, 2)})
+
+
 def test_the_logs_keep_what_a_restart_needs_and_a_restart_after_their_segments_went_equals_one_run(tmp_path):
     """Ingest and journal segments behind the oldest checkpoint are removed, the commit log behind its base;
     definitions whose lines went are still served; a restart reads the base and replays from a kept checkpoint;
@@ -204,6 +249,8 @@ def test_the_spark_source_reads_each_journaled_batch_from_its_ingest_segment_acr
         offset = end
     assert len(seen) == daemon._ends.count
     assert b"".join(seen) == b"".join(line.encode() + b"\n" for line in lines)
+    with pytest.raises(ValueError, match="no longer keeps batch 0"):  # a Spark checkpoint older than the journal
+        reader.latestOffset(reader.initialOffset(), reader.getDefaultReadLimit())
 
 
 def test_a_data_directory_of_an_earlier_skpub_is_read_as_it_was_and_compacted_before_its_ingest_log_goes(tmp_path):

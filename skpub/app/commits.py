@@ -31,6 +31,8 @@ LOGS = ("deliveries", "dead_letters", "snapshots")
 """The output logs a client reads, by the name of their route."""
 
 BASE_FORMAT = 1
+BASE_HEADER = b'{"skpub_commit_base":1,'
+"""How every base skpub writes starts (:meth:`Base.lines`' first line)."""
 BASE_NAME = re.compile(r"commits-(\d{12})\.base")
 
 
@@ -183,9 +185,18 @@ def write_base(directory: Path, base: Base) -> Path:
     path = Path(directory) / f"commits-{base.commit.batch:012d}.base"
     atomic_write_bytes(path, b"".join(line + b"\n" for line in base.lines()))
     for batch, older in bases(directory).items():
-        if batch < base.commit.batch:
+        if batch < base.commit.batch and _is_base(older):
             older.unlink(missing_ok=True)
     return path
+
+
+def _is_base(path: Path) -> bool:
+    """Return whether ``path`` starts as a base skpub writes (a file of another origin is never removed)."""
+    try:
+        with path.open("rb") as fh:
+            return fh.read(len(BASE_HEADER)) == BASE_HEADER
+    except OSError:
+        return False
 
 
 def bases(directory: Path) -> dict[int, Path]:

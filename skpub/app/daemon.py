@@ -76,7 +76,8 @@ CHECKPOINTS = "checkpoints"
 """The data directory's folder of local-engine checkpoints (:mod:`skpub.app.engines.local_checkpoint`)."""
 
 COMPACT_RATIO = 4
-"""Commits after the last base per definition or snapshot it holds before the commit log is compacted again."""
+"""The commit log is compacted again once it holds 1 / COMPACT_RATIO as many commits after its base as the base
+holds definitions and snapshots (or ``Limits.compact_commits``, if more)."""
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -263,7 +264,17 @@ class Daemon:
                 raise CheckpointError(f"{log.name} holds fewer entries than the commit log says were committed")
 
     def _ingest_line(self, index: int) -> bytes:
-        return b"".join(self.ingest.read(index, 1))
+        """Return ingest line ``index`` (an earlier skpub's commits point there for definitions).
+
+        Raises
+        ------
+        CheckpointError
+            If the ingest log no longer keeps it.
+        """
+        line = self.ingest.read(index, 1)
+        if not line:
+            raise CheckpointError(f"a subscription's definition at ingest position {index} is no longer kept")
+        return line[0]
 
     # --- the client's side -------------------------------------------------------------------------------
     @property
@@ -359,9 +370,10 @@ class Daemon:
             time.sleep(self.limits.trigger)
         end = min(self.ingest.count, start + self.deployment.batch_size, self.ingest.segment_end(start))
         segment, byte = self.ingest.end_position(end)
-        batch_id = self._ends.count
-        self.batches.append([orjson.dumps({"batch": batch_id, "end": end, "segment": segment, "byte": byte})])
-        self._ends.append(end)
+        with self._ends.lock:  # Spark may run the batch once journaled: it must find its end
+            batch_id = self._ends.count
+            self.batches.append([orjson.dumps({"batch": batch_id, "end": end, "segment": segment, "byte": byte})])
+            self._ends.append(end)
         return batch_id
 
     def _run_local(self) -> None:
@@ -468,7 +480,7 @@ class Daemon:
         CheckpointError
             If the ingest log no longer keeps them (the directory was run on the local engine before).
         """
-        if self.ingest.first > 0:
+        if self.ingest.first > 0 or not self._ends.known(0):
             raise CheckpointError(
                 f"{self.data / 'spark'} holds no Spark checkpoint, and the ingest log before {self.ingest.first} "
                 "is no longer kept (was it run with --engine local?)"
@@ -540,24 +552,23 @@ class Daemon:
 
         A restart runs again from :meth:`_replay_from` at the earliest: it
         needs the journal from the batch before (its start) and the ingest
-        lines from its start. A failed compaction is reported and tried
-        again after the next batch (nothing is removed without a base).
+        lines from its start. A failed write or removal is reported and
+        tried again after the next batch (nothing is removed without a base).
         """
         since = self._committed.batch - self._based
         held = len(self._state.definitions) + len(self.snapshots)
-        if self._pinned or since >= max(self.limits.compact_commits, held // COMPACT_RATIO):
-            try:
+        try:
+            if self._pinned or since >= max(self.limits.compact_commits, held // COMPACT_RATIO):
                 write_base(self.data, self._state)
-            except OSError as exc:
-                print(f"[skpub] the commit log base was not written: {exc}", file=sys.stderr, flush=True)
-            else:
                 self._based, self._pinned = self._committed.batch, False
                 self.commits.release(self._based + 1)
-        replay = self._replay_from()
-        self._ends.forget(replay - 1)
-        self.batches.release(replay - 1)
-        if not self._pinned:
-            self.ingest.release(self._ends.start(replay))
+            replay = self._replay_from()
+            self._ends.forget(replay - 1)
+            self.batches.release(replay - 1)
+            if not self._pinned:
+                self.ingest.release(self._ends.start(replay))
+        except OSError as exc:  # the batch is committed; what is not removed now is removed after a later one
+            print(f"[skpub] releasing old log segments failed: {exc}", file=sys.stderr, flush=True)
 
     def _definitions_of(self, accepted: list[tuple[int, str, str]], start: int, end: int) -> dict[str, str]:
         """Return the lines of a batch's accepted subscribe records by id (read back from the ingest log)."""
@@ -588,20 +599,29 @@ class Daemon:
 
 
 class BatchEnds:
-    """The ingest end of each journaled batch, from batch :attr:`first` on (those before are forgotten)."""
+    """The ingest end of each journaled batch, from batch :attr:`first` on (those before are forgotten).
+
+    Thread-safe: on Spark a batch commits (and batches are forgotten) on
+    Spark's thread while the data plane thread journals the next; a caller
+    that journals holds :attr:`lock` from the journal's append to
+    :meth:`append`, so no reader sees a journaled batch it does not know.
+    """
 
     def __init__(self, first: int = 0) -> None:
+        self.lock = threading.RLock()
         self.first = first
         self._ends: list[int] = []
 
     @property
     def count(self) -> int:
         """Batches journaled (the next batch's id)."""
-        return self.first + len(self._ends)
+        with self.lock:
+            return self.first + len(self._ends)
 
     def append(self, end: int) -> None:
         """Journal the next batch, which ends before ingest index ``end``."""
-        self._ends.append(end)
+        with self.lock:
+            self._ends.append(end)
 
     def end(self, batch_id: int) -> int:
         """Return the ingest index after batch ``batch_id``'s last line.
@@ -611,13 +631,15 @@ class BatchEnds:
         IndexError
             If the batch is forgotten or not journaled.
         """
-        if not self.first <= batch_id < self.count:
-            raise IndexError(f"batch {batch_id} is not among the journaled batches {self.first} .. {self.count - 1}")
-        return self._ends[batch_id - self.first]
+        with self.lock:
+            if not self.first <= batch_id < self.first + len(self._ends):
+                raise IndexError(f"batch {batch_id} is not among the journaled batches from {self.first} on")
+            return self._ends[batch_id - self.first]
 
     def known(self, batch_id: int) -> bool:
-        """Return whether batch ``batch_id``'s start is known (the batch before is not forgotten)."""
-        return batch_id == 0 or self.first <= batch_id - 1 < self.count
+        """Return whether batch ``batch_id`` can run again: it is journaled and its start is not forgotten."""
+        with self.lock:
+            return self.first <= max(batch_id - 1, 0) and batch_id <= self.count
 
     def start(self, batch_id: int) -> int:
         """Return the ingest index of batch ``batch_id``'s first line (``batch_id`` may be :attr:`count`)."""
@@ -625,10 +647,11 @@ class BatchEnds:
 
     def forget(self, before: int) -> None:
         """Forget the batches before ``before`` (the newest is always kept)."""
-        drop = min(before, self.count - 1) - self.first
-        if drop > 0:
-            del self._ends[:drop]
-            self.first += drop
+        with self.lock:
+            drop = min(before, self.count - 1) - self.first
+            if drop > 0:
+                del self._ends[:drop]
+                self.first += drop
 
 
 class Gone(Exception):

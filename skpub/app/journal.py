@@ -1,4 +1,4 @@
-"""Append-only, fsync'd logs of lines: the daemon's ingest, commit and output logs.
+"""Append-only, fsync'd logs of lines: the daemon's ingest log, batch journal, commit log and output logs.
 
 A :class:`LineLog` is one file of newline-terminated lines. An entry's
 *index* is its line number (0-based). :meth:`LineLog.append` writes whole
@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 
 from skpub.kernel.errors import OutputError
+from skpub.kernel.storage import atomic_write_bytes
 
 STRIDE = 1024
 """Entries between two offsets kept by the sparse index."""
@@ -48,12 +49,8 @@ class LineLog:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        if not self.path.exists():
-            with self.path.open("wb") as fh:
-                fh.write(MAGIC)
-                fh.flush()
-                os.fsync(fh.fileno())
-            _fsync_dir(self.path.parent)
+        if not self.path.exists():  # whole or not at all: a crash never leaves a header-less file
+            atomic_write_bytes(self.path, MAGIC)
         with self.path.open("rb") as fh:
             if fh.read(len(MAGIC)) != MAGIC:
                 raise OutputError(f"{self.path} is not a log skpub wrote; it is left as it is")
@@ -264,9 +261,9 @@ class SegmentedLog:
         with self._lock:
             first, log = self._segments[-1]
             if log.count and log.byte_offset(log.count) >= self.segment_bytes:
-                log.close()
-                first, log = self.count, LineLog(self.path_of(self.count))
+                full, (first, log) = log, (self.count, LineLog(self.path_of(self.count)))  # OSError: still full
                 self._segments.append((first, log))
+                full.close()
         start, end = log.append(lines)
         with self._changed:
             self._changed.notify_all()
@@ -370,6 +367,7 @@ class SegmentedLog:
         _, log = self._segments.pop(0)
         log.close()
         log.path.unlink()
+        _fsync_dir(self.directory)
 
     def close(self) -> None:
         """Close every segment."""

@@ -116,6 +116,11 @@ class LineReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not line and self.journal[batch].exists():  # the journal rolled: the entry starts the next segment
             segment, byte = batch, len(MAGIC)
             line = _line_at(self.journal[segment], byte)
+        if line is None:
+            raise ValueError(
+                f"the batch journal no longer keeps batch {batch} ({self.journal[segment]} is gone): this Spark "
+                "checkpoint is older than what the daemon kept (was the data directory run with --engine local?)"
+            )
         if not line.endswith(b"\n"):
             return start
         entry = orjson.loads(line)
@@ -156,14 +161,14 @@ class LineReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         yield (partition.value,)
 
 
-def _line_at(path: Path, byte: int) -> bytes:
-    """Return the line of ``path`` from ``byte`` (b"" at its end or when the file is gone; no newline if torn)."""
+def _line_at(path: Path, byte: int) -> bytes | None:
+    """Return the line of ``path`` from ``byte`` (b"" at its end, None when the file is gone; no newline if torn)."""
     try:
         with path.open("rb") as fh:
             fh.seek(byte)
             return fh.readline(1 << 16)
     except FileNotFoundError:
-        return b""
+        return None
 
 
 class LineSource(DataSource):

@@ -598,14 +598,18 @@ class SparkPlane:
         ckpt.check_owned()
         deployment = daemon.deployment
         self.spark = spark_session(daemon.master, deployment.evaluators, "skpub-serve")
-        manifest = _open_daemon_checkpoint(ckpt, deployment, self.spark, sample)
-        files = daemon.ingest.files()
-        journal = daemon.batches.files()
-        trigger = {"processingTime": f"{max(1, round(daemon.limits.trigger * 1000))} milliseconds"}
-        tune_gc()
-        self.query, self.sink = start_query(
-            self.spark, ckpt, self.output, deployment, manifest, self, files, trigger, journal
-        )
+        try:
+            manifest = _open_daemon_checkpoint(ckpt, deployment, self.spark, sample)
+            files = daemon.ingest.files()
+            journal = daemon.batches.files()
+            trigger = {"processingTime": f"{max(1, round(daemon.limits.trigger * 1000))} milliseconds"}
+            tune_gc()
+            self.query, self.sink = start_query(
+                self.spark, ckpt, self.output, deployment, manifest, self, files, trigger, journal
+            )
+        except BaseException:
+            self.spark.stop()
+            raise
 
     @property
     def merge(self):  # noqa: ANN201 - skpub.evaluators.merge.RankedMerge or None
