@@ -63,6 +63,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=20_000)
     parser.add_argument("--horizon", type=int, default=None, help="object_id_horizon (default the deployment's)")
     parser.add_argument("--engine", choices=("local", "spark"), default="local")
+    parser.add_argument("--segment-bytes", type=int, default=None, help="the daemon's --segment-bytes")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -80,6 +81,8 @@ def main() -> None:
         port = free_port()
         cmd = [sys.executable, "-m", "skpub.app.cli", "serve", "--data", f"{tmp}/data", "--config", f"{tmp}/dep.json",
                "--listen", f"127.0.0.1:{port}", "--engine", args.engine]  # fmt: skip
+        if args.segment_bytes is not None:
+            cmd += ["--segment-bytes", str(args.segment_bytes)]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
         while True:
@@ -173,6 +176,20 @@ def main() -> None:
         print("  resident memory per minute, MiB: " + " ".join(f"{v:.0f}" for v in per_minute))
         first, final = statistics.mean(minute) / 1024, statistics.mean(last) / 1024
         print(f"  resident memory: first minute {first:.0f} MiB, last minute {final:.0f} MiB ({final / first:.2f}x)")
+        kept = disk_by_log(Path(tmp) / "data")
+        print(f"  data directory at the end, MiB: {sum(kept.values()) / 2**20:.1f} ("
+              + ", ".join(f"{name} {size / 2**20:.1f}" for name, size in sorted(kept.items())) + ")")  # fmt: skip
+
+
+def disk_by_log(data: Path) -> dict[str, int]:
+    """Return the bytes of the data directory by log (segment files grouped by name) or folder."""
+    out: dict[str, int] = {}
+    for path in data.rglob("*"):
+        if path.is_file():
+            top = path.relative_to(data).parts[0]
+            name = top.split("-")[0].split(".")[0] if path.parent == data else top
+            out[name] = out.get(name, 0) + path.stat().st_size
+    return out
 
 
 if __name__ == "__main__":
