@@ -394,3 +394,19 @@ def test_success_is_refused_when_another_run_took_over_the_output(tmp_path):
     assert not (tmp_path / "out" / "_SUCCESS").exists()
     mark_success(tmp_path / "out", "second")
     assert (tmp_path / "out" / "_SUCCESS").exists()
+
+
+def test_only_the_temporaries_a_killed_spark_left_in_its_logs_are_removed(tmp_path):
+    """A kill while Spark planned the first micro-batch leaves ``.0.<uuid>.tmp`` in its offset log, and Spark
+    then refuses every restart (SPARK-53103); those temporaries go, entries and anything else stay."""
+    ckpt = Checkpoint(tmp_path / "ckpt")
+    offsets, commits = ckpt.query / "offsets", ckpt.query / "commits"
+    offsets.mkdir(parents=True)
+    commits.mkdir()
+    uuid = "1c3b8d50-47d1-463a-a85c-1ca4247ebbb4"
+    kept = [offsets / "0", offsets / ".0.crc", commits / "notes.txt", commits / f".0.{uuid}.tmp.bak"]
+    dropped = [offsets / f".1.{uuid}.tmp", offsets / f"..1.{uuid}.tmp.crc", commits / f".0.{uuid}.tmp"]
+    for path in kept + dropped:
+        path.write_text("x")
+    assert sorted(ckpt.drop_interrupted_writes()) == sorted(f"{p.parent.name}/{p.name}" for p in dropped)
+    assert all(p.exists() for p in kept) and not any(p.exists() for p in dropped)

@@ -27,6 +27,7 @@ checkpoint never deletes a directory or file that skpub did not create.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -73,6 +74,10 @@ def checkpoint_foreign_entries(root: Path) -> list[str]:
         else:
             foreign.append(name)
     return foreign
+
+
+_SPARK_TEMPORARY = re.compile(r"\.\.?\d+\.[0-9a-f-]{36}\.tmp(\.crc)?")
+"""A temporary file of Spark's checkpoint file manager (``.<batch>.<uuid>.tmp`` and its checksum)."""
 
 
 class Checkpoint:
@@ -204,6 +209,27 @@ class Checkpoint:
     def router_report(self, batch_id: int) -> Path:
         """Router counters of micro-batch ``batch_id``."""
         return self.router / f"report-{batch_id:08d}.json"
+
+    def drop_interrupted_writes(self) -> list[str]:
+        """Remove what a kill left of Spark's atomic writes to its offset and commit logs; return their names.
+
+        Spark writes a log entry to a hidden temporary file (``.0.<uuid>.tmp``
+        and its ``..0.<uuid>.tmp.crc``) and renames it; killed between the
+        two, the temporary stays. Spark ignores it when reading, but since
+        SPARK-53103 a query whose offset log has no entry refuses an offset
+        directory that is not empty (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``),
+        so a kill while the first micro-batch was planned would stop every
+        restart. Only those temporaries are removed: their entry was never
+        written, so nothing read them.
+        """
+        dropped = []
+        for log in ("offsets", "commits"):
+            folder = self.query / log
+            for path in folder.iterdir() if folder.is_dir() else ():
+                if _SPARK_TEMPORARY.fullmatch(path.name) and path.is_file():
+                    path.unlink()
+                    dropped.append(f"{log}/{path.name}")
+        return dropped
 
     def all_committed(self) -> bool:
         """Whether Spark committed every micro-batch it planned (the newest offset has a commit)."""

@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--segment-bytes", type=int, default=64 << 20,
         help="start a new segment file of a log past this many bytes (default 64 MiB; retention removes whole ones)",
     )  # fmt: skip
+    serve.add_argument(
+        "--compact-commits", type=int, default=10_000,
+        help="compact the commit log after this many commits (default 10000; more with many live subscriptions)",
+    )  # fmt: skip
     serve.add_argument("--listen", default="127.0.0.1:8750", help="HOST:PORT to listen on (default 127.0.0.1:8750)")
     serve.add_argument("--token-file", help="file holding the bearer token (default $SKPUB_TOKEN; none: no token)")
     serve.add_argument("--config", help="deployment JSON file")
@@ -221,10 +225,13 @@ def _serve(args: argparse.Namespace) -> int:
         raise ConfigError("--retention-bytes is a positive number of bytes")
     if args.segment_bytes < 1:
         raise ConfigError("--segment-bytes is a positive number of bytes")
+    if args.compact_commits < 1:
+        raise ConfigError("--compact-commits is a positive number of commits")
     limits = Limits(
         checkpoint_seconds=args.checkpoint_seconds,
         retention_bytes=args.retention_bytes,
         segment_bytes=args.segment_bytes,
+        compact_commits=args.compact_commits,
     )
     return serve(args.data, deployment, args.listen, load_token(args.token_file), limits, args.engine, args.master)
 

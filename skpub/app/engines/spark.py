@@ -532,6 +532,8 @@ def start_query(  # noqa: PLR0913 - the query's whole configuration
     from skpub.evaluators.spark_processor import CONTROL_DDL, EvaluatorProcessor
 
     spark.conf.set("spark.sql.shuffle.partitions", str(deployment.evaluators))
+    for name in ckpt.drop_interrupted_writes():
+        print(f"[skpub] removed {ckpt.query / name}: a write Spark left unfinished when it was killed", file=sys.stderr)
     deployment_json = json.dumps(deployment.to_json())
     keys, run_id, parts = manifest["evaluator_keys"], manifest["run_id"], manifest["parts"]
     spark.dataSource.register(LineSource)
