@@ -533,6 +533,79 @@ def test_kill_9_at_random_moments_with_small_segments_and_compaction_loses_and_r
         served.proc.wait(60)
 
 
+def test_a_spark_checkpoint_older_than_what_the_logs_keep_is_refused_with_the_reason(tmp_path):
+    """A directory run on the local engine after Spark released what Spark's checkpoint would resume from."""
+    from skpub.app.checkpoint import Checkpoint
+    from skpub.kernel.errors import CheckpointError
+
+    lines = random_workload(seed=121, n=600, invalid=False)
+    data = tmp_path / "data"
+    daemon = Daemon(data, deployment(evaluators=2, batch_size=10), Limits(trigger=0.01, checkpoint_seconds=0.0,
+                    segment_bytes=800))  # fmt: skip
+    daemon.start()
+    daemon.post([line.encode() for line in lines])
+    while not daemon.ready:
+        daemon.stopping.wait(0.01)
+    daemon.stop()
+    spark = Checkpoint(data / "spark")
+    spark.create()
+    spark.manifest.write_text("{}")
+    (spark.query / "commits").mkdir(parents=True)
+    (spark.query / "commits" / "2").write_text("v1")  # Spark committed batch 2: it would resume at 3
+    assert daemon.batches.first > 3
+    with pytest.raises(CheckpointError, match="resumes at batch 3"):
+        daemon._check_spark_resume()
+    (spark.query / "commits" / str(daemon._ends.count - 1)).write_text("v1")  # up to date: resumes
+    daemon._check_spark_resume()
+
+
+def test_a_data_directory_serves_one_daemon_at_a_time(tmp_path):
+    first = Daemon(tmp_path, deployment(evaluators=3))
+    with pytest.raises(ConfigError, match="in use by another skpub serve"):
+        Daemon(tmp_path, deployment(evaluators=3))
+    first.stop()
+    first.stop()  # twice: nothing else is closed
+    Daemon(tmp_path, deployment(evaluators=3)).stop()  # free again
+
+
+def test_a_segment_being_created_when_a_kill_came_is_removed_at_open_and_nothing_else(tmp_path):
+    log = SegmentedLog(tmp_path, "ingest", 40)
+    log.append([b"x"])
+    log.close()
+    stale = tmp_path / ".ingest-000000000001.log.k3j_x9.tmp"
+    stale.write_bytes(b'{"skpub')
+    foreign = [tmp_path / ".ingest-notes.tmp", tmp_path / ".deliveries-000000000001.log.ab.tmp"]
+    for path in foreign:
+        path.write_bytes(b"keep")
+    again = SegmentedLog(tmp_path, "ingest", 40)
+    assert not stale.exists() and all(p.read_bytes() == b"keep" for p in foreign) and again.read(0, 2) == [b"x"]
+
+
+def test_a_refused_journal_append_stalls_the_cut_and_it_is_tried_again(tmp_path, monkeypatch):
+    lines = random_workload(seed=111, n=200, invalid=False)
+    dep = deployment(evaluators=2, batch_size=50)
+    daemon = Daemon(tmp_path / "data", dep, Limits(trigger=0.01, retry_seconds=0.01))
+    real_append, refusals = daemon.batches.append, []
+
+    def full_disk_twice(entries):
+        if len(refusals) < 2:
+            refusals.append(daemon.stalled)
+            raise OSError(28, "No space left on device")
+        return real_append(entries)
+
+    monkeypatch.setattr(daemon.batches, "append", full_disk_twice)
+    daemon.start()
+    daemon.post([line.encode() for line in lines])
+    while not daemon.ready:
+        daemon.stopping.wait(0.01)
+    deliveries = [orjson.loads(x) for x in daemon.read_committed("deliveries", 0, 10**6)]
+    daemon.stop()
+    assert len(refusals) == 2 and refusals[1] is not None and "journal refuses" in refusals[1]
+    expected, _ = file_run(tmp_path, lines, dep)
+    got = Counter(json.dumps({k: v for k, v in d.items() if k != "offset"}, sort_keys=True) for d in deliveries)
+    assert got == expected
+
+
 def test_a_data_directory_refuses_another_deployment(tmp_path):
     Daemon(tmp_path, deployment(evaluators=3)).stop()
     with pytest.raises(ConfigError):

@@ -231,12 +231,12 @@ class Checkpoint:
                     dropped.append(f"{log}/{path.name}")
         return dropped
 
+    def newest(self, log: str) -> int:
+        """Return the newest micro-batch in Spark's ``log`` (``"offsets"`` or ``"commits"``), -1 when none."""
+        folder = self.query / log
+        ids = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
+        return max(ids, default=-1)
+
     def all_committed(self) -> bool:
         """Whether Spark committed every micro-batch it planned (the newest offset has a commit)."""
-
-        def newest(log: str) -> int:
-            folder = self.query / log
-            ids = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
-            return max(ids, default=-1)
-
-        return newest("commits") == newest("offsets")
+        return self.newest("commits") == self.newest("offsets")

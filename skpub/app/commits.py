@@ -205,7 +205,12 @@ def bases(directory: Path) -> dict[int, Path]:
 
 
 def read_base(directory: Path) -> Base | None:
-    """Return the newest readable base in ``directory``, or None (an unreadable one is reported, an older tried)."""
+    """Return the newest readable base in ``directory``, or None.
+
+    Only the newest base is normally kept (:func:`write_base` removes the
+    older once it is durable); one left by a crash between the two, or an
+    unreadable newest, is reported and the next older tried.
+    """
     for batch, path in sorted(bases(directory).items(), reverse=True):
         try:
             with path.open("rb") as fh:

@@ -48,6 +48,8 @@ offsets stay valid, with no gap and no duplicate.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sys
 import threading
 import time
@@ -58,6 +60,7 @@ from pathlib import Path
 import orjson
 from prometheus_client import Counter, Gauge, Histogram, ProcessCollector
 
+from skpub.app.checkpoint import Checkpoint
 from skpub.app.commits import LOGS, Base, Commit, commit_controls, read_base, write_base
 from skpub.app.engines import local_checkpoint
 from skpub.app.engines.local import LocalPipeline
@@ -194,6 +197,14 @@ class Daemon:
     ) -> None:
         self.data = Path(data)
         self.data.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock(self.data)
+        try:
+            self._open(deployment, limits, engine, master)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+
+    def _open(self, deployment: Deployment, limits: Limits | None, engine: str, master: str) -> None:
         if deployment.vocabulary:  # Spark's tasks run in other working directories
             deployment = deployment.replace(vocabulary=str(Path(deployment.vocabulary).absolute()))
         self.deployment = _claim(self.data / "deployment.json", deployment)
@@ -345,6 +356,9 @@ class Daemon:
             self._thread.join(timeout)
         for log in (self.ingest, self.batches, self.commits, *self.logs.values()):
             log.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def _run(self) -> None:
         try:
@@ -372,7 +386,19 @@ class Daemon:
         segment, byte = self.ingest.end_position(end)
         with self._ends.lock:  # Spark may run the batch once journaled: it must find its end
             batch_id = self._ends.count
-            self.batches.append([orjson.dumps({"batch": batch_id, "end": end, "segment": segment, "byte": byte})])
+            entry = orjson.dumps({"batch": batch_id, "end": end, "segment": segment, "byte": byte})
+            refused = False
+            while True:
+                try:
+                    self.batches.append([entry])
+                    break
+                except OSError as exc:  # a full or failing disk: nothing runs until the journal takes it
+                    refused, self.stalled = True, f"the batch journal refuses writes: {exc.strerror or exc}"
+                    self.served.stalls.inc()
+                    if self.stopping.wait(self.limits.retry_seconds):
+                        raise
+            if refused:
+                self.stalled = None
             self._ends.append(end)
         return batch_id
 
@@ -457,6 +483,7 @@ class Daemon:
             self._cut()
         if not self._ends.count:
             return
+        self._check_spark_resume()
         self._plane = SparkPlane(self, self._first_sample)
         try:
             while not self.stopping.is_set():
@@ -482,10 +509,31 @@ class Daemon:
         """
         if self.ingest.first > 0 or not self._ends.known(0):
             raise CheckpointError(
-                f"{self.data / 'spark'} holds no Spark checkpoint, and the ingest log before {self.ingest.first} "
-                "is no longer kept (was it run with --engine local?)"
+                f"{self.data / 'spark'} holds no Spark checkpoint, and the first batch is no longer kept (the ingest "
+                f"log keeps lines from {self.ingest.first}, the journal batches from {self._ends.first}; was it run "
+                "with --engine local?)"
             )
         return self.ingest.read(0, min(self._ends.end(0), self.deployment.sample_size))
+
+    def _check_spark_resume(self) -> None:
+        """Refuse a Spark checkpoint that would resume at a batch the journal or the ingest log no longer keeps.
+
+        Raises
+        ------
+        CheckpointError
+            If so (the data directory ran on the local engine since).
+        """
+        ckpt = Checkpoint(self.data / "spark")
+        if ckpt.read_manifest() is None:  # a new checkpoint starts at the first batch: _first_sample checks
+            return
+        resume = ckpt.newest("commits") + 1
+        kept = self._ends.known(resume) and resume >= self.batches.first
+        if not kept or (resume < self._ends.count and self._ends.start(resume) < self.ingest.first):
+            raise CheckpointError(
+                f"the Spark checkpoint {ckpt.root} resumes at batch {resume}, which the batch journal (from batch "
+                f"{self.batches.first}) or the ingest log (from line {self.ingest.first}) no longer keeps "
+                "(was the data directory run with --engine local since?)"
+            )
 
     def _replay_from(self) -> int:
         """Return the earliest batch a restart may run again (the ingest log keeps its lines on).
@@ -541,14 +589,14 @@ class Daemon:
                 if self.stopping.wait(self.limits.retry_seconds):
                     raise
         self.stalled = None
-        for log in self.logs.values():
-            log.retain()
         self._state.account(commit, self._ingest_line)
         self._release()
         self._observe(produced["deliveries"])
 
     def _release(self) -> None:
         """Compact the commit log when due; drop what no restart can need from the ingest log and the journal.
+
+        Also applies the output logs' retention.
 
         A restart runs again from :meth:`_replay_from` at the earliest: it
         needs the journal from the batch before (its start) and the ingest
@@ -557,18 +605,23 @@ class Daemon:
         """
         since = self._committed.batch - self._based
         held = len(self._state.definitions) + len(self.snapshots)
-        try:
-            if self._pinned or since >= max(self.limits.compact_commits, held // COMPACT_RATIO):
+        if self._pinned or since >= max(self.limits.compact_commits, held // COMPACT_RATIO):
+            try:
                 write_base(self.data, self._state)
                 self._based, self._pinned = self._committed.batch, False
                 self.commits.release(self._based + 1)
+            except OSError as exc:  # the batch is committed; compacted after a later one
+                print(f"[skpub] the commit log base was not written: {exc}", file=sys.stderr, flush=True)
+        try:
+            for log in self.logs.values():
+                log.retain()
             replay = self._replay_from()
             self._ends.forget(replay - 1)
             self.batches.release(replay - 1)
             if not self._pinned:
                 self.ingest.release(self._ends.start(replay))
-        except OSError as exc:  # the batch is committed; what is not removed now is removed after a later one
-            print(f"[skpub] releasing old log segments failed: {exc}", file=sys.stderr, flush=True)
+        except OSError as exc:  # what is not removed now is removed after a later batch
+            print(f"[skpub] removing old log segments failed: {exc}", file=sys.stderr, flush=True)
 
     def _definitions_of(self, accepted: list[tuple[int, str, str]], start: int, end: int) -> dict[str, str]:
         """Return the lines of a batch's accepted subscribe records by id (read back from the ingest log)."""
@@ -677,6 +730,24 @@ def _segmented(data: Path, name: str, segment_bytes: int, retention_bytes: int |
 def _with_offset(line: bytes, offset: int) -> bytes:
     """Return JSON object ``line`` with ``"offset"`` as its first field."""
     return b'{"offset":%d,%s' % (offset, line[1:]) if line != b"{}" else b'{"offset":%d}' % offset
+
+
+def _lock(data: Path) -> int:
+    """Hold ``data/serve.lock`` exclusively for this process's life (an advisory ``flock``); return its descriptor.
+
+    Raises
+    ------
+    ConfigError
+        If another daemon holds it: two data planes on one directory would
+        interleave their logs and remove each other's files.
+    """
+    fd = os.open(data / "serve.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(f"{data} is in use by another skpub serve") from None
+    return fd
 
 
 def _claim(path: Path, deployment: Deployment) -> Deployment:

@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 from skpub.kernel.errors import OutputError
-from skpub.kernel.storage import atomic_write_bytes
+from skpub.kernel.storage import atomic_write_bytes, own_files
 
 STRIDE = 1024
 """Entries between two offsets kept by the sparse index."""
@@ -220,6 +220,10 @@ class SegmentedLog:
         self.directory, self.name = Path(directory), name
         self.segment_bytes, self.retention_bytes = segment_bytes, retention_bytes
         pattern = re.compile(rf"{re.escape(name)}-(\d{{12}})\.log")
+        creating = own_files(rf"{re.escape(name)}-\d{{12}}\.log")
+        for path in self.directory.iterdir():  # a segment being created when a kill came: never a log yet
+            if path.name.startswith(".") and creating.fullmatch(path.name) and path.is_file():
+                path.unlink()
         found = sorted(
             (int(m.group(1)), p) for p in self.directory.iterdir() if (m := pattern.fullmatch(p.name)) and p.is_file()
         )

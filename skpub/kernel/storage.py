@@ -13,6 +13,16 @@ import tempfile
 from pathlib import Path
 
 
+def _process_umask() -> int:
+    """Return the process's umask, read once at import (setting it to read it races with other threads)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
+_UMASK = _process_umask()
+
+
 def own_files(pattern: str) -> re.Pattern[str]:
     """Return a regex matching file names of ``pattern`` and their temporary names while being written.
 
@@ -55,10 +65,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
     try:
-        os.fchmod(fd, 0o666 & ~umask)
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
