@@ -287,8 +287,8 @@ def test_registry_memory_is_bounded_by_the_horizon():
 
     for n in range(10_000):
         registry.accept(ObjectRecord(n, f"o{n}", 1.0, 1.0, (), frozenset()))
-    assert len(registry.object_ids) == len(registry.object_order) == 100
-    assert registry.object_order[0] == "o9900"
+    assert len(registry.objects) == 100
+    assert registry.objects.ages(["o9899", "o9900", "o9999"]).tolist() == [-1, 99, 0]
 
 
 # --------------------------------------------------------------------------- durable state never executes

@@ -53,12 +53,13 @@ def test_object_ids_are_decided_exactly_as_one_by_one(ids, horizon, cuts):
         got += [i not in rejected for i in range(len(batch))]
         assert decisions.objects == len(batch) - len(rejected)
     assert got == expected
-    assert list(sequencer.registry.object_order) == list(reference.object_order)
+    universe = [f"o{i}" for i in range(12)]
+    assert sequencer.registry.objects.ages(universe).tolist() == reference.objects.ages(universe).tolist()
     assert sequencer.registry.objects_accepted == reference.objects_accepted == sum(expected)
-    assert sequencer.registry.object_ids == set(sequencer.registry.object_order)
+    assert len(sequencer.registry.objects) == min(horizon, sum(expected))
     replayed = IdRegistry(horizon)
     replayed.replay(sequencer.registry.take_journal())
-    assert replayed.object_ids == reference.object_ids
+    assert replayed.objects.ages(universe).tolist() == reference.objects.ages(universe).tolist()
 
 
 @settings(max_examples=150, deadline=None)
@@ -78,8 +79,9 @@ def test_journals_replay_in_bulk_to_the_same_registry(ids, horizon, cuts):
         objects, changes = decode_journal(encode_journal(sequencer.registry.take_journal()))
         replica.replay_objects(objects)
         replica.replay(changes)
-        assert list(replica.object_order) == list(sequencer.registry.object_order)
-        assert replica.object_ids == sequencer.registry.object_ids == set(replica.object_order)
+        universe = [f"o{i}" for i in range(8)]
+        assert replica.objects.ages(universe).tolist() == sequencer.registry.objects.ages(universe).tolist()
+        assert len(replica.objects) == len(sequencer.registry.objects)
         assert replica.objects_accepted == sequencer.registry.objects_accepted
 
 
@@ -106,10 +108,11 @@ def test_a_sequencer_caught_up_by_journals_equals_one_rebuilt_from_them():
     from skpub.router.initial import initial_table
     from skpub.router.locate import Locator, located_table
     from skpub.router.state import decode_journal, encode_journal
-    from tests.workloads import random_workload
+    from tests.workloads import object_ids, random_workload
 
     dep = Deployment(evaluators=3, grid_size=20, index_block=2, sample_size=200).replace(object_id_horizon=50)
     lines = [line.encode() for line in random_workload(seed=21, n=600)]
+    ids = object_ids(lines)
     epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), [line.decode() for line in lines[:200]]))
     locator = Locator(dep, Vocabulary(), epoch.table)
     live = Sequencer(3, IdRegistry(50, journal=[]))
@@ -119,5 +122,5 @@ def test_a_sequencer_caught_up_by_journals_equals_one_rebuilt_from_them():
         assert decisions.objects >= 0
         stale.replay(*decode_journal(encode_journal(live.registry.take_journal())))
         assert stale.registry.active == live.registry.active
-        assert list(stale.registry.object_order) == list(live.registry.object_order)
+        assert stale.registry.objects.ages(ids).tolist() == live.registry.objects.ages(ids).tolist()
         assert stale.summaries.counts == live.summaries.counts

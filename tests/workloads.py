@@ -193,6 +193,19 @@ def ranked_workload(seed: int, n: int = 600, times: bool = True) -> list[str]:
     return lines
 
 
+def object_ids(lines: list[str] | list[bytes]) -> list[str]:
+    """Return the distinct string ids of the object lines among ``lines`` (invalid lines skipped), sorted."""
+    ids = set()
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("type") == "object" and isinstance(record.get("id"), str):
+            ids.add(record["id"])
+    return sorted(ids)
+
+
 def write_lines(path, lines: list[str] | list[bytes]) -> None:
     """Write ``lines`` (str as UTF-8, bytes as they are) as a JSON-lines file."""
     path.write_bytes(b"".join((line if isinstance(line, bytes) else line.encode()) + b"\n" for line in lines))

@@ -8,8 +8,9 @@ unsubscribe reaches the same evaluators).
 
 Subscription and snapshot ids are unique for the whole stream. Object ids are
 the high-volume stream: they are unique only among the most recent
-``object_id_horizon`` accepted objects, kept as a FIFO ring, so the memory for
-them is bounded by the horizon, not by the stream.
+``object_id_horizon`` accepted objects, kept by
+:class:`~skpub.kernel.horizon.ObjectIdHorizon` in memory fixed when the
+registry is made, so it is bounded by the horizon, not by the stream.
 
 Durable form: :meth:`IdRegistry.to_json` / :meth:`IdRegistry.from_json` and
 the journal are plain JSON values (versioned by the engine that stores them);
@@ -20,7 +21,6 @@ ever unpickles or executes what it loads.
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -29,6 +29,7 @@ from typing import Any
 from skpub.kernel.decode import clip
 from skpub.kernel.errors import CheckpointError
 from skpub.kernel.geometry import Rect
+from skpub.kernel.horizon import ObjectIdHorizon
 from skpub.kernel.records import (
     DeadLetter,
     ObjectRecord,
@@ -54,8 +55,10 @@ Rejection = tuple[str, str]
 class IdRegistry:
     """Ids accepted so far, per type, and the active subscriptions' placements.
 
-    Memory: O(object_id_horizon) for object ids, O(subscriptions and
-    snapshots ever accepted) for the others (SEMANTICS section 1).
+    Memory: O(object_id_horizon) for object ids, allocated here
+    (:class:`~skpub.kernel.horizon.ObjectIdHorizon`, 80 MiB for the default
+    10^6), O(subscriptions and snapshots ever accepted) for the others
+    (SEMANTICS section 1).
 
     With ``journal`` a list, every accepted change is also appended there, so
     an engine can persist one micro-batch's changes (O(batch)) instead of the
@@ -63,8 +66,7 @@ class IdRegistry:
     """
 
     object_id_horizon: int = DEFAULT_OBJECT_ID_HORIZON
-    object_ids: set[str] = field(default_factory=set)
-    object_order: deque[str] = field(default_factory=deque)
+    objects: ObjectIdHorizon | None = None
     subscription_ids: set[str] = field(default_factory=set)
     snapshot_ids: set[str] = field(default_factory=set)
     active: dict[str, Any] = field(default_factory=dict)
@@ -72,12 +74,9 @@ class IdRegistry:
     objects_accepted: int = 0
     watermark: float | None = None
 
-    def _add_object(self, oid: str) -> None:
-        """Accept object id ``oid``; the oldest id leaves once more than the horizon are held. O(1)."""
-        self.object_ids.add(oid)
-        self.object_order.append(oid)
-        if len(self.object_order) > self.object_id_horizon:
-            self.object_ids.discard(self.object_order.popleft())
+    def __post_init__(self) -> None:
+        if self.objects is None:
+            self.objects = ObjectIdHorizon(self.object_id_horizon)
 
     def to_json(self, encode_placement: Callable[[Any], Any]) -> dict[str, Any]:
         """Return the registry (without its journal) as a JSON value; object ids oldest first."""
@@ -85,7 +84,7 @@ class IdRegistry:
             "object_id_horizon": self.object_id_horizon,
             "objects_accepted": self.objects_accepted,
             "watermark": self.watermark,
-            "objects": list(self.object_order),
+            "objects": self.objects.to_json(),
             "subscriptions": sorted(self.subscription_ids),
             "snapshots": sorted(self.snapshot_ids),
             "active": {sid: encode_placement(p) for sid, p in self.active.items()},
@@ -101,9 +100,8 @@ class IdRegistry:
             If ``raw`` is not of that shape (damaged or foreign state).
         """
         try:
-            registry = cls(int(raw["object_id_horizon"]))
-            for oid in raw["objects"]:
-                registry._add_object(_string(oid))
+            horizon = int(raw["object_id_horizon"])
+            registry = cls(horizon, _horizon(raw["objects"], horizon))
             registry.objects_accepted = int(raw["objects_accepted"])
             registry.watermark = _clock(raw["watermark"])
             registry.subscription_ids = {_string(s) for s in raw["subscriptions"]}
@@ -125,35 +123,12 @@ class IdRegistry:
         changes, self.journal = self.journal or [], []
         return changes
 
-    def _add_objects(self, oids: list[str]) -> list[int]:
-        """Add object ids in stream order; return the indices (into ``oids``) of those already held.
-
-        In bulk (set and deque operations in C) when the ids are distinct and
-        none is held, which is when adding them all and then evicting the
-        oldest equals adding them one by one; otherwise one by one (a batch
-        longer than the horizon may evict an id and accept it again).
-        """
-        seen = self.object_ids
-        if seen.isdisjoint(oids) and len(set(oids)) == len(oids):
-            seen.update(oids)
-            self.object_order.extend(oids)
-            for _ in range(len(self.object_order) - self.object_id_horizon):
-                seen.discard(self.object_order.popleft())
-            return []
-        held = []
-        for k, oid in enumerate(oids):
-            if oid in seen:
-                held.append(k)
-            else:
-                self._add_object(oid)
-        return held
-
     def accept_objects(self, oids: list[str]) -> dict[int, Rejection]:
         """Accept a batch's object ids in stream order (journaled); return ``index -> rejection`` of the duplicates.
 
-        O(len(oids)), in C for the common batch of fresh, distinct ids.
+        O(len(oids)), vectorized (:meth:`ObjectIdHorizon.add`).
         """
-        held = self._add_objects(oids)
+        held = self.objects.add(oids)
         rejections = {k: _duplicate_object(oids[k], self.object_id_horizon) for k in held}
         accepted = [oid for k, oid in enumerate(oids) if k not in rejections] if held else oids
         if self.journal is not None:
@@ -163,7 +138,7 @@ class IdRegistry:
 
     def replay_objects(self, oids: list[str]) -> None:
         """Apply journaled object ids, in order (not journaled again)."""
-        self._add_objects(oids)
+        self.objects.add(oids)
         self.objects_accepted += len(oids)
 
     def replay(self, changes: Iterable[Change]) -> None:
@@ -176,7 +151,7 @@ class IdRegistry:
         """
         for rtype, rid, placement in changes:
             if rtype == "object":
-                self._add_object(rid)
+                self.objects.add([rid])
                 self.objects_accepted += 1
             elif rtype == "subscribe":
                 self.subscription_ids.add(rid)
@@ -217,7 +192,7 @@ class IdRegistry:
         ``kind`` is one of :data:`KINDS`. Does not change the registry. O(1).
         """
         if kind == "object":
-            if rid in self.object_ids:
+            if rid in self.objects:
                 return _duplicate_object(rid, self.object_id_horizon)
         elif kind == "unsubscribe":
             if rid not in self.active:
@@ -241,7 +216,7 @@ class IdRegistry:
         """
         ended = None
         if kind == "object":
-            self._add_object(rid)
+            self.objects.add([rid])
             self.objects_accepted += 1
         elif kind == "unsubscribe":
             ended = self.active.pop(rid)
@@ -279,6 +254,15 @@ def kind_of(record: Record) -> str:
 
 def _duplicate_object(oid: str, horizon: int) -> Rejection:
     return "duplicate_id", f"object id {_show(oid)} is among the last {horizon} accepted"
+
+
+def _horizon(raw: Any, capacity: int) -> ObjectIdHorizon:
+    """Return the object-id horizon of a durable registry: its hashes, or its ids in order (older checkpoints)."""
+    if isinstance(raw, list):
+        horizon = ObjectIdHorizon(capacity)
+        horizon.add([_string(oid) for oid in raw])
+        return horizon
+    return ObjectIdHorizon.from_json(raw, capacity)
 
 
 def _clock(value: Any) -> float | None:

@@ -1,0 +1,97 @@
+"""The object-id horizon decides exactly as a list of the last N accepted ids, whatever its hashes do."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skpub.kernel.errors import CheckpointError
+from skpub.kernel.horizon import ObjectIdHorizon
+
+IDS = [f"o{i}" for i in range(14)] + ["", "é", "o1 "]
+
+
+class CollidingHorizon(ObjectIdHorizon):
+    """A horizon whose ``lo`` hashes collide on purpose (4 values): long probe chains, equal ``lo`` of other ids."""
+
+    def _hash(self, oids):
+        hi = np.array([IDS.index(o) for o in oids], dtype=np.uint64)
+        return hi % np.uint64(4), hi
+
+
+def reference(batches, capacity):
+    """Per batch, the indices a list of the last ``capacity`` accepted ids rejects; and that list."""
+    accepted, rejected = [], []
+    for batch in batches:
+        rejected.append([])
+        for k, oid in enumerate(batch):
+            if oid in accepted[-capacity:]:
+                rejected[-1].append(k)
+            else:
+                accepted.append(oid)
+    return rejected, accepted[-capacity:]
+
+
+batches_strategy = st.lists(st.lists(st.sampled_from(IDS), max_size=25), max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches=batches_strategy, capacity=st.integers(1, 9), colliding=st.booleans(), reload=st.integers(0, 8))
+def test_batches_are_decided_as_one_by_one_across_generations_and_durable_form(batches, capacity, colliding, reload):
+    expected, held = reference(batches, capacity)
+    horizon = (CollidingHorizon if colliding else ObjectIdHorizon)(capacity)
+    got = []
+    for b, batch in enumerate(batches):
+        if b == reload:
+            data = horizon.to_json()
+            horizon = type(horizon).from_json(data, capacity)
+            assert horizon.to_json() == data
+        got.append(horizon.add(batch))
+    assert got == expected
+    assert len(horizon) == len(held)
+    ages = {oid: len(held) - 1 - k for k, oid in enumerate(held)}
+    assert horizon.ages(IDS).tolist() == [ages.get(oid, -1) for oid in IDS]
+    assert [oid in horizon for oid in IDS] == [oid in ages for oid in IDS]
+
+
+def held_arrays(horizon):
+    tables = (horizon._older, horizon._newer)
+    return [horizon._lo, horizon._hi, *(t.slots for t in tables)]
+
+
+def test_memory_is_allocated_when_made_and_does_not_grow():
+    horizon = ObjectIdHorizon(1000)
+    before = [(id(a), a.nbytes) for a in held_arrays(horizon)]
+    assert sum(n for _, n in before) == 16 * 1000 + 32 * 2048
+    for start in range(0, 25_000, 700):
+        assert horizon.add([f"x{i}" for i in range(start, start + 700)]) == []
+    assert sorted((id(a), a.nbytes) for a in held_arrays(horizon)) == sorted(before)
+    assert len(horizon) == 1000
+    assert horizon.ages(["x24199", "x24200", "x25199"]).tolist() == [-1, 999, 0]
+
+
+def test_two_horizons_draw_different_keys_and_read_each_other_only_through_their_durable_form():
+    a, b = ObjectIdHorizon(10), ObjectIdHorizon(10)
+    assert a.key != b.key
+    a.add(["p", "q"])
+    copy = ObjectIdHorizon.from_json(a.to_json(), 10)
+    assert copy.key == a.key and copy.ages(["p", "q", "r"]).tolist() == [1, 0, -1]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {},
+        {"key": "0" * 32},
+        {"key": "0" * 31, "hashes": ""},
+        {"key": "G" * 32, "hashes": ""},
+        {"key": "0" * 32, "hashes": "not base64!"},
+        {"key": "0" * 32, "hashes": "AAAA"},  # 3 bytes: not whole hashes
+        {"key": "0" * 32, "hashes": "A" * 64},  # 3 hashes: more hashes than the capacity
+        {"key": 7, "hashes": ""},
+        [],
+    ],
+)
+def test_a_damaged_durable_form_is_refused(raw):
+    with pytest.raises(CheckpointError):
+        ObjectIdHorizon.from_json(raw, 2)
