@@ -107,6 +107,12 @@ HOSTILE_LINES: list[tuple[bytes, str]] = [
     (obj("ts-1e400", b'"terms":["sushi"],"ts":1e400'), "non_finite"),
     (obj("expires-400-digits", b'"terms":["sushi"],"expires_at":' + b"9" * 400), "non_finite"),
     (obj("extra-1e400", b'"terms":["sushi"],"extra":[1e400]'), "non_finite"),
+    (obj("ts-null", b'"terms":["sushi"],"ts":null,"expires_at":null'), ACCEPTED),  # null: absent (skpub)
+    (obj("ts-string", b'"terms":["sushi"],"ts":"5"'), "wrong_field"),
+    (
+        b'{"type":"subscribe","id":"h-knn-null","kind":"knn","point":[1,1],"keywords":["a"],"k":1,"match":null}',
+        "wrong_field",
+    ),
     (b'{"type":"subscribe","id":"h-knn-k","kind":"knn","point":[1,1],"keywords":["sushi"],"k":1e400}', "non_finite"),
     (obj("underflow", x=b"1e-400"), ACCEPTED),  # underflows to 0.0: finite
     (obj("negative-zero", x=b"-0.0", y=b"-0"), ACCEPTED),

@@ -21,8 +21,12 @@ from typing import Any
 
 from skpub.kernel.errors import ConfigError
 from skpub.kernel.geometry import Rect
-from skpub.kernel.records import MAX_RECORD_BYTES
-from skpub.kernel.registry import DEFAULT_OBJECT_ID_HORIZON
+
+MAX_RECORD_BYTES = 1 << 20
+"""Default largest record line, bytes (SEMANTICS section 1, ``too_large``)."""
+
+DEFAULT_OBJECT_ID_HORIZON = 1_000_000
+"""Default object-id horizon: accepted object ids among which an id is a duplicate (SEMANTICS section 1)."""
 
 ROUTERS = ("agrid", "kdt", "kdtree", "text", "uniform")
 INTEGER_FIELDS = (

@@ -1,11 +1,15 @@
 """The brute-force oracle: a direct replay of ``docs/SEMANTICS.md``.
 
-Every engine's output must equal :func:`replay`. It shares only the parser
-and the id registry with the engines (validation *is* the contract);
-everything else is recomputed from scratch with no index and no routing:
+Every engine's output must equal :func:`replay`. It shares nothing with
+the engines but the :class:`~skpub.kernel.config.Deployment`: records,
+validation, ids, terms, expressions and idf are its own reading of sections
+1 and 2 (:mod:`skpub.kernel.oracle_records`, kept apart from the engines'
+parser by an import-linter contract), so a bug in the engines' parsing,
+registry or text code cannot pass a differential test. Everything is
+recomputed from scratch with no index and no routing:
 
 - range (section 3.1): every active subscription is tested against every
-  arriving object (numpy rectangle tests);
+  arriving object;
 - topk and knn (sections 3.2, 3.3, 4): after every accepted record, each
   active subscription's result is recomputed from the whole window and
   compared with the previous one; the difference is its ``exit`` and
@@ -21,21 +25,22 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from skpub.kernel.config import Deployment
-from skpub.kernel.records import (
-    DeadLetter,
+from skpub.kernel.oracle_records import (
+    Idf,
+    IdLedger,
     KnnSubscription,
     ObjectRecord,
     RangeSubscription,
-    SnapshotMarker,
+    Rejection,
+    Snapshot,
     TopkSubscription,
     Unsubscribe,
-    parse_line,
+    dead_letter,
+    line_bytes,
+    load_idf,
+    read_record,
 )
-from skpub.kernel.registry import IdRegistry, kind_of
-from skpub.kernel.text import Vocabulary, dnf_matches, load_vocabulary
 
 TOLERANCE = 1e-9
 """Scores and distances closer than this are ties, ordered by the tie-breakers (SEMANTICS section 5)."""
@@ -51,38 +56,15 @@ class OracleResult:
 
 
 @dataclass
-class _RangeTable:
-    """Active range subscriptions as parallel arrays; ``rects`` is (n, 4) float64."""
-
-    ids: list[str] = field(default_factory=list)
-    dnfs: list = field(default_factory=list)
-    rects: np.ndarray = field(default_factory=lambda: np.empty((64, 4)))
-    alive: list[bool] = field(default_factory=list)
-
-    def add(self, sub: RangeSubscription) -> int:
-        n = len(self.ids)
-        if n == len(self.rects):
-            self.rects = np.concatenate([self.rects, np.empty_like(self.rects)])
-        self.rects[n] = sub.rect.as_list()
-        self.ids.append(sub.id)
-        self.dnfs.append(sub.dnf)
-        self.alive.append(True)
-        return n
-
-    def matches(self, obj: ObjectRecord) -> list[str]:
-        r = self.rects[: len(self.ids)]
-        hits = np.flatnonzero((r[:, 0] <= obj.x) & (obj.x <= r[:, 2]) & (r[:, 1] <= obj.y) & (obj.y <= r[:, 3]))
-        return [self.ids[i] for i in hits if self.alive[i] and dnf_matches(self.dnfs[i], obj.term_set)]
-
-
-@dataclass
 class _Arrival:
-    """An accepted object with what the window needs: its ts (the watermark when absent) and arrival number.
+    """An accepted object with what the window needs: its stream position, ts (the watermark when absent), number.
 
-    ``unit`` is its unit tf-idf vector, computed once when a topk subscription first scores it.
+    ``number`` counts accepted objects from 0 (count windows); ``unit`` is its
+    unit tf-idf vector, computed once when a topk subscription first scores it.
     """
 
     record: ObjectRecord
+    pos: int
     ts: float
     number: int
     unit: dict[str, float] | None = None
@@ -102,9 +84,9 @@ class _Window:
         self.accepted = 0
         self.watermark: float | None = None
 
-    def add(self, obj: ObjectRecord) -> None:
+    def add(self, obj: ObjectRecord, pos: int) -> None:
         ts = obj.ts if obj.ts is not None else (self.watermark if self.watermark is not None else 0.0)
-        self.arrivals.append(_Arrival(obj, ts, self.accepted))
+        self.arrivals.append(_Arrival(obj, pos, ts, self.accepted))
         self.accepted += 1
         self.watermark = ts if self.watermark is None else max(self.watermark, ts)
 
@@ -128,7 +110,7 @@ class _Window:
         none) can enter no result, now or later.
         """
         if self.kind == "none":
-            self.arrivals = [a for a in self.arrivals if earliest is not None and a.record.pos > earliest]
+            self.arrivals = [a for a in self.arrivals if earliest is not None and a.pos > earliest]
         self.arrivals = [a for a in self.arrivals if self.holds(a)]
         return self.arrivals
 
@@ -160,11 +142,13 @@ def _ranked(scored: list[tuple[float, float, int, str]], descending: bool, k: in
 class _Ranked:
     """An active topk or knn subscription and its current result ``[(object id, score or dist, position)]``.
 
-    ``weights`` is a topk subscription's unit tf-idf vector, ``keywords``
-    the terms a candidate must share with it (section 3.2).
+    ``pos`` is its stream position, ``weights`` a topk subscription's unit
+    tf-idf vector, ``keywords`` the terms a candidate must share with it
+    (section 3.2).
     """
 
     sub: TopkSubscription | KnnSubscription
+    pos: int
     weights: dict[str, float]
     keywords: frozenset[str]
     result: list[tuple[str, float, int]] = field(default_factory=list)
@@ -176,17 +160,17 @@ class _Ranked:
     def candidate(self, arrival: _Arrival, window_none: bool) -> bool:
         """Whether a window object may enter this subscription's result (sections 3.2-4)."""
         sub, terms = self.sub, arrival.record.term_set
-        after = arrival.record.pos > sub.pos
+        after = arrival.pos > self.pos
         if window_none and not after:
             return False
         if isinstance(sub, TopkSubscription):
             return not terms.isdisjoint(self.keywords)
-        if sub.from_ == "registration" and not after:
+        if sub.origin == "registration" and not after:
             return False
         return sub.keywords <= terms if sub.match == "all" else not sub.keywords.isdisjoint(terms)
 
     def recompute(
-        self, members: list[_Arrival], window_none: bool, vocabulary: Vocabulary, max_dist: float
+        self, members: list[_Arrival], window_none: bool, idf: Idf, max_dist: float
     ) -> list[tuple[str, float, int]]:
         sub, rows = self.sub, []
         for arrival in members:
@@ -195,17 +179,17 @@ class _Ranked:
             obj = arrival.record
             dist = math.hypot(obj.x - sub.x, obj.y - sub.y)
             if isinstance(sub, KnnSubscription):
-                rows.append((dist, arrival.ts, obj.pos, obj.id))
+                rows.append((dist, arrival.ts, arrival.pos, obj.id))
                 continue
             if arrival.unit is None:
                 tf: dict[str, float] = {}
                 for t in obj.terms:
                     tf[t] = tf.get(t, 0.0) + 1.0
-                arrival.unit = _unit({t: n * vocabulary.idf(t) for t, n in tf.items()})
+                arrival.unit = _unit({t: n * idf(t) for t, n in tf.items()})
             w_o = arrival.unit
             cosine = sum(w * w_o.get(t, 0.0) for t, w in self.weights.items())
             proximity = 1.0 - dist / max_dist if max_dist > 0 else 1.0
-            rows.append((sub.alpha * proximity + (1 - sub.alpha) * cosine, arrival.ts, obj.pos, obj.id))
+            rows.append((sub.alpha * proximity + (1 - sub.alpha) * cosine, arrival.ts, arrival.pos, obj.id))
         return _ranked(rows, isinstance(sub, TopkSubscription), sub.k)
 
 
@@ -228,49 +212,42 @@ def replay(lines: Iterable[bytes | str], deployment: Deployment) -> OracleResult
         registration order); snapshots in stream order.
     """
     result = OracleResult()
-    registry = IdRegistry(deployment.object_id_horizon)
-    vocabulary = load_vocabulary(deployment.vocabulary)
+    ids = IdLedger(deployment.object_id_horizon)
+    idf = load_idf(deployment.vocabulary)
     space = deployment.space
     max_dist = math.hypot(space.width, space.height)
-    table = _RangeTable()
+    ranges: dict[str, RangeSubscription] = {}
     active: dict[str, _Ranked] = {}
     window = _Window(deployment)
     for pos, line in enumerate(lines):
-        record = parse_line(line, pos, space, deployment.max_record_bytes)
-        if isinstance(record, DeadLetter):
-            result.dead_letters.append(record.to_json())
-            continue
-        kind = kind_of(record)
-        rejection = registry.check(kind, record.id)
+        raw = line_bytes(line)
+        record = read_record(raw, space, deployment.max_record_bytes)
+        rejection = record if isinstance(record, Rejection) else ids.rejection(record)
         if rejection is not None:
-            result.dead_letters.append(DeadLetter.for_line(pos, line, *rejection).to_json())
+            result.dead_letters.append(dead_letter(raw, rejection))
             continue
+        ids.accept(record)
         if isinstance(record, ObjectRecord):
-            registry.accept_id(kind, record.id)
-            window.add(record)
-            for sub in table.matches(record):
-                result.deliveries.append({"sub": sub, "obj": record.id, "event": "match"})
+            window.add(record, pos)
+            result.deliveries.extend(
+                {"sub": sid, "obj": record.id, "event": "match"} for sid, sub in ranges.items() if sub.matches(record)
+            )
         elif isinstance(record, RangeSubscription):
-            registry.accept_id(kind, record.id, ("range", table.add(record)))
+            ranges[record.id] = record
         elif isinstance(record, TopkSubscription | KnnSubscription):
-            weights = dict(record.weights) if isinstance(record, TopkSubscription) else {}
-            registry.accept_id(kind, record.id, ("ranked", record.id))
-            unit = _unit({t: w * vocabulary.idf(t) for t, w in weights.items()})
-            active[record.id] = _Ranked(record, unit, frozenset(weights))
+            # Terms in sorted order: the summation order of the norm and the cosine, as before the split.
+            weights = dict(sorted(record.weights.items())) if isinstance(record, TopkSubscription) else {}
+            unit = _unit({t: w * idf(t) for t, w in weights.items()})
+            active[record.id] = _Ranked(record, pos, unit, frozenset(weights))
         elif isinstance(record, Unsubscribe):
-            placement = registry.accept_id(kind, record.id)
-            if placement[0] == "range":
-                table.alive[placement[1]] = False
-            else:
-                del active[placement[1]]
-        elif isinstance(record, SnapshotMarker):
-            registry.accept_id(kind, record.id)
-        members = window.members(min((sub.sub.pos for sub in active.values()), default=None))
+            if ranges.pop(record.id, None) is None:
+                del active[record.id]
+        members = window.members(min((sub.pos for sub in active.values()), default=None))
         for sub in active.values():
-            now = sub.recompute(members, window.kind == "none", vocabulary, max_dist)
+            now = sub.recompute(members, window.kind == "none", idf, max_dist)
             result.deliveries.extend(_events(sub, now))
             sub.result = now
-        if isinstance(record, SnapshotMarker):
+        if isinstance(record, Snapshot):
             result.snapshots.extend(
                 {"snapshot": record.id, "sub": sid, "results": [[oid, v] for oid, v, _ in sub.result]}
                 for sid, sub in active.items()

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from skpub.kernel.config import MAX_RECORD_BYTES
 from skpub.kernel.decode import LineRejected, clip, decode_line, line_text
 from skpub.kernel.errors import ExpressionError
 from skpub.kernel.geometry import Rect
@@ -48,8 +49,6 @@ REASONS = (
 )
 KINDS = ("range", "topk", "knn")
 POSITION_BITS = 32
-MAX_RECORD_BYTES = 1 << 20
-"""Default ``max_record_bytes``: longer lines are ``too_large`` (SEMANTICS section 1)."""
 
 
 def stream_position(batch_id: int, index: int) -> int:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
+from skpub.kernel.config import DEFAULT_OBJECT_ID_HORIZON
 from skpub.kernel.decode import clip
 from skpub.kernel.errors import CheckpointError
 from skpub.kernel.geometry import Rect
@@ -38,8 +39,6 @@ from skpub.kernel.records import (
     Unsubscribe,
     parse_line,
 )
-
-DEFAULT_OBJECT_ID_HORIZON = 1_000_000
 
 KINDS = ("object", "subscribe", "unsubscribe", "snapshot")
 """Registry kinds: every subscription kind (range, topk, knn) is a ``subscribe``."""
