@@ -274,7 +274,7 @@ class Sequencer:
             Object ids live in their own namespace, so objects are decided
             apart from the other records: when the batch's object ids are
             distinct and none is held (the common case) they are accepted in
-            bulk (set and deque operations in C); otherwise one by one in
+            bulk (vectorized, :class:`~skpub.kernel.horizon.ObjectIdHorizon`); otherwise one by one in
             stream order, horizon evictions included. The summaries an
             object is tested against are those after every subscribe of its
             micro-batch and before its unsubscribes: a superset of the summary

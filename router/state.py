@@ -17,7 +17,9 @@ from skpub.kernel.errors import CheckpointError
 from skpub.kernel.registry import Change, IdRegistry
 from skpub.router.sequencer import Placement
 
-FORMAT = 3
+FORMAT = 4
+"""4: the registry's object-id horizon as keyed hashes (3 held the ids themselves; still read)."""
+READABLE = (3, 4)
 _RTYPES = frozenset(("object", "subscribe", "unsubscribe", "snapshot", "clock", "place"))
 
 
@@ -97,6 +99,6 @@ def _document(data: bytes, kind: str) -> dict:
         raise CheckpointError(f"router state is not JSON: {exc}") from None
     if not isinstance(doc, dict) or doc.get("kind") != kind:
         raise CheckpointError(f"router state is not a {kind} document")
-    if doc.get("format") != FORMAT:
-        raise CheckpointError(f"router {kind} has format {doc.get('format')!r}; this skpub reads format {FORMAT}")
+    if doc.get("format") not in READABLE:
+        raise CheckpointError(f"router {kind} has format {doc.get('format')!r}; this skpub reads formats {READABLE}")
     return doc

@@ -24,7 +24,7 @@ from skpub.kernel.grid import FineGrid
 from skpub.kernel.oracle import replay
 from skpub.kernel.parts import read_stream
 from skpub.kernel.registry import IdRegistry
-from skpub.router.state import decode_journal, decode_snapshot
+from skpub.router.state import decode_journal, decode_snapshot, encode_snapshot
 from tests.workloads import canonical, deployment, letters, random_workload, write_lines
 
 
@@ -295,7 +295,7 @@ def test_durable_state_is_versioned_json_and_refuses_anything_else():
     import pickle
 
     from skpub.router.sequencer import Placement
-    from skpub.router.state import FORMAT, encode_journal, encode_snapshot
+    from skpub.router.state import FORMAT, encode_journal
 
     registry = IdRegistry(3)
     registry.replay([("object", "o1", None), ("subscribe", "s", Placement((0, 2), frozenset({"k"})))])
@@ -325,6 +325,17 @@ def test_durable_state_is_versioned_json_and_refuses_anything_else():
     assert decode_segment(encode_segment([])) == []
 
 
+def test_a_registry_of_the_ids_format_still_reads_and_a_horizon_too_large_for_the_machine_is_damaged():
+    old = {"object_id_horizon": 2, "objects_accepted": 3, "watermark": None, "objects": ["a", "b"],
+           "subscriptions": [], "snapshots": [], "active": {}}  # fmt: skip
+    registry = decode_snapshot(json.dumps({"format": 3, "kind": "registry", "registry": old}).encode())
+    assert registry.objects.ages(["a", "b", "c"]).tolist() == [1, 0, -1] and registry.objects_accepted == 3
+    assert json.loads(encode_snapshot(registry))["format"] == 4
+    huge = {**old, "object_id_horizon": 10**15}
+    with pytest.raises(CheckpointError, match="damaged"):
+        decode_snapshot(json.dumps({"format": 4, "kind": "registry", "registry": huge}).encode())
+
+
 # --------------------------------------------------------------------------- bad invocations
 
 
@@ -340,10 +351,12 @@ def test_metrics_port_in_use_or_out_of_range_is_a_sentence(tmp_path, capsys):
     assert "cannot serve metrics" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags", [["--evaluators", "1000000000"], ["--config", "GRID"]])
+@pytest.mark.parametrize("flags", [["--evaluators", "1000000000"], ["--config", "GRID"], ["--config", "HORIZON"]])
 def test_deployments_beyond_memory_are_refused_before_allocating(tmp_path, capsys, flags):
     (tmp_path / "grid.json").write_text('{"grid_size": 2000000}')
-    flags = [str(tmp_path / "grid.json") if f == "GRID" else f for f in flags]
+    (tmp_path / "horizon.json").write_text('{"object_id_horizon": 1000000000000}')
+    configs = {"GRID": str(tmp_path / "grid.json"), "HORIZON": str(tmp_path / "horizon.json")}
+    flags = [configs.get(f, f) for f in flags]
     write_lines(tmp_path / "in.jsonl", random_workload(seed=1, n=20))
     args = ["run", "--engine", "local", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "p")]
     assert main([*args, *flags]) == 2

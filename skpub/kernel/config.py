@@ -21,6 +21,7 @@ from typing import Any
 
 from skpub.kernel.errors import ConfigError
 from skpub.kernel.geometry import Rect
+from skpub.kernel.horizon import memory_bytes
 
 MAX_RECORD_BYTES = 1 << 20
 """Default largest record line, bytes (SEMANTICS section 1, ``too_large``)."""
@@ -192,9 +193,10 @@ class Deployment:
         need, have = self.memory_estimate(), physical_memory()
         if need > have // 2:
             raise ConfigError(
-                f"grid_size={self.grid_size} and evaluators={self.evaluators} need about {need / 2**30:.1f} GiB "
-                f"for routing tables alone, more than half of this machine's {have / 2**30:.1f} GiB; "
-                "choose a smaller grid_size or fewer evaluators"
+                f"grid_size={self.grid_size}, evaluators={self.evaluators} and object_id_horizon="
+                f"{self.object_id_horizon} need about {need / 2**30:.1f} GiB for routing tables and the object-id "
+                f"horizon alone, more than half of this machine's {have / 2**30:.1f} GiB; "
+                "choose a smaller grid_size, fewer evaluators or a smaller object_id_horizon"
             )
 
     def memory_estimate(self) -> int:
@@ -203,11 +205,13 @@ class Deployment:
         The fine grid's per-cell arrays (cost estimate, summed-area tables and
         the owner map: about ``GRID_BYTES_PER_CELL`` bytes per cell, Tornado
         section 4.1) plus per-evaluator structures (textual summaries,
-        evaluator cores, statistics: about ``EVALUATOR_BYTES`` each). Checked
+        evaluator cores, statistics: about ``EVALUATOR_BYTES`` each), plus the
+        object-id horizon (:func:`skpub.kernel.horizon.memory_bytes`). Checked
         before anything is allocated, so an impossible deployment is refused
         with a sentence instead of dying of memory.
         """
-        return GRID_BYTES_PER_CELL * (self.grid_size + 1) ** 2 + EVALUATOR_BYTES * self.evaluators
+        grid = GRID_BYTES_PER_CELL * (self.grid_size + 1) ** 2 + EVALUATOR_BYTES * self.evaluators
+        return grid + memory_bytes(self.object_id_horizon)
 
     def replace(self, **changes: Any) -> Deployment:
         """Return a copy with ``changes`` applied (None values are ignored)."""

@@ -1,4 +1,4 @@
-"""The object-id horizon: the last N accepted object ids, in memory fixed at start.
+"""The object-id horizon: the last N accepted object ids, in memory sized at start.
 
 SEMANTICS section 1 makes an object id a ``duplicate_id`` only among the most
 recent ``object_id_horizon`` accepted objects (skpub's decision, so that the
@@ -6,8 +6,10 @@ memory for ids is bounded by the horizon, not by the stream). A Python set of
 1,000,000 id strings costs ~100 bytes an id and grows while the horizon
 fills (200 s at 5,000 objects/s): a long-running daemon's memory would climb
 for minutes and only then settle. :class:`ObjectIdHorizon` keeps instead a
-128-bit keyed hash of each id in arrays allocated, and written, when it is
-made: its memory is the same the first second and the last.
+128-bit keyed hash of each id in arrays sized when it is made (zeroed pages
+the kernel commits on first write: the tables within the first few batches,
+the ring, 16 bytes an id, as it fills), so a daemon's memory settles in
+seconds, not minutes, and never exceeds ``memory_bytes(N)``.
 
 Layout (capacity ``N``, table size ``T``, the power of two >= 2N):
 
@@ -18,12 +20,15 @@ Layout (capacity ``N``, table size ``T``, the power of two >= 2N):
   now; when it holds N, every id of the *older* is more than N acceptances
   old, so the older is emptied in one write and the two swap. An id leaves
   without a deletion: a match whose position is N or more behind the newest
-  is not held. Memory ``16 N + 32 T`` bytes (80 MiB for N = 10^6).
+  is not held. Memory :func:`memory_bytes`: ``16 N + 32 T`` bytes (80 MiB
+  for N = 10^6).
 
 Hashes are SipHash-2-4 (``pandas.util.hash_array``, in C) under two keys
-drawn at random when a horizon is made and kept in its durable form: a
-client cannot aim ids at one probe chain, and two ids are taken for one with
-probability ~ N / 2^128 per object. Batches are vectorized in numpy; a batch
+drawn at random when a horizon is made and kept in its durable form, with
+the hash of a fixed probe string that a restore recomputes (a pandas whose
+hashes differ is refused, never misread): a client cannot aim ids at one
+probe chain, and two ids are taken for one with probability ~ N / 2^128 per
+object. Batches are vectorized in numpy; a batch
 with an id held or repeated is decided one by one in stream order, exactly
 as the one-at-a-time definition.
 """
@@ -44,6 +49,17 @@ from skpub.kernel.errors import CheckpointError
 
 _EMPTY = -1
 _KEY = re.compile(r"[0-9a-f]{32}")
+_PROBE = "skpub object-id horizon"
+
+
+def table_size(capacity: int) -> int:
+    """Slots of each of the two tables of a horizon of ``capacity``: the power of two >= 2 x capacity (>= 8)."""
+    return 1 << max(3, (2 * capacity - 1).bit_length())
+
+
+def memory_bytes(capacity: int) -> int:
+    """Bytes a horizon of ``capacity`` ids holds at most: the ring (16 per id) and two tables (16 per slot)."""
+    return 16 * capacity + 32 * table_size(capacity)
 
 
 class _Table:
@@ -54,7 +70,7 @@ class _Table:
     """
 
     def __init__(self, size: int) -> None:
-        self.slots = np.full((size, 2), 0, dtype=np.uint64)
+        self.slots = np.zeros((size, 2), dtype=np.uint64)
         self.count = 0
 
     def clear(self) -> None:
@@ -73,9 +89,9 @@ class ObjectIdHorizon:
         32 lowercase hex digits: the two SipHash keys; drawn at random if
         omitted (pass the one of :meth:`to_json` to read its hashes).
 
-    Memory ``16 N + 32 T`` bytes, ``T`` the power of two >= 2N, allocated
-    and written here. :meth:`add` is O(batch) vectorized, plus O(T) once
-    every N acceptances (a table emptied).
+    Memory :func:`memory_bytes` (``16 N + 32 T``, ``T`` the power of two
+    >= 2N), allocated here as zeroed pages. :meth:`add` is O(batch)
+    vectorized, plus O(T) once every N acceptances (a table emptied).
     """
 
     def __init__(self, capacity: int, key: str | None = None) -> None:
@@ -83,11 +99,11 @@ class ObjectIdHorizon:
             raise ValueError(f"an object-id horizon holds at least 1 id, not {capacity}")
         self.capacity = capacity
         self.key = key if key is not None else secrets.token_hex(16)
-        size = 1 << max(3, (2 * capacity - 1).bit_length())
+        size = table_size(capacity)
         self._mask = np.uint64(size - 1)
         self._older, self._newer = _Table(size), _Table(size)
-        self._lo = np.full(capacity, 0, dtype=np.uint64)
-        self._hi = np.full(capacity, 0, dtype=np.uint64)
+        self._lo = np.zeros(capacity, dtype=np.uint64)
+        self._hi = np.zeros(capacity, dtype=np.uint64)
         self._end = 0  # the position the next accepted id takes
 
     def __len__(self) -> int:
@@ -112,6 +128,7 @@ class ObjectIdHorizon:
         An id is held if it is among the last ``capacity`` accepted at its
         turn, ids accepted earlier in this batch included; the others are
         accepted, the oldest held ids leaving as they come. O(len(oids)).
+        ``oids`` are strings (validated ids); raises nothing else.
         """
         if not oids:
             return []
@@ -125,10 +142,13 @@ class ObjectIdHorizon:
         return rejected
 
     def to_json(self) -> dict[str, Any]:
-        """Return the horizon as a JSON value: its key and the held hashes, oldest first (base64, little-endian)."""
+        """Return the horizon as a JSON value: its key, its probe check and the held hashes, oldest first.
+
+        ``hashes`` is base64 of ``(n, 2)`` little-endian uint64 (``lo``, ``hi``).
+        """
         live = np.arange(self._end - len(self), self._end) % self.capacity
         pairs = np.stack([self._lo[live], self._hi[live]], axis=1).astype("<u8")
-        return {"key": self.key, "hashes": base64.b64encode(pairs.tobytes()).decode("ascii")}
+        return {"key": self.key, "check": self._check(), "hashes": base64.b64encode(pairs.tobytes()).decode("ascii")}
 
     @classmethod
     def from_json(cls, raw: Any, capacity: int) -> ObjectIdHorizon:
@@ -137,20 +157,29 @@ class ObjectIdHorizon:
         Raises
         ------
         CheckpointError
-            If ``raw`` is not of that shape or holds more than ``capacity`` hashes.
+            If ``raw`` is not of that shape, holds more than ``capacity``
+            hashes, or its probe check differs from this pandas' hash (the
+            hashes could not be compared with new ones).
         """
         try:
-            key, data = raw["key"], base64.b64decode(raw["hashes"], validate=True)
+            key, check, data = raw["key"], raw["check"], base64.b64decode(raw["hashes"], validate=True)
         except (KeyError, TypeError, ValueError, binascii.Error) as exc:
             raise CheckpointError(f"damaged object-id horizon: {exc!r}") from None
         if not isinstance(key, str) or not _KEY.fullmatch(key) or len(data) % 16 or len(data) // 16 > capacity:
             raise CheckpointError("damaged object-id horizon: a bad key or hash count")
         horizon = cls(capacity, key)
+        if check != horizon._check():
+            raise CheckpointError("the object-id horizon was hashed by another hash function (a different pandas?)")
         pairs = np.frombuffer(data, dtype="<u8").reshape(-1, 2)
         horizon._append(pairs[:, 0].astype(np.uint64), pairs[:, 1].astype(np.uint64))
         return horizon
 
     # ------------------------------------------------------------------ internals
+
+    def _check(self) -> str:
+        """Return the hashes of a fixed probe string under this key, as hex: what a restore must recompute alike."""
+        lo, hi = self._hash([_PROBE])
+        return f"{int(lo[0]):016x}{int(hi[0]):016x}"
 
     def _hash(self, oids: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         values = np.asarray(oids, dtype=object)

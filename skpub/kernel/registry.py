@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
 
-from skpub.kernel.config import DEFAULT_OBJECT_ID_HORIZON
+from skpub.kernel.config import DEFAULT_OBJECT_ID_HORIZON, physical_memory
 from skpub.kernel.decode import clip
 from skpub.kernel.errors import CheckpointError
 from skpub.kernel.geometry import Rect
-from skpub.kernel.horizon import ObjectIdHorizon
+from skpub.kernel.horizon import ObjectIdHorizon, memory_bytes
 from skpub.kernel.records import (
     DeadLetter,
     ObjectRecord,
@@ -78,7 +78,7 @@ class IdRegistry:
             self.objects = ObjectIdHorizon(self.object_id_horizon)
 
     def to_json(self, encode_placement: Callable[[Any], Any]) -> dict[str, Any]:
-        """Return the registry (without its journal) as a JSON value; object ids oldest first."""
+        """Return the registry (without its journal) as a JSON value (the object-id horizon as its hashes)."""
         return {
             "object_id_horizon": self.object_id_horizon,
             "objects_accepted": self.objects_accepted,
@@ -96,10 +96,13 @@ class IdRegistry:
         Raises
         ------
         CheckpointError
-            If ``raw`` is not of that shape (damaged or foreign state).
+            If ``raw`` is not of that shape (damaged or foreign state), or its
+            horizon would take more than half of this machine's memory.
         """
         try:
             horizon = int(raw["object_id_horizon"])
+            if not 1 <= horizon or memory_bytes(horizon) > physical_memory() // 2:
+                raise ValueError(f"an object-id horizon of {horizon} ids")
             registry = cls(horizon, _horizon(raw["objects"], horizon))
             registry.objects_accepted = int(raw["objects_accepted"])
             registry.watermark = _clock(raw["watermark"])

@@ -202,6 +202,7 @@ class SequencerTask:
         }
         atomic_write_text(checkpoint.router_report(batch_id), json.dumps(report))
         files = _write_routed(checkpoint, batch_id, routed, self.keys, every=balancing)
+        _SEQUENCERS.clear()  # one run's sequencer per worker: each holds its object-id horizon (80 MiB by default)
         _SEQUENCERS[self.run_id] = (batch_id, sequencer)
         partitioning = epoch.table.partitioning
         yield pa.RecordBatch.from_pydict(
