@@ -1,5 +1,7 @@
 """The object-id horizon decides exactly as a list of the last N accepted ids, whatever its hashes do."""
 
+import base64
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -8,6 +10,7 @@ from hypothesis import strategies as st
 from skpub.kernel.errors import CheckpointError
 from skpub.kernel.horizon import ObjectIdHorizon, memory_bytes
 
+KEY = "0123456789abcdef" + "fedcba9876543210"
 IDS = [f"o{i}" for i in range(14)] + ["", "é", "o1 "]
 
 
@@ -82,19 +85,21 @@ def test_two_horizons_draw_different_keys_and_read_each_other_only_through_their
     "raw",
     [
         {},
-        {"key": "0" * 32},
-        {"key": "0" * 32, "check": "0", "hashes": ""},  # a probe check another hash function would give
-        {"key": "0" * 31, "hashes": ""},
+        {"key": KEY},
+        {"key": KEY, "check": "0", "hashes": ""},  # a probe check another hash function would give
+        {"key": "ab" * 16, "hashes": ""},  # two equal key halves
+        {"key": KEY, "hashes": base64.b64encode(bytes(32)).decode()},  # one hash twice
+        {"key": KEY[:31], "hashes": ""},
         {"key": "G" * 32, "hashes": ""},
-        {"key": "0" * 32, "hashes": "not base64!"},
-        {"key": "0" * 32, "hashes": "AAAA"},  # 3 bytes: not whole hashes
-        {"key": "0" * 32, "hashes": "A" * 64},  # 3 hashes: more hashes than the capacity
+        {"key": KEY, "hashes": "not base64!"},
+        {"key": KEY, "hashes": "AAAA"},  # 3 bytes: not whole hashes
+        {"key": KEY, "hashes": "A" * 64},  # 3 hashes: more hashes than the capacity
         {"key": 7, "hashes": ""},
         [],
     ],
 )
 def test_a_damaged_durable_form_is_refused(raw):
     if isinstance(raw, dict) and "hashes" in raw and "check" not in raw:
-        raw = {**raw, "check": ObjectIdHorizon(2, "0" * 32).to_json()["check"]}
+        raw = {**raw, "check": ObjectIdHorizon(2, KEY).to_json()["check"]}
     with pytest.raises(CheckpointError):
         ObjectIdHorizon.from_json(raw, 2)

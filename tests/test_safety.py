@@ -280,10 +280,8 @@ def test_object_ids_are_unique_only_within_the_horizon(tmp_path, horizon):
 
 def test_registry_memory_is_bounded_by_the_horizon():
     registry = IdRegistry(object_id_horizon=100)
-    from skpub.kernel.records import ObjectRecord
-
     for n in range(10_000):
-        registry.accept(ObjectRecord(n, f"o{n}", 1.0, 1.0, (), frozenset()))
+        registry.accept_id("object", f"o{n}")
     assert len(registry.objects) == 100
     assert registry.objects.ages(["o9899", "o9900", "o9999"]).tolist() == [-1, 99, 0]
 

@@ -36,7 +36,6 @@ as the one-at-a-time definition.
 from __future__ import annotations
 
 import base64
-import binascii
 import re
 import secrets
 from collections.abc import Sequence
@@ -86,11 +85,12 @@ class ObjectIdHorizon:
     capacity : int
         N, the number of most recent accepted ids held (>= 1).
     key : str, optional
-        32 lowercase hex digits: the two SipHash keys; drawn at random if
-        omitted (pass the one of :meth:`to_json` to read its hashes).
+        32 lowercase hex digits: the two SipHash keys (16 characters each,
+        64 random bits each); drawn at random if omitted (pass the one of
+        :meth:`to_json` to read its hashes).
 
-    Memory :func:`memory_bytes` (``16 N + 32 T``, ``T`` the power of two
-    >= 2N), allocated here as zeroed pages. :meth:`add` is O(batch)
+    Memory :func:`memory_bytes` (``16 N + 32 T``, ``T`` = :func:`table_size`,
+    the power of two >= max(2N, 8)), allocated here as zeroed pages. :meth:`add` is O(batch)
     vectorized, plus O(T) once every N acceptances (a table emptied).
     """
 
@@ -127,8 +127,10 @@ class ObjectIdHorizon:
 
         An id is held if it is among the last ``capacity`` accepted at its
         turn, ids accepted earlier in this batch included; the others are
-        accepted, the oldest held ids leaving as they come. O(len(oids)).
-        ``oids`` are strings (validated ids); raises nothing else.
+        accepted, the oldest held ids leaving as they come. O(n log n) for
+        n = len(oids) (one sort), vectorized. ``oids`` are validated ids:
+        ``str`` without lone surrogates (pandas' UTF-8 encoding raises
+        UnicodeEncodeError on one).
         """
         if not oids:
             return []
@@ -163,14 +165,18 @@ class ObjectIdHorizon:
         """
         try:
             key, check, data = raw["key"], raw["check"], base64.b64decode(raw["hashes"], validate=True)
-        except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+        except (KeyError, TypeError, ValueError) as exc:  # binascii.Error is a ValueError
             raise CheckpointError(f"damaged object-id horizon: {exc!r}") from None
-        if not isinstance(key, str) or not _KEY.fullmatch(key) or len(data) % 16 or len(data) // 16 > capacity:
-            raise CheckpointError("damaged object-id horizon: a bad key or hash count")
+        if not isinstance(key, str) or not _KEY.fullmatch(key) or key[:16] == key[16:]:
+            raise CheckpointError("damaged object-id horizon: a bad key")
+        if len(data) % 16 or len(data) // 16 > capacity:
+            raise CheckpointError("damaged object-id horizon: a bad hash count")
+        pairs = np.frombuffer(data, dtype="<u8").reshape(-1, 2)
+        if np.unique(pairs, axis=0).shape[0] != pairs.shape[0]:
+            raise CheckpointError("damaged object-id horizon: an id held twice")
         horizon = cls(capacity, key)
         if check != horizon._check():
             raise CheckpointError("the object-id horizon was hashed by another hash function (a different pandas?)")
-        pairs = np.frombuffer(data, dtype="<u8").reshape(-1, 2)
         horizon._append(pairs[:, 0].astype(np.uint64), pairs[:, 1].astype(np.uint64))
         return horizon
 

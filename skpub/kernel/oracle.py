@@ -1,7 +1,8 @@
 """The brute-force oracle: a direct replay of ``docs/SEMANTICS.md``.
 
 Every engine's output must equal :func:`replay`. It shares nothing with
-the engines but the :class:`~skpub.kernel.config.Deployment`: records,
+the engines but the :class:`~skpub.kernel.config.Deployment` and its
+:class:`~skpub.kernel.geometry.Rect` (a closed rectangle test): records,
 validation, ids, terms, expressions and idf are its own reading of sections
 1 and 2 (:mod:`skpub.kernel.oracle_records`, kept apart from the engines'
 parser by an import-linter contract), so a bug in the engines' parsing,

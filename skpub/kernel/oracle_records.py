@@ -195,10 +195,10 @@ def read_record(line: bytes, space: Rect, max_record_bytes: int) -> Record | Rej
 
 @dataclass
 class _Numbers:
-    """``json.loads`` hooks for numbers: integers within 64 bits stay ``int``; the first non-finite one is noted.
+    """``json.loads`` hooks for numbers: integers in [-2^63, 2^64) stay ``int``; the first non-finite one is noted.
 
     An integer literal beyond 64 bits is read as a float, so ``k`` of 2**64
-    is not an integer (SEMANTICS 1). ``NaN``, ``Infinity`` and a literal that
+    is not an integer (SEMANTICS 1, skpub decisions). ``NaN``, ``Infinity`` and a literal that
     overflows a 64-bit float are ``non_finite`` wherever they stand; the note
     is only acted on once the line is known to be well-formed JSON.
     """
@@ -213,7 +213,7 @@ class _Numbers:
 
     def integer(self, text: str) -> int | float:
         # At most 20 digits can hold 64 bits; longer literals never go through int() (its 4,300-digit limit).
-        if len(text.lstrip("-")) <= 20 and abs(int(text)) < 2**INTEGER_BITS:
+        if len(text.lstrip("-")) <= 20 and -(2 ** (INTEGER_BITS - 1)) <= int(text) < 2**INTEGER_BITS:
             return int(text)
         return self.real(text)
 

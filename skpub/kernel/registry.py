@@ -29,15 +29,12 @@ from typing import Any
 from skpub.kernel.config import DEFAULT_OBJECT_ID_HORIZON, physical_memory
 from skpub.kernel.decode import clip
 from skpub.kernel.errors import CheckpointError
-from skpub.kernel.geometry import Rect
 from skpub.kernel.horizon import ObjectIdHorizon, memory_bytes
 from skpub.kernel.records import (
-    DeadLetter,
     ObjectRecord,
     Record,
     SnapshotMarker,
     Unsubscribe,
-    parse_line,
 )
 
 KINDS = ("object", "subscribe", "unsubscribe", "snapshot")
@@ -170,24 +167,6 @@ class IdRegistry:
             else:
                 self.snapshot_ids.add(rid)
 
-    def parse(self, line: bytes | str, pos: int, space: Rect, max_record_bytes: int) -> Record | DeadLetter:
-        """Return :func:`skpub.kernel.records.parse_line`'s result, or the dead letter the stream so far gives it.
-
-        Does not change the registry; call :meth:`accept` for accepted records.
-        """
-        record = parse_line(line, pos, space, max_record_bytes)
-        if isinstance(record, DeadLetter):
-            return record
-        rejection = self.rejection(record)
-        return record if rejection is None else DeadLetter.for_line(pos, line, *rejection)
-
-    def rejection(self, record: Record) -> Rejection | None:
-        """Return ``(reason, message)`` if the stream so far rejects ``record``, else None.
-
-        Does not change the registry; call :meth:`accept` for accepted records.
-        """
-        return self.check(kind_of(record), record.id)
-
     def check(self, kind: str, rid: str) -> Rejection | None:
         """Return ``(reason, message)`` if the stream so far rejects a record of ``kind`` and id ``rid``.
 
@@ -205,10 +184,6 @@ class IdRegistry:
         elif rid in self.subscription_ids:
             return "duplicate_id", f"subscription id {_show(rid)} was already accepted"
         return None
-
-    def accept(self, record: Record, placement: Any = None) -> Any:
-        """Record an accepted record; for an unsubscribe, return the placement it ends."""
-        return self.accept_id(kind_of(record), record.id, placement)
 
     def accept_id(self, kind: str, rid: str, placement: Any = None) -> Any:
         """Record an accepted record of ``kind`` and id ``rid``; for an unsubscribe, return the placement it ends.
