@@ -46,15 +46,25 @@ def test_batches_are_decided_as_one_by_one_across_generations_and_durable_form(b
     got = []
     for b, batch in enumerate(batches):
         if b == reload:
-            data = horizon.to_json()
-            horizon = type(horizon).from_json(data, capacity)
-            assert horizon.to_json() == data
+            data, blob = horizon.to_json(), b"".join(horizon.hash_buffers())
+            assert len(blob) == 16 * len(horizon) == 16 * data["count"]
+            legacy = type(horizon).from_json(legacy_form(data, blob), capacity)  # router state format 4
+            horizon = type(horizon).from_json(data, capacity, blob)
+            assert horizon.to_json() == data and b"".join(horizon.hash_buffers()) == blob
+            assert b"".join(legacy.hash_buffers()) == blob
         got.append(horizon.add(batch))
     assert got == expected
     assert len(horizon) == len(held)
     ages = {oid: len(held) - 1 - k for k, oid in enumerate(held)}
     assert horizon.ages(IDS).tolist() == [ages.get(oid, -1) for oid in IDS]
     assert [oid in horizon for oid in IDS] == [oid in ages for oid in IDS]
+
+
+def legacy_form(data, blob):
+    """The durable form of router state format 4: base64 of (lo, hi) pairs inside the JSON."""
+    both = np.frombuffer(blob, dtype="<u8").reshape(2, -1)
+    pairs = np.stack([both[0], both[1]], axis=1).astype("<u8")
+    return {"key": data["key"], "check": data["check"], "hashes": base64.b64encode(pairs.tobytes()).decode()}
 
 
 def held_arrays(horizon):
@@ -77,7 +87,7 @@ def test_two_horizons_draw_different_keys_and_read_each_other_only_through_their
     a, b = ObjectIdHorizon(10), ObjectIdHorizon(10)
     assert a.key != b.key
     a.add(["p", "q"])
-    copy = ObjectIdHorizon.from_json(a.to_json(), 10)
+    copy = ObjectIdHorizon.from_json(a.to_json(), 10, b"".join(a.hash_buffers()))
     assert copy.key == a.key and copy.ages(["p", "q", "r"]).tolist() == [1, 0, -1]
 
 
@@ -103,3 +113,29 @@ def test_a_damaged_durable_form_is_refused(raw):
         raw = {**raw, "check": ObjectIdHorizon(2, KEY).to_json()["check"]}
     with pytest.raises(CheckpointError):
         ObjectIdHorizon.from_json(raw, 2)
+
+
+def pair_bytes(*pairs):
+    """The binary durable form of ``(lo, hi)`` pairs: every lo, then every hi, little-endian uint64."""
+    return np.array([p[0] for p in pairs] + [p[1] for p in pairs], dtype="<u8").tobytes()
+
+
+@pytest.mark.parametrize(
+    "count, blob",
+    [
+        (1, pair_bytes()),  # fewer bytes than the count says
+        (0, pair_bytes((1, 2))),  # more
+        (1, pair_bytes((1, 2))[:15]),  # not whole hashes
+        (3, pair_bytes((1, 2), (3, 4), (5, 6))),  # more than the capacity
+        (2, pair_bytes((1, 2), (1, 2))),  # one hash twice
+        (-1, b""),
+        (True, pair_bytes((1, 2))),
+        (1.0, pair_bytes((1, 2))),
+        ("1", pair_bytes((1, 2))),
+    ],
+)
+def test_a_damaged_binary_durable_form_is_refused(count, blob):
+    raw = {"key": KEY, "check": ObjectIdHorizon(2, KEY).to_json()["check"], "count": count}
+    with pytest.raises(CheckpointError):
+        ObjectIdHorizon.from_json(raw, 2, blob)
+    assert ObjectIdHorizon.from_json({**raw, "count": 2}, 2, pair_bytes((1, 2), (1, 3))).ages(["x"]).tolist() == [-1]

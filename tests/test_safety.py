@@ -299,13 +299,20 @@ def test_durable_state_is_versioned_json_and_refuses_anything_else():
     registry.replay([("object", "o1", None), ("subscribe", "s", Placement((0, 2), frozenset({"k"})))])
     assert decode_snapshot(encode_snapshot(registry)).active == registry.active
     assert encode_snapshot(registry).startswith(b"{")
+    assert json.loads(encode_snapshot(registry).split(b"\n")[0])["registry"]["objects"]["count"] == 1
+    with pytest.raises(CheckpointError, match="hashes"):
+        decode_snapshot(encode_snapshot(registry).split(b"\n")[0])
+    with pytest.raises(CheckpointError, match="damaged"):
+        decode_snapshot(encode_snapshot(registry)[:-1])
     for decode, kind in ((decode_snapshot, "registry"), (decode_journal, "journal")):
         with pytest.raises(CheckpointError):
             decode(pickle.dumps({"format": 1, "kind": kind}))
         with pytest.raises(CheckpointError, match="format"):
             decode(json.dumps({"format": 99, "kind": kind}).encode())
     with pytest.raises(CheckpointError, match="damaged"):
-        decode_snapshot(json.dumps({"format": FORMAT, "kind": "registry", "registry": {"objects": [1]}}).encode())
+        decode_snapshot(
+            json.dumps({"format": FORMAT, "kind": "registry", "registry": {"objects": [1]}}).encode() + b"\n"
+        )
     with pytest.raises(CheckpointError, match="damaged"):
         decode_journal(encode_journal([("subscribe", "s", None)]).replace(b"subscribe", b"explode"))
     _, damaged_unsubscribe = decode_journal(encode_journal([("unsubscribe", "never", None)]))
@@ -328,7 +335,7 @@ def test_a_registry_of_the_ids_format_still_reads_and_a_horizon_too_large_for_th
            "subscriptions": [], "snapshots": [], "active": {}}  # fmt: skip
     registry = decode_snapshot(json.dumps({"format": 3, "kind": "registry", "registry": old}).encode())
     assert registry.objects.ages(["a", "b", "c"]).tolist() == [1, 0, -1] and registry.objects_accepted == 3
-    assert json.loads(encode_snapshot(registry))["format"] == 4
+    assert json.loads(encode_snapshot(registry).split(b"\n")[0])["format"] == 5
     huge = {**old, "object_id_horizon": 10**15}
     with pytest.raises(CheckpointError, match="damaged"):
         decode_snapshot(json.dumps({"format": 4, "kind": "registry", "registry": huge}).encode())

@@ -145,40 +145,70 @@ class ObjectIdHorizon:
         return rejected
 
     def to_json(self) -> dict[str, Any]:
-        """Return the horizon as a JSON value: its key, its probe check and the held hashes, oldest first.
+        """Return the horizon's JSON part: its key, its probe check and how many hashes it holds.
 
-        ``hashes`` is base64 of ``(n, 2)`` little-endian uint64 (``lo``, ``hi``).
+        The hashes themselves are binary, apart (:meth:`hash_buffers`): a
+        checkpoint writes them as they lie in the ring, with no copy.
         """
-        live = np.arange(self._end - len(self), self._end) % self.capacity
-        pairs = np.stack([self._lo[live], self._hi[live]], axis=1).astype("<u8")
-        return {"key": self.key, "check": self._check(), "hashes": base64.b64encode(pairs.tobytes()).decode("ascii")}
+        return {"key": self.key, "check": self._check(), "count": len(self)}
+
+    def hash_buffers(self) -> list[memoryview]:
+        """Return the held hashes, oldest first, as byte buffers to write in order (no copy).
+
+        Together ``16 n`` bytes for ``n = len(self)``: the ``n`` ``lo`` hashes,
+        then the ``n`` ``hi`` hashes, each little-endian uint64. The buffers
+        are views of the ring: write them before the next :meth:`add`.
+        """
+        end = self._end % self.capacity
+        if self._end <= self.capacity:
+            spans = [(0, self._end)]
+        else:
+            spans = [(end, self.capacity), (0, end)]
+        return [
+            memoryview(ring[a:b].astype("<u8", copy=False)).cast("B") for ring in (self._lo, self._hi) for a, b in spans
+        ]
 
     @classmethod
-    def from_json(cls, raw: Any, capacity: int) -> ObjectIdHorizon:
-        """Rebuild a horizon of ``capacity`` from :meth:`to_json` output.
+    def from_json(cls, raw: Any, capacity: int, hashes: bytes | memoryview | None = None) -> ObjectIdHorizon:
+        """Rebuild a horizon of ``capacity`` from :meth:`to_json` and the bytes of :meth:`hash_buffers`.
+
+        ``hashes`` is ``None`` for the durable form of router state format 4,
+        whose ``raw`` held them as base64 of ``(n, 2)`` little-endian uint64
+        pairs (``lo``, ``hi``); still read.
 
         Raises
         ------
         CheckpointError
-            If ``raw`` is not of that shape, holds more than ``capacity``
-            hashes, or its probe check differs from this pandas' hash (the
-            hashes could not be compared with new ones).
+            If ``raw`` is not of that shape, the hashes are not ``count``
+            whole pairs or more than ``capacity``, one is held twice, or the
+            probe check differs from this pandas' hash (the hashes could not
+            be compared with new ones).
         """
         try:
-            key, check, data = raw["key"], raw["check"], base64.b64decode(raw["hashes"], validate=True)
+            key, check = raw["key"], raw["check"]
+            if hashes is None:
+                pairs = np.frombuffer(base64.b64decode(raw["hashes"], validate=True), dtype="<u8")
+                if pairs.size % 2:
+                    raise ValueError("a bad hash count")
+                lo, hi = pairs[0::2], pairs[1::2]
+            else:
+                count = raw["count"]
+                if type(count) is not int or not 0 <= count <= capacity or len(hashes) != 16 * count:
+                    raise ValueError("a bad hash count")
+                both = np.frombuffer(hashes, dtype="<u8")
+                lo, hi = both[:count], both[count:]
         except (KeyError, TypeError, ValueError) as exc:  # binascii.Error is a ValueError
             raise CheckpointError(f"damaged object-id horizon: {exc!r}") from None
         if not isinstance(key, str) or not _KEY.fullmatch(key) or key[:16] == key[16:]:
             raise CheckpointError("damaged object-id horizon: a bad key")
-        if len(data) % 16 or len(data) // 16 > capacity:
+        if lo.size > capacity:
             raise CheckpointError("damaged object-id horizon: a bad hash count")
-        pairs = np.frombuffer(data, dtype="<u8").reshape(-1, 2)
-        if np.unique(pairs, axis=0).shape[0] != pairs.shape[0]:
+        if np.unique(np.stack([lo, hi], axis=1), axis=0).shape[0] != lo.size:
             raise CheckpointError("damaged object-id horizon: an id held twice")
         horizon = cls(capacity, key)
         if check != horizon._check():
             raise CheckpointError("the object-id horizon was hashed by another hash function (a different pandas?)")
-        horizon._append(pairs[:, 0].astype(np.uint64), pairs[:, 1].astype(np.uint64))
+        horizon._append(lo.astype(np.uint64), hi.astype(np.uint64))
         return horizon
 
     # ------------------------------------------------------------------ internals

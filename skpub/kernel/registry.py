@@ -75,7 +75,12 @@ class IdRegistry:
             self.objects = ObjectIdHorizon(self.object_id_horizon)
 
     def to_json(self, encode_placement: Callable[[Any], Any]) -> dict[str, Any]:
-        """Return the registry (without its journal) as a JSON value (the object-id horizon as its hashes)."""
+        """Return the registry (without its journal) as a JSON value.
+
+        The object-id horizon's hashes are not in it: write
+        ``self.objects.hash_buffers()`` beside it and pass their bytes to
+        :meth:`from_json`.
+        """
         return {
             "object_id_horizon": self.object_id_horizon,
             "objects_accepted": self.objects_accepted,
@@ -87,8 +92,13 @@ class IdRegistry:
         }
 
     @classmethod
-    def from_json(cls, raw: Any, decode_placement: Callable[[Any], Any]) -> IdRegistry:
-        """Rebuild a registry from :meth:`to_json` output.
+    def from_json(
+        cls, raw: Any, decode_placement: Callable[[Any], Any], hashes: bytes | memoryview | None = None
+    ) -> IdRegistry:
+        """Rebuild a registry from :meth:`to_json` output and its horizon's hash bytes.
+
+        ``hashes`` is ``None`` for the older durable forms, whose horizon
+        held its ids (router state format 3) or its hashes as base64 (4).
 
         Raises
         ------
@@ -100,7 +110,7 @@ class IdRegistry:
             horizon = int(raw["object_id_horizon"])
             if not 1 <= horizon or memory_bytes(horizon) > physical_memory() // 2:
                 raise ValueError(f"an object-id horizon of {horizon} ids")
-            registry = cls(horizon, _horizon(raw["objects"], horizon))
+            registry = cls(horizon, _horizon(raw["objects"], horizon, hashes))
             registry.objects_accepted = int(raw["objects_accepted"])
             registry.watermark = _clock(raw["watermark"])
             registry.subscription_ids = {_string(s) for s in raw["subscriptions"]}
@@ -233,13 +243,13 @@ def _duplicate_object(oid: str, horizon: int) -> Rejection:
     return "duplicate_id", f"object id {_show(oid)} is among the last {horizon} accepted"
 
 
-def _horizon(raw: Any, capacity: int) -> ObjectIdHorizon:
+def _horizon(raw: Any, capacity: int, hashes: bytes | memoryview | None) -> ObjectIdHorizon:
     """Return the object-id horizon of a durable registry: its hashes, or its ids in order (older checkpoints)."""
-    if isinstance(raw, list):
+    if isinstance(raw, list) and hashes is None:
         horizon = ObjectIdHorizon(capacity)
         horizon.add([_string(oid) for oid in raw])
         return horizon
-    return ObjectIdHorizon.from_json(raw, capacity)
+    return ObjectIdHorizon.from_json(raw, capacity, hashes)
 
 
 def _clock(value: Any) -> float | None:

@@ -56,8 +56,10 @@ def entries(directory: Path) -> list[tuple[Path, str]]:
     return out
 
 
-def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically and durably: fsync'd before the rename, the directory after it.
+def atomic_write_bytes(path: str | Path, data: bytes | list[bytes | memoryview]) -> None:
+    """Write ``data`` (bytes, or buffers in order) to ``path`` atomically and durably.
+
+    The file is fsync'd before the rename, the directory after it.
 
     What skpub commits (sink parts, checkpoint files, epochs) survives a
     machine crash whole or not at all, never as a renamed empty file.
@@ -68,7 +70,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            for buffer in [data] if isinstance(data, bytes) else data:
+                fh.write(buffer)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)

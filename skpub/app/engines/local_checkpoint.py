@@ -9,7 +9,8 @@ runs code):
 
 - ``epoch``: the routing epoch in force (:meth:`RoutingEpoch.to_json`);
 - ``registry``: the routing unit's id registry with placements and the
-  watermark (:func:`skpub.router.state.encode_snapshot`); the textual
+  watermark, its object-id horizon's hashes written from the ring as they
+  lie (:func:`skpub.router.state.snapshot_buffers`); the textual
   summaries are derived from the placements;
 - ``merge``: the ranked merge's results (:func:`skpub.evaluators.merge.results_json`);
 - per evaluator its state blocks, window segments, ranked subscriptions
@@ -47,7 +48,7 @@ from skpub.kernel.text import Vocabulary
 from skpub.kernel.transfer import Handoff, TransferPlan
 from skpub.router.dispatch import Router
 from skpub.router.epoch import RoutingEpoch
-from skpub.router.state import decode_snapshot, encode_snapshot
+from skpub.router.state import decode_snapshot, snapshot_buffers
 
 FORMAT = 1
 """Version of the checkpoint file; another version is never loaded."""
@@ -62,28 +63,30 @@ def save(pipeline: LocalPipeline, directory: Path, batch_id: int) -> Path:
     Returns the file written. Raises ``OSError`` when the disk refuses
     (nothing is left under the checkpoint's name then).
     """
-    parts: list[tuple[str, bytes]] = [
-        ("epoch", orjson.dumps(pipeline.epoch.to_json())),
-        ("registry", encode_snapshot(pipeline.router.registry)),
-        ("merge", orjson.dumps(results_json(pipeline.merge))),
+    parts: list[tuple[str, list[bytes | memoryview]]] = [
+        ("epoch", [orjson.dumps(pipeline.epoch.to_json())]),
+        ("registry", snapshot_buffers(pipeline.router.registry)),
+        ("merge", [orjson.dumps(results_json(pipeline.merge))]),
     ]
     balancing = pipeline.balancing
     if balancing is not None and balancing.plan is not None:
-        parts.append(("plan", orjson.dumps(balancing.plan.to_json())))
-        parts.append(("next_epoch", orjson.dumps(balancing.epoch.to_json())))
-        parts += [(f"handoff-{i}", handoff.encode()) for i, handoff in enumerate(balancing.handoffs)]
+        parts.append(("plan", [orjson.dumps(balancing.plan.to_json())]))
+        parts.append(("next_epoch", [orjson.dumps(balancing.epoch.to_json())]))
+        parts += [(f"handoff-{i}", [handoff.encode()]) for i, handoff in enumerate(balancing.handoffs)]
     for e, ev in enumerate(pipeline.evaluators):
         header, blobs = evaluator_state(ev).to_message()
-        parts.append((f"evaluator-{e}", orjson.dumps(header)))
-        parts += [(f"evaluator-{e}-{i}", blob) for i, blob in enumerate(blobs)]
-    header = {"format": FORMAT, "batch": batch_id, "parts": [[name, len(data)] for name, data in parts]}
+        parts.append((f"evaluator-{e}", [orjson.dumps(header)]))
+        parts += [(f"evaluator-{e}-{i}", [blob]) for i, blob in enumerate(blobs)]
+    sizes = [[name, sum(memoryview(b).nbytes for b in buffers)] for name, buffers in parts]
+    header = {"format": FORMAT, "batch": batch_id, "parts": sizes}
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"checkpoint-{batch_id:08d}.skpub"
     temp = directory / f".{path.name}.{uuid.uuid4().hex}.tmp"
     with temp.open("wb") as fh:
         fh.write(orjson.dumps(header) + b"\n")
-        for _, data in parts:
-            fh.write(data)
+        for _, buffers in parts:
+            for data in buffers:
+                fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(temp, path)
