@@ -32,8 +32,17 @@ from skpub.router.errors import RoutingError
 from skpub.router.gridt import TermTable
 from skpub.router.partitioning import Partitioning
 
-KINDS = ("horizontal_shift", "vertical_shift", "corner_shift", "split_merge", "text_split", "text_merge", "migration")
-"""Operation names as in the papers (Tornado 4.2; PS2Stream V-A: phase I, text split and merge, before GR)."""
+KINDS = (
+    "horizontal_shift",
+    "vertical_shift",
+    "corner_shift",
+    "split_merge",
+    "text_split",
+    "text_merge",
+    "migration",
+    "global_adjustment",
+)
+"""Operation names as in the papers (Tornado 4.2; PS2Stream V-A: phase I, text split and merge, before GR; V-B)."""
 
 
 @dataclass(frozen=True)

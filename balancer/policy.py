@@ -15,7 +15,10 @@ Modes:
   batches). Ties go to the earlier kind in
   :data:`~skpub.balancer.operation.KINDS`, then to the earlier candidate.
   Then again on the evaluators left untouched, while the constraint is
-  violated (:func:`adaptive`).
+  violated (:func:`adaptive`). Every ``global_period`` batches PS2Stream
+  V-B's global adjustment (:mod:`skpub.balancer.globaladjust`) is weighed
+  against that decision and taken alone when it reduces the costliest
+  evaluator's cost more (:func:`with_global_adjustment`).
 - ``chaos``: one legal operation drawn at random, whatever it costs, from a
   generator seeded by ``(seed, batch)``: tests see that rebalancing never
   changes a result.
@@ -31,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from skpub.balancer.adjacency import adjacent_rectangles, partition_graph
+from skpub.balancer.globaladjust import global_adjustment
 from skpub.balancer.migration import fan_out_shares, greedy, migration
 from skpub.balancer.operation import KINDS, Loads, Move, Operation, touches_text
 from skpub.balancer.shift import best_shift, depth, shift, sites
@@ -129,6 +133,26 @@ def adaptive(partitioning: Partitioning, loads: Loads, sigma: float, gain: float
     return chosen
 
 
+def with_global_adjustment(
+    partitioning: Partitioning, loads: Loads, local: list[Operation], sigma: float, gain: float
+) -> list[Operation]:
+    """Return PS2Stream V-B's global adjustment alone if it beats the local decision ``local``, else ``local``.
+
+    It qualifies like every operation (the balance constraint violated,
+    ``gain`` x C_r > C_t) and must reduce the costliest evaluator's cost by
+    more than ``local`` does (the last operation's costs after are the
+    decision's: :func:`adaptive` weighs each round on the costs the earlier
+    ones leave).
+    """
+    if imbalance(loads.costs) <= sigma:
+        return local
+    op = global_adjustment(partitioning, loads)
+    if op is None or gain * op.c_r <= op.c_t or op.c_r <= NEGLIGIBLE * float(loads.costs.max()):
+        return local
+    local_c_r = float(loads.costs.max()) - max(local[-1].costs_after) if local else 0.0
+    return [op] if op.c_r > local_c_r else local
+
+
 def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) -> Operation | None:
     """Return one legal operation drawn with ``rng``, or None when none is legal.
 
@@ -140,7 +164,10 @@ def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) ->
     its number of lines; a split/merge of a random rectangle at a random cut
     with a random adjacent pair of other evaluators; or a migration of a
     random strip of whole rows or columns of a random rectangle to a random
-    other evaluator (never its owner's last cell). Every one is weighed from
+    other evaluator (never its owner's last cell); or a global adjustment
+    on random block costs with the leaves given to random evaluators
+    (:func:`~skpub.balancer.globaladjust.global_adjustment`; a migration
+    when that moves nothing). Every one is weighed from
     the summaries like an adaptive candidate.
     """
     n = partitioning.count
@@ -163,11 +190,16 @@ def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) ->
         ("migration", movable),
         ("text_split", plain),
         ("text_merge", merges),
+        ("global_adjustment", True),
     )
     kinds = [k for k, some in options if some]
     if not kinds:
         return None
     kind = kinds[int(rng.integers(len(kinds)))]
+    if kind == "global_adjustment":
+        op = global_adjustment(partitioning, loads, rng)
+        if op is not None or not movable:
+            return op
     if kind == "text_split":
         rect = plain[int(rng.integers(len(plain)))]
         target = int(rng.choice([e for e in range(n) if e != owners[rect]]))
@@ -240,4 +272,9 @@ def decide(
             if op is None or movable(partitioning, op):
                 return [op] if op is not None else []
         return []
-    return adaptive(partitioning, loads, settings.sigma, (1 - settings.decay) * settings.horizon)
+    gain = (1 - settings.decay) * settings.horizon
+    local = adaptive(partitioning, loads, settings.sigma, gain)
+    # a decision is not made while a transfer is in flight (one batch of two): two chances per period
+    if settings.global_period and batch % settings.global_period < 2:
+        return with_global_adjustment(partitioning, loads, local, settings.sigma, gain)
+    return local

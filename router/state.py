@@ -1,7 +1,7 @@
-"""The routing unit's durable state: id-registry snapshots and per-batch journals.
+"""The routing unit's durable state: id-registry checkpoints and per-batch journals.
 
 The Spark engine persists, per micro-batch, the registry's changes (a
-journal, O(batch)) and every few batches the whole registry (a snapshot), so
+journal, O(batch)) and every few batches the whole registry (a registry checkpoint), so
 a replayed batch starts from exactly the state its first attempt saw (DESIGN
 "What skpub 0.1 does differently"). Both are JSON documents
 ``{"format": FORMAT, "kind": ..., ...}``, a registry's followed by a newline
@@ -28,24 +28,24 @@ READABLE = (3, 4, 5)
 _RTYPES = frozenset(("object", "subscribe", "unsubscribe", "snapshot", "clock", "place"))
 
 
-def snapshot_buffers(registry: IdRegistry) -> list[bytes | memoryview]:
+def registry_buffers(registry: IdRegistry) -> list[bytes | memoryview]:
     """Return the whole registry as byte buffers to write in order: a JSON line, then the horizon's hashes.
 
     The hash buffers are views of the registry's horizon (no copy): write
-    them before it accepts more objects. :func:`decode_snapshot` reads their
+    them before it accepts more objects. :func:`decode_registry` reads their
     concatenation.
     """
     head = orjson.dumps({"format": FORMAT, "kind": "registry", "registry": registry.to_json(Placement.to_json)})
     return [head + b"\n", *registry.objects.hash_buffers()]
 
 
-def encode_snapshot(registry: IdRegistry) -> bytes:
-    """Return :func:`snapshot_buffers` joined into one bytes object."""
-    return b"".join(snapshot_buffers(registry))
+def encode_registry(registry: IdRegistry) -> bytes:
+    """Return :func:`registry_buffers` joined into one bytes object."""
+    return b"".join(registry_buffers(registry))
 
 
-def decode_snapshot(data: bytes) -> IdRegistry:
-    """Rebuild a registry from :func:`encode_snapshot` output (or a format 3 or 4 JSON document).
+def decode_registry(data: bytes) -> IdRegistry:
+    """Rebuild a registry from :func:`encode_registry` output (or a format 3 or 4 JSON document).
 
     Raises
     ------

@@ -12,7 +12,7 @@ from skpub.kernel.wire import from_columns, table_columns, to_columns
 from skpub.router.dispatch import Router
 from skpub.router.epoch import RoutingEpoch
 from skpub.router.initial import initial_table
-from skpub.router.state import decode_journal, decode_snapshot, encode_journal, encode_snapshot
+from skpub.router.state import decode_journal, decode_registry, encode_journal, encode_registry
 from tests.workloads import canonical, deployment, letters, object_ids, random_workload, write_lines
 
 
@@ -109,7 +109,7 @@ def test_registry_journal_replays_to_the_same_router_state():
         objects, changes = decode_journal(encode_journal(journaled.registry.take_journal()))
         replica.replay_objects(objects)
         replica.replay(changes)
-        snapshot = decode_snapshot(encode_snapshot(replica))
+        snapshot = decode_registry(encode_registry(replica))
         rebuilt = Router(dep, vocabulary, snapshot)
         assert snapshot.active == journaled.registry.active
         assert snapshot.objects.ages(ids).tolist() == journaled.registry.objects.ages(ids).tolist()

@@ -24,7 +24,7 @@ from skpub.kernel.grid import FineGrid
 from skpub.kernel.oracle import replay
 from skpub.kernel.parts import read_stream
 from skpub.kernel.registry import IdRegistry
-from skpub.router.state import decode_journal, decode_snapshot, encode_snapshot
+from skpub.router.state import decode_journal, decode_registry, encode_registry
 from tests.workloads import canonical, deployment, letters, random_workload, write_lines
 
 
@@ -297,20 +297,20 @@ def test_durable_state_is_versioned_json_and_refuses_anything_else():
 
     registry = IdRegistry(3)
     registry.replay([("object", "o1", None), ("subscribe", "s", Placement((0, 2), frozenset({"k"})))])
-    assert decode_snapshot(encode_snapshot(registry)).active == registry.active
-    assert encode_snapshot(registry).startswith(b"{")
-    assert json.loads(encode_snapshot(registry).split(b"\n")[0])["registry"]["objects"]["count"] == 1
+    assert decode_registry(encode_registry(registry)).active == registry.active
+    assert encode_registry(registry).startswith(b"{")
+    assert json.loads(encode_registry(registry).split(b"\n")[0])["registry"]["objects"]["count"] == 1
     with pytest.raises(CheckpointError, match="hashes"):
-        decode_snapshot(encode_snapshot(registry).split(b"\n")[0])
+        decode_registry(encode_registry(registry).split(b"\n")[0])
     with pytest.raises(CheckpointError, match="damaged"):
-        decode_snapshot(encode_snapshot(registry)[:-1])
-    for decode, kind in ((decode_snapshot, "registry"), (decode_journal, "journal")):
+        decode_registry(encode_registry(registry)[:-1])
+    for decode, kind in ((decode_registry, "registry"), (decode_journal, "journal")):
         with pytest.raises(CheckpointError):
             decode(pickle.dumps({"format": 1, "kind": kind}))
         with pytest.raises(CheckpointError, match="format"):
             decode(json.dumps({"format": 99, "kind": kind}).encode())
     with pytest.raises(CheckpointError, match="damaged"):
-        decode_snapshot(
+        decode_registry(
             json.dumps({"format": FORMAT, "kind": "registry", "registry": {"objects": [1]}}).encode() + b"\n"
         )
     with pytest.raises(CheckpointError, match="damaged"):
@@ -333,12 +333,12 @@ def test_durable_state_is_versioned_json_and_refuses_anything_else():
 def test_a_registry_of_the_ids_format_still_reads_and_a_horizon_too_large_for_the_machine_is_damaged():
     old = {"object_id_horizon": 2, "objects_accepted": 3, "watermark": None, "objects": ["a", "b"],
            "subscriptions": [], "snapshots": [], "active": {}}  # fmt: skip
-    registry = decode_snapshot(json.dumps({"format": 3, "kind": "registry", "registry": old}).encode())
+    registry = decode_registry(json.dumps({"format": 3, "kind": "registry", "registry": old}).encode())
     assert registry.objects.ages(["a", "b", "c"]).tolist() == [1, 0, -1] and registry.objects_accepted == 3
-    assert json.loads(encode_snapshot(registry).split(b"\n")[0])["format"] == 5
+    assert json.loads(encode_registry(registry).split(b"\n")[0])["format"] == 5
     huge = {**old, "object_id_horizon": 10**15}
     with pytest.raises(CheckpointError, match="damaged"):
-        decode_snapshot(json.dumps({"format": 4, "kind": "registry", "registry": huge}).encode())
+        decode_registry(json.dumps({"format": 4, "kind": "registry", "registry": huge}).encode())
 
 
 # --------------------------------------------------------------------------- bad invocations

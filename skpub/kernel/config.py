@@ -95,6 +95,10 @@ class BalancerConfig:
         Batches over which an operation's gain is counted: ``adaptive`` takes
         an operation when C_r x (1 - decay) x horizon > C_t (C_r, on decayed
         costs, is about 1 / (1 - decay) batches of reduction).
+    global_period : int
+        Every this many batches ``adaptive`` also weighs PS2Stream V-B's
+        global adjustment (a repartitioning of the space on the recent load,
+        ``skpub.balancer.globaladjust``); 0: never.
     """
 
     mode: str = "adaptive"
@@ -103,6 +107,7 @@ class BalancerConfig:
     beta: float = 60.0
     decay: float = 0.5
     horizon: int = 10
+    global_period: int = 50
 
     def __post_init__(self) -> None:
         if self.mode not in BALANCER_MODES:
@@ -115,6 +120,9 @@ class BalancerConfig:
             raise ConfigError(f"balancer decay must be in (0, 1), got {self.decay!r}")
         if not isinstance(self.horizon, int) or isinstance(self.horizon, bool) or not 1 <= self.horizon <= 1_000_000:
             raise ConfigError(f"balancer horizon must be an integer in 1 .. 1,000,000, got {self.horizon!r}")
+        period = self.global_period
+        if not isinstance(period, int) or isinstance(period, bool) or not 0 <= period <= 1_000_000_000:
+            raise ConfigError(f"balancer global_period must be an integer in 0 .. 10^9, got {period!r}")
 
 
 @dataclass(frozen=True, slots=True)

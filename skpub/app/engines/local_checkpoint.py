@@ -10,7 +10,7 @@ runs code):
 - ``epoch``: the routing epoch in force (:meth:`RoutingEpoch.to_json`);
 - ``registry``: the routing unit's id registry with placements and the
   watermark, its object-id horizon's hashes written from the ring as they
-  lie (:func:`skpub.router.state.snapshot_buffers`); the textual
+  lie (:func:`skpub.router.state.registry_buffers`); the textual
   summaries are derived from the placements;
 - ``merge``: the ranked merge's results (:func:`skpub.evaluators.merge.results_json`);
 - per evaluator its state blocks, window segments, ranked subscriptions
@@ -48,7 +48,7 @@ from skpub.kernel.text import Vocabulary
 from skpub.kernel.transfer import Handoff, TransferPlan
 from skpub.router.dispatch import Router
 from skpub.router.epoch import RoutingEpoch
-from skpub.router.state import decode_snapshot, snapshot_buffers
+from skpub.router.state import decode_registry, registry_buffers
 
 FORMAT = 1
 """Version of the checkpoint file; another version is never loaded."""
@@ -65,7 +65,7 @@ def save(pipeline: LocalPipeline, directory: Path, batch_id: int) -> Path:
     """
     parts: list[tuple[str, list[bytes | memoryview]]] = [
         ("epoch", [orjson.dumps(pipeline.epoch.to_json())]),
-        ("registry", snapshot_buffers(pipeline.router.registry)),
+        ("registry", registry_buffers(pipeline.router.registry)),
         ("merge", [orjson.dumps(results_json(pipeline.merge))]),
     ]
     balancing = pipeline.balancing
@@ -129,7 +129,7 @@ def load(path: Path, root: Path, deployment: Deployment, vocabulary: Vocabulary)
                     raise CheckpointError(f"{path} is cut short")
                 parts[str(name)] = data
         epoch = RoutingEpoch.from_json(orjson.loads(parts["epoch"]))
-        router = Router(deployment, vocabulary, decode_snapshot(parts["registry"]))
+        router = Router(deployment, vocabulary, decode_registry(parts["registry"]))
         merge = RankedMerge()
         apply_changes(merge, orjson.loads(parts["merge"]))
         evaluators = []

@@ -58,7 +58,7 @@ from skpub.router.dispatch import accepted_controls, marks, rejected_letters
 from skpub.router.epoch import EpochLog
 from skpub.router.locate import Locator, located_table
 from skpub.router.sequencer import Sequencer, evaluator_tables, routed_table
-from skpub.router.state import decode_journal, decode_snapshot, encode_journal, snapshot_buffers
+from skpub.router.state import decode_journal, decode_registry, encode_journal, registry_buffers
 
 ROUTER_SNAPSHOT_EVERY = 16
 
@@ -183,7 +183,7 @@ class SequencerTask:
         write_part(self.output_root, "dead_letters", batch_id, (d.to_json() for d in rejected), "s")
         atomic_write_bytes(checkpoint.router_delta(batch_id), encode_journal(sequencer.registry.take_journal()))
         if batch_id % ROUTER_SNAPSHOT_EVERY == ROUTER_SNAPSHOT_EVERY - 1:
-            atomic_write_bytes(checkpoint.router_snapshot(batch_id), snapshot_buffers(sequencer.registry))
+            atomic_write_bytes(checkpoint.router_snapshot(batch_id), registry_buffers(sequencer.registry))
         dead = Counter(d.reason for d in rejected)
         for r in reports:
             dead.update(r["dead_letters"])
@@ -372,7 +372,7 @@ def _sequencer_before(checkpoint: Checkpoint, run_id: str, deployment: Deploymen
     snapshots = [b for b in checkpoint.router_files("snapshot") if b < batch_id]
     base = max(snapshots, default=-1)
     if base >= 0:
-        registry = decode_snapshot(checkpoint.router_snapshot(base).read_bytes())
+        registry = decode_registry(checkpoint.router_snapshot(base).read_bytes())
     else:
         registry = IdRegistry(deployment.object_id_horizon)
     for b in range(base + 1, batch_id):
