@@ -222,6 +222,8 @@ def part_drift(args) -> None:
                 settings = BalancerConfig(mode=mode)
                 if args.beta is not None:
                     settings = dataclasses.replace(settings, beta=args.beta)
+                if args.global_period is not None:
+                    settings = dataclasses.replace(settings, global_period=args.global_period)
                 dep = base.replace(balancer=settings)
                 recorder = _Recorder(RunObserver(RunSummary("local", dep.router, 8), stream=None))
                 start = time.perf_counter()
@@ -354,6 +356,8 @@ def main() -> None:
     parser.add_argument("--burst-regions", type=float, default=0.0, help="keyword burst share of the drift workload")
     parser.add_argument("--routing-units", type=int, default=8, help="routing units the parse stage is spread over")
     parser.add_argument("--beta", type=float, default=None, help="the adaptive runs' beta (default the deployment's)")
+    parser.add_argument("--global-period", type=int, default=None,
+                        help="batches between global adjustment checks, 0: never")  # fmt: skip
     args = parser.parse_args()
     for name in args.parts:
         PARTS[name](args)
