@@ -8,25 +8,31 @@ recent batches weigh most). :func:`global_adjustment`
 
 1. sums the plain cells' block costs into a grid of grid^t blocks and cuts
    it into one leaf per evaluator with the load-balanced kd-tree
-   (:func:`skpub.router.kdtree.kdtree_partitioning`, PS2Stream's space
-   partitioning; text-partitioned rectangles keep their evaluators: they
-   change only by phase I, :mod:`skpub.balancer.textsplit`);
-2. gives each leaf to an evaluator so that as many subscriptions as possible
-   stay where they are (an assignment problem, ``scipy.optimize.linear_sum_assignment``
-   over the subscriptions each evaluator holds in each leaf, then the
-   cells);
+   (:func:`skpub.router.kdtree.kdtree_partitioning`, PS2Stream VI-B's
+   space partitioning). A departure: PS2Stream repartitions with its
+   kd^t-tree (IV-B), which needs a sample of objects and subscriptions
+   with their terms, not block costs; here text-partitioned rectangles
+   keep their evaluators (they change only by phase I,
+   :mod:`skpub.balancer.textsplit`) and their load is not cut;
+2. gives the leaves to the evaluators so that as many subscriptions as
+   possible stay where they are, in total (an assignment problem,
+   ``scipy.optimize.linear_sum_assignment`` over the subscriptions each
+   evaluator holds in each leaf, then the cells);
 3. returns the cell moves that turn the current partitioning into it, each
-   inside one rectangle of its source as the earlier moves leave it (the
-   leaves are whole blocks, so every move's cost and subscriptions are
-   summed exactly from the source's block summaries).
+   inside one rectangle of its source as the earlier moves leave it. The
+   leaves are whole blocks, so every move's cost is summed exactly from the
+   source's block summaries; its subscriptions are the least of three
+   upper bounds (the sum over its blocks, which counts a subscription once
+   per block, and those over its rows and over its columns of the
+   rectangle, Tornado's aggregates).
 
 The moves go through the same transfer and two-phase protocol as every
 operation (DESIGN "The balancer"), so the adjustment is exact under the
 same tests. PS2Stream avoids the burst of migration by keeping the old
 distribution for the subscriptions registered before the repartitioning
 until they are few; skpub migrates at once, and only when the gain over the
-balancer's horizon pays for the subscriptions moved (C_r > C_t, like every
-operation): a second distribution would route every object by two tables
+balancer's horizon pays for the subscriptions moved (gain x C_r > C_t, like
+every operation): a second distribution would route every object by two tables
 and needs a generation on every subscription part for exactly-once
 delivery (DESIGN "The balancer", global adjustment).
 """
@@ -110,7 +116,7 @@ def global_adjustment(
             for k in reversed(range(len(held))):
                 cells = _intersection(held[k], piece)
                 if cells is not None:
-                    moves.append(_move(loads, cells, source, int(target)))
+                    moves.append(_move(loads, i, cells, source, int(target)))
                     held[k : k + 1] = subtract(held[k], cells)
     return loads.operation(KIND, moves) if moves else None
 
@@ -153,13 +159,23 @@ def _every_evaluator_keeps_a_cell(partitioning: Partitioning, leaves: list[CellB
     return True
 
 
-def _move(loads: Loads, cells: CellBox, source: int, target: int) -> Move:
-    """Return the move of ``cells`` with the cost and subscriptions of ``source``'s blocks inside them.
+def _move(loads: Loads, rect: int, cells: CellBox, source: int, target: int) -> Move:
+    """Return the move of ``cells`` (inside rectangle ``rect`` of ``source``) with their cost and subscriptions.
 
-    Exact: the leaves are whole grid^t blocks, so every block lies inside one move or outside all.
+    The cost is exact: the leaves are whole grid^t blocks, so every block
+    lies inside one move or outside all. The subscriptions are the least
+    of the blocks' sum and the rectangle's counts over the move's columns
+    and over its rows (each an upper bound).
     """
     inside = [b for b in loads.blocks[source] if _intersection(b.cells, cells) == b.cells]
-    return Move(cells, source, target, float(sum(b.cost for b in inside)), int(sum(b.queries for b in inside)))
+    queries = sum(b.queries for b in inside)
+    load = loads.rect_loads[rect]
+    if load is not None:
+        x0, y0 = load.box[:2]
+        columns = load.column_queries(cells[0] - x0, cells[2] - x0)
+        rows = load.row_queries(cells[1] - y0, cells[3] - y0)
+        queries = min(queries, columns, rows)
+    return Move(cells, source, target, float(sum(b.cost for b in inside)), int(queries))
 
 
 def _cells_of(blocks: CellBox, side: int, size: int) -> CellBox:

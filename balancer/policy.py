@@ -138,19 +138,25 @@ def with_global_adjustment(
 ) -> list[Operation]:
     """Return PS2Stream V-B's global adjustment alone if it beats the local decision ``local``, else ``local``.
 
-    It qualifies like every operation (the balance constraint violated,
-    ``gain`` x C_r > C_t) and must reduce the costliest evaluator's cost by
-    more than ``local`` does (the last operation's costs after are the
-    decision's: :func:`adaptive` weighs each round on the costs the earlier
-    ones leave).
+    Both are measured alike, by how much they lower the costliest
+    evaluator's cost over all evaluators (the last local operation's costs
+    after are the decision's: :func:`adaptive` weighs each round on the
+    costs the earlier ones leave). The adjustment must also qualify like
+    every operation: the balance constraint violated, ``gain`` x that
+    reduction > C_t, and the reduction more than :data:`NEGLIGIBLE` of the
+    costliest evaluator's cost.
     """
     if imbalance(loads.costs) <= sigma:
         return local
     op = global_adjustment(partitioning, loads)
-    if op is None or gain * op.c_r <= op.c_t or op.c_r <= NEGLIGIBLE * float(loads.costs.max()):
+    if op is None:
         return local
-    local_c_r = float(loads.costs.max()) - max(local[-1].costs_after) if local else 0.0
-    return [op] if op.c_r > local_c_r else local
+    top = float(loads.costs.max())
+    reduction = top - max(op.costs_after)
+    if gain * reduction <= op.c_t or reduction <= NEGLIGIBLE * top:
+        return local
+    local_reduction = top - max(local[-1].costs_after) if local else 0.0
+    return [op] if reduction > local_reduction else local
 
 
 def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) -> Operation | None:
@@ -274,7 +280,9 @@ def decide(
         return []
     gain = (1 - settings.decay) * settings.horizon
     local = adaptive(partitioning, loads, settings.sigma, gain)
-    # a decision is not made while a transfer is in flight (one batch of two): two chances per period
-    if settings.global_period and batch % settings.global_period < 2:
+    # a decision is not made while a transfer is in flight (one batch of two): two chances per period,
+    # none in the first (the initial partitioning was just made from the first batch's sample)
+    period = settings.global_period
+    if period and batch >= period and batch % period < 2:
         return with_global_adjustment(partitioning, loads, local, settings.sigma, gain)
     return local

@@ -55,6 +55,8 @@ def decode_registry(data: bytes) -> IdRegistry:
     end = data.find(b"\n")
     doc = _document(data if end < 0 else data[:end], "registry")
     if doc["format"] < 5:
+        if end >= 0:
+            raise CheckpointError(f"router registry of format {doc['format']} followed by other bytes")
         return IdRegistry.from_json(doc["registry"], Placement.from_json)
     if end < 0:
         raise CheckpointError("router registry of format 5 without its horizon's hashes")

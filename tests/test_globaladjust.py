@@ -13,7 +13,7 @@ from skpub.kernel.load import BlockLoad, LoadSummary
 from skpub.kernel.parts import read_stream
 from skpub.kernel.transfer import Move
 from skpub.router.kdtree import kdtree_partitioning
-from skpub.router.partitioning import uniform_partitioning
+from skpub.router.partitioning import Partitioning, uniform_partitioning
 from tests.test_rebalancing import chaos, per_batch, run
 from tests.test_textsplit import rect
 from tests.workloads import assert_outputs_equal_oracle, deployment, random_workload, ranked_workload
@@ -78,9 +78,38 @@ def test_the_decision_takes_it_alone_only_when_it_beats_the_local_one():
     summaries = summaries_of(part, cost, np.ones((8, 8), dtype=np.int64))
     assert [op.kind for op in decide(config, part, summaries, 21)] == [KIND]
     assert KIND not in [op.kind for op in decide(config, part, summaries, 22)]
+    assert KIND not in [op.kind for op in decide(config, part, summaries, 1)]  # not in the first period
     assert KIND not in [
         op.kind for op in decide(BalancerConfig(beta=0.1, horizon=20, global_period=0), part, summaries, 20)
     ]
+
+
+def test_an_adjustment_that_leaves_the_costliest_evaluator_as_costly_is_not_taken():
+    part = Partitioning(6, np.array([[0, 0, 0, 5], [1, 0, 3, 5], [4, 0, 5, 5]]))
+    cost = np.zeros((6, 6))
+    cost[0, 0] = 100.0  # one hot cell: no repartitioning can lower the costliest evaluator
+    cost[0, 1], cost[5, 3], cost[5, 5] = 5.0, 5.0, 1.0
+    loads = Loads(part, summaries_of(part, cost, np.ones((6, 6), dtype=np.int64)), beta=0.001)
+    op = global_adjustment(part, loads)
+    assert op.c_r > 0 and max(op.costs_after) >= 100.0  # it relieves the evaluators it touches, not the costliest
+    assert with_global_adjustment(part, loads, [], sigma=1.2, gain=10.0) == []
+
+
+def test_a_moves_subscriptions_count_a_subscription_over_many_blocks_once():
+    size, side = 80, 2  # grid^t blocks of 2 x 2 cells
+    part = uniform_partitioning(size, 2)
+    summaries = []
+    for e in range(2):
+        x0, y0, x1, y1 = part.boxes_of(e)[0]
+        cost = 1.0 if e == 0 else 0.01
+        blocks = tuple(BlockLoad((x, y, min(x + side - 1, x1), min(y + side - 1, y1)), cost, 3)
+                       for y in range(y0, y1 + 1, side) for x in range(x0, x1 + 1, side))  # fmt: skip
+        box = (x0, y0, x1, y1)
+        summaries.append(LoadSummary(e, 0, (rect(box, cost * len(blocks), 3),), blocks))  # 3 over it all
+    op = global_adjustment(part, Loads(part, summaries, beta=1.0))
+    assert op is not None and op.moves
+    assert all(0 < m.queries <= 3 for m in op.moves)  # the blocks' sum would count each subscription per block
+    assert sum(m.cost for m in op.moves) == pytest.approx(sum(m.cost for m in op.moves if m.source == 0))
 
 
 @settings(max_examples=60, deadline=None)

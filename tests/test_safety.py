@@ -336,6 +336,8 @@ def test_a_registry_of_the_ids_format_still_reads_and_a_horizon_too_large_for_th
     registry = decode_registry(json.dumps({"format": 3, "kind": "registry", "registry": old}).encode())
     assert registry.objects.ages(["a", "b", "c"]).tolist() == [1, 0, -1] and registry.objects_accepted == 3
     assert json.loads(encode_registry(registry).split(b"\n")[0])["format"] == 5
+    with pytest.raises(CheckpointError, match="other bytes"):
+        decode_registry(json.dumps({"format": 3, "kind": "registry", "registry": old}).encode() + b"\nmore")
     huge = {**old, "object_id_horizon": 10**15}
     with pytest.raises(CheckpointError, match="damaged"):
         decode_registry(json.dumps({"format": 4, "kind": "registry", "registry": huge}).encode())

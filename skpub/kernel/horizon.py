@@ -166,7 +166,9 @@ class ObjectIdHorizon:
         else:
             spans = [(end, self.capacity), (0, end)]
         return [
-            memoryview(ring[a:b].astype("<u8", copy=False)).cast("B") for ring in (self._lo, self._hi) for a, b in spans
+            memoryview(ring[a:b].astype("<u8", copy=False)).cast("B").toreadonly()
+            for ring in (self._lo, self._hi)
+            for a, b in spans
         ]
 
     @classmethod
@@ -194,7 +196,7 @@ class ObjectIdHorizon:
                 lo, hi = pairs[0::2], pairs[1::2]
             else:
                 count = raw["count"]
-                if type(count) is not int or not 0 <= count <= capacity or len(hashes) != 16 * count:
+                if type(count) is not int or not 0 <= count <= capacity or memoryview(hashes).nbytes != 16 * count:
                     raise ValueError("a bad hash count")
                 both = np.frombuffer(hashes, dtype="<u8")
                 lo, hi = both[:count], both[count:]

@@ -56,7 +56,7 @@ def entries(directory: Path) -> list[tuple[Path, str]]:
     return out
 
 
-def atomic_write_bytes(path: str | Path, data: bytes | list[bytes | memoryview]) -> None:
+def atomic_write_bytes(path: str | Path, data: bytes | bytearray | memoryview | list[bytes | memoryview]) -> None:
     """Write ``data`` (bytes, or buffers in order) to ``path`` atomically and durably.
 
     The file is fsync'd before the rename, the directory after it.
@@ -70,7 +70,7 @@ def atomic_write_bytes(path: str | Path, data: bytes | list[bytes | memoryview])
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as fh:
-            for buffer in [data] if isinstance(data, bytes) else data:
+            for buffer in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
                 fh.write(buffer)
             fh.flush()
             os.fsync(fh.fileno())
