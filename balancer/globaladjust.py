@@ -31,10 +31,12 @@ operation (DESIGN "The balancer"), so the adjustment is exact under the
 same tests. PS2Stream avoids the burst of migration by keeping the old
 distribution for the subscriptions registered before the repartitioning
 until they are few; skpub migrates at once, and only when the gain over the
-balancer's horizon pays for the subscriptions moved (gain x C_r > C_t, like
-every operation): a second distribution would route every object by two tables
-and needs a generation on every subscription part for exactly-once
-delivery (DESIGN "The balancer", global adjustment).
+balancer's horizon pays for the subscriptions moved (gain x its reduction
+of the costliest evaluator's cost > C_t,
+:func:`skpub.balancer.policy.with_global_adjustment`). A second
+distribution would route every object by two tables and needs a
+generation on every subscription part for exactly-once delivery (DESIGN
+"The balancer", global adjustment).
 """
 
 from __future__ import annotations

@@ -155,7 +155,7 @@ def with_global_adjustment(
     reduction = top - max(op.costs_after)
     if gain * reduction <= op.c_t or reduction <= NEGLIGIBLE * top:
         return local
-    local_reduction = top - max(local[-1].costs_after) if local else 0.0
+    local_reduction = top - max(local[-1].costs_after, default=top) if local else 0.0
     return [op] if reduction > local_reduction else local
 
 

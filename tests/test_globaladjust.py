@@ -101,7 +101,7 @@ def test_a_moves_subscriptions_count_a_subscription_over_many_blocks_once():
     summaries = []
     for e in range(2):
         x0, y0, x1, y1 = part.boxes_of(e)[0]
-        cost = 1.0 if e == 0 else 0.01
+        cost = 1.0 if e == 1 else 0.01  # the hot rectangle away from the origin: offsets into it matter
         blocks = tuple(BlockLoad((x, y, min(x + side - 1, x1), min(y + side - 1, y1)), cost, 3)
                        for y in range(y0, y1 + 1, side) for x in range(x0, x1 + 1, side))  # fmt: skip
         box = (x0, y0, x1, y1)
@@ -109,7 +109,7 @@ def test_a_moves_subscriptions_count_a_subscription_over_many_blocks_once():
     op = global_adjustment(part, Loads(part, summaries, beta=1.0))
     assert op is not None and op.moves
     assert all(0 < m.queries <= 3 for m in op.moves)  # the blocks' sum would count each subscription per block
-    assert sum(m.cost for m in op.moves) == pytest.approx(sum(m.cost for m in op.moves if m.source == 0))
+    assert {m.source for m in op.moves} == {1} and part.boxes_of(1)[0][0] > 0
 
 
 @settings(max_examples=60, deadline=None)
