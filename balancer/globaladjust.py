@@ -45,7 +45,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from skpub.balancer.operation import Loads, Move, Operation, subtract, touches_text
-from skpub.kernel.grid import CellBox
+from skpub.kernel.grid import CellBox, intersect_boxes
 from skpub.kernel.load import grid_t_block
 from skpub.router.errors import RoutingError
 from skpub.router.kdtree import kdtree_partitioning
@@ -112,11 +112,11 @@ def global_adjustment(
             continue
         held = [tuple(box)]  # the source's pieces of this rectangle as the moves so far leave it
         for leaf, target in zip(leaves, owner.tolist(), strict=True):
-            piece = _intersection(tuple(box), leaf)
+            piece = intersect_boxes(tuple(box), leaf)
             if piece is None or target == source:
                 continue
             for k in reversed(range(len(held))):
-                cells = _intersection(held[k], piece)
+                cells = intersect_boxes(held[k], piece)
                 if cells is not None:
                     moves.append(_move(loads, i, cells, source, int(target)))
                     held[k : k + 1] = subtract(held[k], cells)
@@ -141,7 +141,7 @@ def _assign(partitioning: Partitioning, loads: Loads, tree: Partitioning, leaves
         if partitioning.texts[i] is not None:
             continue
         for j, leaf in enumerate(leaves):
-            piece = _intersection(tuple(box), leaf)
+            piece = intersect_boxes(tuple(box), leaf)
             if piece is not None:
                 area[e, j] += _area(piece)
     weight = kept + area / (float(area.sum()) + 1.0)  # cells only break ties between equal subscription counts
@@ -169,7 +169,7 @@ def _move(loads: Loads, rect: int, cells: CellBox, source: int, target: int) -> 
     of the blocks' sum and the rectangle's counts over the move's columns
     and over its rows (each an upper bound).
     """
-    inside = [b for b in loads.blocks[source] if _intersection(b.cells, cells) == b.cells]
+    inside = [b for b in loads.blocks[source] if intersect_boxes(b.cells, cells) == b.cells]
     queries = sum(b.queries for b in inside)
     load = loads.rect_loads[rect]
     if load is not None:
@@ -183,11 +183,6 @@ def _move(loads: Loads, rect: int, cells: CellBox, source: int, target: int) -> 
 def _cells_of(blocks: CellBox, side: int, size: int) -> CellBox:
     x0, y0, x1, y1 = blocks
     return (x0 * side, y0 * side, min(size - 1, (x1 + 1) * side - 1), min(size - 1, (y1 + 1) * side - 1))
-
-
-def _intersection(a: CellBox, b: CellBox) -> CellBox | None:
-    box = (max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3]))
-    return box if box[0] <= box[2] and box[1] <= box[3] else None
 
 
 def _area(box: CellBox) -> int:

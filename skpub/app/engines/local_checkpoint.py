@@ -26,14 +26,12 @@ DESIGN "Durable state on Spark"), and the merge is a new generation, so
 the evaluators report anew at their first mark; results, events and the
 balancer's decisions (cost units, exact floats) are those of the
 uninterrupted run. A checkpoint is written to a temporary name, fsync'd
-and renamed.
+and renamed (:func:`~skpub.kernel.storage.atomic_write_bytes`).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import uuid
 from pathlib import Path
 
 import orjson
@@ -44,6 +42,7 @@ from skpub.evaluators.merge import RankedMerge, apply_changes, results_json
 from skpub.evaluators.state import EvaluatorState, evaluator_from_state, evaluator_state
 from skpub.kernel.config import Deployment
 from skpub.kernel.errors import CheckpointError
+from skpub.kernel.storage import atomic_write_bytes
 from skpub.kernel.text import Vocabulary
 from skpub.kernel.transfer import Handoff, TransferPlan
 from skpub.router.dispatch import Router
@@ -79,22 +78,8 @@ def save(pipeline: LocalPipeline, directory: Path, batch_id: int) -> Path:
         parts += [(f"evaluator-{e}-{i}", [blob]) for i, blob in enumerate(blobs)]
     sizes = [[name, sum(memoryview(b).nbytes for b in buffers)] for name, buffers in parts]
     header = {"format": FORMAT, "batch": batch_id, "parts": sizes}
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"checkpoint-{batch_id:08d}.skpub"
-    temp = directory / f".{path.name}.{uuid.uuid4().hex}.tmp"
-    with temp.open("wb") as fh:
-        fh.write(orjson.dumps(header) + b"\n")
-        for _, buffers in parts:
-            for data in buffers:
-                fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(temp, path)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomic_write_bytes(path, [orjson.dumps(header) + b"\n", *(data for _, buffers in parts for data in buffers)])
     for old in sorted(checkpoints(directory))[:-KEEP]:
         checkpoints(directory)[old].unlink(missing_ok=True)
     return path
