@@ -13,7 +13,9 @@ seconds (one client thread), while a consumer long-polls
   past its last record (polled every 5 ms);
 - the daemon's resident memory (``/proc/<pid>/status`` VmRSS) every second:
   first and last minute's means and their ratio (flat within 10% is the
-  target of a 10-minute soak).
+  target of a 10-minute soak); per minute, whole and by process (the
+  daemon, on Spark its JVM and Python workers), and the JVM heap's
+  committed and used size (``jstat -gc`` every 30 s).
 
 Memory is the daemon's process tree (on Spark with its JVM and Python
 workers).
@@ -40,17 +42,77 @@ from skpub.sims.geonames import WorkloadSpec, deployment_of, write_workload
 from tests.served import free_port
 
 
-def rss_kib(pid: int) -> int:
-    """Resident memory of process ``pid`` and all its descendants (on Spark: the JVM, its Python workers), KiB."""
-    total = 0
+def process_kind(pid: int, root: int) -> str:
+    """Which part of the daemon process ``pid`` is.
+
+    ``daemon`` (the root), ``jvm``, ``evaluator hosts`` (Spark's
+    ``skpub.evaluators.host`` processes), ``python workers`` (PySpark's, the
+    data source's included) or ``other``.
+    """
+    if pid == root:
+        return "daemon"
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError):
+        return "other"
+    if argv and argv[0].endswith(b"java"):
+        return "jvm"
+    if b"skpub.evaluators.host" in argv:
+        return "evaluator hosts"
+    if any(arg.startswith(b"pyspark.") for arg in argv):
+        return "python workers"
+    return "other"
+
+
+def rss_by_kind(pid: int, root: int | None = None) -> dict[str, int]:
+    """Resident memory (VmRSS, KiB) of process ``pid`` and its descendants, summed by :func:`process_kind`."""
+    root = pid if root is None else root
+    out: dict[str, int] = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
-                total += int(line.split()[1])
+                kind = process_kind(pid, root)
+                out[kind] = out.get(kind, 0) + int(line.split()[1])
         children = [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
     except (FileNotFoundError, ProcessLookupError):
-        return total
-    return total + sum(rss_kib(child) for child in children)
+        return out
+    for child in children:
+        for kind, kib in rss_by_kind(child, root).items():
+            out[kind] = out.get(kind, 0) + kib
+    return out
+
+
+def jvm_heap_kib(pid: int) -> tuple[int, int] | None:
+    """Java heap (committed, used) in KiB of the JVM below ``pid``, from ``jstat -gc``; None without a JVM or jstat."""
+    stack = [pid]
+    while stack:
+        p = stack.pop()
+        if p != pid and process_kind(p, pid) == "jvm":
+            try:
+                out = subprocess.run(["jstat", "-gc", str(p)], capture_output=True, text=True, timeout=10).stdout
+                head, values = out.split("\n")[:2]
+                row = dict(zip(head.split(), values.split(), strict=True))
+                committed = sum(float(row[c]) for c in ("S0C", "S1C", "EC", "OC"))
+                used = sum(float(row[c]) for c in ("S0U", "S1U", "EU", "OU"))
+            except (OSError, ValueError, KeyError, subprocess.TimeoutExpired):
+                return None
+            return int(committed), int(used)
+        try:
+            stack += [int(c) for t in Path(f"/proc/{p}/task").iterdir() for c in (t / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return None
+
+
+def per_minute(samples: list[tuple[float, float]]) -> list[float]:
+    """Mean of ``(monotonic seconds, value)`` samples per minute from the first."""
+    if not samples:
+        return []
+    t0 = samples[0][0]
+    minutes: dict[int, list[float]] = {}
+    for t, v in samples:
+        minutes.setdefault(int((t - t0) // 60), []).append(v)
+    return [statistics.mean(minutes[m]) for m in sorted(minutes)]
 
 
 def main() -> None:
@@ -102,7 +164,8 @@ def main() -> None:
 
         acks: list[tuple[int, float]] = []  # (end position, acknowledged at)
         done: dict[int, float] = {}
-        memory: list[tuple[float, int]] = []
+        memory: list[tuple[float, dict[str, int]]] = []  # (at, KiB by process kind)
+        heap: list[tuple[float, tuple[int, int]]] = []  # (at, the JVM heap's committed and used KiB)
         stop = threading.Event()
         delivered = [0]
 
@@ -116,7 +179,7 @@ def main() -> None:
                     if end <= processed and end not in done:
                         done[end] = now
                 if now - last_memory >= 1.0:
-                    memory.append((now, rss_kib(proc.pid)))
+                    memory.append((now, rss_by_kind(proc.pid)))
                     last_memory = now
                 time.sleep(0.005)
 
@@ -128,7 +191,13 @@ def main() -> None:
                 delivered[0] += len(page["deliveries"])
                 after = page["next"]
 
-        threads = [threading.Thread(target=watch), threading.Thread(target=consume)]
+        def watch_heap() -> None:  # jstat starts a JVM of its own: every 30 s
+            while not stop.wait(30.0):
+                sample = jvm_heap_kib(proc.pid)
+                if sample is not None:
+                    heap.append((time.monotonic(), sample))
+
+        threads = [threading.Thread(target=f) for f in (watch, consume, watch_heap)]
         for t in threads:
             t.start()
         begin = time.monotonic()
@@ -166,15 +235,18 @@ def main() -> None:
         print(
             f"  ingest-to-delivery latency: p50 {p50 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms ({len(latencies)} requests)"
         )
-        minute = [kib for t, kib in memory if t - memory[0][0] <= 60]
-        last = [kib for t, kib in memory if memory[-1][0] - t <= 60]
-        per_minute = [
-            statistics.mean(kib for t, kib in memory if m * 60 <= t - memory[0][0] < (m + 1) * 60) / 1024
-            for m in range(int((memory[-1][0] - memory[0][0]) // 60) + 1)
-            if any(m * 60 <= t - memory[0][0] < (m + 1) * 60 for t, _ in memory)
-        ]
-        print("  resident memory per minute, MiB: " + " ".join(f"{v:.0f}" for v in per_minute))
-        first, final = statistics.mean(minute) / 1024, statistics.mean(last) / 1024
+        total = [(t, sum(kib.values()) / 1024) for t, kib in memory]
+        print("  resident memory per minute, MiB: " + " ".join(f"{v:.0f}" for v in per_minute(total)))
+        for kind in sorted({kind for _, kib in memory for kind in kib}):
+            series = per_minute([(t, kib.get(kind, 0) / 1024) for t, kib in memory])
+            print(f"    {kind}: " + " ".join(f"{v:.0f}" for v in series))
+        if heap:
+            committed = per_minute([(t, c / 1024) for t, (c, _) in heap])
+            used = per_minute([(t, u / 1024) for t, (_, u) in heap])
+            print("    jvm heap committed: " + " ".join(f"{v:.0f}" for v in committed))
+            print("    jvm heap used: " + " ".join(f"{v:.0f}" for v in used))
+        first = statistics.mean(v for t, v in total if t - total[0][0] <= 60)
+        final = statistics.mean(v for t, v in total if total[-1][0] - t <= 60)
         print(f"  resident memory: first minute {first:.0f} MiB, last minute {final:.0f} MiB ({final / first:.2f}x)")
         kept = disk_by_log(Path(tmp) / "data")
         print(f"  data directory at the end, MiB: {sum(kept.values()) / 2**20:.1f} ("
