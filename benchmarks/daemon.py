@@ -13,9 +13,11 @@ seconds (one client thread), while a consumer long-polls
   past its last record (polled every 5 ms);
 - the daemon's resident memory (``/proc/<pid>/status`` VmRSS) every second:
   first and last minute's means and their ratio (flat within 10% is the
-  target of a 10-minute soak); per minute, whole and by process (the
-  daemon, on Spark its JVM and Python workers), and the JVM heap's
-  committed and used size (``jstat -gc`` every 30 s).
+  target of a 10-minute soak); per minute, whole and by process
+  (:func:`process_kind`: the daemon, on Spark its JVM, evaluator hosts and
+  Python workers), and the JVM heap's committed and used size (``jstat -gc``
+  every 30 s). An evaluator host whose Python worker exited is re-parented
+  and no longer counted.
 
 Memory is the daemon's process tree (on Spark with its JVM and Python
 workers).
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -83,13 +86,19 @@ def rss_by_kind(pid: int, root: int | None = None) -> dict[str, int]:
 
 
 def jvm_heap_kib(pid: int) -> tuple[int, int] | None:
-    """Java heap (committed, used) in KiB of the JVM below ``pid``, from ``jstat -gc``; None without a JVM or jstat."""
+    """Java heap (committed, used) in KiB of the JVM below ``pid``, from ``jstat -gc``; None without a JVM or jstat.
+
+    ``jstat`` is the one beside the JVM's own executable (a JRE has none).
+    Used includes garbage not yet collected: the live heap is ``jcmd PID
+    GC.class_histogram``'s, which collects first.
+    """
     stack = [pid]
     while stack:
         p = stack.pop()
         if p != pid and process_kind(p, pid) == "jvm":
             try:
-                out = subprocess.run(["jstat", "-gc", str(p)], capture_output=True, text=True, timeout=10).stdout
+                jstat = Path(os.readlink(f"/proc/{p}/exe")).with_name("jstat")
+                out = subprocess.run([jstat, "-gc", str(p)], capture_output=True, text=True, timeout=10).stdout
                 head, values = out.split("\n")[:2]
                 row = dict(zip(head.split(), values.split(), strict=True))
                 committed = sum(float(row[c]) for c in ("S0C", "S1C", "EC", "OC"))
@@ -104,15 +113,19 @@ def jvm_heap_kib(pid: int) -> tuple[int, int] | None:
     return None
 
 
-def per_minute(samples: list[tuple[float, float]]) -> list[float]:
-    """Mean of ``(monotonic seconds, value)`` samples per minute from the first."""
-    if not samples:
-        return []
-    t0 = samples[0][0]
-    minutes: dict[int, list[float]] = {}
+def per_minute(samples: list[tuple[float, float]], start: float, minutes: int) -> list[float | None]:
+    """Mean of ``(monotonic seconds, value)`` samples in each of ``minutes`` minutes from ``start``; None if empty."""
+    buckets: list[list[float]] = [[] for _ in range(minutes)]
     for t, v in samples:
-        minutes.setdefault(int((t - t0) // 60), []).append(v)
-    return [statistics.mean(minutes[m]) for m in sorted(minutes)]
+        m = int((t - start) // 60)
+        if 0 <= m < minutes:
+            buckets[m].append(v)
+    return [statistics.mean(b) if b else None for b in buckets]
+
+
+def series(values: list[float | None]) -> str:
+    """Format :func:`per_minute` output, MiB, ``-`` for a minute without samples."""
+    return " ".join("-" if v is None else f"{v:.0f}" for v in values)
 
 
 def main() -> None:
@@ -236,15 +249,18 @@ def main() -> None:
             f"  ingest-to-delivery latency: p50 {p50 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms ({len(latencies)} requests)"
         )
         total = [(t, sum(kib.values()) / 1024) for t, kib in memory]
-        print("  resident memory per minute, MiB: " + " ".join(f"{v:.0f}" for v in per_minute(total)))
+        start, minutes = total[0][0], int((total[-1][0] - total[0][0]) // 60) + 1
+        print("  resident memory per minute, MiB: " + series(per_minute(total, start, minutes)))
         for kind in sorted({kind for _, kib in memory for kind in kib}):
-            series = per_minute([(t, kib.get(kind, 0) / 1024) for t, kib in memory])
-            print(f"    {kind}: " + " ".join(f"{v:.0f}" for v in series))
+            by_kind = [(t, kib.get(kind, 0) / 1024) for t, kib in memory]
+            print(f"    {kind}: " + series(per_minute(by_kind, start, minutes)))
         if heap:
-            committed = per_minute([(t, c / 1024) for t, (c, _) in heap])
-            used = per_minute([(t, u / 1024) for t, (_, u) in heap])
-            print("    jvm heap committed: " + " ".join(f"{v:.0f}" for v in committed))
-            print("    jvm heap used: " + " ".join(f"{v:.0f}" for v in used))
+            committed = per_minute([(t, c / 1024) for t, (c, _) in heap], start, minutes)
+            used = per_minute([(t, u / 1024) for t, (_, u) in heap], start, minutes)
+            print("    jvm heap committed: " + series(committed))
+            print("    jvm heap used (garbage included): " + series(used))
+        elif args.engine == "spark":
+            print("    jvm heap: unavailable (no jstat next to the JVM)")
         first = statistics.mean(v for t, v in total if t - total[0][0] <= 60)
         final = statistics.mean(v for t, v in total if total[-1][0] - t <= 60)
         print(f"  resident memory: first minute {first:.0f} MiB, last minute {final:.0f} MiB ({final / first:.2f}x)")

@@ -13,7 +13,9 @@ window filling up, subscriptions arriving), not the records a batch
 allocates and frees. Measured on the ranked GeoNames benchmark (235,000
 objects, 100,000-object window, 4 evaluators, local engine): 1.49 s of young
 collections at 100,000, 0.47 s at 1,000,000. Reference cycles are still
-collected; only less often.
+collected; only less often: so rarely once in the oldest generation that the
+Spark driver collects in full on a timer (``skpub.app.engines.spark``
+``DRIVER_COLLECT_SECONDS``: py4j's cycles hold JVM memory).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -39,6 +40,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from types import MappingProxyType
 
 import orjson
 
@@ -84,21 +86,38 @@ to meet its pause-time goals; the serial collector sizes the heap by live
 data (670 vs 733 MiB) so memory stays flat as the stream grows.
 """
 
-STATUS_RETENTION = {
-    "spark.ui.retainedJobs": "100",
-    "spark.ui.retainedStages": "100",
-    "spark.ui.retainedTasks": "2000",
-    "spark.sql.ui.retainedExecutions": "100",
-}
-"""How much finished work Spark's status store keeps (defaults: 1,000 jobs, stages, SQL executions; 100,000 tasks).
+STATUS_RETENTION = MappingProxyType(
+    {
+        "spark.ui.retainedJobs": "100",
+        "spark.ui.retainedStages": "100",
+        "spark.sql.ui.retainedExecutions": "100",
+    }
+)
+"""How much finished work Spark's status store keeps (Spark's defaults: 1,000 jobs, stages and SQL executions).
 
 The store is filled whether or not the UI runs (skpub disables it), and a
-long-running query adds several jobs, stages and one SQL execution with its
-plan graph and metrics per micro-batch: under the defaults the driver JVM's
-live heap kept growing through a 10-minute daemon soak (``jcmd
-GC.class_histogram``: 74,000 ``SQLPlanMetric`` objects after 7 minutes)
-toward a plateau a thousand micro-batches away. These bounds reach theirs
-within a few minutes."""
+streaming query adds a SQL execution with its plan graph and metrics, and
+its jobs and stages, at every micro-batch: under the defaults the driver
+JVM's live heap kept growing through the 10-minute daemon soak
+(``benchmarks/daemon.py --engine spark``; ``jcmd GC.class_histogram``:
+74,000 ``SQLPlanMetric`` objects after 7 minutes, about 1 micro-batch a
+second) toward a plateau some 1,000 micro-batches away; 13,400 with these
+bounds, reached within the first two minutes."""
+
+DRIVER_COLLECT_SECONDS = 10.0
+"""The sink runs a full Python collection at most this often (wall seconds) in the driver.
+
+Every py4j ``JavaObject`` the driver calls a method on is a reference cycle
+(it caches a ``JavaMember`` that refers back to it), and with the raised
+thresholds of :func:`~skpub.kernel.runtime.tune_gc` such cycles reach the
+oldest generation and keep their JVM objects alive: one micro-batch's
+Dataset with its plans, metrics and accumulators per batch (383 Datasets and
+1.1 million ``ConcurrentHashMap`` nodes after 9 minutes of the daemon soak,
+the live heap 77 -> 323 MB; 2 Datasets alive with a collection per batch).
+A full collection costs about 0.1 s per million objects created since
+startup (the frozen startup heap is not scanned): bounded in time, it costs
+at most 1% of a core per million while holding at most this many seconds
+of micro-batches' JVM objects."""
 
 ARROW_MAX_BYTES_PER_BATCH = 2**31 - 1
 """Spark's "no byte limit" value for Arrow batches sent to Python (rows per batch stay capped at 10,000).
@@ -151,7 +170,7 @@ def spark_session(master: str, evaluators: int, app_name: str = "skpub"):  # noq
         .config("spark.driver.memory", "4g")
         .config("spark.driver.extraJavaOptions", DRIVER_JAVA_OPTIONS)
         .config("spark.log.level", "ERROR")
-        .config(map=STATUS_RETENTION)
+        .config(map=dict(STATUS_RETENTION))
         .getOrCreate()
     )  # fmt: skip
 
@@ -208,17 +227,18 @@ class Sink:
         self.observer = observer
         self.deployment = deployment
         self.merged: tuple[int, RankedMerge] | None = None
+        self.collected = -math.inf  # time.monotonic() of the last full collection
 
     def __call__(self, frame, batch_id: int) -> None:  # noqa: ANN001
-        """Collect the evaluators' control rows, write their dead letters, merge ranked results, report the batch."""
+        """Collect the evaluators' control rows, write their dead letters, merge ranked results, report the batch.
+
+        Also collects the driver's Python garbage every ``DRIVER_COLLECT_SECONDS``
+        (the last micro-batches' py4j objects, which pin JVM memory).
+        """
         start = time.thread_time()
-        # PySpark wraps each micro-batch's Dataset in a DataFrame and a SparkSession that form a reference cycle
-        # once this call returns. Under tune_gc's thresholds such cycles reached the oldest generation and, through
-        # py4j, kept each JVM Dataset alive with its plans, metrics and accumulators: the driver JVM's live heap
-        # grew with the micro-batches (jcmd GC.class_histogram: 383 Datasets and 1.1M ConcurrentHashMap nodes
-        # after 9 minutes of the daemon soak; collecting only the young generations kept them too). A full
-        # collection per micro-batch (the permanent generation tune_gc froze is not scanned) keeps two.
-        gc.collect()
+        if time.monotonic() - self.collected >= DRIVER_COLLECT_SECONDS:  # py4j's cycles (DRIVER_COLLECT_SECONDS)
+            gc.collect()
+            self.collected = time.monotonic()
         rows = sorted(frame.toArrow().to_pylist(), key=lambda r: (r["evaluator"], r["pos"] or 0))
         counters = [json.loads(r["payload"]) for r in rows if r["payload"] is not None]
         letters = unique_letters(
