@@ -19,8 +19,8 @@ seconds (one client thread), while a consumer long-polls
   every 30 s). An evaluator host whose Python worker exited is re-parented
   and no longer counted.
 
-Memory is the daemon's process tree (on Spark with its JVM and Python
-workers).
+Memory is the daemon's process tree (on Spark with its JVM, evaluator
+hosts and Python workers).
 
 Run: ``.venv/bin/python -m benchmarks.daemon --rate 5000 --duration 60 [--engine spark]``.
 """
@@ -260,7 +260,7 @@ def main() -> None:
             print("    jvm heap committed: " + series(committed))
             print("    jvm heap used (garbage included): " + series(used))
         elif args.engine == "spark":
-            print("    jvm heap: unavailable (no jstat next to the JVM)")
+            print("    jvm heap: unavailable (no jstat beside the JVM, or it could not attach)")
         first = statistics.mean(v for t, v in total if t - total[0][0] <= 60)
         final = statistics.mean(v for t, v in total if total[-1][0] - t <= 60)
         print(f"  resident memory: first minute {first:.0f} MiB, last minute {final:.0f} MiB ({final / first:.2f}x)")

@@ -75,10 +75,11 @@ def part_figures(args: argparse.Namespace, workdir: Path) -> None:
 def _sequencer_us_per_object(scenario, stream: Path, vocabulary: Path, router: str) -> float:
     """Return the sequencer's CPU microseconds per object over the micro-batches of objects alone.
 
-    A batch that also carries subscribes or unsubscribes is left out: their
-    routing (targets, registry, summaries) is not an object's cost, and at
-    100,000 live subscriptions it was 80% of the sequencer's time in the
-    batch where the subscriptions end and the objects begin.
+    A batch that also carries subscribes or unsubscribes, or any line not
+    accepted as an object, is left out: their routing (targets, registry,
+    summaries) is not an object's cost (at 100,000 live subscriptions one
+    batch holds 7,989 of them beside 12,011 objects; docs/benchmarks.md
+    (j)). NaN when no batch holds objects alone.
     """
     dep = deployment_for(scenario, Strategy(router, "off", 8), vocabulary)
     lines = iter_lines(stream)
