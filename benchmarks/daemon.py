@@ -67,50 +67,54 @@ def process_kind(pid: int, root: int) -> str:
     return "other"
 
 
-def rss_by_kind(pid: int, root: int | None = None) -> dict[str, int]:
-    """Resident memory (VmRSS, KiB) of process ``pid`` and its descendants, summed by :func:`process_kind`."""
-    root = pid if root is None else root
-    out: dict[str, int] = {}
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                kind = process_kind(pid, root)
-                out[kind] = out.get(kind, 0) + int(line.split()[1])
-        children = [int(c) for t in Path(f"/proc/{pid}/task").iterdir() for c in (t / "children").read_text().split()]
-    except (FileNotFoundError, ProcessLookupError):
-        return out
-    for child in children:
-        for kind, kib in rss_by_kind(child, root).items():
-            out[kind] = out.get(kind, 0) + kib
+def descendants(pid: int) -> list[int]:
+    """Process ``pid`` and all its descendants (``/proc/PID/task/*/children``), those still alive."""
+    out, stack = [], [pid]
+    while stack:
+        p = stack.pop()
+        try:
+            stack += [int(c) for t in Path(f"/proc/{p}/task").iterdir() for c in (t / "children").read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        out.append(p)
     return out
 
 
-def jvm_heap_kib(pid: int) -> tuple[int, int] | None:
-    """Java heap (committed, used) in KiB of the JVM below ``pid``, from ``jstat -gc``; None without a JVM or jstat.
+def rss_by_kind(root: int) -> dict[str, int]:
+    """Resident memory (VmRSS, KiB) of process ``root`` and its descendants, summed by :func:`process_kind`."""
+    out: dict[str, int] = {}
+    for pid in descendants(root):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        for line in status:
+            if line.startswith("VmRSS:"):
+                kind = process_kind(pid, root)
+                out[kind] = out.get(kind, 0) + int(line.split()[1])
+    return out
+
+
+def jvm_heap_kib(root: int) -> tuple[int, int] | None:
+    """Java heap (committed, used) in KiB of the JVM below ``root``, from ``jstat -gc``; None without a JVM or jstat.
 
     ``jstat`` is the one beside the JVM's own executable (a JRE has none).
     Used includes garbage not yet collected: the live heap is ``jcmd PID
     GC.class_histogram``'s, which collects first.
     """
-    stack = [pid]
-    while stack:
-        p = stack.pop()
-        if p != pid and process_kind(p, pid) == "jvm":
-            try:
-                jstat = Path(os.readlink(f"/proc/{p}/exe")).with_name("jstat")
-                out = subprocess.run([jstat, "-gc", str(p)], capture_output=True, text=True, timeout=10).stdout
-                head, values = out.split("\n")[:2]
-                row = dict(zip(head.split(), values.split(), strict=True))
-                committed = sum(float(row[c]) for c in ("S0C", "S1C", "EC", "OC"))
-                used = sum(float(row[c]) for c in ("S0U", "S1U", "EU", "OU"))
-            except (OSError, ValueError, KeyError, subprocess.TimeoutExpired):
-                return None
-            return int(committed), int(used)
-        try:
-            stack += [int(c) for t in Path(f"/proc/{p}/task").iterdir() for c in (t / "children").read_text().split()]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return None
+    jvm = next((p for p in descendants(root) if process_kind(p, root) == "jvm"), None)
+    if jvm is None:
+        return None
+    try:
+        jstat = Path(os.readlink(f"/proc/{jvm}/exe")).with_name("jstat")
+        out = subprocess.run([jstat, "-gc", str(jvm)], capture_output=True, text=True, timeout=10).stdout
+        head, values = out.split("\n")[:2]
+        row = dict(zip(head.split(), values.split(), strict=True))
+        committed = sum(float(row[c]) for c in ("S0C", "S1C", "EC", "OC"))
+        used = sum(float(row[c]) for c in ("S0U", "S1U", "EU", "OU"))
+    except (OSError, ValueError, KeyError, subprocess.TimeoutExpired):
+        return None
+    return int(committed), int(used)
 
 
 def per_minute(samples: list[tuple[float, float]], start: float, minutes: int) -> list[float | None]:
