@@ -9,7 +9,8 @@ their :class:`~skpub.kernel.load.LoadSummary`.
 Parts:
 
 - ``migration``: PS2Stream Figures 12-14. For each evaluator in turn as
-  w_o and tau = 1/4 of its load, the subscriptions moved (S) and the
+  w_o, with w_l at its load / r for r in :data:`IMBALANCES` and PS2Stream
+  V-A's tau = (L(w_o) - L(w_l)) / 2, the subscriptions moved (S) and the
   selection time of GR, DP, SI and RA, and the optimum of the 0-1 program
   (``scipy.optimize.milp``).
 - ``decision``: the adaptive decision (all candidates weighed) and applying
@@ -112,30 +113,43 @@ def summaries(grid: FineGrid, part, costs: np.ndarray, boxes: np.ndarray):
     return [load.summary(e, 0) for e, load in enumerate(loads)], loads
 
 
+IMBALANCES = (1.25, 1.5, 2.0, 3.0)
+"""max / min load of the pair PS2Stream V-A's trigger weighs: sigma's threshold (1.2) just passed, then larger skews."""
+
+
 def part_migration(args) -> None:
     grid, costs, boxes = geonames_load(1000, args.subscriptions)
     part = cost_partitioning(costs, 8)
     sums, _ = summaries(grid, part, costs, boxes)
-    rows = {name: ([], [], []) for name in [*SELECTORS, "optimum"]}
-    for s in sums:
-        loads = np.array([b.cost for b in s.blocks])
-        sizes = np.array([b.queries for b in s.blocks], dtype=np.int64)
-        tau = loads.sum() / 4
-        for name, select in [*SELECTORS.items(), ("optimum", optimum)]:
-            start = time.perf_counter()
-            chosen = select(loads, sizes, tau)
-            elapsed = time.perf_counter() - start
-            rows[name][0].append(int(sizes[chosen].sum()))
-            rows[name][1].append(float(loads[chosen].sum() / tau))
-            rows[name][2].append(elapsed * 1e3)
+    names = [*SELECTORS, "optimum"]
     print(
-        f"\n(f) migration: 8 evaluators, 1000^2 grid, {args.subscriptions} subscriptions, tau = load/4, "
-        f"blocks {BLOCK}^2"
+        f"\n(f) migration: 8 evaluators, 1000^2 grid, {args.subscriptions} subscriptions, blocks {BLOCK}^2;"
+        " each evaluator in turn is w_o, w_l has its load / r, tau = (L(w_o) - L(w_l)) / 2"
     )
-    print(f"{'selector':>9} {'subs moved':>11} {'vs GR':>7} {'load/tau':>9} {'select ms':>10}")
-    gr = sum(rows["GR"][0])
-    for name, (moved, reached, ms) in rows.items():
-        print(f"{name:>9} {sum(moved):>11,} {sum(moved) / gr:>7.2f} {np.mean(reached):>9.3f} {np.mean(ms):>10.3f}")
+    print(f"{'r':>5} {'tau/L':>6} {'selector':>9} {'subs moved':>11} {'vs GR':>7} {'load/tau':>9} {'select ms':>10}")
+    for ratio in IMBALANCES:
+        share = (1 - 1 / ratio) / 2
+        rows = {name: ([], [], []) for name in names}
+        for s in sums:
+            loads = np.array([b.cost for b in s.blocks])
+            sizes = np.array([b.queries for b in s.blocks], dtype=np.int64)
+            tau = loads.sum() * share
+            for name, select in [*SELECTORS.items(), ("optimum", optimum)]:
+                start = time.perf_counter()
+                chosen = select(loads, sizes, tau)
+                elapsed = time.perf_counter() - start
+                rows[name][0].append(int(sizes[chosen].sum()))
+                rows[name][1].append(float(loads[chosen].sum() / tau))
+                rows[name][2].append(elapsed * 1e3)
+        gr = sum(rows["GR"][0])
+        for name, (moved, reached, ms) in rows.items():
+            print(
+                f"{ratio:>5.2f} {share:>6.3f} {name:>9} {sum(moved):>11,} {sum(moved) / gr:>7.2f}"
+                f" {np.mean(reached):>9.3f} {np.mean(ms):>10.3f}"
+            )
+        fewer = {name: 1 - gr / sum(rows[name][0]) for name in ("SI", "RA")}
+        verdict = "met" if min(fewer.values()) >= 0.3 else "NOT met"
+        print(f"      GR moves {fewer['SI']:.0%} fewer than SI, {fewer['RA']:.0%} fewer than RA (>= 30%: {verdict})")
 
 
 def part_decision(args) -> None:

@@ -49,8 +49,9 @@ def process_kind(pid: int, root: int) -> str:
     """Which part of the daemon process ``pid`` is.
 
     ``daemon`` (the root), ``jvm``, ``evaluator hosts`` (Spark's
-    ``skpub.evaluators.host`` processes), ``python workers`` (PySpark's, the
-    data source's included) or ``other``.
+    ``skpub.evaluators.host`` processes), ``sequencer host``
+    (``skpub.app.engines.sequencer_host``), ``python workers`` (PySpark's,
+    the data source's included) or ``other``.
     """
     if pid == root:
         return "daemon"
@@ -60,11 +61,39 @@ def process_kind(pid: int, root: int) -> str:
         return "other"
     if argv and argv[0].endswith(b"java"):
         return "jvm"
-    if b"skpub.evaluators.host" in argv:
+    if HOSTS["evaluator hosts"] in argv:
         return "evaluator hosts"
+    if HOSTS["sequencer host"] in argv:
+        return "sequencer host"
     if any(arg.startswith(b"pyspark.") for arg in argv):
         return "python workers"
     return "other"
+
+
+HOSTS = {"evaluator hosts": b"skpub.evaluators.host", "sequencer host": b"skpub.app.engines.sequencer_host"}
+"""Host kinds by entry module: a host runs as ``python -P -m MODULE SOCKET WATCH`` (skpub.kernel.host)."""
+
+
+def daemon_processes(root: int) -> list[int]:
+    """Process ``root``, its descendants, and the hosts of a JVM among them, those still alive.
+
+    A host starts in a session of its own and outlives the Python worker
+    that started it (Spark ends idle workers), so it may no longer descend
+    from the daemon: it is found by the JVM pid it watches, its last argument.
+    """
+    tree = descendants(root)
+    jvms = {str(p).encode() for p in tree if process_kind(p, root) == "jvm"}
+    hosts = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) in tree:
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if len(argv) >= 2 and argv[-1] in jvms and any(module in argv for module in HOSTS.values()):
+            hosts.append(int(entry.name))
+    return tree + hosts
 
 
 def descendants(pid: int) -> list[int]:
@@ -81,9 +110,9 @@ def descendants(pid: int) -> list[int]:
 
 
 def rss_by_kind(root: int) -> dict[str, int]:
-    """Resident memory (VmRSS, KiB) of process ``root`` and its descendants, summed by :func:`process_kind`."""
+    """Resident memory (VmRSS, KiB) of :func:`daemon_processes`, summed by :func:`process_kind`."""
     out: dict[str, int] = {}
-    for pid in descendants(root):
+    for pid in daemon_processes(root):
         try:
             status = Path(f"/proc/{pid}/status").read_text().splitlines()
         except (FileNotFoundError, ProcessLookupError):

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import socket
 import sys
 import time
@@ -50,9 +49,10 @@ from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
 from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.evaluator import Evaluator
-from skpub.evaluators.host import HostError, connect, host_for, recv_message, send_message
+from skpub.evaluators.host import host_for
 from skpub.evaluators.merge import encode_updates
 from skpub.evaluators.state import EvaluatorState, clock_of, restore_evaluator
+from skpub.kernel.host import HostError, connect, recv_message, send_message, use_hosts
 from skpub.kernel.parts import delivery_lines, write_lines, write_part
 from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import tune_gc
@@ -123,7 +123,7 @@ class EvaluatorProcessor(StatefulProcessor):
         when the balancer is on, else ``""``.
 
     Each evaluator runs in its host (:mod:`skpub.evaluators.host`) unless
-    :func:`use_hosts` says no on the driver; the worker applies a batch
+    :func:`~skpub.kernel.host.use_hosts` says no on the driver; the worker applies a batch
     itself when its host cannot.
     """
 
@@ -345,11 +345,6 @@ class BatchOutcome:
             clock_of(header["clock"]),
             load,
         )
-
-
-def use_hosts() -> bool:
-    """Whether evaluators run in their hosts (:mod:`skpub.evaluators.host`); ``SKPUB_EVALUATOR_HOSTS=0``: no."""
-    return os.environ.get("SKPUB_EVALUATOR_HOSTS", "1") != "0"
 
 
 def apply_batch(evaluator: Evaluator, columns: dict, batch: BatchInput, restore_seconds: float) -> BatchOutcome:

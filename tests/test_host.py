@@ -1,5 +1,6 @@
-"""The evaluator host's frames and lifecycle (its Spark use is covered by every Spark engine test)."""
+"""Hosts: frames and lifecycle, the evaluator's and the sequencer's handlers (their Spark use: every Spark test)."""
 
+import json
 import math
 import os
 import socket
@@ -9,9 +10,11 @@ import time
 
 import pytest
 
-from skpub.evaluators import host
+from skpub.app.engines.spark_tasks import SequencerTask, sequencer_host_handler
+from skpub.app.journal import SegmentFiles
 from skpub.evaluators.spark_processor import BatchOutcome, host_handler
 from skpub.evaluators.state import EvaluatorState
+from skpub.kernel import host
 
 
 def test_frames_round_trip_headers_and_blobs():
@@ -62,10 +65,35 @@ def test_the_handler_answers_a_bad_request_with_an_error():
         assert header["status"] == "error"
 
 
+@pytest.mark.parametrize(
+    "request_",
+    [
+        ({"op": "apply"}, []),
+        ({"op": "sequence", "batch_id": 0, "task": {}}, [b"not arrow"]),
+        ({"op": "sequence", "batch_id": 0, "task": {"files": []}}, []),
+    ],
+)
+def test_the_sequencer_host_answers_a_bad_request_with_an_error(request_):
+    a, b = socket.socketpair()
+    with a, b:
+        host.send_message(a, *request_)
+        sequencer_host_handler()(b)
+        header, blobs = host.recv_message(a)
+        assert header["status"] == "error" and header["message"] and blobs == []
+
+
+@pytest.mark.parametrize("files", [["/in/a.jsonl", "/in/b.jsonl"], SegmentFiles("/data/ingest", "log")])
+def test_a_sequencer_task_travels_to_its_host_as_json(files):
+    task = SequencerTask("/ckpt", "/out", "run-1", '{"evaluators": 2}', [5, 9], 4, files, entries=True)
+    back = SequencerTask.from_json(json.loads(json.dumps(task.to_json())))
+    assert back.to_json() == task.to_json()
+    assert isinstance(back.files, type(files)) and back.entries is True and back.keys == [5, 9]
+
+
 def test_a_host_serves_until_the_process_it_watches_ends(tmp_path, monkeypatch):
     monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
     watched = subprocess.Popen(["sleep", "60"])
-    address = host.HostAddress(7, watched.pid)
+    address = host.HostAddress("e7", watched.pid, "skpub.evaluators.host")
     path = address.socket_path
     served = []
     thread = threading.Thread(target=host.serve, args=(path, watched.pid, served.append))
@@ -88,29 +116,32 @@ def test_a_host_serves_until_the_process_it_watches_ends(tmp_path, monkeypatch):
 
 def test_a_host_that_cannot_start_turns_hosts_off_in_that_worker(tmp_path, monkeypatch):
     monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
-    monkeypatch.setattr(host, "_FAILED_START", [])
+    monkeypatch.setattr(host, "_FAILED_START", {})
     monkeypatch.setattr(host.sys, "executable", "/bin/false")
-    address = host.HostAddress(3, 1)
+    address = host.HostAddress("e3", 1, "skpub.evaluators.host")
     started = time.monotonic()
     with pytest.raises(host.HostError, match="did not start"):
         host.connect(address)
     assert time.monotonic() - started < host.START_SECONDS
-    with pytest.raises(host.HostError, match="hosts are off"):
+    with pytest.raises(host.HostError, match="hosts of skpub.evaluators.host are off"):
         host.connect(address)
+    other = host.HostAddress("sequencer", 1, "skpub.app.engines.sequencer_host")
+    with pytest.raises(host.HostError, match="did not start"):  # another module's hosts are still tried
+        host.connect(other)
 
 
 def test_starting_a_host_sweeps_the_files_of_hosts_whose_jvm_is_gone(tmp_path, monkeypatch):
     monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
-    monkeypatch.setattr(host, "_FAILED_START", [])
+    monkeypatch.setattr(host, "_FAILED_START", {})
     monkeypatch.setattr(host.sys, "executable", "/bin/false")
     gone = subprocess.Popen(["true"])
     gone.wait()
-    directory = host.HostAddress(0, 1).socket_path.parent
+    directory = host.HostAddress("e0", 1, "skpub.evaluators.host").socket_path.parent
     stale = [directory / f"{gone.pid}-e0.sock.lock", directory / f"{gone.pid}-e0.sock.log"]
     alive = directory / f"{os.getpid()}-e0.sock.lock"
     for f in [*stale, alive]:
         f.write_text("")
     with pytest.raises(host.HostError):
-        host.connect(host.HostAddress(1, os.getpid()))
+        host.connect(host.HostAddress("e1", os.getpid(), "skpub.evaluators.host"))
     assert not any(f.exists() for f in stale)
     assert alive.exists()

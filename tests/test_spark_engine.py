@@ -113,6 +113,7 @@ def test_spark_engine_on_a_ranked_geonames_sample_equals_oracle(spark, tmp_path,
     assert len(events) > 200 and {"score", "dist"} <= {key for d in events for key in d}
     assert summary.hosts["applied"] == 3 * summary.batches and summary.hosts["hosted"] > 0
     assert f"of {3 * summary.batches} evaluator batches applied in a host" in summary.format()
+    assert summary.hosts["sequenced"] == summary.hosts["sequenced_in_host"] == summary.batches
 
 
 def test_finished_output_is_refused_and_overwrite_replaces_it(spark, tmp_path):
@@ -281,14 +282,16 @@ def test_a_byte_order_mark_inside_the_stream_is_data_not_stripped(spark, tmp_pat
     assert [d["reason"] for d in expected.dead_letters] == ["malformed_json"]
 
 
-def test_spark_engine_without_evaluator_hosts_equals_oracle(spark, tmp_path, monkeypatch):
-    """With the hosts off every worker applies its batches itself, rebuilding evaluators it did not hold."""
-    monkeypatch.setenv("SKPUB_EVALUATOR_HOSTS", "0")
+def test_spark_engine_without_hosts_equals_oracle(spark, tmp_path, monkeypatch):
+    """With the hosts off every worker sequences and applies its batches itself, rebuilding what it did not hold."""
+    monkeypatch.setenv("SKPUB_HOSTS", "0")
     lines = ranked_workload(seed=77, n=400)
     dep = deployment(evaluators=3, batch_size=41).replace(window=Window("count", 30))
     _, summary = run(spark, tmp_path, lines, dep)
     assert_outputs_equal_oracle(tmp_path / "run", lines, dep)
     assert summary.batches == -(-len(lines) // 41)
+    assert summary.hosts["sequenced"] == summary.batches and summary.hosts["sequenced_in_host"] == 0
+    assert summary.hosts["applied"] == 3 * summary.batches and summary.hosts["hosted"] == 0
 
 
 def test_a_directory_input_read_in_place_equals_the_local_engine(spark, tmp_path):

@@ -50,7 +50,8 @@ class BatchReport:
     update that opened this batch)."""
     hosts: Counter = field(default_factory=Counter)
     """Spark: ``applied`` evaluator batches, ``hosted`` those applied in an evaluator host (the rest were applied
-    by the task itself, after rebuilding the evaluator when its worker did not hold it)."""
+    by the task itself, after rebuilding the evaluator when its worker did not hold it); ``sequenced`` batches,
+    ``sequenced_in_host`` those the sequencer's host ran (:mod:`skpub.app.engines.sequencer_host`)."""
     controls: list[tuple[int, str, str]] = field(default_factory=list)
     """``(position, type, id)`` of the accepted subscribe, unsubscribe and snapshot records, in stream order
     (:func:`skpub.router.dispatch.accepted_controls`): what the daemon follows."""
@@ -181,6 +182,10 @@ class RunSummary:
             hosted, applied = self.hosts["hosted"], self.hosts["applied"]
             why = "" if hosted == applied else " (the others by their task: hosts off, or see the engine log)"
             lines.append(f"  evaluator hosts   {hosted} of {applied} evaluator batches applied in a host{why}")
+        if self.hosts["sequenced"]:
+            hosted, sequenced = self.hosts["sequenced_in_host"], self.hosts["sequenced"]
+            why = "" if hosted == sequenced else " (the others by their task: hosts off, or see the engine log)"
+            lines.append(f"  sequencer host    {hosted} of {sequenced} batches sequenced in its host{why}")
         if self.log_file:
             lines.append(f"  engine log        {self.log_file}")
         if self.skipped_inputs:

@@ -6,8 +6,9 @@ Query shape (DESIGN "The Spark engine")::
       -> mapInArrow(ParseTask)                    parallel: parse, validate, locate;
                                                   writes its dead letters
       -> repartition(1).mapInArrow(SequencerTask) serial: registry, placements, summaries
+                                                  (kept in the sequencer's host)
       -> groupBy(evaluator).transformWithStateInPandas(EvaluatorProcessor)
-                                                  RocksDB state, hot index cache;
+                                                  RocksDB state, evaluators kept in hosts;
                                                   writes deliveries and statistics
       -> foreachBatch(Sink)                       control rows only: counters, rare dead letters
 
@@ -272,7 +273,12 @@ class Sink:
         )
         for c in counters:
             report.ranked.update(c["ranked"])
-        report.hosts.update(applied=len(counters), hosted=sum(bool(c["hosted"]) for c in counters))
+        report.hosts.update(
+            applied=len(counters),
+            hosted=sum(bool(c["hosted"]) for c in counters),
+            sequenced=1,
+            sequenced_in_host=int(routing.get("hosted", False)),
+        )
         report.ranked["unproven"] += merge.unproven - unproven
         for c in sorted(counters, key=lambda c: c["evaluator"]):
             report.evaluator_cost[c["evaluator"]] = c["cost"]

@@ -9,8 +9,10 @@ writes the located records (:data:`skpub.kernel.wire.LOCATED_COLUMNS`) to a
 file in the checkpoint (``located/``, Arrow IPC) and emits one report row
 that names it.
 
-``SequencerTask`` runs in the one task after ``repartition(1)``: it reads the
-parts' records in stream order, runs the :class:`~skpub.router.sequencer.Sequencer`
+``SequencerTask`` runs in the one task after ``repartition(1)``, which hands
+the batch to the sequencer's host (:mod:`skpub.app.engines.sequencer_host`:
+one sequencer per executor machine, kept between batches) or runs it itself
+when the host cannot: it reads the parts' records in stream order, runs the :class:`~skpub.router.sequencer.Sequencer`
 on their compact columns (kind, id, owner, terms; targets and keywords of
 subscriptions), and writes each evaluator's routed rows to a file
 (``routed/``), taking them from the parsed columns (Arrow ``take``: the
@@ -30,10 +32,13 @@ files.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +50,7 @@ from skpub.app.journal import SegmentFiles
 from skpub.evaluators.spark_processor import current_batch_id
 from skpub.kernel.config import Deployment, deployment_from_text
 from skpub.kernel.errors import CheckpointError, InputError
+from skpub.kernel.host import HostAddress, HostError, connect, recv_message, send_message, use_hosts, watched_pid
 from skpub.kernel.parts import write_part
 from skpub.kernel.records import DeadLetter, position_index, stream_position
 from skpub.kernel.registry import IdRegistry
@@ -53,7 +59,14 @@ from skpub.kernel.slices import Slice, slice_lines
 from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
 from skpub.kernel.text import load_vocabulary
 from skpub.kernel.transfer import read_handoffs, read_plan
-from skpub.kernel.wire import LOCATED_SCHEMA, ROUTED_FILE_COLUMNS, arrow_schema, read_rows_file, table_bytes
+from skpub.kernel.wire import (
+    LOCATED_SCHEMA,
+    ROUTED_FILE_COLUMNS,
+    arrow_schema,
+    bytes_table,
+    read_rows_file,
+    table_bytes,
+)
 from skpub.router.dispatch import accepted_controls, marks, rejected_letters
 from skpub.router.epoch import EpochLog
 from skpub.router.locate import Locator, located_table
@@ -153,19 +166,85 @@ class SequencerTask:
         self.deployment_json = deployment_json
         self.keys = keys
         self.parts = parts
+        self.hosts = use_hosts()
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        """Sequence the micro-batch, write each evaluator's routed rows, yield their files (ROUTED_FILE_COLUMNS).
+        """Sequence the micro-batch (in the sequencer's host if it can), yield the routed rows' files.
 
-        The rows (:data:`ROUTED_SCHEMA`) go to a file per evaluator in the
-        checkpoint (Arrow IPC, written atomically; a replay of the batch
-        writes the same rows again) rather than through Spark's shuffle:
-        Spark's conversions of a hundred thousand rows to its own format and
-        to pandas cost about as much as applying them (DESIGN "The Spark engine").
+        The host (:mod:`skpub.app.engines.sequencer_host`) keeps the
+        sequencer between micro-batches whichever Python worker Spark picks;
+        when hosts are off, or the host fails, the worker runs :meth:`run`
+        itself (the same files: a run is a function of the checkpoint).
         """
         tune_gc()
         batch_id = current_batch_id()
         table = pa.Table.from_batches(list(batches), schema=PARSE_REPORT_SCHEMA)
+        routed = None
+        if self.hosts:
+            try:
+                routed = self._via_host(batch_id, table)
+            except Exception as exc:  # noqa: BLE001 - whatever the host did, the worker can sequence the batch
+                print(f"skpub: the sequencer runs batch {batch_id} in its worker: {exc}", file=sys.stderr)
+        yield from (self.run(batch_id, table) if routed is None else routed).to_batches()
+
+    def to_json(self) -> dict:
+        """Return the task's arguments as JSON (what its host needs to run it)."""
+        files = self.files
+        where = {"segments": [files.directory, files.name]} if isinstance(files, SegmentFiles) else {"files": files}
+        return {
+            "checkpoint_root": self.checkpoint_root,
+            "output_root": self.output_root,
+            "run_id": self.run_id,
+            "deployment_json": self.deployment_json,
+            "keys": self.keys,
+            "parts": self.parts,
+            "entries": self.entries,
+            **where,
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict) -> SequencerTask:
+        """Rebuild a task from :meth:`to_json` output (a host's request; ``KeyError`` or ``TypeError`` if damaged)."""
+        files = SegmentFiles(*raw["segments"]) if "segments" in raw else [str(f) for f in raw["files"]]
+        return cls(
+            str(raw["checkpoint_root"]),
+            str(raw["output_root"]),
+            str(raw["run_id"]),
+            str(raw["deployment_json"]),
+            [int(k) for k in raw["keys"]],
+            int(raw["parts"]),
+            files,
+            bool(raw["entries"]),
+        )
+
+    def _via_host(self, batch_id: int, table: pa.Table) -> pa.Table:
+        """Run the batch in the sequencer's host; return its answer.
+
+        Raises
+        ------
+        HostError
+            If the host cannot be reached or fails.
+        """
+        with connect(sequencer_host_address()) as sock:
+            send_message(sock, {"op": "sequence", "batch_id": batch_id, "task": self.to_json()}, [table_bytes(table)])
+            header, blobs = recv_message(sock)
+        if header.get("status") != "ok" or len(blobs) != 1:
+            raise HostError(f"the sequencer host failed: {header.get('message')}")
+        return _table_of(blobs[0], ROUTED_FILE_SCHEMA)
+
+    def run(self, batch_id: int, table: pa.Table, hosted: bool = False) -> pa.Table:
+        """Sequence micro-batch ``batch_id`` (``table``: the parse reports), write each evaluator's routed rows.
+
+        Returns their files (:data:`ROUTED_FILE_COLUMNS`). The rows
+        (:data:`ROUTED_SCHEMA`) go to a file per evaluator in the checkpoint
+        (Arrow IPC, written atomically; a replay of the batch writes the
+        same rows again) rather than through Spark's shuffle: Spark's
+        conversions of a hundred thousand rows to its own format and to
+        pandas cost about as much as applying them (DESIGN "The Spark
+        engine"). The sequencer stays in this process's cache for the next
+        batch; ``hosted`` (run by the sequencer's host) goes to the routing
+        report.
+        """
         start = time.thread_time()
         items, reports = _in_stream_order(table, self.parts, batch_id)
         checkpoint = Checkpoint(self.checkpoint_root)
@@ -199,13 +278,14 @@ class SequencerTask:
             "marks": marks(decisions, items, end),
             "controls": accepted_controls(decisions, items),
             "placements": placements,
+            "hosted": hosted,
         }
         atomic_write_text(checkpoint.router_report(batch_id), json.dumps(report))
         files = _write_routed(checkpoint, batch_id, routed, self.keys, every=balancing)
-        _SEQUENCERS.clear()  # one run's sequencer per worker: each holds its object-id horizon (80 MiB by default)
+        _SEQUENCERS.clear()  # one run's sequencer per process: each holds its object-id horizon (80 MiB by default)
         _SEQUENCERS[self.run_id] = (batch_id, sequencer)
         partitioning = epoch.table.partitioning
-        yield pa.RecordBatch.from_pydict(
+        return pa.Table.from_pydict(
             {
                 "evaluator": [self.keys[e] for e in files],
                 "path": [str(path) for path, _ in files.values()],
@@ -217,6 +297,54 @@ class SequencerTask:
 
 
 _SEQUENCERS: dict[str, tuple[int, Sequencer]] = {}
+"""Run id -> (last batch sequenced, the sequencer after it), in the host or the worker that ran it (one run)."""
+
+
+def _table_of(blob: bytes, schema: pa.Schema) -> pa.Table:
+    """Return the Arrow IPC stream ``blob`` as a table of ``schema``.
+
+    Raises
+    ------
+    HostError
+        If it is not an Arrow IPC stream of that schema.
+    """
+    try:
+        table = bytes_table(blob)
+    except ValueError as exc:
+        raise HostError(str(exc)) from None
+    if table.schema != schema:
+        raise HostError(f"a table of schema {table.schema}, not {schema}")
+    return table
+
+
+def sequencer_host_address() -> HostAddress:
+    """Return the address of the sequencer's host for this executor (:mod:`skpub.app.engines.sequencer_host`)."""
+    return HostAddress("sequencer", watched_pid(), "skpub.app.engines.sequencer_host")
+
+
+def sequencer_host_handler() -> Callable[[socket.socket], None]:
+    """Return the request handler of the sequencer's host: it runs :meth:`SequencerTask.run` on each request.
+
+    The request is ``{"op": "sequence", "batch_id": b, "task": SequencerTask.to_json()}``
+    with the parse reports as one Arrow IPC blob; the answer ``{"status":
+    "ok"}`` with the routed files as one blob, or ``{"status": "error",
+    "message": ...}`` (the worker then sequences the batch itself).
+    """
+
+    def handle(conn: socket.socket) -> None:
+        tune_gc()
+        try:
+            header, blobs = recv_message(conn)
+            if header.get("op") != "sequence" or len(blobs) != 1:
+                raise HostError(f"not a sequencer request: {header.get('op')!r} with {len(blobs)} blobs")
+            table = _table_of(blobs[0], PARSE_REPORT_SCHEMA)
+            routed = SequencerTask.from_json(header["task"]).run(int(header["batch_id"]), table, hosted=True)
+            send_message(conn, {"status": "ok"}, [table_bytes(routed)])
+        except Exception as exc:  # noqa: BLE001 - the worker sequences the batch itself
+            with contextlib.suppress(OSError):
+                send_message(conn, {"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+
+    return handle
 
 
 def _write_routed(

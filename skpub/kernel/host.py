@@ -1,0 +1,277 @@
+"""Hosts: long-lived processes beside a Spark executor that keep a task's state hot between micro-batches.
+
+Spark hands a task to whichever of its Python workers is free (a FIFO
+queue), so a stateful task often lands in another worker than the one that
+ran its last micro-batch, which must then rebuild the state, and every
+worker that ever ran it keeps a copy. A host is one process per role on the
+executor machine (an evaluator, :mod:`skpub.evaluators.host`; the sequencer,
+:mod:`skpub.app.engines.sequencer_host`) that holds the state across
+micro-batches: the task sends it a request, the host answers, the task
+writes what must be durable. The durable state stays the truth: a host that
+dies, or answers with an error, costs a rebuild, never a result (the task
+then runs the work itself).
+
+Messages are frames on a Unix socket in a directory only this user can
+enter: a JSON header and binary blobs; nothing is unpickled. Every read has
+a timeout, so a stuck host or client costs a fallback, never a hang. A host
+serves one connection at a time (two tasks of one role, as with speculation
+or two queries in one JVM, wait for each other), and exits, between
+requests, when the process it watches (the executor's JVM) is gone or after
+:data:`IDLE_SECONDS` without a request. A worker whose host of an entry
+module cannot start uses no host of that module from then on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from skpub.kernel.errors import SkpubError
+
+IDLE_SECONDS = 600.0
+"""A host exits after this long without a request."""
+REQUEST_SECONDS = 1800.0
+"""The longest a task waits for its host's answer (a micro-batch's work), seconds."""
+READ_SECONDS = 120.0
+"""The longest a host waits for a message of its client, seconds."""
+START_SECONDS = 30.0
+"""The longest a task waits for a host it started to listen, seconds."""
+MAX_SOCKET_PATH = 100
+"""Unix socket paths are limited to about 107 bytes; a longer temp dir means no hosts."""
+MAX_HEADER = 1 << 26
+MAX_BLOBS = 1 << 20
+_LENGTH = struct.Struct("!Q")
+
+
+class HostError(SkpubError):
+    """The host could not be reached, or failed: the caller does the work itself."""
+
+
+def send_message(sock: socket.socket, header: dict, blobs: list[bytes] = ()) -> None:  # type: ignore[assignment]
+    """Send one frame: the header as JSON, then the blobs, each preceded by its length (bytes)."""
+    head = orjson.dumps(header)
+    sock.sendall(_LENGTH.pack(len(head)) + head + _LENGTH.pack(len(blobs)))
+    for blob in blobs:
+        sock.sendall(_LENGTH.pack(len(blob)))
+        sock.sendall(blob)
+
+
+def _read_exact(stream, n: int) -> bytes:  # noqa: ANN001
+    data = stream.read(n)
+    if len(data) != n:
+        raise HostError("the other end closed the connection")
+    return data
+
+
+def recv_message(sock: socket.socket) -> tuple[dict, list[bytes]]:
+    """Receive one :func:`send_message` frame.
+
+    Raises
+    ------
+    HostError
+        If the connection ends early or the frame exceeds the bounds.
+    TimeoutError
+        If the socket's timeout passes first.
+    """
+    stream = sock.makefile("rb")
+    size = _LENGTH.unpack(_read_exact(stream, 8))[0]
+    if size > MAX_HEADER:
+        raise HostError(f"a header of {size} bytes")
+    header = orjson.loads(_read_exact(stream, size))
+    count = _LENGTH.unpack(_read_exact(stream, 8))[0]
+    if count > MAX_BLOBS:
+        raise HostError(f"{count} blobs")
+    blobs = [_read_exact(stream, _LENGTH.unpack(_read_exact(stream, 8))[0]) for _ in range(count)]
+    return header, blobs
+
+
+def _host_directory() -> Path:
+    """Return the directory of this user's host sockets, made private to the user.
+
+    Raises
+    ------
+    HostError
+        If it exists and is not this user's alone.
+    """
+    directory = Path(tempfile.gettempdir()) / f"skpub-hosts-{os.getuid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    info = directory.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise HostError(f"{directory} is not a directory private to this user")
+    return directory
+
+
+def watched_pid() -> int:
+    """Return the process a host outlives not: the executor JVM (the parent of the worker's pyspark daemon)."""
+    daemon = os.getppid()
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        stat = Path(f"/proc/{daemon}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[1])
+    return daemon
+
+
+@dataclass(frozen=True)
+class HostAddress:
+    """Where the host of ``role`` listens, the process whose end ends it, and the module it runs.
+
+    Attributes
+    ----------
+    role : str
+        The state it holds, unique per executor: ``e<evaluator>`` or ``sequencer``.
+    watch : int
+        The executor JVM's pid (:func:`watched_pid`).
+    module : str
+        The host's entry module, run as ``python -m module SOCKET WATCH``.
+    """
+
+    role: str
+    watch: int
+    module: str
+
+    @property
+    def socket_path(self) -> Path:
+        """The host's Unix socket (its directory is private to this user).
+
+        Raises
+        ------
+        HostError
+            If the directory is not private, or the path too long for a Unix socket.
+        """
+        path = _host_directory() / f"{self.watch}-{self.role}.sock"
+        if len(str(path)) > MAX_SOCKET_PATH:
+            raise HostError(f"{path} is too long for a Unix socket")
+        return path
+
+
+def use_hosts() -> bool:
+    """Whether stateful tasks run in hosts; ``SKPUB_HOSTS=0`` (read where the task is made, on the driver): no."""
+    return os.environ.get("SKPUB_HOSTS", "1") != "0"
+
+
+_STARTED: list[subprocess.Popen] = []
+"""Hosts this worker started (reaped when they exit)."""
+_FAILED_START: dict[str, str] = {}
+"""Entry module -> why a host of it that this worker started did not answer: then the worker uses none of it."""
+
+
+def connect(address: HostAddress) -> socket.socket:
+    """Connect to the host at ``address``, starting it first if none runs.
+
+    Reads on the connection time out after :data:`REQUEST_SECONDS`.
+
+    Raises
+    ------
+    HostError
+        If this worker could not start a host before, or no host answers
+        within :data:`START_SECONDS` (or the one started exits).
+    """
+    failed = _FAILED_START.get(address.module)
+    if failed is not None:
+        raise HostError(f"hosts of {address.module} are off in this worker: {failed}")
+    for child in list(_STARTED):
+        if child.poll() is not None:
+            _STARTED.remove(child)
+    path = address.socket_path
+    with contextlib.suppress(OSError):
+        return _connected(path)
+    _sweep(path.parent)
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):
+            return _connected(path)
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        with open(f"{path}.log", "wb") as log:
+            child = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+                [sys.executable, "-P", "-m", address.module, str(path), str(address.watch)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd="/",
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+                start_new_session=True,
+                close_fds=True,
+            )
+        _STARTED.append(child)
+        deadline = time.monotonic() + START_SECONDS
+        while True:
+            try:
+                return _connected(path)
+            except OSError as exc:
+                if child.poll() is not None or time.monotonic() > deadline:
+                    _FAILED_START[address.module] = f"the host at {path} did not start ({exc}; see {path}.log)"
+                    raise HostError(_FAILED_START[address.module]) from None
+                time.sleep(0.02)
+
+
+def _sweep(directory: Path) -> None:
+    """Remove the files of hosts whose JVM is gone (named ``<jvm pid>-<role>.sock[.lock|.log]``)."""
+    for entry in directory.iterdir():
+        pid = entry.name.split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+        except OSError:
+            continue
+
+
+def _connected(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(str(path))
+    except OSError:
+        sock.close()
+        raise
+    sock.settimeout(REQUEST_SECONDS)
+    return sock
+
+
+def serve(path: Path, watch: int, handle) -> None:  # noqa: ANN001
+    """Serve requests at ``path`` one connection at a time until ``watch`` ends or :data:`IDLE_SECONDS` pass.
+
+    ``handle(conn)`` answers one connection.
+    """
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    os.chmod(path, 0o600)
+    bound = path.stat().st_ino
+    listener.listen(4)
+    listener.settimeout(1.0)
+    last = time.monotonic()
+    try:
+        while time.monotonic() - last < IDLE_SECONDS:
+            try:
+                os.kill(watch, 0)
+            except ProcessLookupError:
+                return
+            except PermissionError:
+                pass
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.settimeout(READ_SECONDS)
+                handle(conn)
+            last = time.monotonic()
+    finally:
+        listener.close()
+        with contextlib.suppress(OSError):
+            if path.stat().st_ino == bound:  # not a successor's socket
+                path.unlink()
