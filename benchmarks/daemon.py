@@ -14,13 +14,13 @@ seconds (one client thread), while a consumer long-polls
 - the daemon's resident memory (``/proc/<pid>/status`` VmRSS) every second:
   first and last minute's means and their ratio (flat within 10% is the
   target of a 10-minute soak); per minute, whole and by process
-  (:func:`process_kind`: the daemon, on Spark its JVM, evaluator hosts and
-  Python workers), and the JVM heap's committed and used size (``jstat -gc``
-  every 30 s). An evaluator host whose Python worker exited is re-parented
-  and no longer counted.
+  (:func:`process_kind`: the daemon, on Spark its JVM, evaluator hosts, the
+  sequencer host and Python workers), and the JVM heap's committed and used
+  size (``jstat -gc`` every 30 s).
 
-Memory is the daemon's process tree (on Spark with its JVM, evaluator
-hosts and Python workers).
+Memory is the daemon's process tree and the hosts of its JVM
+(:func:`daemon_processes`: a host whose Python worker exited is still
+counted).
 
 Run: ``.venv/bin/python -m benchmarks.daemon --rate 5000 --duration 60 [--engine spark]``.
 """

@@ -1,4 +1,4 @@
-"""The evaluator host: one process per evaluator on an executor machine that keeps the evaluator hot.
+"""The evaluator host: one process per evaluator and executor JVM that keeps the evaluator hot.
 
 Spark hands a task to whichever of its Python workers is free, so the task
 of evaluator e often lands in another worker than the one that applied e's

@@ -247,8 +247,8 @@ class EvaluatorProcessor(StatefulProcessor):
 
         Raises
         ------
-        EvaluatorError
-            If the host cannot be reached or fails (:class:`~skpub.evaluators.host.HostError`).
+        HostError
+            If the host cannot be reached or fails (:class:`~skpub.kernel.host.HostError`).
         """
         with connect(host_for(batch.evaluator)) as sock:
             send_message(sock, {"op": "apply", **asdict(batch)})

@@ -113,7 +113,7 @@ def test_spark_engine_on_a_ranked_geonames_sample_equals_oracle(spark, tmp_path,
     assert len(events) > 200 and {"score", "dist"} <= {key for d in events for key in d}
     assert summary.hosts["applied"] == 3 * summary.batches and summary.hosts["hosted"] > 0
     assert f"of {3 * summary.batches} evaluator batches applied in a host" in summary.format()
-    assert summary.hosts["sequenced"] == summary.hosts["sequenced_in_host"] == summary.batches
+    assert summary.hosts["sequenced"] == summary.batches and summary.hosts["sequenced_in_host"] > 0
 
 
 def test_finished_output_is_refused_and_overwrite_replaces_it(spark, tmp_path):

@@ -3,11 +3,12 @@
 Spark hands a task to whichever of its Python workers is free (a FIFO
 queue), so a stateful task often lands in another worker than the one that
 ran its last micro-batch, which must then rebuild the state, and every
-worker that ever ran it keeps a copy. A host is one process per role on the
-executor machine (an evaluator, :mod:`skpub.evaluators.host`; the sequencer,
+worker that ever ran it keeps a copy. A host is one process per role and
+executor JVM (an evaluator, :mod:`skpub.evaluators.host`; the sequencer,
 :mod:`skpub.app.engines.sequencer_host`) that holds the state across
-micro-batches: the task sends it a request, the host answers, the task
-writes what must be durable. The durable state stays the truth: a host that
+micro-batches: the task sends it a request, the host answers; a host writes
+only in the checkpoint (idempotent files, the same on a replay), never in
+the output, which the task writes from the answer. The durable state stays the truth: a host that
 dies, or answers with an error, costs a rebuild, never a result (the task
 then runs the work itself).
 
@@ -233,6 +234,7 @@ def _sweep(directory: Path) -> None:
 
 def _connected(path: Path) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(START_SECONDS)  # a host whose backlog is full must not hang the task
     try:
         sock.connect(str(path))
     except OSError:

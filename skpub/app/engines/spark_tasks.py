@@ -11,7 +11,7 @@ that names it.
 
 ``SequencerTask`` runs in the one task after ``repartition(1)``, which hands
 the batch to the sequencer's host (:mod:`skpub.app.engines.sequencer_host`:
-one sequencer per executor machine, kept between batches) or runs it itself
+one sequencer per executor JVM, kept between batches) or runs it itself
 when the host cannot: it reads the parts' records in stream order, runs the :class:`~skpub.router.sequencer.Sequencer`
 on their compact columns (kind, id, owner, terms; targets and keywords of
 subscriptions), and writes each evaluator's routed rows to a file
@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -51,7 +52,7 @@ from skpub.evaluators.spark_processor import current_batch_id
 from skpub.kernel.config import Deployment, deployment_from_text
 from skpub.kernel.errors import CheckpointError, InputError
 from skpub.kernel.host import HostAddress, HostError, connect, recv_message, send_message, use_hosts, watched_pid
-from skpub.kernel.parts import write_part
+from skpub.kernel.parts import write_lines, write_part
 from skpub.kernel.records import DeadLetter, position_index, stream_position
 from skpub.kernel.registry import IdRegistry
 from skpub.kernel.runtime import tune_gc
@@ -179,13 +180,15 @@ class SequencerTask:
         tune_gc()
         batch_id = current_batch_id()
         table = pa.Table.from_batches(list(batches), schema=PARSE_REPORT_SCHEMA)
-        routed = None
+        outcome = None
         if self.hosts:
             try:
-                routed = self._via_host(batch_id, table)
+                outcome = self._via_host(batch_id, table)
             except Exception as exc:  # noqa: BLE001 - whatever the host did, the worker can sequence the batch
                 print(f"skpub: the sequencer runs batch {batch_id} in its worker: {exc}", file=sys.stderr)
-        yield from (self.run(batch_id, table) if routed is None else routed).to_batches()
+        routed, letters = self.run(batch_id, table) if outcome is None else outcome
+        write_lines(self.output_root, "dead_letters", batch_id, letters, "s")  # the task's, never the host's
+        yield from routed.to_batches()
 
     def to_json(self) -> dict:
         """Return the task's arguments as JSON (what its host needs to run it)."""
@@ -217,8 +220,8 @@ class SequencerTask:
             bool(raw["entries"]),
         )
 
-    def _via_host(self, batch_id: int, table: pa.Table) -> pa.Table:
-        """Run the batch in the sequencer's host; return its answer.
+    def _via_host(self, batch_id: int, table: pa.Table) -> tuple[pa.Table, bytes]:
+        """Run the batch in the sequencer's host; return its answer (as :meth:`run`'s).
 
         Raises
         ------
@@ -228,14 +231,17 @@ class SequencerTask:
         with connect(sequencer_host_address()) as sock:
             send_message(sock, {"op": "sequence", "batch_id": batch_id, "task": self.to_json()}, [table_bytes(table)])
             header, blobs = recv_message(sock)
-        if header.get("status") != "ok" or len(blobs) != 1:
+        if header.get("status") != "ok" or len(blobs) != 2:
             raise HostError(f"the sequencer host failed: {header.get('message')}")
-        return _table_of(blobs[0], ROUTED_FILE_SCHEMA)
+        return _table_of(blobs[0], ROUTED_FILE_SCHEMA), blobs[1]
 
-    def run(self, batch_id: int, table: pa.Table, hosted: bool = False) -> pa.Table:
+    def run(self, batch_id: int, table: pa.Table, hosted: bool = False) -> tuple[pa.Table, bytes]:
         """Sequence micro-batch ``batch_id`` (``table``: the parse reports), write each evaluator's routed rows.
 
-        Returns their files (:data:`ROUTED_FILE_COLUMNS`). The rows
+        Returns their files (:data:`ROUTED_FILE_COLUMNS`) and the sequencer's
+        dead letters as part-file bytes, which the task writes to the output
+        (a host writes only in the checkpoint, so one outliving its task
+        leaves nothing in the output). The rows
         (:data:`ROUTED_SCHEMA`) go to a file per evaluator in the checkpoint
         (Arrow IPC, written atomically; a replay of the batch writes the
         same rows again) rather than through Spark's shuffle: Spark's
@@ -259,7 +265,7 @@ class SequencerTask:
         end = stream_position(batch_id, sum(r["lines"] for r in reports))
         routed = routed_table(items, decisions, self.keys, end)
         rejected = _rejected_letters(self.files, reports, items, decisions, self.entries)
-        write_part(self.output_root, "dead_letters", batch_id, (d.to_json() for d in rejected), "s")
+        letters = b"".join(orjson.dumps(d.to_json()) + b"\n" for d in rejected)
         atomic_write_bytes(checkpoint.router_delta(batch_id), encode_journal(sequencer.registry.take_journal()))
         if batch_id % ROUTER_SNAPSHOT_EVERY == ROUTER_SNAPSHOT_EVERY - 1:
             atomic_write_bytes(checkpoint.router_snapshot(batch_id), registry_buffers(sequencer.registry))
@@ -285,7 +291,7 @@ class SequencerTask:
         _SEQUENCERS.clear()  # one run's sequencer per process: each holds its object-id horizon (80 MiB by default)
         _SEQUENCERS[self.run_id] = (batch_id, sequencer)
         partitioning = epoch.table.partitioning
-        return pa.Table.from_pydict(
+        routed_files = pa.Table.from_pydict(
             {
                 "evaluator": [self.keys[e] for e in files],
                 "path": [str(path) for path, _ in files.values()],
@@ -294,6 +300,7 @@ class SequencerTask:
             },
             schema=ROUTED_FILE_SCHEMA,
         )
+        return routed_files, letters
 
 
 _SEQUENCERS: dict[str, tuple[int, Sequencer]] = {}
@@ -327,7 +334,8 @@ def sequencer_host_handler() -> Callable[[socket.socket], None]:
 
     The request is ``{"op": "sequence", "batch_id": b, "task": SequencerTask.to_json()}``
     with the parse reports as one Arrow IPC blob; the answer ``{"status":
-    "ok"}`` with the routed files as one blob, or ``{"status": "error",
+    "ok"}`` with the routed files (Arrow IPC) and the dead letters (part-file
+    bytes, which the task writes) as two blobs, or ``{"status": "error",
     "message": ...}`` (the worker then sequences the batch itself).
     """
 
@@ -338,8 +346,8 @@ def sequencer_host_handler() -> Callable[[socket.socket], None]:
             if header.get("op") != "sequence" or len(blobs) != 1:
                 raise HostError(f"not a sequencer request: {header.get('op')!r} with {len(blobs)} blobs")
             table = _table_of(blobs[0], PARSE_REPORT_SCHEMA)
-            routed = SequencerTask.from_json(header["task"]).run(int(header["batch_id"]), table, hosted=True)
-            send_message(conn, {"status": "ok"}, [table_bytes(routed)])
+            routed, letters = SequencerTask.from_json(header["task"]).run(int(header["batch_id"]), table, hosted=True)
+            send_message(conn, {"status": "ok"}, [table_bytes(routed), letters])
         except Exception as exc:  # noqa: BLE001 - the worker sequences the batch itself
             with contextlib.suppress(OSError):
                 send_message(conn, {"status": "error", "message": f"{type(exc).__name__}: {exc}"})
