@@ -57,6 +57,13 @@ class BatchReport:
     (:func:`skpub.router.dispatch.accepted_controls`): what the daemon follows."""
 
 
+HOST_LINES = (
+    ("evaluator hosts", "applied", "hosted", "evaluator batches applied in a host"),
+    ("sequencer host", "sequenced", "sequenced_in_host", "batches sequenced in its host"),
+)
+"""The summary's host lines: label, :attr:`BatchReport.hosts` keys of the total and of those done in a host, noun."""
+
+
 def parallel_seconds(report: BatchReport, routing_units: int = 1) -> float:
     """Return the simulated parallel seconds of one micro-batch (DESIGN "Measuring load honestly").
 
@@ -178,14 +185,11 @@ class RunSummary:
                 f"  balancer          {self.balancer_mode}: {done}; {self.balancer['subscriptions']} subscription"
                 f" parts moved, {self.balancer['placements']} placements changed"
             )
-        if self.hosts["applied"]:
-            hosted, applied = self.hosts["hosted"], self.hosts["applied"]
-            why = "" if hosted == applied else " (the others by their task: hosts off, or see the engine log)"
-            lines.append(f"  evaluator hosts   {hosted} of {applied} evaluator batches applied in a host{why}")
-        if self.hosts["sequenced"]:
-            hosted, sequenced = self.hosts["sequenced_in_host"], self.hosts["sequenced"]
-            why = "" if hosted == sequenced else " (the others by their task: hosts off, or see the engine log)"
-            lines.append(f"  sequencer host    {hosted} of {sequenced} batches sequenced in its host{why}")
+        for label, total, hosted, what in HOST_LINES:
+            if self.hosts[total]:
+                done, of = self.hosts[hosted], self.hosts[total]
+                why = "" if done == of else " (the others by their task: hosts off, or see the engine log)"
+                lines.append(f"  {label:<17} {done} of {of} {what}{why}")
         if self.log_file:
             lines.append(f"  engine log        {self.log_file}")
         if self.skipped_inputs:
