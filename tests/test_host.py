@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -145,3 +146,33 @@ def test_starting_a_host_sweeps_the_files_of_hosts_whose_jvm_is_gone(tmp_path, m
         host.connect(host.HostAddress("e1", os.getpid(), "skpub.evaluators.host"))
     assert not any(f.exists() for f in stale)
     assert alive.exists()
+
+
+STUCK_HOST = """
+import sys, time
+from pathlib import Path
+from skpub.kernel.host import recv_message, serve
+
+def handle(conn):
+    recv_message(conn)
+    time.sleep(600)  # reads the request, never answers
+
+serve(Path(sys.argv[1]), int(sys.argv[2]), handle)
+"""
+
+
+def test_a_host_that_does_not_answer_is_stopped(tmp_path, monkeypatch):
+    """A stuck host costs one fallback: it is killed and its socket removed, so the next task starts a new one."""
+    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(host, "_FAILED_START", {})
+    monkeypatch.setattr(host, "_STARTED", [])
+    monkeypatch.setattr(host, "REQUEST_SECONDS", 2.0)
+    (tmp_path / "stuck_host.py").write_text(STUCK_HOST)
+    monkeypatch.syspath_prepend(str(tmp_path))  # the host's PYTHONPATH is this process's path
+    address = host.HostAddress("e5", os.getpid(), "stuck_host")
+    with pytest.raises(host.HostError, match="did not answer in time"), host.session(address) as sock:
+        host.send_message(sock, {"op": "apply"})
+        host.recv_message(sock)
+    [stuck] = host._STARTED
+    assert stuck.wait(timeout=30) == -signal.SIGKILL
+    assert not address.socket_path.exists()

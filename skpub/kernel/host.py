@@ -14,7 +14,9 @@ then runs the work itself).
 
 Messages are frames on a Unix socket in a directory only this user can
 enter: a JSON header and binary blobs; nothing is unpickled. Every read has
-a timeout, so a stuck host or client costs a fallback, never a hang. A host
+a timeout, so a stuck host or client costs a fallback, never a hang, and a
+host that does not answer in time is stopped (:func:`session`), so the next
+task starts a fresh one rather than waiting for it again. A host
 serves one connection at a time (two tasks of one role, as with speculation
 or two queries in one JVM, wait for each other), and exits, between
 requests, when the process it watches (the executor's JVM) is gone or after
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import signal
 import socket
 import stat
 import struct
@@ -34,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -215,6 +219,45 @@ def connect(address: HostAddress) -> socket.socket:
                     _FAILED_START[address.module] = f"the host at {path} did not start ({exc}; see {path}.log)"
                     raise HostError(_FAILED_START[address.module]) from None
                 time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def session(address: HostAddress) -> Iterator[socket.socket]:
+    """Connect to the host at ``address`` (:func:`connect`) for one request; close the connection after.
+
+    A read that times out (:data:`REQUEST_SECONDS` for an answer) retires
+    the host: it is killed and its socket removed, so the next task starts a
+    fresh host (the checkpoint is the truth: a host's state is a cache).
+
+    Raises
+    ------
+    HostError
+        If the host cannot be reached, or did not answer in time.
+    """
+    sock = connect(address)
+    try:
+        yield sock
+    except TimeoutError:
+        _retire(sock, address)
+        raise HostError(f"the host at {address.socket_path} did not answer in time: stopped") from None
+    finally:
+        sock.close()
+
+
+def _retire(sock: socket.socket, address: HostAddress) -> None:
+    """Kill the host at the other end of ``sock`` (``SO_PEERCRED``) and remove its socket.
+
+    Only a process of this user that runs ``address``'s module on its socket
+    is killed (the pid comes from the kernel, and its command line is checked).
+    """
+    path = address.socket_path
+    with contextlib.suppress(OSError):
+        pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if pid > 0 and address.module.encode() in argv and str(path).encode() in argv:
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        path.unlink()
 
 
 def _sweep(directory: Path) -> None:
