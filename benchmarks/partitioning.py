@@ -33,6 +33,7 @@ from pathlib import Path
 from skpub.app.engines.local import LocalPipeline
 from skpub.app.simulate import RunResult, Strategy, count_outputs, deployment_for, load_scenario, override, run_strategy
 from skpub.kernel.inputs import batches, iter_lines, take_sample
+from skpub.kernel.runtime import tune_gc
 from skpub.kernel.text import load_vocabulary
 from skpub.sims.geonames import write_workload
 
@@ -75,7 +76,11 @@ def part_figures(args: argparse.Namespace, workdir: Path) -> None:
 def _sequencer_us_per_object(scenario, stream: Path, vocabulary: Path, router: str) -> float:
     """Return the sequencer's CPU microseconds per object over the micro-batches of objects alone.
 
-    A batch that also carries subscribes or unsubscribes, or any line not
+    The collector is tuned as the engines tune it
+    (:func:`~skpub.kernel.runtime.tune_gc`; with Python's default thresholds,
+    full collections of the live subscriptions' objects took 1-2 s per
+    batch of subscribes and fell in whichever stage was allocating). A batch
+    that also carries subscribes or unsubscribes, or any line not
     accepted as an object, is left out: their routing (targets, registry,
     summaries) is not an object's cost (at 100,000 live subscriptions one
     batch holds 7,989 of them beside 12,011 objects; docs/benchmarks.md
@@ -87,6 +92,7 @@ def _sequencer_us_per_object(scenario, stream: Path, vocabulary: Path, router: s
     seconds = objects = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         pipeline = LocalPipeline.new(Path(tmp), dep, load_vocabulary(dep.vocabulary), sample)
+        tune_gc()  # as the engines run: under the default thresholds, collections land in whichever stage allocates
         for b, batch in enumerate(batches(itertools.chain(sample, lines), dep.batch_size)):
             report = pipeline.step(b, batch, count_outputs)
             if report.objects and report.objects == report.records:

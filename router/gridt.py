@@ -97,6 +97,15 @@ class TermTable:
             memo[term] = e
         return e
 
+    def evaluators_of(self, terms: Sequence[str]) -> np.ndarray:
+        """Vectorized :meth:`evaluator_of`: shape ``(len(terms),)``, int64; one dict lookup per term seen lately."""
+        memo = self._memo
+        found = [memo.get(term, -1) for term in terms]
+        out = np.fromiter(found, np.int64, len(found))
+        for k in np.flatnonzero(out < 0).tolist():
+            out[k] = self.evaluator_of(terms[k])
+        return out
+
     def to_json(self) -> dict:
         """Return ``{"evaluators": [...], "assigned": {term: evaluator}}`` (terms sorted)."""
         return {"evaluators": list(self.evaluators), "assigned": dict(sorted(self.assigned.items()))}
@@ -216,15 +225,21 @@ def route_objects(
     width = max(len(words), 1)
     pairs, pair = np.unique(np.asarray(classes, np.int64)[parents] * width + word, return_inverse=True)
     evaluator_of_pair = np.empty(len(pairs), np.int64)
-    for j, (c, w) in enumerate(zip((pairs // width).tolist(), (pairs % width).tolist(), strict=True)):
-        term = words[w]
-        e = tables[c].evaluator_of(term)
-        evaluator_of_pair[j] = e if held is None or term in held[e] else -1
+    pair_class = pairs // width
+    starts = np.flatnonzero(np.diff(pair_class, prepend=-1))  # pairs are sorted: each class's pairs are a run
+    ends = np.append(starts[1:], len(pairs)) if len(pairs) else starts
+    for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
+        terms_here = [words[w] for w in (pairs[lo:hi] % width).tolist()]
+        found = tables[int(pair_class[lo])].evaluators_of(terms_here)
+        if held is not None:  # H2: only a key held where H1 sends the term
+            kept = [t in held[e] for t, e in zip(terms_here, found.tolist(), strict=True)]
+            found[~np.fromiter(kept, bool, len(kept))] = -1
+        evaluator_of_pair[lo:hi] = found
     evaluator = evaluator_of_pair[pair.reshape(-1)]
     sent = evaluator >= 0
     objects, evaluator, word = parents[sent].astype(np.int64), evaluator[sent], word[sent]
     rank = np.empty(len(words), np.int64)
-    rank[sorted(range(len(words)), key=words.__getitem__)] = np.arange(len(words))
+    rank[pc.array_sort_indices(values).to_numpy()] = np.arange(len(words))  # UTF-8 byte order: code point order
     order = np.lexsort((rank[word], evaluator, objects))
     objects, evaluator, word = objects[order], evaluator[order], word[order]
     fresh = np.ones(len(objects), bool)

@@ -86,20 +86,27 @@ class TextualSummaries:
         Returns
         -------
         ndarray, shape (n,), bool
-            Each evaluator's objects' terms are looked up in that evaluator's
-            summary in Arrow (``is_in``): O(terms + summary keywords), with
-            no Python step per term or per object.
+            The terms are first looked up among every held keyword in Arrow
+            (``is_in`` against :meth:`key_array`, built again only when that
+            set changes); only the terms some summary holds (on GeoNames a
+            few percent) are then looked up in their owner's summary, in
+            Python. O(terms + keywords) in Arrow, O(terms held somewhere) in
+            Python.
         """
         admitted = np.zeros(len(terms), dtype=bool)
-        if not len(terms) or not any(self.counts):
+        if not len(terms) or not self._holders:
             return admitted
         lengths = pc.fill_null(pc.list_value_length(terms), 0).to_numpy()
         parents = np.repeat(np.arange(len(terms)), lengths)  # aligned with list_flatten, which skips null rows
         flat = pc.list_flatten(terms)
-        owners = np.asarray(evaluators)[parents]
-        for e, summary in enumerate(self.counts):
-            rows = np.flatnonzero(owners == e) if summary else ()
-            if len(rows):
-                held = pc.is_in(flat.take(pa.array(rows)), value_set=pa.array(list(summary), flat.type))
-                admitted[parents[rows[held.to_numpy(zero_copy_only=False)]]] = True
+        keys = self.key_array()
+        held = pc.fill_null(pc.is_in(flat, value_set=keys if keys.type == flat.type else keys.cast(flat.type)), False)
+        usable = np.flatnonzero(held.to_numpy(zero_copy_only=False))
+        if not len(usable):
+            return admitted
+        words = flat.take(pa.array(usable)).to_pylist()
+        owners = np.asarray(evaluators)[parents[usable]].tolist()
+        counts = self.counts
+        hit = np.fromiter((w in counts[e] for w, e in zip(words, owners, strict=True)), bool, len(words))
+        admitted[parents[usable[hit]]] = True
         return admitted
