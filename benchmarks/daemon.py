@@ -97,7 +97,7 @@ def daemon_processes(root: int) -> list[int]:
 
 
 def descendants(pid: int) -> list[int]:
-    """Process ``pid`` and all its descendants (``/proc/PID/task/*/children``), those still alive.
+    """Process ``pid`` and all its descendants (``/proc/PID/task/*/children``), those alive when their turn came.
 
     A thread that ends while its ``children`` is read is skipped, not its
     process: the JVM starts and ends task threads all the time, and skipping

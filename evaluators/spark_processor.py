@@ -52,7 +52,7 @@ from skpub.evaluators.evaluator import Evaluator
 from skpub.evaluators.host import host_for
 from skpub.evaluators.merge import encode_updates
 from skpub.evaluators.state import EvaluatorState, clock_of, restore_evaluator
-from skpub.kernel.host import HostError, recv_message, send_message, session, use_hosts
+from skpub.kernel.host import HostError, exchange, recv_message, send_message, use_hosts
 from skpub.kernel.parts import delivery_lines, write_lines, write_part
 from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import tune_gc
@@ -250,7 +250,7 @@ class EvaluatorProcessor(StatefulProcessor):
         HostError
             If the host cannot be reached or fails (:class:`~skpub.kernel.host.HostError`).
         """
-        with session(host_for(batch.evaluator)) as sock:
+        with exchange(host_for(batch.evaluator)) as sock:
             send_message(sock, {"op": "apply", **asdict(batch)})
             header, blobs = recv_message(sock)
             if header.get("status") == "restore":

@@ -192,7 +192,7 @@ def route_objects(
     tables : sequence of TermTable
         The rectangles' routing classes (:func:`routing_classes`).
     classes : ndarray, shape (n,), int
-        Object ``k``'s class.
+        Object ``k``'s class, an index into ``tables``.
     terms : pyarrow.ListArray of string, length n
         Object ``k``'s terms (nulls and repeats allowed).
     held : sequence of mappings, optional
@@ -226,7 +226,9 @@ def route_objects(
     pairs, pair = np.unique(np.asarray(classes, np.int64)[parents] * width + word, return_inverse=True)
     evaluator_of_pair = np.empty(len(pairs), np.int64)
     pair_class = pairs // width
-    starts = np.flatnonzero(np.diff(pair_class, prepend=-1))  # pairs are sorted: each class's pairs are a run
+    first = np.ones(len(pairs), bool)  # pairs are sorted: each class's pairs are a run
+    first[1:] = pair_class[1:] != pair_class[:-1]
+    starts = np.flatnonzero(first)
     ends = np.append(starts[1:], len(pairs)) if len(pairs) else starts
     for lo, hi in zip(starts.tolist(), ends.tolist(), strict=True):
         terms_here = [words[w] for w in (pairs[lo:hi] % width).tolist()]

@@ -456,8 +456,8 @@ class Sequencer:
     def sequence_table(self, items: pa.Table, partitioning: Partitioning | None = None) -> Decisions:
         """:meth:`sequence` for a micro-batch's located records in stream order (:data:`LOCATED_SCHEMA` rows).
 
-        The records stay columns: the summary test runs in Arrow over the
-        objects' terms (:meth:`TextualSummaries.admits_many`), and only
+        The records stay columns: the summary test filters the objects'
+        terms in Arrow (:meth:`TextualSummaries.admits_many`), and only
         subscriptions' targets become Python values. ``partitioning`` is the
         batch's epoch's: an object in one of its text-partitioned rectangles
         goes where its terms send it (:func:`skpub.router.gridt.route_objects`
@@ -483,7 +483,9 @@ class Sequencer:
             classes = partitioning.text_class[partitioning.rect_of[cy[chosen], cx[chosen]]]
             chosen_terms = terms.take(pa.array(chosen))
             tables = partitioning.term_tables
-            return chosen, route_objects(tables, classes, chosen_terms, summaries.counts, summaries.key_array())
+            return chosen, route_objects(
+                tables, classes, chosen_terms, summaries.counts, summaries.key_array(terms.type.value_type)
+            )
 
         decisions = self.sequence(
             items.column("kind").to_numpy(),

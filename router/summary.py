@@ -59,14 +59,18 @@ class TextualSummaries:
                     self._keys = None
         return expired
 
-    def key_array(self) -> pa.Array:
-        """Return every keyword some evaluator's summary holds, as an Arrow string array (any order).
+    def key_array(self, value_type: pa.DataType | None = None) -> pa.Array:
+        """Return every key some evaluator's summary holds, as an Arrow array (any order).
 
-        Built again only after a keyword first appears in or last leaves
-        every summary; O(keywords) then, O(1) otherwise.
+        ``value_type`` is ``pa.string()`` (the default) or ``pa.large_string()``,
+        that of the terms it is compared with.
+
+        Built again only after a key first appears in or last leaves every
+        summary; O(keys) then, O(1) otherwise.
         """
-        if self._keys is None:
-            self._keys = pa.array(list(self._holders), pa.string())
+        value_type = pa.string() if value_type is None else value_type
+        if self._keys is None or self._keys.type != value_type:
+            self._keys = pa.array(list(self._holders), value_type)
         return self._keys
 
     def admits(self, evaluator: int, terms: Iterable[str]) -> bool:
@@ -79,19 +83,28 @@ class TextualSummaries:
         Parameters
         ----------
         evaluators : ndarray, shape (n,), int
-            Object ``i``'s owner evaluator.
+            Object ``i``'s owner evaluator, ``0 <= evaluators[i] < len(counts)``.
         terms : pyarrow ListArray or LargeListArray of string, length n
             Nulls (records that are not objects) hold no term.
 
         Returns
         -------
         ndarray, shape (n,), bool
-            The terms are first looked up among every held keyword in Arrow
-            (``is_in`` against :meth:`key_array`, built again only when that
-            set changes); only the terms some summary holds (on GeoNames a
-            few percent) are then looked up in their owner's summary, in
-            Python. O(terms + keywords) in Arrow, O(terms held somewhere) in
-            Python.
+            True where a term of object ``i`` is a key of
+            ``counts[evaluators[i]]`` (as :meth:`admits`).
+
+        Raises
+        ------
+        IndexError
+            If an owner holding a candidate term is not an evaluator.
+
+        Notes
+        -----
+        The terms are first looked up among every held key in Arrow
+        (``is_in`` against :meth:`key_array`, built again only when that set
+        changes); only the terms some summary holds (7% on the GeoNames Q2
+        stream) are then looked up in their owner's summary, in Python.
+        O(terms + keys) in Arrow, O(terms held somewhere) in Python.
         """
         admitted = np.zeros(len(terms), dtype=bool)
         if not len(terms) or not self._holders:
@@ -99,13 +112,15 @@ class TextualSummaries:
         lengths = pc.fill_null(pc.list_value_length(terms), 0).to_numpy()
         parents = np.repeat(np.arange(len(terms)), lengths)  # aligned with list_flatten, which skips null rows
         flat = pc.list_flatten(terms)
-        keys = self.key_array()
-        held = pc.fill_null(pc.is_in(flat, value_set=keys if keys.type == flat.type else keys.cast(flat.type)), False)
+        held = pc.fill_null(pc.is_in(flat, value_set=self.key_array(flat.type)), False)
         usable = np.flatnonzero(held.to_numpy(zero_copy_only=False))
         if not len(usable):
             return admitted
         words = flat.take(pa.array(usable)).to_pylist()
-        owners = np.asarray(evaluators)[parents[usable]].tolist()
+        owners = np.asarray(evaluators)[parents[usable]]
+        if len(owners) and (owners.min() < 0 or owners.max() >= len(self.counts)):
+            raise IndexError(f"an owner outside evaluators 0..{len(self.counts) - 1}")
+        owners = owners.tolist()
         counts = self.counts
         hit = np.fromiter((w in counts[e] for w, e in zip(words, owners, strict=True)), bool, len(words))
         admitted[parents[usable[hit]]] = True

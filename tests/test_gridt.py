@@ -24,7 +24,7 @@ from skpub.router.sample import KeyedSample, parse_sample
 from skpub.router.summary import TextualSummaries
 from skpub.router.textpart import text_partitioning
 
-WORDS = ["a", "b", "c", "d", "e", "f", "g", "h"]
+WORDS = ["a", "ab", "b", "é", "ÿ", "Ā", "日本", "𝄞"]  # multi-byte and beyond the BMP: Arrow sorts UTF-8 bytes
 SPACE = Rect(0, 0, 100, 100)
 
 

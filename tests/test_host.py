@@ -91,20 +91,27 @@ def test_a_sequencer_task_travels_to_its_host_as_json(files):
     assert isinstance(back.files, type(files)) and back.entries is True and back.keys == [5, 9]
 
 
+def _serving(path, watch, handle) -> threading.Thread:  # noqa: ANN001
+    """Start :func:`host.serve` in a thread of this process; return once its socket exists."""
+    thread = threading.Thread(target=host.serve, args=(path, watch, handle), daemon=True)
+    thread.start()
+    for _ in range(500):
+        if path.exists():
+            break
+        time.sleep(0.01)
+    return thread
+
+
 def test_a_host_serves_until_the_process_it_watches_ends(tmp_path, monkeypatch):
     monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
     watched = subprocess.Popen(["sleep", "60"])
     address = host.HostAddress("e7", watched.pid, "skpub.evaluators.host")
     path = address.socket_path
     served = []
-    thread = threading.Thread(target=host.serve, args=(path, watched.pid, served.append))
-    thread.start()
+    thread = _serving(path, watched.pid, served.append)
     try:
-        for _ in range(200):
-            if path.exists():
-                break
-            time.sleep(0.01)
-        host.connect(address).close()
+        with host.exchange(address):
+            pass
     finally:
         watched.kill()
         watched.wait()
@@ -170,9 +177,34 @@ def test_a_host_that_does_not_answer_is_stopped(tmp_path, monkeypatch):
     (tmp_path / "stuck_host.py").write_text(STUCK_HOST)
     monkeypatch.syspath_prepend(str(tmp_path))  # the host's PYTHONPATH is this process's path
     address = host.HostAddress("e5", os.getpid(), "stuck_host")
-    with pytest.raises(host.HostError, match="did not answer in time"), host.session(address) as sock:
-        host.send_message(sock, {"op": "apply"})
-        host.recv_message(sock)
-    [stuck] = host._STARTED
-    assert stuck.wait(timeout=30) == -signal.SIGKILL
-    assert not address.socket_path.exists()
+    try:
+        with pytest.raises(host.HostError, match="did not answer in time"), host.exchange(address) as sock:
+            host.send_message(sock, {"op": "apply"})
+            host.recv_message(sock)
+        [stuck] = host._STARTED
+        assert stuck.wait(timeout=30) == -signal.SIGKILL
+        assert not address.socket_path.exists()
+    finally:
+        for child in host._STARTED:
+            child.kill()
+            child.wait()
+
+
+def test_only_a_host_is_stopped(tmp_path, monkeypatch):
+    """A peer that is not a host of the address (here: this test's process) is never killed, nor its socket removed."""
+    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(host, "REQUEST_SECONDS", 1.0)
+    monkeypatch.setattr(host, "IDLE_SECONDS", 2.0)  # the serving thread ends 2 s after its one connection
+    address = host.HostAddress("e6", os.getpid(), "skpub.evaluators.host")
+    path = address.socket_path
+    release = threading.Event()
+    thread = _serving(path, os.getpid(), lambda conn: release.wait(30))
+    try:
+        with pytest.raises(host.HostError, match="did not answer in time"), host.exchange(address) as sock:
+            host.send_message(sock, {"op": "apply"})
+            host.recv_message(sock)
+        assert path.exists()
+    finally:
+        release.set()
+        thread.join(timeout=30)
+    assert not thread.is_alive()

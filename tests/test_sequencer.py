@@ -87,17 +87,34 @@ def test_journals_replay_in_bulk_to_the_same_registry(ids, horizon, cuts):
 
 @settings(max_examples=150, deadline=None)
 @given(
-    held=st.lists(st.tuples(st.integers(0, 2), st.lists(st.sampled_from(WORDS), max_size=3)), max_size=6),
-    objects=st.lists(st.tuples(st.integers(0, 2), st.lists(st.sampled_from(WORDS), max_size=4)), max_size=20),
+    steps=st.lists(
+        st.tuples(st.booleans(), st.integers(0, 2), st.lists(st.sampled_from(WORDS), max_size=3)), max_size=10
+    ),
+    objects=st.lists(
+        st.tuples(st.integers(0, 2), st.none() | st.lists(st.none() | st.sampled_from(WORDS), max_size=4)), max_size=20
+    ),
+    large=st.booleans(),
 )
-def test_vectorized_summary_test_equals_per_object_test(held, objects):
+def test_vectorized_summary_test_equals_per_object_test(steps, objects, large):
+    """After every add or remove (the cached key array kept in step), the batch test equals the test per object."""
     summaries = TextualSummaries(3)
-    for e, keywords in held:
-        summaries.add(e, keywords)
+    held: list[list[str]] = [[], [], []]
+    string = pa.large_string() if large else pa.string()
+    terms = pa.array([t for _, t in objects], pa.large_list(string) if large else pa.list_(string))
     owners = np.array([e for e, _ in objects], dtype=np.int64)
-    terms = pa.array([t for _, t in objects], pa.list_(pa.string()))
-    expected = [summaries.admits(e, t) for e, t in objects]
-    assert summaries.admits_many(owners, terms).tolist() == expected
+    for remove, e, keywords in steps:
+        if remove:  # remove keywords this evaluator holds, once per holding
+            removed = []
+            for k in keywords:
+                if k in held[e]:
+                    held[e].remove(k)
+                    removed.append(k)
+            summaries.remove(e, removed)
+        else:
+            held[e].extend(keywords)
+            summaries.add(e, keywords)
+        expected = [summaries.admits(e, [w for w in t or () if w is not None]) for e, t in objects]
+        assert summaries.admits_many(owners, terms).tolist() == expected
 
 
 def test_a_sequencer_caught_up_by_journals_equals_one_rebuilt_from_them():

@@ -14,9 +14,10 @@ then runs the work itself).
 
 Messages are frames on a Unix socket in a directory only this user can
 enter: a JSON header and binary blobs; nothing is unpickled. Every read has
-a timeout, so a stuck host or client costs a fallback, never a hang, and a
-host that does not answer in time is stopped (:func:`session`), so the next
-task starts a fresh one rather than waiting for it again. A host
+a timeout, so a stuck host or client costs a fallback, never a hang. A
+host acknowledges a connection when it takes it up; one that then does not
+answer in time is stopped (:func:`exchange`), so the next task starts a
+fresh one rather than waiting for it again. A host
 serves one connection at a time (two tasks of one role, as with speculation
 or two queries in one JVM, wait for each other), and exits, between
 requests, when the process it watches (the executor's JVM) is gone or after
@@ -64,13 +65,26 @@ class HostError(SkpubError):
     """The host could not be reached, or failed: the caller does the work itself."""
 
 
+class HostTimeout(HostError):
+    """A read or write on a host's connection timed out."""
+
+
 def send_message(sock: socket.socket, header: dict, blobs: list[bytes] = ()) -> None:  # type: ignore[assignment]
-    """Send one frame: the header as JSON, then the blobs, each preceded by its length (bytes)."""
+    """Send one frame: the header as JSON, then the blobs, each preceded by its length (bytes).
+
+    Raises
+    ------
+    HostTimeout
+        If the socket's timeout passes first.
+    """
     head = orjson.dumps(header)
-    sock.sendall(_LENGTH.pack(len(head)) + head + _LENGTH.pack(len(blobs)))
-    for blob in blobs:
-        sock.sendall(_LENGTH.pack(len(blob)))
-        sock.sendall(blob)
+    try:
+        sock.sendall(_LENGTH.pack(len(head)) + head + _LENGTH.pack(len(blobs)))
+        for blob in blobs:
+            sock.sendall(_LENGTH.pack(len(blob)))
+            sock.sendall(blob)
+    except TimeoutError:
+        raise HostTimeout("a write on the host connection timed out") from None
 
 
 def _read_exact(stream, n: int) -> bytes:  # noqa: ANN001
@@ -87,18 +101,21 @@ def recv_message(sock: socket.socket) -> tuple[dict, list[bytes]]:
     ------
     HostError
         If the connection ends early or the frame exceeds the bounds.
-    TimeoutError
+    HostTimeout
         If the socket's timeout passes first.
     """
     stream = sock.makefile("rb")
-    size = _LENGTH.unpack(_read_exact(stream, 8))[0]
-    if size > MAX_HEADER:
-        raise HostError(f"a header of {size} bytes")
-    header = orjson.loads(_read_exact(stream, size))
-    count = _LENGTH.unpack(_read_exact(stream, 8))[0]
-    if count > MAX_BLOBS:
-        raise HostError(f"{count} blobs")
-    blobs = [_read_exact(stream, _LENGTH.unpack(_read_exact(stream, 8))[0]) for _ in range(count)]
+    try:
+        size = _LENGTH.unpack(_read_exact(stream, 8))[0]
+        if size > MAX_HEADER:
+            raise HostError(f"a header of {size} bytes")
+        header = orjson.loads(_read_exact(stream, size))
+        count = _LENGTH.unpack(_read_exact(stream, 8))[0]
+        if count > MAX_BLOBS:
+            raise HostError(f"{count} blobs")
+        blobs = [_read_exact(stream, _LENGTH.unpack(_read_exact(stream, 8))[0]) for _ in range(count)]
+    except TimeoutError:
+        raise HostTimeout("a read on the host connection timed out") from None
     return header, blobs
 
 
@@ -222,42 +239,68 @@ def connect(address: HostAddress) -> socket.socket:
 
 
 @contextlib.contextmanager
-def session(address: HostAddress) -> Iterator[socket.socket]:
-    """Connect to the host at ``address`` (:func:`connect`) for one request; close the connection after.
+def exchange(address: HostAddress) -> Iterator[socket.socket]:
+    """Connect to the host at ``address`` (:func:`connect`) and wait for it to take the connection up.
 
-    A read that times out (:data:`REQUEST_SECONDS` for an answer) retires
-    the host: it is killed and its socket removed, so the next task starts a
-    fresh host (the checkpoint is the truth: a host's state is a cache).
+    Yields the connected socket, on which the caller sends its request and
+    reads the answers; each read or write times out after
+    :data:`REQUEST_SECONDS`. A host that took the connection up (its
+    acknowledgement came) and then lets a read or write time out is
+    *stopped*: killed, and its socket removed if it is still the one
+    connected to, so the next task starts a fresh host (the checkpoint is
+    the truth: a host's state is a cache; a host killed in the middle of a
+    checkpoint write leaves no partial file, writes being atomic). A host
+    still busy with another connection is left alone.
 
     Raises
     ------
     HostError
-        If the host cannot be reached, or did not answer in time.
+        If the host cannot be reached, is busy past :data:`REQUEST_SECONDS`,
+        or does not answer in time, or the connection fails.
     """
     sock = connect(address)
+    path = address.socket_path
+    try:
+        inode = path.stat().st_ino
+        recv_message(sock)  # the host's acknowledgement: it serves this connection now
+    except (HostError, OSError) as exc:
+        sock.close()
+        raise HostError(f"the host at {path} did not take the connection up: {exc}") from None
     try:
         yield sock
-    except TimeoutError:
-        _retire(sock, address)
-        raise HostError(f"the host at {address.socket_path} did not answer in time: stopped") from None
+    except HostTimeout:
+        _stop(sock, path, inode, address.module)
+        raise HostError(f"the host at {path} did not answer in time: stopped") from None
+    except OSError as exc:
+        raise HostError(f"the connection to the host at {path} failed: {exc}") from None
     finally:
         sock.close()
 
 
-def _retire(sock: socket.socket, address: HostAddress) -> None:
-    """Kill the host at the other end of ``sock`` (``SO_PEERCRED``) and remove its socket.
+def _stop(sock: socket.socket, path: Path, inode: int, module: str) -> None:
+    """Kill the host at the other end of ``sock``; remove its socket ``path`` if it is still ``inode``.
 
-    Only a process of this user that runs ``address``'s module on its socket
-    is killed (the pid comes from the kernel, and its command line is checked).
+    The host's pid and uid come from the kernel (``SO_PEERCRED``); only a
+    process of this user whose command line runs ``module`` on ``path`` is
+    killed, through a pidfd opened before the check (a pid reused meanwhile
+    is not hit). The socket is removed only when the kill was sent and the
+    path still names the socket connected to (not a successor's).
     """
-    path = address.socket_path
+    killed = False
     with contextlib.suppress(OSError):
-        pid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if pid > 0 and address.module.encode() in argv and str(path).encode() in argv:
-            os.kill(pid, signal.SIGKILL)
+        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+        if pid > 0 and uid == os.getuid():
+            fd = os.pidfd_open(pid)
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if module.encode() in argv and str(path).encode() in argv:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    killed = True
+            finally:
+                os.close(fd)
     with contextlib.suppress(OSError):
-        path.unlink()
+        if killed and path.stat().st_ino == inode:
+            path.unlink()
 
 
 def _sweep(directory: Path) -> None:
@@ -290,7 +333,10 @@ def _connected(path: Path) -> socket.socket:
 def serve(path: Path, watch: int, handle) -> None:  # noqa: ANN001
     """Serve requests at ``path`` one connection at a time until ``watch`` ends or :data:`IDLE_SECONDS` pass.
 
-    ``handle(conn)`` answers one connection.
+    ``handle(conn)`` answers one connection, after the host's
+    acknowledgement (a ``{"status": "serving"}`` frame, which
+    :func:`exchange` waits for); a client gone, or a connection that fails,
+    ends that connection only.
     """
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
@@ -311,8 +357,9 @@ def serve(path: Path, watch: int, handle) -> None:  # noqa: ANN001
                 conn, _ = listener.accept()
             except TimeoutError:
                 continue
-            with conn:
+            with conn, contextlib.suppress(HostError, OSError):  # a client gone before its turn
                 conn.settimeout(READ_SECONDS)
+                send_message(conn, {"status": "serving"})  # the client's clock for a stuck host starts here
                 handle(conn)
             last = time.monotonic()
     finally:

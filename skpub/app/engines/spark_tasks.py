@@ -51,7 +51,7 @@ from skpub.app.journal import SegmentFiles
 from skpub.evaluators.spark_processor import current_batch_id
 from skpub.kernel.config import Deployment, deployment_from_text
 from skpub.kernel.errors import CheckpointError, InputError
-from skpub.kernel.host import HostAddress, HostError, recv_message, send_message, session, use_hosts, watched_pid
+from skpub.kernel.host import HostAddress, HostError, exchange, recv_message, send_message, use_hosts, watched_pid
 from skpub.kernel.parts import write_lines, write_part
 from skpub.kernel.records import DeadLetter, position_index, stream_position
 from skpub.kernel.registry import IdRegistry
@@ -228,7 +228,7 @@ class SequencerTask:
         HostError
             If the host cannot be reached or fails.
         """
-        with session(sequencer_host_address()) as sock:
+        with exchange(sequencer_host_address()) as sock:
             send_message(sock, {"op": "sequence", "batch_id": batch_id, "task": self.to_json()}, [table_bytes(table)])
             header, blobs = recv_message(sock)
         if header.get("status") != "ok" or len(blobs) != 2:
