@@ -99,6 +99,7 @@ def _serving(path, watch, handle) -> threading.Thread:  # noqa: ANN001
         if path.exists():
             break
         time.sleep(0.01)
+    assert path.exists()
     return thread
 
 
@@ -195,6 +196,8 @@ def test_only_a_host_is_stopped(tmp_path, monkeypatch):
     monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(host, "REQUEST_SECONDS", 1.0)
     monkeypatch.setattr(host, "IDLE_SECONDS", 2.0)  # the serving thread ends 2 s after its one connection
+    monkeypatch.setattr(host, "_FAILED_START", {})
+    monkeypatch.setattr(host.sys, "executable", "/bin/false")  # no real host starts if the thread's is missed
     address = host.HostAddress("e6", os.getpid(), "skpub.evaluators.host")
     path = address.socket_path
     release = threading.Event()
@@ -208,3 +211,26 @@ def test_only_a_host_is_stopped(tmp_path, monkeypatch):
         release.set()
         thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def test_a_peer_that_does_not_acknowledge_is_not_a_host(tmp_path, monkeypatch):
+    """A frame other than the acknowledgement (a host of another protocol, say) is a fallback, not a request."""
+    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
+    address = host.HostAddress("e4", os.getpid(), "skpub.evaluators.host")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(address.socket_path))
+    listener.listen(1)
+
+    def answer() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            host.send_message(conn, {"status": "error", "message": "unknown op"})
+
+    thread = threading.Thread(target=answer, daemon=True)
+    thread.start()
+    try:
+        with pytest.raises(host.HostError, match="not an acknowledgement"), host.exchange(address):
+            pytest.fail("the body runs only after an acknowledgement")
+    finally:
+        thread.join(timeout=30)
+        listener.close()

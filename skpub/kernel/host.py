@@ -28,6 +28,7 @@ module cannot start uses no host of that module from then on.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import fcntl
 import os
 import signal
@@ -52,6 +53,10 @@ REQUEST_SECONDS = 1800.0
 """The longest a task waits for its host's answer (a micro-batch's work), seconds."""
 READ_SECONDS = 120.0
 """The longest a host waits for a message of its client, seconds."""
+HANDLE_SECONDS = 2 * REQUEST_SECONDS
+"""A host that spends longer on one connection exits (its watchdog): no task is left to stop it."""
+ACKNOWLEDGEMENT = {"status": "serving"}
+"""The frame a host sends when it takes a connection up."""
 START_SECONDS = 30.0
 """The longest a task waits for a host it started to listen, seconds."""
 MAX_SOCKET_PATH = 100
@@ -258,49 +263,63 @@ def exchange(address: HostAddress) -> Iterator[socket.socket]:
         If the host cannot be reached, is busy past :data:`REQUEST_SECONDS`,
         or does not answer in time, or the connection fails.
     """
-    sock = connect(address)
-    path = address.socket_path
     try:
-        inode = path.stat().st_ino
-        recv_message(sock)  # the host's acknowledgement: it serves this connection now
-    except (HostError, OSError) as exc:
-        sock.close()
-        raise HostError(f"the host at {path} did not take the connection up: {exc}") from None
-    try:
-        yield sock
-    except HostTimeout:
-        _stop(sock, path, inode, address.module)
-        raise HostError(f"the host at {path} did not answer in time: stopped") from None
+        sock = connect(address)
     except OSError as exc:
-        raise HostError(f"the connection to the host at {path} failed: {exc}") from None
+        raise HostError(f"the host of {address.role} could not be reached: {exc}") from None
+    try:
+        path = address.socket_path
+        try:
+            inode = path.stat().st_ino
+            header, _ = recv_message(sock)  # the host's acknowledgement: it serves this connection now
+        except (HostError, OSError, ValueError) as exc:
+            raise HostError(f"the host at {path} did not take the connection up: {exc}") from None
+        if header != ACKNOWLEDGEMENT:
+            raise HostError(f"the host at {path} answered {header!r}, not an acknowledgement")
+        try:
+            yield sock
+        except HostTimeout:
+            stopped = _stop(sock, path, inode, address.module)
+            raise HostError(f"the host at {path} did not answer in time{': stopped' if stopped else ''}") from None
+        except OSError as exc:
+            raise HostError(f"the connection to the host at {path} failed: {exc}") from None
     finally:
         sock.close()
 
 
-def _stop(sock: socket.socket, path: Path, inode: int, module: str) -> None:
+def _stop(sock: socket.socket, path: Path, inode: int, module: str) -> bool:
     """Kill the host at the other end of ``sock``; remove its socket ``path`` if it is still ``inode``.
 
     The host's pid and uid come from the kernel (``SO_PEERCRED``); only a
     process of this user whose command line runs ``module`` on ``path`` is
     killed, through a pidfd opened before the check (a pid reused meanwhile
-    is not hit). The socket is removed only when the kill was sent and the
-    path still names the socket connected to (not a successor's).
+    is not hit; where the kernel has no pidfds, by pid). The socket is
+    removed only when the kill was sent and the path still names the socket
+    connected to (not a successor's). Returns whether the kill was sent.
     """
     killed = False
     with contextlib.suppress(OSError):
         pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
         if pid > 0 and uid == os.getuid():
-            fd = os.pidfd_open(pid)
+            try:
+                fd = os.pidfd_open(pid)
+            except (OSError, AttributeError):  # no pidfds (Linux before 5.3)
+                fd = None
             try:
                 argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-                if module.encode() in argv and str(path).encode() in argv:
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                if os.fsencode(module) in argv and os.fsencode(path) in argv:
+                    if fd is None:
+                        os.kill(pid, signal.SIGKILL)
+                    else:
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
                     killed = True
             finally:
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
     with contextlib.suppress(OSError):
         if killed and path.stat().st_ino == inode:
             path.unlink()
+    return killed
 
 
 def _sweep(directory: Path) -> None:
@@ -334,9 +353,12 @@ def serve(path: Path, watch: int, handle) -> None:  # noqa: ANN001
     """Serve requests at ``path`` one connection at a time until ``watch`` ends or :data:`IDLE_SECONDS` pass.
 
     ``handle(conn)`` answers one connection, after the host's
-    acknowledgement (a ``{"status": "serving"}`` frame, which
-    :func:`exchange` waits for); a client gone, or a connection that fails,
-    ends that connection only.
+    acknowledgement (:data:`ACKNOWLEDGEMENT`, which :func:`exchange` waits
+    for); a client gone, or a connection that fails, ends that connection
+    only. A connection handled for longer than :data:`HANDLE_SECONDS` ends
+    the host (``faulthandler`` writes its threads' stacks to its log): the
+    task that would stop it may be gone, and the next tasks would only
+    wait behind it.
     """
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(path))
@@ -359,8 +381,12 @@ def serve(path: Path, watch: int, handle) -> None:  # noqa: ANN001
                 continue
             with conn, contextlib.suppress(HostError, OSError):  # a client gone before its turn
                 conn.settimeout(READ_SECONDS)
-                send_message(conn, {"status": "serving"})  # the client's clock for a stuck host starts here
-                handle(conn)
+                send_message(conn, ACKNOWLEDGEMENT)  # the client's clock for a stuck host starts here
+                faulthandler.dump_traceback_later(HANDLE_SECONDS, exit=True)  # to the log, then exit
+                try:
+                    handle(conn)
+                finally:
+                    faulthandler.cancel_dump_traceback_later()
             last = time.monotonic()
     finally:
         listener.close()
