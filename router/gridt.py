@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 
 from skpub.kernel.text import hashed_evaluator
 from skpub.router.errors import RoutingError
+from skpub.router.summary import terms_among
 
 MEMO_TERMS = 1 << 18
 """Terms a :class:`TermTable` remembers the evaluator of (then it forgets them all): bounds its memory."""
@@ -209,15 +210,9 @@ def route_objects(
         distinct (class, key term) of the batch, not per object. O(terms +
         keys held).
     """
-    flat = pc.list_flatten(terms)
-    parents = pc.list_parent_indices(terms).to_numpy()
-    if held is None:
-        usable = pc.is_valid(flat)
-    else:  # few of an object's terms are keys: filter before anything runs per term
-        keys = pa.array(list(set().union(*held)), pa.string()) if keys is None else keys
-        usable = pc.is_in(flat, value_set=keys)
-    where = np.flatnonzero(pc.fill_null(usable, False).to_numpy(zero_copy_only=False))
-    parents = parents[where]
+    if held is not None and keys is None:  # few of an object's terms are keys: filter before anything runs per term
+        keys = pa.array(list(set().union(*held)), terms.type.value_type)
+    flat, parents, where = terms_among(terms, keys if held is not None else None)
     encoded = pc.dictionary_encode(flat.take(pa.array(where, pa.int64())))  # each distinct term looked up once
     values = encoded.dictionary
     words = values.to_pylist()

@@ -21,6 +21,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
+def terms_among(terms: pa.ListArray, keys: pa.Array | None) -> tuple[pa.Array, np.ndarray, np.ndarray]:
+    """Flatten lists of terms and find those among ``keys`` (every non-null term when ``keys`` is None).
+
+    Returns
+    -------
+    (flat, parents, where)
+        ``flat``: the terms, flattened (Arrow, null rows skipped); ``where``
+        (int64, ascending): the indices into ``flat`` of the terms found;
+        ``parents`` (int64, aligned with ``where``): the row of ``terms``
+        each came from. One Arrow ``is_in``: O(terms + keys).
+    """
+    flat = pc.list_flatten(terms)
+    found = pc.is_valid(flat) if keys is None else pc.is_in(flat, value_set=keys)
+    where = np.flatnonzero(pc.fill_null(found, False).to_numpy(zero_copy_only=False))
+    return flat, pc.list_parent_indices(terms).to_numpy()[where].astype(np.int64), where
+
+
 class TextualSummaries:
     """Keyword reference counts per evaluator: ``counts[e][keyword] -> int``."""
 
@@ -109,19 +126,15 @@ class TextualSummaries:
         admitted = np.zeros(len(terms), dtype=bool)
         if not len(terms) or not self._holders:
             return admitted
-        lengths = pc.fill_null(pc.list_value_length(terms), 0).to_numpy()
-        parents = np.repeat(np.arange(len(terms)), lengths)  # aligned with list_flatten, which skips null rows
-        flat = pc.list_flatten(terms)
-        held = pc.fill_null(pc.is_in(flat, value_set=self.key_array(flat.type)), False)
-        usable = np.flatnonzero(held.to_numpy(zero_copy_only=False))
+        flat, parents, usable = terms_among(terms, self.key_array(terms.type.value_type))
         if not len(usable):
             return admitted
         words = flat.take(pa.array(usable)).to_pylist()
-        owners = np.asarray(evaluators)[parents[usable]]
+        owners = np.asarray(evaluators)[parents]
         if len(owners) and (owners.min() < 0 or owners.max() >= len(self.counts)):
             raise IndexError(f"an owner outside evaluators 0..{len(self.counts) - 1}")
         owners = owners.tolist()
         counts = self.counts
         hit = np.fromiter((w in counts[e] for w, e in zip(words, owners, strict=True)), bool, len(words))
-        admitted[parents[usable[hit]]] = True
+        admitted[parents[hit]] = True
         return admitted
