@@ -32,10 +32,11 @@ def terms_among(terms: pa.ListArray, keys: pa.Array | None) -> tuple[pa.Array, n
         ``parents`` (int64, aligned with ``where``): the row of ``terms``
         each came from. One Arrow ``is_in``: O(terms + keys).
     """
-    flat = pc.list_flatten(terms)
+    flat = pc.list_flatten(terms)  # skips null rows, whatever their offsets span
+    lengths = pc.fill_null(pc.list_value_length(terms), 0).to_numpy()
     found = pc.is_valid(flat) if keys is None else pc.is_in(flat, value_set=keys)
     where = np.flatnonzero(pc.fill_null(found, False).to_numpy(zero_copy_only=False))
-    return flat, pc.list_parent_indices(terms).to_numpy()[where].astype(np.int64), where
+    return flat, np.repeat(np.arange(len(terms), dtype=np.int64), lengths)[where], where
 
 
 class TextualSummaries:
