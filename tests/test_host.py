@@ -234,3 +234,37 @@ def test_a_peer_that_does_not_acknowledge_is_not_a_host(tmp_path, monkeypatch):
     finally:
         thread.join(timeout=30)
         listener.close()
+
+
+def test_a_host_whose_backlog_is_full_is_busy_not_replaced(tmp_path, monkeypatch):
+    """A full backlog is a fallback: the live host's socket stays, and no second host of the role starts."""
+    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(host, "_FAILED_START", {})
+    monkeypatch.setattr(host, "_STARTED", [])
+    monkeypatch.setattr(host.sys, "executable", "/bin/false")  # a start attempted would say "did not start"
+    address = host.HostAddress("e2", os.getpid(), "skpub.evaluators.host")
+    path = address.socket_path
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(0)  # never accepts: the queue fills
+    inode = path.stat().st_ino
+    queued = []
+    try:
+        while True:
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.setblocking(False)
+            try:
+                client.connect(str(path))
+            except BlockingIOError:
+                client.close()
+                break
+            queued.append(client)
+        assert queued  # one connection waits in the queue
+        with pytest.raises(host.HostError, match="busy"), host.exchange(address):
+            pytest.fail("no exchange with a busy host")
+        assert path.stat().st_ino == inode
+        assert host._STARTED == []
+    finally:
+        for client in queued:
+            client.close()
+        listener.close()

@@ -201,8 +201,9 @@ def connect(address: HostAddress) -> socket.socket:
     Raises
     ------
     HostError
-        If this worker could not start a host before, or no host answers
-        within :data:`START_SECONDS` (or the one started exits).
+        If this worker could not start a host before, the host's backlog is
+        full, or no host answers within :data:`START_SECONDS` (or the one
+        started exits).
     """
     failed = _FAILED_START.get(address.module)
     if failed is not None:
@@ -338,10 +339,24 @@ def _sweep(directory: Path) -> None:
 
 
 def _connected(path: Path) -> socket.socket:
+    """Connect to the socket at ``path``; reads and writes time out after :data:`REQUEST_SECONDS`.
+
+    Raises
+    ------
+    HostError
+        If a host listens there but its backlog is full (Linux refuses a
+        Unix socket's connect at once then, ``EAGAIN``): the host is alive,
+        so the caller falls back rather than start a second one.
+    OSError
+        If no host listens there (no socket, or a socket nobody accepts on).
+    """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(START_SECONDS)  # a host whose backlog is full must not hang the task
+    sock.settimeout(START_SECONDS)
     try:
         sock.connect(str(path))
+    except BlockingIOError as exc:
+        sock.close()
+        raise HostError(f"the host at {path} is busy: its backlog is full ({exc})") from None
     except OSError:
         sock.close()
         raise
