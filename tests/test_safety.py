@@ -11,7 +11,7 @@ import time
 import pytest
 
 import skpub.router.locate
-from skpub.app.checkpoint import Checkpoint
+from skpub.app.checkpoint import Checkpoint, checkpoint_foreign_entries
 from skpub.app.cli import main
 from skpub.app.engines.local import run_local
 from skpub.app.summary import RunObserver, RunSummary
@@ -150,6 +150,20 @@ def test_checkpoint_with_foreign_files_is_never_cleared(tmp_path, foreign, marke
     with pytest.raises(CheckpointError, match="did not write"):
         Checkpoint(root).create()
     assert path.read_text() == "precious"
+
+
+def test_a_checkpoint_of_the_old_base_name_still_resumes_from_its_bases(tmp_path):
+    """Bases were named ``snapshot-<b>.json`` before 2026-11-27: still skpub's, read as bases; the new name wins."""
+    checkpoint = Checkpoint(tmp_path / "ckpt")
+    checkpoint.create()
+    for folder in (checkpoint.router, checkpoint.merge):
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in ("snapshot-00000015.json", "snapshot-00000031.json", "base-00000031.json", "delta-00000032.json"):
+            (folder / name).write_text("{}")
+    assert checkpoint_foreign_entries(checkpoint.root) == []
+    for files, folder in ((checkpoint.router_files, checkpoint.router), (checkpoint.merge_files, checkpoint.merge)):
+        assert files("base") == {15: folder / "snapshot-00000015.json", 31: folder / "base-00000031.json"}
+        assert files("delta") == {32: folder / "delta-00000032.json"}
 
 
 def test_memory_estimate_refuses_many_evaluators_on_a_grid_that_has_room(tmp_path, capsys):

@@ -178,9 +178,9 @@ def _wait_for_parts(folder, count, proc, timeout_seconds=240):
 def test_killed_run_restarts_from_checkpoint_with_exact_output(tmp_path):
     """SIGKILL the driver (and its JVM) mid-stream, restart: none lost, none twice, ranked results exact.
 
-    The kill comes after the router's and the merge's first snapshots (batch
+    The kill comes after the router's and the merge's first bases (batch
     15), so the restart rebuilds the registry and the merged results from a
-    snapshot plus later deltas, and the evaluators their windows from the
+    base plus later deltas, and the evaluators their windows from the
     state store.
     """
     lines = ranked_workload(seed=33, n=1200)
@@ -201,7 +201,7 @@ def test_killed_run_restarts_from_checkpoint_with_exact_output(tmp_path):
     done = _batches_written(out / "statistics")
     assert done < batches, "the run finished before the kill; nothing was tested"
     assert not (out / "_SUCCESS").exists()
-    assert (out / "_checkpoint" / "router" / "snapshot-00000015.json").exists()
+    assert (out / "_checkpoint" / "router" / "base-00000015.json").exists()
     rerun = _cli(args)
     output, _ = rerun.communicate(timeout=600)
     assert rerun.returncode == 0, output
@@ -212,7 +212,7 @@ def test_killed_run_restarts_from_checkpoint_with_exact_output(tmp_path):
     assert sum(1 for s in expected.snapshots if s["results"]) > 50
     for folder in ("router", "merge"):
         deltas = list((out / "_checkpoint" / folder).glob("delta-*.json"))
-        assert 0 < len(deltas) <= 16, f"{folder} deltas before the last snapshot must be pruned"
+        assert 0 < len(deltas) <= 16, f"{folder} deltas before the last base must be pruned"
     for folder in ("located", "routed"):
         assert not list((out / "_checkpoint" / folder).iterdir()), f"{folder} rows of finished batches must be deleted"
 

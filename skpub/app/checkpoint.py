@@ -7,8 +7,8 @@
     source/chunk-<b>-<p>.raw the staged input of checkpoints before format 6 (cleared, never read)
     epochs/epoch-<n>.json    published routing epochs
     router/              the id registry: delta-<b>.json journals,
-                         snapshot-<b>.json snapshots, report-<b>.json counters
-    merge/               the ranked merge's results: delta-<b>.json changes, snapshot-<b>.json
+                         base-<b>.json the whole registry, report-<b>.json counters
+    merge/               the ranked merge's results: delta-<b>.json changes, base-<b>.json all of them
     located/rows-<b>-<p>.arrow micro-batch b's located rows of part p (Arrow IPC stream),
                          written by the parse task, read by the sequencer task
     routed/rows-<b>-<e>.arrow  micro-batch b's routed rows for evaluator e (Arrow IPC stream),
@@ -40,8 +40,8 @@ MANIFEST = "manifest.json"
 _OWN = {
     "source": own_files(r"chunk-\d{8}(-\d{3})?\.raw"),  # staged input before format 6: cleared, never read
     "epochs": own_files(r"epoch-\d{6}\.json"),
-    "router": own_files(r"(?:delta|snapshot|report)-\d{8}\.json"),
-    "merge": own_files(r"(?:delta|snapshot)-\d{8}\.json"),
+    "router": own_files(r"(?:delta|base|snapshot|report)-\d{8}\.json"),  # snapshot: a base, named before 2026-11-27
+    "merge": own_files(r"(?:delta|base|snapshot)-\d{8}\.json"),
     "located": own_files(r"rows-\d{8}-\d{3,}\.arrow"),
     "routed": own_files(r"rows-\d{8}-\d{3,}\.arrow"),
     "balancer": own_files(r"(?:plan-\d{8}|handoff-\d{8}-\d{3,})\.json"),
@@ -51,6 +51,19 @@ _ROW_FILE_RE = own_files(r"rows-(\d{8})-\d{3,}\.arrow")
 """Row files and their temporary names: the batch is group 1 in a name, group 2 in a temporary name (own_files)."""
 _BALANCER_FILE_RE = own_files(r"(?:plan|handoff)-(\d{8})(?:-\d{3,})?\.json")
 _MARKER_RE = own_files(r"skpub-checkpoint\.json")
+
+
+LEGACY_BASE = "snapshot"
+"""What a base file was named before 2026-11-27: read as a base, so older checkpoints still resume."""
+
+
+def _numbered(folder: Path, kind: str) -> dict[int, Path]:
+    """Batch id -> file of ``folder``'s ``<kind>-<batch>.json`` files; a ``base`` includes :data:`LEGACY_BASE`'s.
+
+    Where a batch has both names (a base written again after an upgrade), the new name wins.
+    """
+    kinds = (LEGACY_BASE, kind) if kind == "base" else (kind,)
+    return {int(p.stem.split("-")[1]): p for k in kinds for p in sorted(folder.glob(f"{k}-*.json"))}
 
 
 def checkpoint_foreign_entries(root: Path) -> list[str]:
@@ -155,25 +168,21 @@ class Checkpoint:
             if folder.is_dir() and not folder.is_symlink():
                 shutil.rmtree(folder)
 
-    def router_delta(self, batch_id: int) -> Path:
-        """Return the file of the id registry's changes in micro-batch ``batch_id``."""
-        return self.router / f"delta-{batch_id:08d}.json"
-
-    def router_snapshot(self, batch_id: int) -> Path:
-        """Return the file of the whole id registry after micro-batch ``batch_id``."""
-        return self.router / f"snapshot-{batch_id:08d}.json"
+    def router_file(self, kind: str, batch_id: int) -> Path:
+        """Return the id registry's ``delta`` (changes in micro-batch ``batch_id``) or ``base`` (all of it after it)."""
+        return self.router / f"{kind}-{batch_id:08d}.json"
 
     def router_files(self, kind: str) -> dict[int, Path]:
-        """Batch id -> file, for ``kind`` ``delta`` or ``snapshot``."""
-        return {int(p.stem.split("-")[1]): p for p in self.router.glob(f"{kind}-*.json")}
+        """Batch id -> file, for the registry's ``delta`` or ``base`` files (:func:`_numbered`)."""
+        return _numbered(self.router, kind)
 
     def merge_file(self, kind: str, batch_id: int) -> Path:
-        """Return the merge's ``delta`` (changes in micro-batch ``batch_id``) or ``snapshot`` (state after it)."""
+        """Return the merge's ``delta`` (changes in micro-batch ``batch_id``) or ``base`` (all results after it)."""
         return self.merge / f"{kind}-{batch_id:08d}.json"
 
     def merge_files(self, kind: str) -> dict[int, Path]:
-        """Batch id -> file, for the merge's ``delta`` or ``snapshot`` files."""
-        return {int(p.stem.split("-")[1]): p for p in self.merge.glob(f"{kind}-*.json")}
+        """Batch id -> file, for the merge's ``delta`` or ``base`` files (:func:`_numbered`)."""
+        return _numbered(self.merge, kind)
 
     def located_file(self, batch_id: int, part: int) -> Path:
         """Return the file of micro-batch ``batch_id``'s located rows of slice ``part``."""

@@ -18,8 +18,8 @@ driver.
 
 The checkpoint directory holds everything a restart needs besides the input
 (read in place, :mod:`skpub.app.engines.source`): the routing epochs (``epochs/``), the router's id
-registry (``router/``: each micro-batch's changes, and a full snapshot every
-``ROUTER_SNAPSHOT_EVERY`` batches, so a batch writes O(batch) bytes, not
+registry (``router/``: each micro-batch's changes, and the whole registry, a base, every
+``ROUTER_BASE_EVERY`` batches, so a batch writes O(batch) bytes, not
 O(stream)), the evaluator grouping keys and the deployment
 (``manifest.json``), and Spark's own query checkpoint (``query/``). A run
 killed at any point and started again with the same arguments resumes from
@@ -75,7 +75,7 @@ MANIFEST_FORMAT = 6
 the evaluators' last top-k/kNN reports and merge generation; 3 added the watermark to the router's state, the
 evaluators' window and top-k/kNN state, and the merge's results. A checkpoint of another version is never
 resumed (it is replaced with ``--overwrite``)."""
-MERGE_SNAPSHOT_EVERY = 16
+MERGE_BASE_EVERY = 16
 """Every this many micro-batches the merge's results are saved whole (deltas in between)."""
 DRIVER_JAVA_OPTIONS = "-XX:+UseSerialGC"
 """The driver JVM (which hosts the executors in local mode) uses the serial collector.
@@ -256,8 +256,8 @@ class Sink:
         write_part(self.output, "deliveries", batch_id, events, "m")
         write_part(self.output, "snapshots", batch_id, snapshots)
         atomic_write_bytes(self.checkpoint.merge_file("delta", batch_id), orjson.dumps(take_changes(merge)))
-        if batch_id % MERGE_SNAPSHOT_EVERY == MERGE_SNAPSHOT_EVERY - 1:
-            atomic_write_bytes(self.checkpoint.merge_file("snapshot", batch_id), orjson.dumps(results_json(merge)))
+        if batch_id % MERGE_BASE_EVERY == MERGE_BASE_EVERY - 1:
+            atomic_write_bytes(self.checkpoint.merge_file("base", batch_id), orjson.dumps(results_json(merge)))
         self.merged = (batch_id, merge)
         merge_seconds = time.thread_time() - merge_start
         report = BatchReport(
@@ -344,7 +344,7 @@ class Sink:
     def _merge_before(self, batch_id: int) -> RankedMerge:
         """Return the merge as after micro-batch ``batch_id - 1``: kept from the last call, or rebuilt.
 
-        A rebuilt merge holds the results from the newest merge snapshot
+        A rebuilt merge holds the results from the newest merge base
         before ``batch_id`` and the deltas after it; its evaluators report
         anew at their first mark (a new generation: each subscription's home
         evaluator, and the others their non-empty results).
@@ -357,12 +357,12 @@ class Sink:
         if self.merged is not None and self.merged[0] == batch_id - 1:
             return self.merged[1]
         merge = RankedMerge()
-        snapshots = [b for b in self.checkpoint.merge_files("snapshot") if b < batch_id]
-        base = max(snapshots, default=-1)
+        bases = self.checkpoint.merge_files("base")
+        base = max((b for b in bases if b < batch_id), default=-1)
         deltas = self.checkpoint.merge_files("delta")
         try:
             if base >= 0:
-                apply_changes(merge, orjson.loads(self.checkpoint.merge_file("snapshot", base).read_bytes()))
+                apply_changes(merge, orjson.loads(bases[base].read_bytes()))
             for b in range(base + 1, batch_id):
                 if b not in deltas:
                     raise CheckpointError(f"the merge's changes of batch {b} are missing from {self.checkpoint.merge}")
@@ -374,8 +374,8 @@ class Sink:
     def _prune_files(self, batch_id: int) -> None:
         """Drop registry, merge and row files no restart can need once ``batch_id`` is written.
 
-        A replay of ``batch_id`` itself needs the newest snapshot before it and
-        every delta after that snapshot; everything older goes. Located and
+        A replay of ``batch_id`` itself needs the newest base before it and
+        every delta after that base; everything older goes. Located and
         routed rows are read by the batch's own tasks, which have run (a
         replay parses and sequences the batch again and writes them anew).
         """
@@ -390,9 +390,9 @@ class Sink:
                 for path in paths:
                     path.unlink(missing_ok=True)
         for files in (self.checkpoint.router_files, self.checkpoint.merge_files):
-            snapshots = files("snapshot")
-            keep = max((b for b in snapshots if b < batch_id), default=-1)
-            for b, path in snapshots.items():
+            bases = files("base")
+            keep = max((b for b in bases if b < batch_id), default=-1)
+            for b, path in bases.items():
                 if b < keep:
                     path.unlink(missing_ok=True)
             for b, path in files("delta").items():

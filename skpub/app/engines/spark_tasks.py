@@ -21,7 +21,7 @@ evaluator naming its file. Rows travel through files rather than Spark's
 shuffles because Spark's conversions of a batch's rows to its own format,
 and to pandas for the stateful evaluators, cost about as much as applying
 them (DESIGN "The Spark engine"). It saves the id registry's changes (and every
-``ROUTER_SNAPSHOT_EVERY`` batches the whole registry) under the batch id,
+``ROUTER_BASE_EVERY`` batches the whole registry, a base) under the batch id,
 writes its own dead letters (``part-<batch>-s.jsonl``) and the batch's
 routing report for the driver.
 
@@ -74,7 +74,7 @@ from skpub.router.locate import Locator, located_table
 from skpub.router.sequencer import Sequencer, evaluator_tables, routed_table
 from skpub.router.state import decode_journal, decode_registry, encode_journal, registry_buffers
 
-ROUTER_SNAPSHOT_EVERY = 16
+ROUTER_BASE_EVERY = 16
 
 
 class ParseTask:
@@ -266,9 +266,9 @@ class SequencerTask:
         routed = routed_table(items, decisions, self.keys, end)
         rejected = _rejected_letters(self.files, reports, items, decisions, self.entries)
         letters = b"".join(orjson.dumps(d.to_json()) + b"\n" for d in rejected)
-        atomic_write_bytes(checkpoint.router_delta(batch_id), encode_journal(sequencer.registry.take_journal()))
-        if batch_id % ROUTER_SNAPSHOT_EVERY == ROUTER_SNAPSHOT_EVERY - 1:
-            atomic_write_bytes(checkpoint.router_snapshot(batch_id), registry_buffers(sequencer.registry))
+        atomic_write_bytes(checkpoint.router_file("delta", batch_id), encode_journal(sequencer.registry.take_journal()))
+        if batch_id % ROUTER_BASE_EVERY == ROUTER_BASE_EVERY - 1:
+            atomic_write_bytes(checkpoint.router_file("base", batch_id), registry_buffers(sequencer.registry))
         dead = Counter(d.reason for d in rejected)
         for r in reports:
             dead.update(r["dead_letters"])
@@ -488,7 +488,7 @@ def _sequencer_before(checkpoint: Checkpoint, run_id: str, deployment: Deploymen
     cache by the deltas of the batches it missed when it holds an older one
     (the sequencer task runs in whichever Python worker is free, so a worker
     often misses a batch or two); else rebuilt from the newest registry
-    snapshot before ``batch_id`` plus the deltas after it (summaries derived
+    base before ``batch_id`` plus the deltas after it (summaries derived
     from the registry's placements). The cache entry is taken out:
     sequencing mutates the state, so an attempt that fails midway must not
     leave a half-applied state for its retry.
@@ -505,10 +505,10 @@ def _sequencer_before(checkpoint: Checkpoint, run_id: str, deployment: Deploymen
         for b in range(version + 1, batch_id):
             sequencer.replay(*decode_journal(deltas[b].read_bytes()))
         return sequencer
-    snapshots = [b for b in checkpoint.router_files("snapshot") if b < batch_id]
-    base = max(snapshots, default=-1)
+    bases = checkpoint.router_files("base")
+    base = max((b for b in bases if b < batch_id), default=-1)
     if base >= 0:
-        registry = decode_registry(checkpoint.router_snapshot(base).read_bytes())
+        registry = decode_registry(bases[base].read_bytes())
     else:
         registry = IdRegistry(deployment.object_id_horizon)
     for b in range(base + 1, batch_id):
