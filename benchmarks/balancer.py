@@ -30,7 +30,10 @@ Parts:
   balancer stage's CPU in transfer and routing-update batches beyond an
   ordinary batch's) per subscription part moved over their evaluator CPU
   seconds per cost unit, and the parallel time of a transfer batch and a
-  routing-update batch against an ordinary one.
+  routing-update batch against an ordinary one. Beside the ratio it prints
+  the bound on it: ``off``'s parallel time over the same batches with each
+  batch's evaluator CPU spread evenly over the 8 and nothing moved (what a
+  perfect, free balancer would reach; routing stays as measured).
 
 - ``default``: the 10% CPU target. The GeoNames default workload (no
   drift) through the local and the Spark engine with the balancer ``off``
@@ -258,6 +261,10 @@ def part_drift(args) -> None:
                 ]
                 ops = sum(n for r in reports for k, n in r.balancer.items() if k not in ("subscriptions", "placements"))
                 results[mode] = (parallel, spread)
+                if mode == "off":  # the most a balancer could gain: each batch's evaluator CPU spread evenly, free
+                    even = [parallel_seconds(r, u) - slowest_evaluator_seconds(r) + sum(r.evaluator_cpu.values()) / 8
+                            for u in (1, args.routing_units) for r in reports]  # fmt: skip
+                    bound = (parallel / sum(even[: len(reports)]), spread / sum(even[len(reports) :]))
                 if mode == "adaptive":
                     lines = [
                         json.loads(line)
@@ -299,7 +306,8 @@ def part_drift(args) -> None:
                       f" {slow:.2f} s (their balancer steps {steps:.2f} s), decisions {decide:.2f} s")  # fmt: skip
             (off1, off_r), (on1, on_r) = results["off"], results["adaptive"]
             print(f"{scale:>5} off/adaptive parallel time: {off1 / on1:.2f}x with one routing unit,"
-                  f" {off_r / on_r:.2f}x with {args.routing_units}")  # fmt: skip
+                  f" {off_r / on_r:.2f}x with {args.routing_units}; a perfect balance moving nothing would give"
+                  f" {bound[0]:.2f}x and {bound[1]:.2f}x")  # fmt: skip
 
 
 def part_default(args) -> None:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import orjson
 
 from skpub.evaluators.durable import state_document, state_rows
@@ -181,21 +182,30 @@ class Evaluator:
         self.load.end_batch()
         return summary
 
-    def export_cells(self, cells: CellBox) -> list[tuple[RangeSubscription, CellBox]]:
-        """Return the range subscriptions indexed over ``cells``, each with its box ∩ ``cells``; O(subscriptions).
+    def export_cells(self, moved: list[CellBox]) -> list[list[tuple[RangeSubscription, CellBox]]]:
+        """Return, for each box of ``moved`` in turn, the range subscriptions indexed over it, each clipped to it.
 
-        What a move of ``cells`` carries to its target (Tornado 4.4's cell
-        transfer). The subscriptions stay here: :meth:`retain` drops those
-        left with no cell of this evaluator.
+        What a move of cells carries to its target (Tornado 4.4's cell
+        transfer), in subscription order. The subscriptions stay here:
+        :meth:`take_over` drops those left with no cell of this evaluator.
+        One pass over the subscriptions held, then O(subscriptions) numpy
+        work per box.
         """
-        x0, y0, x1, y1 = cells
-        out = [
-            (sub, (max(b[0], x0), max(b[1], y0), min(b[2], x1), min(b[3], y1)))
-            for block in self.blocks.values()
-            for sub, b in block.values()
-            if b[0] <= x1 and b[2] >= x0 and b[1] <= y1 and b[3] >= y0
-        ]
-        return sorted(out, key=lambda item: item[0].pos)
+        held = [item for block in self.blocks.values() for item in block.values()]
+        held.sort(key=lambda item: item[0].pos)
+        boxes = np.array([b for _, b in held], dtype=np.int64).reshape(-1, 4)
+        out = []
+        for x0, y0, x1, y1 in moved:
+            over = np.flatnonzero(
+                (boxes[:, 0] <= x1) & (boxes[:, 2] >= x0) & (boxes[:, 1] <= y1) & (boxes[:, 3] >= y0)
+            ).tolist()
+            out.append(
+                [
+                    (sub, (max(b[0], x0), max(b[1], y0), min(b[2], x1), min(b[3], y1)))
+                    for sub, b in (held[i] for i in over)
+                ]
+            )
+        return out
 
     def hand_off(self, plan: TransferPlan) -> Handoff | None:
         """Hand off what this evaluator's moved cells hold, at the end of ``plan``'s transfer batch; None if no source.
@@ -206,27 +216,29 @@ class Evaluator:
         of the subscriptions and no cost: :meth:`_moved`); and the
         subscriptions that meet none of its new rectangles, which it drops at
         :meth:`take_over`.
-        Call after :meth:`load_summary` of the transfer batch. O(moves x
-        (subscriptions held + cells with cost)).
+        Call after :meth:`load_summary` of the transfer batch. O(subscriptions
+        held + moves x cells with cost) in Python, O(moves x subscriptions) in numpy.
         """
         mine = [(i, m) for i, m in enumerate(plan.moves) if m.source == self.evaluator_id]
         if not mine:
             return None
-        carried = tuple(Carried(i, m.target, *self._moved(m)) for i, m in mine)
+        exported = self.export_cells([m.cells for _, m in mine])
+        carried = tuple(
+            Carried(i, m.target, *self._moved(m, parts)) for (i, m), parts in zip(mine, exported, strict=True)
+        )
         keep = plan.rectangles[self.evaluator_id]
         # every subscription held meets the partition, so only one over moved cells can be left with none
         moved = {sub.id for c in carried for sub, _ in c.subscriptions}
         return Handoff(plan.transfer_batch, self.evaluator_id, carried, tuple(sorted(self._outside(moved, keep))))
 
-    def _moved(self, move: Move) -> tuple[tuple, tuple]:
-        """Return what ``move`` carries from here: subscription parts and cell costs (:class:`Carried`'s).
+    def _moved(self, move: Move, parts: list[tuple[RangeSubscription, CellBox]]) -> tuple[tuple, tuple]:
+        """Return what ``move`` carries from here: the subscription parts ``parts`` over its cells, and cell costs.
 
         A text split (PS2Stream V-A phase I) carries the subscriptions with a
         key the target answers for in the split rectangle (the stable hash
         over the two, :func:`~skpub.kernel.text.hashed_evaluator`, as its
         term table routes) and no cost: both evaluators go on working there.
         """
-        parts = self.export_cells(move.cells)
         if move.text == "split":
             ring, keys = sorted((move.source, move.target)), self.index.vocabulary.summary_keywords
             parts = [p for p in parts if any(hashed_evaluator(k, ring) == move.target for k in keys(p[0].dnf))]
