@@ -162,3 +162,79 @@ def test_an_evaluator_refuses_a_routed_file_that_is_missing_or_not_of_the_counte
         read_rows(batch(4))
     with pytest.raises(EvaluatorError, match="cannot be read"):
         read_rows(batch(3, str(tmp_path / "gone.arrow")))
+
+
+def _sequenced_batches(tmp_path, name, lines, batch, before=None, sample=None):  # noqa: ANN001
+    """Run the sequencer task over ``lines`` in micro-batches of ``batch`` in a checkpoint of its own.
+
+    The routing table is computed from ``sample`` (default ``lines``).
+    ``before(b)`` runs before batch ``b`` (to empty or swap the process's
+    sequencer cache). Returns, per batch, the routed rows of every evaluator
+    (as JSON text, so that NaN equals NaN), the dead letters and the routing
+    report without its CPU figures.
+    """
+    from skpub.app.engines import spark_tasks
+    from skpub.router.epoch import EpochLog, RoutingEpoch
+
+    dep = deployment(evaluators=3)
+    vocabulary = Vocabulary()
+    table = initial_table(dep, vocabulary, lines if sample is None else sample)
+    checkpoint = Checkpoint(tmp_path / name)
+    checkpoint.create()
+    EpochLog(checkpoint.epochs).publish(RoutingEpoch(0, 0, table))
+    locator = Locator(dep, vocabulary, table)
+    out = []
+    for b, first in enumerate(range(0, len(lines), batch)):
+        raw = [line.encode() for line in lines[first : first + batch]]
+        source = tmp_path / f"{name}-{b}.jsonl"
+        source.write_bytes(b"".join(line + b"\n" for line in raw))
+        [piece] = split([source], file_sizes([source]), (0, 0), (1, 0), 1)
+        rows = located_table(locator.locate_lines(raw, b, 0))
+        path = tmp_path / f"{name}-rows-{b}.arrow"
+        path.write_bytes(table_bytes(rows))
+        report = {"part": 0, "first": 0, "lines": len(raw), "dead_letters": {}, "cpu_seconds": 0.0,
+                  "path": str(path), "rows": rows.num_rows, "slice": piece.to_json().decode()}  # fmt: skip
+        reports = pa.Table.from_pydict({"report": [json.dumps(report)]}, schema=PARSE_REPORT_SCHEMA)
+        if before is not None:
+            before(b)
+        task = spark_tasks.SequencerTask(
+            str(checkpoint.root), str(tmp_path / f"{name}-out"), "run", json.dumps(dep.to_json()), [0, 1, 2], 1,
+            [str(source)],
+        )  # fmt: skip
+        files, letters = task.run(b, reports)
+        paths = zip(files["evaluator"].to_pylist(), files["path"].to_pylist(), strict=True)
+        routed = {e: bytes_table(open(p, "rb").read()) for e, p in paths}
+        counted = json.loads(checkpoint.router_report(b).read_text())
+        counted = {k: v for k, v in counted.items() if not k.endswith("cpu_seconds")}
+        out.append(({e: json.dumps(t.to_pylist()) for e, t in routed.items()}, letters, counted))  # NaN as text
+    return out
+
+
+def test_a_sequencer_rebuilt_or_caught_up_from_the_checkpoint_routes_as_the_cached_one(tmp_path, monkeypatch):
+    """Restarts never change results: at every batch the sequencer task routes, rejects and counts the same
+    whether its state comes from the process's cache, from the checkpoint (the newest base plus the deltas after
+    it) or from an older cached state caught up by the deltas it missed."""
+    from skpub.app.engines import spark_tasks
+
+    monkeypatch.setattr(spark_tasks, "ROUTER_BASE_EVERY", 4)
+    lines = random_workload(seed=12, n=480)
+    monkeypatch.setattr(spark_tasks, "_SEQUENCERS", {})
+    cached = _sequenced_batches(tmp_path, "cached", lines, 40)
+    assert sum(len(letters) > 0 for _, letters, _ in cached) >= 2  # rejections are read back from the input too
+    assert any(rows for rows, _, _ in cached)
+
+    monkeypatch.setattr(spark_tasks, "_SEQUENCERS", {})
+    _sequenced_batches(tmp_path, "old", lines[: 3 * 40], 40, sample=lines)
+    behind = dict(spark_tasks._SEQUENCERS)  # another run's state after batch 2
+    assert behind["run"][0] == 2
+
+    def restart(b: int) -> None:
+        if b in (4, 9, 10):  # rebuilt from the checkpoint: base 3 alone; base 7 and delta 8; base 7, deltas 8 and 9
+            spark_tasks._SEQUENCERS.clear()
+        if b == 6:  # caught up: the state after batch 2, and deltas 3, 4 and 5
+            spark_tasks._SEQUENCERS.clear()
+            spark_tasks._SEQUENCERS.update(behind)
+
+    monkeypatch.setattr(spark_tasks, "_SEQUENCERS", {})
+    restarted = _sequenced_batches(tmp_path, "restarted", lines, 40, before=restart)
+    assert restarted == cached
