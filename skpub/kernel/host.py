@@ -193,10 +193,12 @@ _FAILED_START: dict[str, str] = {}
 """Entry module -> why a host of it that this worker started did not answer: then the worker uses none of it."""
 
 
-def connect(address: HostAddress) -> socket.socket:
+def connect(address: HostAddress) -> tuple[socket.socket, int]:
     """Connect to the host at ``address``, starting it first if none runs.
 
-    Reads on the connection time out after :data:`REQUEST_SECONDS`.
+    Returns the socket, whose reads time out after :data:`REQUEST_SECONDS`,
+    and the inode of the socket file, read just before connecting (see
+    :func:`_connected`).
 
     Raises
     ------
@@ -265,13 +267,12 @@ def exchange(address: HostAddress) -> Iterator[socket.socket]:
         or does not answer in time, or the connection fails.
     """
     try:
-        sock = connect(address)
+        sock, inode = connect(address)
     except OSError as exc:
         raise HostError(f"the host of {address.role} could not be reached: {exc}") from None
     try:
         path = address.socket_path
         try:
-            inode = path.stat().st_ino
             header, _ = recv_message(sock)  # the host's acknowledgement: it serves this connection now
         except (HostError, OSError, ValueError) as exc:
             raise HostError(f"the host at {path} did not take the connection up: {exc}") from None
@@ -338,8 +339,13 @@ def _sweep(directory: Path) -> None:
             continue
 
 
-def _connected(path: Path) -> socket.socket:
+def _connected(path: Path) -> tuple[socket.socket, int]:
     """Connect to the socket at ``path``; reads and writes time out after :data:`REQUEST_SECONDS`.
+
+    Returns the socket and the socket file's inode, read before connecting:
+    if a successor replaced the file in between, the inode is the old one,
+    so stopping the host connected to never removes the successor's socket
+    (read after connecting, it could name the successor's).
 
     Raises
     ------
@@ -350,6 +356,7 @@ def _connected(path: Path) -> socket.socket:
     OSError
         If no host listens there (no socket, or a socket nobody accepts on).
     """
+    inode = path.stat().st_ino
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(START_SECONDS)
     try:
@@ -361,7 +368,7 @@ def _connected(path: Path) -> socket.socket:
         sock.close()
         raise
     sock.settimeout(REQUEST_SECONDS)
-    return sock
+    return sock, inode
 
 
 def serve(path: Path, watch: int, handle) -> None:  # noqa: ANN001
