@@ -5,9 +5,9 @@ evaluators hold per-cell state (range subscriptions, window objects); one
 transfer moves a set of cells from a source to a target evaluator:
 
 1. *Cell transfer* (:meth:`TwoPhase.begin`): every routing unit still routes
-   by epoch n. The source puts a snapshot of the cells' state in a FIFO
+   by epoch n. The source puts a copy of the cells' state in a FIFO
    channel to the target and keeps processing the cells: an object there is
-   matched at the source and its window record follows the snapshot in the
+   matched at the source and its window record follows the copy in the
    channel; a subscription or unsubscription there is applied at the source
    and forwarded through the channel.
 2. *Routing update* (:meth:`TwoPhase.acknowledge`, :meth:`TwoPhase.publish`,
@@ -77,7 +77,7 @@ class Phase(Enum):
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class CellCopy:
     """The state of the moved cells at the source when the transfer begins: subscriptions and window objects."""
 
     subs: dict[int, dict[int, str]]
@@ -88,7 +88,7 @@ class Snapshot:
 class Transfer:
     """Cells ``cells`` moving from ``source`` to ``target`` (a move); ``channel`` is the FIFO source -> target.
 
-    The channel holds the snapshot, then the subscriptions, unsubscriptions
+    The channel holds the cells' copy, then the subscriptions, unsubscriptions
     and window objects the source forwarded during the transfer phase.
     """
 
@@ -96,7 +96,7 @@ class Transfer:
     source: int
     target: int
     phase: Phase = Phase.TRANSFER
-    channel: list[Snapshot | Message] = field(default_factory=list)
+    channel: list[CellCopy | Message] = field(default_factory=list)
     published: bool = False
 
 
@@ -175,18 +175,18 @@ class TwoPhase:
             raise ProtocolError(f"cells {sorted(cells)} are not one evaluator's, or already the target's")
         source = sources.pop()
         src = self.evaluators[source]
-        snapshot = Snapshot(
+        copy = CellCopy(
             {c: dict(src.subs.get(c, {})) for c in cells},
             {c: list(src.window.get(c, [])) for c in cells},
         )
-        self.transfer = Transfer(frozenset(cells), source, target, channel=[snapshot])
+        self.transfer = Transfer(frozenset(cells), source, target, channel=[copy])
 
     def acknowledge(self) -> None:
         """Apply the channel at the target, which owns the cells from now on: the routing update phase."""
         m = self._expect(Phase.TRANSFER)
         tgt = self.evaluators[m.target]
         for item in m.channel:
-            if isinstance(item, Snapshot):
+            if isinstance(item, CellCopy):
                 for c in m.cells:
                     tgt.subs[c] = dict(item.subs[c])
                     tgt.window[c] = list(item.window[c])

@@ -190,6 +190,11 @@ def part_statistics(args) -> None:
         print(f"  {n:>3} evaluators: {distributed:>10,} B vs {centralized:>10,} B ({centralized / distributed:.1f}x)")
 
 
+def evaluator_seconds(report) -> float:
+    """Return every evaluator's CPU seconds in a batch: their rows and their balancer steps."""
+    return sum(report.evaluator_cpu.values()) + sum(report.evaluator_balancer_cpu.values())
+
+
 class _Recorder:
     """A run observer that keeps every batch report."""
 
@@ -262,7 +267,8 @@ def part_drift(args) -> None:
                 ops = sum(n for r in reports for k, n in r.balancer.items() if k not in ("subscriptions", "placements"))
                 results[mode] = (parallel, spread)
                 if mode == "off":  # the most a balancer could gain: each batch's evaluator CPU spread evenly, free
-                    even = [parallel_seconds(r, u) - slowest_evaluator_seconds(r) + sum(r.evaluator_cpu.values()) / 8
+                    n = dep.evaluators
+                    even = [parallel_seconds(r, u) - slowest_evaluator_seconds(r) + evaluator_seconds(r) / n
                             for u in (1, args.routing_units) for r in reports]  # fmt: skip
                     bound = (parallel / sum(even[: len(reports)]), spread / sum(even[len(reports) :]))
                 if mode == "adaptive":

@@ -188,8 +188,8 @@ class Evaluator:
         What a move of cells carries to its target (Tornado 4.4's cell
         transfer), in subscription order. The subscriptions stay here:
         :meth:`take_over` drops those left with no cell of this evaluator.
-        One pass over the subscriptions held, then O(subscriptions) numpy
-        work per box.
+        One sort of the ``s`` subscriptions held, O(s log s), then O(s) numpy
+        work per box and O(parts) to clip.
         """
         held = [item for block in self.blocks.values() for item in block.values()]
         held.sort(key=lambda item: item[0].pos)
@@ -216,8 +216,9 @@ class Evaluator:
         of the subscriptions and no cost: :meth:`_moved`); and the
         subscriptions that meet none of its new rectangles, which it drops at
         :meth:`take_over`.
-        Call after :meth:`load_summary` of the transfer batch. O(subscriptions
-        held + moves x cells with cost) in Python, O(moves x subscriptions) in numpy.
+        Call after :meth:`load_summary` of the transfer batch. O(s log s +
+        parts + moves x cells with cost) in Python for ``s`` subscriptions
+        held, O(moves x s) in numpy.
         """
         mine = [(i, m) for i, m in enumerate(plan.moves) if m.source == self.evaluator_id]
         if not mine:

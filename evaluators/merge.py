@@ -158,7 +158,7 @@ def take_changes(merge: RankedMerge) -> dict[str, list | None]:
 
 
 def results_json(merge: RankedMerge) -> dict[str, list]:
-    """Return every result as a JSON value (a full snapshot of the merge's durable state)."""
+    """Return every result as a JSON value (the merge's base: its whole durable state)."""
     return {sid: _result_json(m) for sid, m in merge.subscriptions.items()}
 
 

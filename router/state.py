@@ -1,7 +1,7 @@
-"""The routing unit's durable state: id-registry checkpoints and per-batch journals.
+"""The routing unit's durable state: id-registry bases and per-batch journals.
 
 The Spark engine persists, per micro-batch, the registry's changes (a
-journal, O(batch)) and every few batches the whole registry (a registry checkpoint), so
+journal, O(batch)) and every few batches the whole registry (a base), so
 a replayed batch starts from exactly the state its first attempt saw (DESIGN
 "What skpub 0.1 does differently"). Both are JSON documents
 ``{"format": FORMAT, "kind": ..., ...}``, a registry's followed by a newline

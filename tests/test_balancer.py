@@ -16,6 +16,7 @@ from skpub.kernel.config import BalancerConfig
 from skpub.kernel.load import LoadSummary
 from skpub.router.errors import RoutingError
 from skpub.router.partitioning import Partitioning, cost_partitioning
+from tests.workloads import deployment
 
 
 def summaries_of(part: Partitioning, costs: np.ndarray, subs: list[tuple[str, tuple]], block: int = 4):
@@ -312,3 +313,35 @@ def test_cell_load_after_moves_equals_one_built_afresh(workload, seed):
         assert [(b.cells, round(b.cost, 6), b.queries) for b in got.blocks] == [
             (b.cells, round(b.cost, 6), b.queries) for b in want.blocks
         ]
+
+
+_BOX = st.tuples(st.integers(0, 19), st.integers(0, 19), st.integers(0, 19), st.integers(0, 19)).map(
+    lambda b: (min(b[0], b[2]), min(b[1], b[3]), max(b[0], b[2]), max(b[1], b[3]))
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(held=st.lists(_BOX, max_size=40), moved=st.lists(_BOX, min_size=1, max_size=5))
+def test_a_source_exports_over_each_moved_box_the_subscriptions_it_holds_there_clipped(held, moved):
+    """What a hand-off carries per move: every subscription whose box meets the moved cells, clipped to them, in
+    stream order, as plain ints (they go to JSON); the scan it replaced is the reference."""
+    from skpub.evaluators.evaluator import Evaluator
+    from skpub.kernel.geometry import Rect
+    from skpub.kernel.records import RangeSubscription
+    from skpub.kernel.text import Vocabulary, parse_expression
+
+    evaluator = Evaluator(0, deployment(evaluators=2), Vocabulary())
+    subs = [
+        (RangeSubscription(40 - i, f"s{i}", Rect(0, 0, 1, 1), parse_expression("a")), b) for i, b in enumerate(held)
+    ]
+    for sub, box in subs:
+        evaluator._insert(sub, box)
+    exported = evaluator.export_cells(moved)
+    for (x0, y0, x1, y1), parts in zip(moved, exported, strict=True):
+        expected = sorted(
+            ((sub, (max(b[0], x0), max(b[1], y0), min(b[2], x1), min(b[3], y1))) for sub, b in subs
+             if b[0] <= x1 and b[2] >= x0 and b[1] <= y1 and b[3] >= y0),
+            key=lambda item: item[0].pos,
+        )  # fmt: skip
+        assert parts == expected
+        assert all(type(v) is int for _, box in parts for v in box)

@@ -109,9 +109,9 @@ def test_registry_journal_replays_to_the_same_router_state():
         objects, changes = decode_journal(encode_journal(journaled.registry.take_journal()))
         replica.replay_objects(objects)
         replica.replay(changes)
-        snapshot = decode_registry(encode_registry(replica))
-        rebuilt = Router(dep, vocabulary, snapshot)
-        assert snapshot.active == journaled.registry.active
-        assert snapshot.objects.ages(ids).tolist() == journaled.registry.objects.ages(ids).tolist()
-        assert len(snapshot.objects) == len(journaled.registry.objects)
+        base = decode_registry(encode_registry(replica))
+        rebuilt = Router(dep, vocabulary, base)
+        assert base.active == journaled.registry.active
+        assert base.objects.ages(ids).tolist() == journaled.registry.objects.ages(ids).tolist()
+        assert len(base.objects) == len(journaled.registry.objects)
         assert rebuilt.sequencer.summaries.counts == journaled.sequencer.summaries.counts

@@ -153,17 +153,31 @@ def test_checkpoint_with_foreign_files_is_never_cleared(tmp_path, foreign, marke
 
 
 def test_a_checkpoint_of_the_old_base_name_still_resumes_from_its_bases(tmp_path):
-    """Bases were named ``snapshot-<b>.json`` before 2026-11-27: still skpub's, read as bases; the new name wins."""
+    """Bases were named ``snapshot-<b>.json`` before 2026-11-27: still skpub's, read as bases (the new name wins),
+    and pruned as bases: what a replay needs stays, an old name another base supersedes goes."""
     checkpoint = Checkpoint(tmp_path / "ckpt")
     checkpoint.create()
+    names = ["snapshot-00000015.json", "snapshot-00000031.json", "base-00000031.json", "base-00000047.json"]
+    names += [f"delta-{b:08d}.json" for b in (16, 32, 40, 48)]
     for folder in (checkpoint.router, checkpoint.merge):
         folder.mkdir(parents=True, exist_ok=True)
-        for name in ("snapshot-00000015.json", "snapshot-00000031.json", "base-00000031.json", "delta-00000032.json"):
+        for name in names:
             (folder / name).write_text("{}")
     assert checkpoint_foreign_entries(checkpoint.root) == []
     for files, folder in ((checkpoint.router_files, checkpoint.router), (checkpoint.merge_files, checkpoint.merge)):
-        assert files("base") == {15: folder / "snapshot-00000015.json", 31: folder / "base-00000031.json"}
-        assert files("delta") == {32: folder / "delta-00000032.json"}
+        assert files("base") == {
+            15: folder / "snapshot-00000015.json",
+            31: folder / "base-00000031.json",
+            47: folder / "base-00000047.json",
+        }
+        assert sorted(files("delta")) == [16, 32, 40, 48]
+    checkpoint.prune_states(40)  # a replay of 40 reads base 31 and deltas 32 to 39
+    for folder in (checkpoint.router, checkpoint.merge):
+        left = ["base-00000031.json", "base-00000047.json", "delta-00000032.json", "delta-00000040.json"]
+        assert sorted(p.name for p in folder.iterdir()) == [*left, "delta-00000048.json"]
+    checkpoint.prune_states(48)
+    for folder in (checkpoint.router, checkpoint.merge):
+        assert sorted(p.name for p in folder.iterdir()) == ["base-00000047.json", "delta-00000048.json"]
 
 
 def test_memory_estimate_refuses_many_evaluators_on_a_grid_that_has_room(tmp_path, capsys):

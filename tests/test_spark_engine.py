@@ -256,7 +256,7 @@ def test_every_task_writes_its_own_parts(spark, tmp_path):
 
 
 def test_spark_engine_honours_the_object_id_horizon(spark, tmp_path):
-    """Ids recur after the horizon across micro-batches (registry journals and snapshots carry the FIFO)."""
+    """Ids recur after the horizon across micro-batches (registry journals and bases carry the FIFO)."""
     sub = '{"type": "subscribe", "id": "s", "kind": "range", "rect": [0, 0, 100, 100], "keywords": ["a"]}'
     ids = [f"o{i % 4}" for i in range(20)] + [f"o{i % 9}" for i in range(40)]
     lines = [sub] + [f'{{"type": "object", "id": "{i}", "x": 1, "y": 1, "terms": ["a"]}}' for i in ids]

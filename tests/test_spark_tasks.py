@@ -211,30 +211,71 @@ def _sequenced_batches(tmp_path, name, lines, batch, before=None, sample=None): 
 
 
 def test_a_sequencer_rebuilt_or_caught_up_from_the_checkpoint_routes_as_the_cached_one(tmp_path, monkeypatch):
-    """Restarts never change results: at every batch the sequencer task routes, rejects and counts the same
-    whether its state comes from the process's cache, from the checkpoint (the newest base plus the deltas after
-    it) or from an older cached state caught up by the deltas it missed."""
+    """Restarts never change results: at every batch the sequencer task routes, rejects, counts and journals the
+    same whether its state comes from the process's cache, from the checkpoint (deltas alone, a base, a base under
+    its old name, and the deltas after it), or from an older cached state caught up by the deltas it missed; a
+    cached state at or after the batch (a replay) is never used."""
+    from collections import Counter
+
     from skpub.app.engines import spark_tasks
+    from skpub.router.sequencer import Sequencer
 
-    monkeypatch.setattr(spark_tasks, "ROUTER_BASE_EVERY", 4)
-    lines = random_workload(seed=12, n=480)
-    monkeypatch.setattr(spark_tasks, "_SEQUENCERS", {})
-    cached = _sequenced_batches(tmp_path, "cached", lines, 40)
+    monkeypatch.setattr(spark_tasks, "ROUTER_BASE_EVERY", 4)  # bases after batches 3, 7 and 11
+    taken: list[Counter] = []  # per batch: bases read, deltas read, deltas a cached state caught up by
+    for name, owner, attribute in (
+        ("base", spark_tasks, "decode_registry"),
+        ("delta", spark_tasks, "decode_journal"),
+        ("caught up", Sequencer, "replay"),
+    ):
+        real = getattr(owner, attribute)
+        monkeypatch.setattr(owner, attribute, lambda *a, _real=real, _name=name: taken[-1].update([_name]) or _real(*a))
+    lines = random_workload(seed=12, n=480)[:480]  # 12 batches of 40
+
+    def run(name: str, lines: list[str], restarts: dict) -> list:  # noqa: ANN001
+        taken.clear()
+        monkeypatch.setattr(spark_tasks, "_SEQUENCERS", {})
+
+        def before(b: int) -> None:
+            taken.append(Counter())
+            if b in restarts:
+                spark_tasks._SEQUENCERS.clear()
+                if restarts[b] == "old name":
+                    base = tmp_path / name / "router" / "base-00000007.json"
+                    base.rename(base.with_name("snapshot-00000007.json"))
+                elif restarts[b] is not None:
+                    spark_tasks._SEQUENCERS.update(restarts[b])
+
+        return _sequenced_batches(tmp_path, name, lines, 40, before=before, sample=all_lines)
+
+    all_lines = lines
+    cached = run("cached", lines, {})
+    assert taken == [Counter()] * 12  # every batch from the cache
     assert sum(len(letters) > 0 for _, letters, _ in cached) >= 2  # rejections are read back from the input too
-    assert any(rows for rows, _, _ in cached)
-
-    monkeypatch.setattr(spark_tasks, "_SEQUENCERS", {})
-    _sequenced_batches(tmp_path, "old", lines[: 3 * 40], 40, sample=lines)
-    behind = dict(spark_tasks._SEQUENCERS)  # another run's state after batch 2
+    ahead = dict(spark_tasks._SEQUENCERS)
+    assert ahead["run"][0] == 11
+    run("old", lines[: 3 * 40], {})
+    behind = dict(spark_tasks._SEQUENCERS)  # an equal state after batch 2, built in a checkpoint of its own
     assert behind["run"][0] == 2
 
-    def restart(b: int) -> None:
-        if b in (4, 9, 10):  # rebuilt from the checkpoint: base 3 alone; base 7 and delta 8; base 7, deltas 8 and 9
-            spark_tasks._SEQUENCERS.clear()
-        if b == 6:  # caught up: the state after batch 2, and deltas 3, 4 and 5
-            spark_tasks._SEQUENCERS.clear()
-            spark_tasks._SEQUENCERS.update(behind)
-
-    monkeypatch.setattr(spark_tasks, "_SEQUENCERS", {})
-    restarted = _sequenced_batches(tmp_path, "restarted", lines, 40, before=restart)
+    restarts = {2: None, 4: None, 6: behind, 7: None, 8: ahead, 10: "old name", 11: ahead}
+    restarted = run("restarted", lines, restarts)
+    assert taken == [
+        Counter(),  # 0: nothing before it
+        Counter(),
+        Counter(delta=2),  # 2: deltas 0 and 1
+        Counter(),
+        Counter(base=1),  # 4: base 3
+        Counter(),
+        Counter(delta=3, **{"caught up": 3}),  # 6: the state after 2, caught up by deltas 3, 4 and 5
+        Counter(base=1, delta=3),  # 7: base 3, deltas 4 to 6 (6 written by the caught-up state)
+        Counter(base=1),  # 8: a state after 11 is not used: base 7
+        Counter(),
+        Counter(base=1, delta=2),  # 10: base 7 under its old name, deltas 8 and 9
+        Counter(base=1, delta=3),  # 11: a state after 11 itself is not used either
+    ]
     assert restarted == cached
+    journals = {}  # bases hold a horizon key drawn at random, so only the deltas compare byte for byte
+    for name in ("cached", "restarted"):
+        files = Checkpoint(tmp_path / name).router_files
+        journals[name] = (sorted(files("base")), {b: p.read_bytes() for b, p in files("delta").items()})
+    assert journals["restarted"] == journals["cached"]

@@ -9,6 +9,7 @@
     router/              the id registry: delta-<b>.json journals,
                          base-<b>.json the whole registry, report-<b>.json counters
     merge/               the ranked merge's results: delta-<b>.json changes, base-<b>.json all of them
+                         (bases were named snapshot-<b>.json before 2026-11-27: still read)
     located/rows-<b>-<p>.arrow micro-batch b's located rows of part p (Arrow IPC stream),
                          written by the parse task, read by the sequencer task
     routed/rows-<b>-<e>.arrow  micro-batch b's routed rows for evaluator e (Arrow IPC stream),
@@ -63,7 +64,17 @@ def _numbered(folder: Path, kind: str) -> dict[int, Path]:
     Where a batch has both names (a base written again after an upgrade), the new name wins.
     """
     kinds = (LEGACY_BASE, kind) if kind == "base" else (kind,)
-    return {int(p.stem.split("-")[1]): p for k in kinds for p in sorted(folder.glob(f"{k}-*.json"))}
+    return {b: p for k in kinds for b, p in _files_of(folder, k)}
+
+
+def _files_of(folder: Path, kind: str) -> list[tuple[int, Path]]:
+    """(batch id, file) of ``folder``'s ``<kind>-<8 digits>.json`` files, in name order."""
+    found = []
+    for path in sorted(folder.glob(f"{kind}-*.json")):
+        number = path.stem.removeprefix(f"{kind}-")
+        if len(number) == 8 and number.isdigit():
+            found.append((int(number), path))
+    return found
 
 
 def checkpoint_foreign_entries(root: Path) -> list[str]:
@@ -183,6 +194,24 @@ class Checkpoint:
     def merge_files(self, kind: str) -> dict[int, Path]:
         """Batch id -> file, for the merge's ``delta`` or ``base`` files (:func:`_numbered`)."""
         return _numbered(self.merge, kind)
+
+    def prune_states(self, batch_id: int) -> None:
+        """Remove the registry's and the merge's files no replay of ``batch_id`` or later can need.
+
+        A replay of ``batch_id`` reads the newest base before it and every
+        delta after that base; older bases and those deltas go, and so does
+        a base under its old name (:data:`LEGACY_BASE`) once it is older
+        or was written again under the new one.
+        """
+        for folder in (self.router, self.merge):
+            bases = _numbered(folder, "base")
+            keep = max((b for b in bases if b < batch_id), default=-1)
+            for b, path in [*_files_of(folder, "base"), *_files_of(folder, LEGACY_BASE)]:
+                if b < keep or bases[b] != path:
+                    path.unlink(missing_ok=True)
+            for b, path in _files_of(folder, "delta"):
+                if b <= keep:
+                    path.unlink(missing_ok=True)
 
     def located_file(self, batch_id: int, part: int) -> Path:
         """Return the file of micro-batch ``batch_id``'s located rows of slice ``part``."""

@@ -358,7 +358,7 @@ def _connected(path: Path) -> tuple[socket.socket, int]:
     """
     inode = path.stat().st_ino
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(START_SECONDS)
+    sock.settimeout(START_SECONDS)  # before connecting: a full backlog is then EAGAIN at once (busy), not a wait
     try:
         sock.connect(str(path))
     except BlockingIOError as exc:

@@ -389,15 +389,7 @@ class Sink:
             ):  # a replay of batch_id reads the plan of batch_id - 2 and the hand-offs of batch_id - 1
                 for path in paths:
                     path.unlink(missing_ok=True)
-        for files in (self.checkpoint.router_files, self.checkpoint.merge_files):
-            bases = files("base")
-            keep = max((b for b in bases if b < batch_id), default=-1)
-            for b, path in bases.items():
-                if b < keep:
-                    path.unlink(missing_ok=True)
-            for b, path in files("delta").items():
-                if b <= keep:
-                    path.unlink(missing_ok=True)
+        self.checkpoint.prune_states(batch_id)
 
 
 def _open_checkpoint(

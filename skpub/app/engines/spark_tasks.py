@@ -74,6 +74,7 @@ from skpub.router.sequencer import Sequencer, evaluator_tables, routed_table
 from skpub.router.state import decode_journal, decode_registry, encode_journal, registry_buffers
 
 ROUTER_BASE_EVERY = 16
+"""Every this many micro-batches the whole registry is saved (a base; deltas in between)."""
 
 
 def _task_batch_id() -> int:
