@@ -345,3 +345,20 @@ def test_a_source_exports_over_each_moved_box_the_subscriptions_it_holds_there_c
         )  # fmt: skip
         assert parts == expected
         assert all(type(v) is int for _, box in parts for v in box)
+
+
+def test_adjacent_rectangles_answer_for_the_partitioning_asked_about_not_the_last_one():
+    """Rectangles sharing an edge between different owners; the memo of the last partitioning never leaks."""
+    from skpub.balancer.adjacency import adjacent_rectangles
+
+    halves = Partitioning(4, np.array([[0, 0, 1, 3], [2, 0, 3, 3]]))
+    quarters = Partitioning(4, np.array([[0, 0, 1, 1], [2, 0, 3, 1], [0, 2, 1, 3], [2, 2, 3, 3]]))
+    one_owner = Partitioning(4, np.array([[0, 0, 1, 3], [2, 0, 3, 3]]), np.array([0, 0]))
+    for _ in range(2):
+        assert adjacent_rectangles(halves) == [(0, 1)]
+        assert adjacent_rectangles(quarters) == [(0, 1), (0, 2), (1, 3), (2, 3)]
+        assert adjacent_rectangles(quarters) == [(0, 1), (0, 2), (1, 3), (2, 3)]
+        assert adjacent_rectangles(one_owner) == []
+    pairs = adjacent_rectangles(halves)
+    pairs.append((7, 7))  # a caller's list is its own
+    assert adjacent_rectangles(halves) == [(0, 1)]
