@@ -9,6 +9,8 @@ import sys
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import skpub.router.locate
 from skpub.app.checkpoint import Checkpoint, checkpoint_foreign_entries
@@ -178,6 +180,41 @@ def test_a_checkpoint_of_the_old_base_name_still_resumes_from_its_bases(tmp_path
     checkpoint.prune_states(48)
     for folder in (checkpoint.router, checkpoint.merge):
         assert sorted(p.name for p in folder.iterdir()) == ["base-00000047.json", "delta-00000048.json"]
+
+
+_BASE_NAMES = st.sampled_from([("snapshot",), ("base",), ("snapshot", "base")])
+
+
+@settings(max_examples=150, deadline=None)
+@given(batch=st.integers(0, 40), bases=st.dictionaries(st.integers(0, 40), _BASE_NAMES, max_size=6))
+def test_pruning_keeps_what_every_later_replay_reads(tmp_path_factory, batch, bases):
+    """After the prune at ``batch`` (its own files written), a replay of ``batch`` or any later one still finds
+    the newest base before it, under either name, and every delta after that base; nothing else is kept."""
+    checkpoint = Checkpoint(tmp_path_factory.mktemp("ckpt") / "c")
+    checkpoint.create()
+    checkpoint.router.mkdir(parents=True, exist_ok=True)
+    checkpoint.merge.mkdir(parents=True, exist_ok=True)
+    for folder in (checkpoint.router, checkpoint.merge):
+        for b in range(batch + 1):
+            (folder / f"delta-{b:08d}.json").write_text("{}")
+        for b, names in bases.items():
+            if b <= batch:
+                for name in names:
+                    (folder / f"{name}-{b:08d}.json").write_text("{}")
+    checkpoint.prune_states(batch)
+    written = [b for b in bases if b <= batch]
+    for folder, files in ((checkpoint.router, checkpoint.router_files), (checkpoint.merge, checkpoint.merge_files)):
+        kept_bases, kept_deltas = files("base"), files("delta")
+        for again in range(batch, batch + 3):  # later batches' own files are not written yet
+            base = max((b for b in kept_bases if b < again), default=-1)
+            assert base == max((b for b in written if b < again), default=-1)
+            assert all(d in kept_deltas for d in range(base + 1, min(again, batch + 1)))
+        keep = max((b for b in written if b < batch), default=-1)
+        assert sorted(kept_bases) == sorted(b for b in written if b >= keep)
+        assert sorted(kept_deltas) == list(range(keep + 1, batch + 1))
+        for b, path in kept_bases.items():  # one file per base, under the new name where both were written
+            assert path.name.startswith("base-" if "base" in bases[b] else "snapshot-")
+        assert len(list(folder.iterdir())) == len(kept_bases) + len(kept_deltas)
 
 
 def test_memory_estimate_refuses_many_evaluators_on_a_grid_that_has_room(tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -171,7 +172,9 @@ def _sequenced_batches(tmp_path, name, lines, batch, before=None, sample=None): 
     ``before(b)`` runs before batch ``b`` (to empty or swap the process's
     sequencer cache). Returns, per batch, the routed rows of every evaluator
     (as JSON text, so that NaN equals NaN), the dead letters and the routing
-    report without its CPU figures.
+    report without its CPU figures; and ``replay(b)``, which runs batch ``b``
+    again as a replay after a restart does (its own files written, no state
+    in the process) and returns the same of it.
     """
     from skpub.app.engines import spark_tasks
     from skpub.router.epoch import EpochLog, RoutingEpoch
@@ -183,7 +186,7 @@ def _sequenced_batches(tmp_path, name, lines, batch, before=None, sample=None): 
     checkpoint.create()
     EpochLog(checkpoint.epochs).publish(RoutingEpoch(0, 0, table))
     locator = Locator(dep, vocabulary, table)
-    out = []
+    out, tasks = [], []
     for b, first in enumerate(range(0, len(lines), batch)):
         raw = [line.encode() for line in lines[first : first + batch]]
         source = tmp_path / f"{name}-{b}.jsonl"
@@ -195,19 +198,30 @@ def _sequenced_batches(tmp_path, name, lines, batch, before=None, sample=None): 
         report = {"part": 0, "first": 0, "lines": len(raw), "dead_letters": {}, "cpu_seconds": 0.0,
                   "path": str(path), "rows": rows.num_rows, "slice": piece.to_json().decode()}  # fmt: skip
         reports = pa.Table.from_pydict({"report": [json.dumps(report)]}, schema=PARSE_REPORT_SCHEMA)
-        if before is not None:
-            before(b)
         task = spark_tasks.SequencerTask(
             str(checkpoint.root), str(tmp_path / f"{name}-out"), "run", json.dumps(dep.to_json()), [0, 1, 2], 1,
             [str(source)],
         )  # fmt: skip
+        tasks.append((task, reports))
+
+    def outcome(b: int) -> tuple:
+        task, reports = tasks[b]
         files, letters = task.run(b, reports)
         paths = zip(files["evaluator"].to_pylist(), files["path"].to_pylist(), strict=True)
-        routed = {e: bytes_table(open(p, "rb").read()) for e, p in paths}
+        routed = {e: bytes_table(Path(p).read_bytes()) for e, p in paths}
         counted = json.loads(checkpoint.router_report(b).read_text())
         counted = {k: v for k, v in counted.items() if not k.endswith("cpu_seconds")}
-        out.append(({e: json.dumps(t.to_pylist()) for e, t in routed.items()}, letters, counted))  # NaN as text
-    return out
+        return {e: json.dumps(t.to_pylist()) for e, t in routed.items()}, letters, counted  # NaN as text
+
+    def replay(b: int) -> tuple:
+        spark_tasks._SEQUENCERS.clear()
+        return outcome(b)
+
+    for b in range(len(tasks)):
+        if before is not None:
+            before(b)
+        out.append(outcome(b))
+    return out, replay
 
 
 def test_a_sequencer_rebuilt_or_caught_up_from_the_checkpoint_routes_as_the_cached_one(tmp_path, monkeypatch):
@@ -231,7 +245,7 @@ def test_a_sequencer_rebuilt_or_caught_up_from_the_checkpoint_routes_as_the_cach
         monkeypatch.setattr(owner, attribute, lambda *a, _real=real, _name=name: taken[-1].update([_name]) or _real(*a))
     lines = random_workload(seed=12, n=480)[:480]  # 12 batches of 40
 
-    def run(name: str, lines: list[str], restarts: dict) -> list:  # noqa: ANN001
+    def run(name: str, lines: list[str], restarts: dict) -> tuple:  # noqa: ANN001
         taken.clear()
         monkeypatch.setattr(spark_tasks, "_SEQUENCERS", {})
 
@@ -248,7 +262,7 @@ def test_a_sequencer_rebuilt_or_caught_up_from_the_checkpoint_routes_as_the_cach
         return _sequenced_batches(tmp_path, name, lines, 40, before=before, sample=all_lines)
 
     all_lines = lines
-    cached = run("cached", lines, {})
+    cached, _ = run("cached", lines, {})
     assert taken == [Counter()] * 12  # every batch from the cache
     assert sum(len(letters) > 0 for _, letters, _ in cached) >= 2  # rejections are read back from the input too
     ahead = dict(spark_tasks._SEQUENCERS)
@@ -258,7 +272,7 @@ def test_a_sequencer_rebuilt_or_caught_up_from_the_checkpoint_routes_as_the_cach
     assert behind["run"][0] == 2
 
     restarts = {2: None, 4: None, 6: behind, 7: None, 8: ahead, 10: "old name", 11: ahead}
-    restarted = run("restarted", lines, restarts)
+    restarted, replay = run("restarted", lines, restarts)
     assert taken == [
         Counter(),  # 0: nothing before it
         Counter(),
@@ -274,6 +288,10 @@ def test_a_sequencer_rebuilt_or_caught_up_from_the_checkpoint_routes_as_the_cach
         Counter(base=1, delta=3),  # 11: a state after 11 itself is not used either
     ]
     assert restarted == cached
+    for b, reads in ((11, Counter(base=1, delta=3)), (7, Counter(base=1, delta=3))):
+        taken.append(Counter())
+        assert replay(b) == cached[b]  # a replay after a restart: the batch's own base is written, and not read
+        assert taken[-1] == reads  # base 7 (by its old name) and deltas 8 to 10; base 3 and deltas 4 to 6
     journals = {}  # bases hold a horizon key drawn at random, so only the deltas compare byte for byte
     for name in ("cached", "restarted"):
         files = Checkpoint(tmp_path / name).router_files

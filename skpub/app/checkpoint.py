@@ -68,11 +68,11 @@ def _numbered(folder: Path, kind: str) -> dict[int, Path]:
 
 
 def _files_of(folder: Path, kind: str) -> list[tuple[int, Path]]:
-    """(batch id, file) of ``folder``'s ``<kind>-<8 digits>.json`` files, in name order."""
+    """(batch id, file) of ``folder``'s ``<kind>-<batch>.json`` files (8 ASCII digits or more), in name order."""
     found = []
     for path in sorted(folder.glob(f"{kind}-*.json")):
         number = path.stem.removeprefix(f"{kind}-")
-        if len(number) == 8 and number.isdigit():
+        if len(number) >= 8 and number.isascii() and number.isdigit():
             found.append((int(number), path))
     return found
 

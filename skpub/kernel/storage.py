@@ -28,9 +28,9 @@ def own_files(pattern: str) -> re.Pattern[str]:
 
     skpub recognizes its own files by name: ``pattern`` itself, or
     ``.<name>.<random>.tmp`` as :func:`atomic_write_bytes` leaves it when a
-    run is killed mid-write.
+    run is killed mid-write. Digits are ASCII digits only (``re.ASCII``).
     """
-    return re.compile(rf"(?:{pattern})|\.(?:{pattern})\.[A-Za-z0-9_]+\.tmp")
+    return re.compile(rf"(?:{pattern})|\.(?:{pattern})\.[A-Za-z0-9_]+\.tmp", re.ASCII)
 
 
 def entries(directory: Path) -> list[tuple[Path, str]]:
