@@ -189,11 +189,14 @@ _BASE_NAMES = st.sampled_from([("snapshot",), ("base",), ("snapshot", "base")])
 @given(batch=st.integers(0, 40), bases=st.dictionaries(st.integers(0, 40), _BASE_NAMES, max_size=6))
 def test_pruning_keeps_what_every_later_replay_reads(tmp_path_factory, batch, bases):
     """After the prune at ``batch`` (its own files written), a replay of ``batch`` or any later one still finds
-    the newest base before it, under either name, and every delta after that base; nothing else is kept."""
+    the newest base before it, under either name, and every delta after that base; nothing else is kept but the
+    batch's own routing report."""
     checkpoint = Checkpoint(tmp_path_factory.mktemp("ckpt") / "c")
     checkpoint.create()
     checkpoint.router.mkdir(parents=True, exist_ok=True)
     checkpoint.merge.mkdir(parents=True, exist_ok=True)
+    for b in range(batch + 1):
+        checkpoint.router_report(b).write_text("{}")
     for folder in (checkpoint.router, checkpoint.merge):
         for b in range(batch + 1):
             (folder / f"delta-{b:08d}.json").write_text("{}")
@@ -214,7 +217,8 @@ def test_pruning_keeps_what_every_later_replay_reads(tmp_path_factory, batch, ba
         assert sorted(kept_deltas) == list(range(keep + 1, batch + 1))
         for b, path in kept_bases.items():  # one file per base, under the new name where both were written
             assert path.name.startswith("base-" if "base" in bases[b] else "snapshot-")
-        assert len(list(folder.iterdir())) == len(kept_bases) + len(kept_deltas)
+        reports = [checkpoint.router_report(batch)] if folder == checkpoint.router else []  # the batch's own only
+        assert sorted(folder.iterdir()) == sorted([*kept_bases.values(), *kept_deltas.values(), *reports])
 
 
 def test_memory_estimate_refuses_many_evaluators_on_a_grid_that_has_room(tmp_path, capsys):

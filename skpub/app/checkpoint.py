@@ -201,8 +201,12 @@ class Checkpoint:
         A replay of ``batch_id`` reads the newest base before it and every
         delta after that base; older bases and those deltas go, and so does
         a base under its old name (:data:`LEGACY_BASE`) once it is older
-        or was written again under the new one.
+        or was written again under the new one. The routing reports of
+        earlier batches go too (a replay's sequencer writes its own again).
         """
+        for b, path in _files_of(self.router, "report"):
+            if b < batch_id:
+                path.unlink(missing_ok=True)
         for folder in (self.router, self.merge):
             bases = _numbered(folder, "base")
             keep = max((b for b in bases if b < batch_id), default=-1)
