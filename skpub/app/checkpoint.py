@@ -67,6 +67,11 @@ def _numbered(folder: Path, kind: str) -> dict[int, Path]:
     return {b: p for k in kinds for b, p in _files_of(folder, k)}
 
 
+def newest_base(bases: dict[int, Path], batch_id: int) -> int:
+    """Return the newest batch of ``bases`` before ``batch_id`` (-1: none), the base a replay of ``batch_id`` reads."""
+    return max((b for b in bases if b < batch_id), default=-1)
+
+
 def _files_of(folder: Path, kind: str) -> list[tuple[int, Path]]:
     """(batch id, file) of ``folder``'s ``<kind>-<batch>.json`` files (8 ASCII digits or more), in name order."""
     found = []
@@ -209,7 +214,7 @@ class Checkpoint:
                 path.unlink(missing_ok=True)
         for folder in (self.router, self.merge):
             bases = _numbered(folder, "base")
-            keep = max((b for b in bases if b < batch_id), default=-1)
+            keep = newest_base(bases, batch_id)
             for b, path in [*_files_of(folder, "base"), *_files_of(folder, LEGACY_BASE)]:
                 if b < keep or bases[b] != path:
                     path.unlink(missing_ok=True)

@@ -45,7 +45,7 @@ from types import MappingProxyType
 
 import orjson
 
-from skpub.app.checkpoint import CHECKPOINT_DIR, Checkpoint
+from skpub.app.checkpoint import CHECKPOINT_DIR, Checkpoint, newest_base
 from skpub.app.console import engine_log
 from skpub.app.engines.sink import unique_letters
 from skpub.app.engines.source import SOURCE_NAME, LineSource
@@ -358,7 +358,7 @@ class Sink:
             return self.merged[1]
         merge = RankedMerge()
         bases = self.checkpoint.merge_files("base")
-        base = max((b for b in bases if b < batch_id), default=-1)
+        base = newest_base(bases, batch_id)
         deltas = self.checkpoint.merge_files("delta")
         try:
             if base >= 0:

@@ -46,7 +46,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from skpub.app.checkpoint import Checkpoint
+from skpub.app.checkpoint import Checkpoint, newest_base
 from skpub.app.journal import SegmentFiles
 from skpub.kernel.config import Deployment, deployment_from_text
 from skpub.kernel.errors import CheckpointError, InputError
@@ -518,7 +518,7 @@ def _sequencer_before(checkpoint: Checkpoint, run_id: str, deployment: Deploymen
             sequencer.replay(*decode_journal(deltas[b].read_bytes()))
         return sequencer
     bases = checkpoint.router_files("base")
-    base = max((b for b in bases if b < batch_id), default=-1)
+    base = newest_base(bases, batch_id)
     if base >= 0:
         registry = decode_registry(bases[base].read_bytes())
     else:
