@@ -23,6 +23,13 @@ are two kinds of :class:`~skpub.kernel.transfer.Move`:
   becomes plain, owned by the one that stays; the one that leaves hands it
   every subscription it holds over the rectangle, and its cost there.
 
+The balancer's phase I splits by text only a rectangle whose load no move
+of cells can spread (:func:`concentrated`): a text rectangle is frozen for
+every later shift, split/merge and migration (only phase I changes it), so
+splitting a wide one by text leaves the next hot spot inside it to two
+evaluators for good. PS2Stream's phase I works on the cells of its
+kd^t-tree, not on an evaluator's whole region.
+
 A rectangle of the kd^t-tree with more than two evaluators is not merged:
 dropping one evaluator from a table would move the hashed terms of the
 others too. Window objects never move (DESIGN "The balancer"): after a merge
@@ -31,12 +38,37 @@ the leaving primary keeps the ones it accepted until they leave the window.
 
 from __future__ import annotations
 
+import numpy as np
+
 from skpub.balancer.operation import Loads, Operation
+from skpub.kernel.load import RectangleLoad
 from skpub.kernel.transfer import Move
 from skpub.router.partitioning import Partitioning
 
 LOADED_RECTANGLES = 3
 """PS2Stream's ``p``: how many of the most loaded evaluator's costliest plain rectangles phase I tries to split."""
+
+CONCENTRATED = 0.75
+"""A rectangle's load is concentrated when every cut between its lines leaves one side more than this share of it."""
+
+
+def concentrated(load: RectangleLoad | None) -> bool:
+    """Return whether every cut of the rectangle between two rows or columns leaves one side over :data:`CONCENTRATED`.
+
+    Of its cost, that is.    Then no shift, split/merge or migration of cells can spread the
+    rectangle's load, and a text split (PS2Stream V-A phase I) can: it halves
+    the load whatever its place. A rectangle without cost is not
+    concentrated (nothing to spread); one of one cell always is. O(w + h)
+    from the row and column aggregates (Tornado 4.3).
+    """
+    if load is None or load.cost <= 0:
+        return False
+    cost = load.cost
+    for lines in (load.columns, load.rows):
+        before = np.cumsum(lines)[:-1]
+        if len(before) and float(np.min(np.maximum(before, cost - before))) <= CONCENTRATED * cost:
+            return False
+    return True
 
 
 def text_split(partitioning: Partitioning, loads: Loads, rect: int, target: int) -> Operation:
@@ -82,15 +114,22 @@ def phase_one(partitioning: Partitioning, loads: Loads, source: int, targets: li
     """Return phase I's candidates for the costliest evaluator ``source`` and the least loaded of ``targets``.
 
     Splits of ``source``'s :data:`LOADED_RECTANGLES` costliest plain
-    rectangles towards the least loaded target, and merges of the two-evaluator
+    rectangles whose load is :func:`concentrated` towards the least loaded
+    target, and merges of the two-evaluator
     text rectangles ``source`` shares with any of ``targets`` into them.
     O(rectangles log rectangles).
     """
     if not targets:
         return []
     lightest = min(targets, key=lambda e: (loads.costs[e], e))
-    owned = [i for i, o in enumerate(partitioning.owners.tolist()) if o == source and splittable(partitioning, i)]
     box = partitioning.boxes
+    owned = [
+        i
+        for i, o in enumerate(partitioning.owners.tolist())
+        if o == source
+        and splittable(partitioning, i)
+        and concentrated(loads.members.get((source, tuple(box[i].tolist()))))
+    ]
     owned.sort(key=lambda i: (-loads.member_load(source, tuple(box[i].tolist()))[0], i))
     out = [text_split(partitioning, loads, i, lightest) for i in owned[:LOADED_RECTANGLES]]
     for i, table in enumerate(partitioning.texts):

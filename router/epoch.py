@@ -87,44 +87,65 @@ class EpochLog:
     def publish(self, epoch: RoutingEpoch) -> None:
         """Write ``epoch`` atomically; an epoch number is written once and never changed.
 
+        Epochs start later as their numbers grow (:meth:`for_batch` relies
+        on it): epoch ``n`` must start after epoch ``n - 1`` when that one is
+        published.
+
         Raises
         ------
         EpochError
-            If an epoch with that number but other content exists.
+            If an epoch with that number but other content exists, or epoch
+            ``n - 1`` starts at or after ``epoch.from_batch``.
         """
-        path = self.directory / f"epoch-{epoch.number:06d}.json"
+        path = self._path(epoch.number)
         text = json.dumps(epoch.to_json())
         if path.exists():
             if path.read_text(encoding="utf-8") != text:
                 raise EpochError(f"epoch {epoch.number} already published with other content")
             return
+        if epoch.number > 0 and self._path(epoch.number - 1).exists():
+            previous = self._read(epoch.number - 1)
+            if previous.from_batch >= epoch.from_batch:
+                raise EpochError(
+                    f"epoch {epoch.number} from batch {epoch.from_batch} would not start after epoch "
+                    f"{previous.number}, from batch {previous.from_batch}"
+                )
         atomic_write_text(path, text)
+
+    def _path(self, number: int) -> Path:
+        return self.directory / f"epoch-{number:06d}.json"
+
+    def _read(self, number: int) -> RoutingEpoch:
+        path = self._path(number)
+        try:
+            version = path.stat().st_mtime_ns
+        except OSError as exc:
+            raise EpochError(f"cannot read epoch {path}: {exc}") from exc
+        return _load(str(path), version)
 
     def numbers(self) -> list[int]:
         """Return the published epoch numbers, ascending."""
         return sorted(int(p.stem.split("-")[1]) for p in self.directory.glob("epoch-*.json"))
 
     def for_batch(self, batch_id: int) -> RoutingEpoch:
-        """Return the epoch in force for micro-batch ``batch_id``.
+        """Return the epoch in force for micro-batch ``batch_id``: the newest that starts at or before it.
+
+        Reads epochs from the newest back (they start later as their
+        numbers grow: :meth:`publish`), so a batch of the epoch in force or
+        of the one before (a transfer's batch) reads one or two, however
+        many were published: O(epochs) for the directory listing, O(1)
+        epoch files parsed when the last ones are cached.
 
         Raises
         ------
         EpochError
             If no published epoch starts at or before ``batch_id``.
         """
-        chosen = None
-        for number in self.numbers():
-            path = self.directory / f"epoch-{number:06d}.json"
-            try:
-                version = path.stat().st_mtime_ns
-            except OSError as exc:
-                raise EpochError(f"cannot read epoch {path}: {exc}") from exc
-            epoch = _load(str(path), version)
+        for number in reversed(self.numbers()):
+            epoch = self._read(number)
             if epoch.from_batch <= batch_id:
-                chosen = epoch
-        if chosen is None:
-            raise EpochError(f"no routing epoch in {self.directory} for batch {batch_id}")
-        return chosen
+                return epoch
+        raise EpochError(f"no routing epoch in {self.directory} for batch {batch_id}")
 
 
 @lru_cache(maxsize=16)

@@ -294,3 +294,24 @@ def test_sample_costs_equal_tornado_equation_1_record_by_record():
         expected[cy, cx] += 1 + q + sum(ranked.count(t) for t in obj.term_set)
     assert sum(isinstance(r, ObjectRecord) for r in records) > 150
     np.testing.assert_allclose(sample_cell_costs(lines, grid, Vocabulary(), 4, 10_000), expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(starts=st.lists(st.integers(1, 6), min_size=1, max_size=30), probe=st.integers(0, 200))
+def test_the_epoch_log_gives_the_newest_epoch_started_by_a_batch_reading_one_or_two(tmp_path_factory, starts, probe):
+    from skpub.router.epoch import EpochError, EpochLog, RoutingEpoch, _load
+
+    log = EpochLog(tmp_path_factory.mktemp("epochs"))
+    table = UniformGrid(FineGrid(Rect(0, 0, 1, 1), 8), 2)
+    from_batches = np.cumsum([0, *starts]).tolist()  # strictly increasing, as decisions publish them
+    for number, first in enumerate(from_batches):
+        log.publish(RoutingEpoch(number, first, table))
+    expected = max(n for n, first in enumerate(from_batches) if first <= probe)  # brute force over every epoch
+    _load.cache_clear()
+    assert log.for_batch(probe).number == expected
+    assert _load.cache_info().misses == len(from_batches) - expected  # newest back to the one in force
+    with pytest.raises(EpochError, match="would not start after"):
+        log.publish(RoutingEpoch(len(from_batches), from_batches[-1], table))
+    with pytest.raises(EpochError, match="other content"):
+        log.publish(RoutingEpoch(0, 1, table))
+    assert log.numbers() == list(range(len(from_batches)))

@@ -6,7 +6,7 @@ import pytest
 from skpub.balancer.migration import greedy, migration
 from skpub.balancer.operation import Loads, apply_moves
 from skpub.balancer.policy import adaptive
-from skpub.balancer.textsplit import mergeable, phase_one, text_merge, text_split
+from skpub.balancer.textsplit import concentrated, mergeable, phase_one, text_merge, text_split
 from skpub.evaluators.load import CellLoad
 from skpub.kernel.config import BalancerConfig, Window
 from skpub.kernel.load import BlockLoad, LoadSummary, RectangleLoad
@@ -22,12 +22,15 @@ from tests.workloads import assert_outputs_equal_oracle, deployment, random_work
 BOXES = np.array([[0, 0, 3, 7], [4, 0, 7, 3], [4, 4, 7, 7]])
 
 
-def rect(box, cost, queries):
-    """A rectangle's load: ``cost`` spread evenly, ``queries`` subscriptions over all of it."""
+def rect(box, cost, queries, hot=False):
+    """A rectangle's load: ``cost`` spread evenly (``hot``: all in its first cell), ``queries`` over all of it."""
     w, h = box[2] - box[0] + 1, box[3] - box[1] + 1
     first_x, last_x, first_y, last_y = (np.zeros(n, np.int64) for n in (w, w, h, h))
     first_x[0] = last_x[-1] = first_y[0] = last_y[-1] = queries
-    return RectangleLoad(tuple(box), np.full(w, cost / w), np.full(h, cost / h), first_x, last_x, first_y, last_y)
+    columns, rows = np.full(w, cost / w), np.full(h, cost / h)
+    if hot:
+        columns, rows = np.eye(1, w).ravel() * cost, np.eye(1, h).ravel() * cost
+    return RectangleLoad(tuple(box), columns, rows, first_x, last_x, first_y, last_y)
 
 
 def summary(e, *rects):
@@ -69,7 +72,7 @@ def test_a_split_moves_half_the_load_and_a_merge_all_of_the_leaving_share():
     assert op.costs_after == (50.0, 60.0, 10.0) and op.c_r == 40.0 and op.c_t == 5.0
     split = apply_moves(part, op.moves)
     box = (0, 0, 3, 7)
-    shares = [summary(0, (box, 60.0, 10)), summary(1, (box, 30.0, 6), ((4, 0, 7, 3), 20.0, 4)),
+    shares = [summary(0, (box, 60.0, 10)), summary(1, (box, 30.0, 6), ((4, 0, 7, 3), 20.0, 4, True)),
               summary(2, ((4, 4, 7, 7), 10.0, 10))]  # fmt: skip
     loads = Loads(split, shares, beta=1.0)
     i = next(i for i, t in enumerate(split.texts) if t is not None)
@@ -77,6 +80,28 @@ def test_a_split_moves_half_the_load_and_a_merge_all_of_the_leaving_share():
     assert merge.moves[0] == Move(box, 1, 0, 30.0, 6, "merge")
     assert phase_one(split, loads, 0, [1, 2]) == []  # 0 holds no plain rectangle, nor another to stay in
     assert {o.kind for o in phase_one(split, loads, 1, [0, 2])} == {"text_split", "text_merge"}
+
+
+def test_a_load_is_concentrated_when_every_cut_leaves_one_side_over_three_quarters():
+    box = (0, 0, 3, 1)
+    assert concentrated(rect(box, 80.0, 5, hot=True)) and concentrated(rect((2, 2, 2, 2), 1.0, 1))
+    assert not concentrated(rect(box, 80.0, 5)) and not concentrated(rect(box, 0.0, 5)) and not concentrated(None)
+    z = np.zeros(2, np.int64)
+    # a quarter on one side of a column cut: spread; the rows are cut too
+    assert not concentrated(RectangleLoad((0, 0, 1, 1), np.array([20.0, 60.0]), np.array([80.0, 0.0]), z, z, z, z))
+    assert concentrated(RectangleLoad((0, 0, 1, 1), np.array([19.0, 61.0]), np.array([80.0, 0.0]), z, z, z, z))
+    assert not concentrated(RectangleLoad((0, 0, 1, 1), np.array([19.0, 61.0]), np.array([60.0, 20.0]), z, z, z, z))
+
+
+def test_phase_one_never_splits_by_text_a_rectangle_whose_load_cells_can_spread():
+    # a text rectangle is frozen for every later move of cells: a wide hot one would stay with two evaluators
+    part = Partitioning(8, BOXES, np.array([0, 1, 2]))
+    spread = [summary(0, (tuple(BOXES[0].tolist()), 900.0, 10)), *summaries([0.0, 50.0, 50.0])[1:]]
+    assert phase_one(part, Loads(part, spread, beta=1.0), 0, [1, 2]) == []
+    ops = adaptive(part, Loads(part, spread, beta=1.0), sigma=1.2)
+    assert ops and "text_split" not in {o.kind for o in ops}
+    hot = [summary(0, (tuple(BOXES[0].tolist()), 900.0, 10, True)), *spread[1:]]
+    assert [o.kind for o in phase_one(part, Loads(part, hot, beta=1.0), 0, [1, 2])] == ["text_split"]
 
 
 def test_adaptive_splits_by_text_a_hot_rectangle_no_move_of_cells_can_spread():
