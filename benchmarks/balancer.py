@@ -33,7 +33,11 @@ Parts:
   routing-update batch against an ordinary one. Beside the ratio it prints
   the bound on it: ``off``'s parallel time over the same batches with each
   batch's evaluator CPU spread evenly over the 8 and nothing moved (what a
-  perfect, free balancer would reach; routing stays as measured).
+  perfect, free balancer would reach; routing stays as measured). Times are
+  the median of ``--drift-rounds`` runs per mode, the modes alternating
+  (thread CPU seconds of identical runs vary by 20-50% on a small VM:
+  docs/benchmarks.md (j)); decisions come from cost units, so every run of
+  a mode must decide the same (a warning says otherwise).
 
 - ``default``: the 10% CPU target. The GeoNames default workload (no
   drift) through the local and the Spark engine with the balancer ``off``
@@ -50,6 +54,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shutil
 import statistics
 import time
 from collections import Counter
@@ -209,15 +214,70 @@ class _Recorder:
         self.observer.on_batch(report)
 
 
+def _drift_run(stream, dep, out: str, args) -> dict:
+    """Run the local engine once on a drift workload; return its measures (DESIGN "Measuring load honestly")."""
+    from skpub.app.engines.local import run_local
+    from skpub.app.summary import RunObserver, RunSummary
+
+    recorder = _Recorder(RunObserver(RunSummary("local", dep.router, 8), stream=None))
+    start = time.perf_counter()
+    run_local(stream, out, dep, recorder)
+    wall = time.perf_counter() - start
+    reports = [r for r in recorder.reports if r.objects]
+    n = dep.evaluators
+    imbalance = [
+        max(r.evaluator_cost.values()) / (sum(r.evaluator_cost.values()) / n) if sum(r.evaluator_cost.values()) else 1.0
+        for r in reports
+    ]
+    per = len(reports) / 4
+    phases = [float(np.mean(imbalance[int(p * per) + 2 : int((p + 1) * per)] or [np.nan])) for p in range(4)]
+    run = {
+        "parallel": sum(parallel_seconds(r, 1) for r in reports),
+        "spread": sum(parallel_seconds(r, args.routing_units) for r in reports),
+        "wall": wall,
+        "phases": phases,
+        "ops": sum(n for r in reports for k, n in r.balancer.items() if k not in ("subscriptions", "placements")),
+        "parse": sum(r.stage_cpu["parse"] for r in reports),
+        "sequencer": sum(r.stage_cpu["sequencer"] for r in reports),
+        "slow": sum(slowest_evaluator_seconds(r) for r in reports),
+        "decide": sum(decision_seconds(r) for r in reports),
+        "steps": sum(sum(r.evaluator_balancer_cpu.values()) for r in reports),
+    }
+    # the most a balancer could gain: each batch's evaluator CPU spread evenly, moving nothing, for free
+    even = [parallel_seconds(r, u) - slowest_evaluator_seconds(r) + evaluator_seconds(r) / n
+            for u in (1, args.routing_units) for r in reports]  # fmt: skip
+    run["bound"] = (run["parallel"] / sum(even[: len(reports)]), run["spread"] / sum(even[len(reports) :]))
+    lines = [
+        json.loads(line)
+        for part in sorted(Path(out, "balancer").glob("*.jsonl"))
+        for line in part.read_text().splitlines()
+    ]
+    run["kinds"] = Counter(row["operation"] for row in lines)
+    moved = sum(row["subscription_parts_moved"] for row in lines)
+    unit = sum(sum(r.evaluator_cpu.values()) for r in reports) / max(
+        sum(sum(r.evaluator_cost.values()) for r in reports), 1
+    )
+    per_batch = {r.batch_id: parallel_seconds(r, 1) for r in reports}
+    transfer = {row["transfer_batch"] for row in lines} & set(per_batch)
+    update = {row["first_batch"] for row in lines} & set(per_batch)
+    plain = set(per_batch) - transfer - update
+    if moved and plain and transfer and update:
+        usual = statistics.median(r.stage_cpu["balancer"] for r in reports if r.batch_id in plain)
+        work = sum(r.stage_cpu["balancer"] - usual for r in reports if r.batch_id in transfer | update)
+        run["beta"] = (work / moved / unit, work, moved)
+        run["batches"] = tuple(statistics.median(per_batch[b] for b in kind) for kind in (plain, transfer, update))
+    return run
+
+
 def part_drift(args) -> None:
     import tempfile
 
-    from skpub.app.engines.local import run_local
-    from skpub.app.summary import RunObserver, RunSummary
     from skpub.kernel.config import Deployment, deployment_from_json
     from skpub.sims.geonames import WorkloadSpec, deployment_of, write_workload
 
-    print(f"\n(f) drifting hot spot, 8 evaluators, batches of {args.batch_size}, {args.objects or 'all'} objects")
+    rounds = args.drift_rounds
+    print(f"\n(f) drifting hot spot, 8 evaluators, batches of {args.batch_size}, {args.objects or 'all'} objects;"
+          f" times: median of {rounds} runs per mode, alternating (the range in brackets)")  # fmt: skip
     units = f"{args.routing_units} RU s"
     print(f"{'scale':>5} {'mode':>8} {'parallel s':>10} {units:>9} {'wall s':>7} {'imbalance':>9} {'per phase':>24}"
           f" {'ops':>4}")  # fmt: skip
@@ -239,81 +299,55 @@ def part_drift(args) -> None:
             base: Deployment = deployment_from_json(deployment_of(spec)).replace(
                 evaluators=8, batch_size=args.batch_size, vocabulary=str(vocabulary)
             )
-            results = {}
+            deployments = {}
             for mode in ("off", "adaptive"):
                 settings = BalancerConfig(mode=mode)
                 if args.beta is not None:
                     settings = dataclasses.replace(settings, beta=args.beta)
                 if args.global_period is not None:
                     settings = dataclasses.replace(settings, global_period=args.global_period)
-                dep = base.replace(balancer=settings)
-                recorder = _Recorder(RunObserver(RunSummary("local", dep.router, 8), stream=None))
-                start = time.perf_counter()
-                run_local(stream, f"{tmp}/out-{scale}-{mode}", dep, recorder)
-                wall = time.perf_counter() - start
-                reports = [r for r in recorder.reports if r.objects]
-                parallel = sum(parallel_seconds(r, 1) for r in reports)
-                spread = sum(parallel_seconds(r, args.routing_units) for r in reports)
-                imbalance = [
-                    max(r.evaluator_cost.values()) / (sum(r.evaluator_cost.values()) / 8)
-                    if sum(r.evaluator_cost.values())
-                    else 1.0
-                    for r in reports
-                ]
-                per = len(reports) / 4
-                phases = [
-                    float(np.mean(imbalance[int(p * per) + 2 : int((p + 1) * per)] or [np.nan])) for p in range(4)
-                ]
-                ops = sum(n for r in reports for k, n in r.balancer.items() if k not in ("subscriptions", "placements"))
-                results[mode] = (parallel, spread)
-                if mode == "off":  # the most a balancer could gain: each batch's evaluator CPU spread evenly, free
-                    n = dep.evaluators
-                    even = [parallel_seconds(r, u) - slowest_evaluator_seconds(r) + evaluator_seconds(r) / n
-                            for u in (1, args.routing_units) for r in reports]  # fmt: skip
-                    bound = (parallel / sum(even[: len(reports)]), spread / sum(even[len(reports) :]))
+                deployments[mode] = base.replace(balancer=settings)
+            runs: dict[str, list[dict]] = {"off": [], "adaptive": []}
+            for attempt in range(rounds):
+                for mode in ("off", "adaptive") if attempt % 2 == 0 else ("adaptive", "off"):
+                    out = f"{tmp}/out-{scale}-{mode}-{attempt}"
+                    runs[mode].append(_drift_run(stream, deployments[mode], out, args))
+                    shutil.rmtree(out)
+            medians = {}
+            for mode in ("off", "adaptive"):
+                first = runs[mode][0]
+                if any((r["ops"], r["phases"]) != (first["ops"], first["phases"]) for r in runs[mode]):
+                    print(f"      WARNING: the {mode} runs decided differently: a decision must not depend on time")
+                med = {k: statistics.median(r[k] for r in runs[mode]) for k in ("parallel", "spread", "wall")}
+                medians[mode] = med
+                low, high = min(r["parallel"] for r in runs[mode]), max(r["parallel"] for r in runs[mode])
                 if mode == "adaptive":
-                    lines = [
-                        json.loads(line)
-                        for part in sorted(Path(f"{tmp}/out-{scale}-{mode}/balancer").glob("*.jsonl"))
-                        for line in part.read_text().splitlines()
-                    ]
-                    moved = sum(row["subscription_parts_moved"] for row in lines)
-                    kinds = Counter(row["operation"] for row in lines)
+                    kinds = first["kinds"]
                     print("      operations: " + (", ".join(f"{k} {n}" for k, n in sorted(kinds.items())) or "none"))
-                    unit = sum(sum(r.evaluator_cpu.values()) for r in reports) / sum(
-                        sum(r.evaluator_cost.values()) for r in reports
-                    )
-                    per_batch = {r.batch_id: parallel_seconds(r, 1) for r in reports}
-                    transfer = {row["transfer_batch"] for row in lines} & set(per_batch)
-                    update = {row["first_batch"] for row in lines} & set(per_batch)
-                    plain = set(per_batch) - transfer - update
-                    ordinary = [per_batch[b] for b in plain]
-                    if moved and ordinary:
-                        usual = statistics.median(r.stage_cpu["balancer"] for r in reports if r.batch_id in plain)
-                        work = sum(r.stage_cpu["balancer"] - usual for r in reports if r.batch_id in transfer | update)
-                        beta = work / moved / unit
-                        print(f"      beta measured: {beta:.1f} cost units per subscription part moved"
+                    if "beta" in first:
+                        beta, work, moved = first["beta"]
+                        ordinary, transfer, update = first["batches"]
+                        print(f"      beta measured (first run): {beta:.1f} cost units per subscription part moved"
                               f" (hand-off and take-over seconds {work:.2f} over {moved} parts)")  # fmt: skip
-                        print(
-                            f"      batch parallel s, median: ordinary {statistics.median(ordinary):.3f},"
-                            f" transfer {statistics.median(per_batch[b] for b in transfer):.3f},"
-                            f" routing update {statistics.median(per_batch[b] for b in update):.3f}"
-                        )
-                shown = " ".join(f"{v:.2f}" for v in phases)
-                mean = np.nanmean(phases)
-                print(f"{scale:>5} {mode:>8} {parallel:>10.2f} {spread:>9.2f} {wall:>7.1f} {mean:>9.2f} {shown:>24}"
-                      f" {ops:>4}")  # fmt: skip
-                parse = sum(r.stage_cpu["parse"] for r in reports)
-                sequencer = sum(r.stage_cpu["sequencer"] for r in reports)
-                slow = sum(slowest_evaluator_seconds(r) for r in reports)
-                decide = sum(decision_seconds(r) for r in reports)
-                steps = sum(sum(r.evaluator_balancer_cpu.values()) for r in reports)
-                print(f"      of which parse {parse:.2f} s, sequencer {sequencer:.2f} s, slowest evaluators"
-                      f" {slow:.2f} s (their balancer steps {steps:.2f} s), decisions {decide:.2f} s")  # fmt: skip
-            (off1, off_r), (on1, on_r) = results["off"], results["adaptive"]
-            print(f"{scale:>5} off/adaptive parallel time: {off1 / on1:.2f}x with one routing unit,"
-                  f" {off_r / on_r:.2f}x with {args.routing_units}; a perfect balance moving nothing would give"
-                  f" {bound[0]:.2f}x and {bound[1]:.2f}x")  # fmt: skip
+                        print(f"      batch parallel s, median: ordinary {ordinary:.3f}, transfer {transfer:.3f},"
+                              f" routing update {update:.3f}")  # fmt: skip
+                shown = " ".join(f"{v:.2f}" for v in first["phases"])
+                print(f"{scale:>5} {mode:>8} {med['parallel']:>10.2f} {med['spread']:>9.2f} {med['wall']:>7.1f}"
+                      f" {np.nanmean(first['phases']):>9.2f} {shown:>24} {first['ops']:>4}"
+                      f"  [{low:.2f}-{high:.2f}]")  # fmt: skip
+                stage = {k: statistics.median(r[k] for r in runs[mode]) for k in ("parse", "sequencer", "slow",
+                                                                                   "steps", "decide")}  # fmt: skip
+                print(f"      of which parse {stage['parse']:.2f} s, sequencer {stage['sequencer']:.2f} s, slowest"
+                      f" evaluators {stage['slow']:.2f} s (their balancer steps {stage['steps']:.2f} s),"
+                      f" decisions {stage['decide']:.2f} s")  # fmt: skip
+            bound = [statistics.median(r["bound"][u] for r in runs["off"]) for u in (0, 1)]
+            ratios = [[o[k] / a[k] for o, a in zip(runs["off"], runs["adaptive"], strict=True)]
+                      for k in ("parallel", "spread")]  # fmt: skip
+            gain = medians["off"]["parallel"] / medians["adaptive"]["parallel"]
+            print(f"{scale:>5} off/adaptive parallel time: {gain:.2f}x"
+                  f" with one routing unit (rounds {min(ratios[0]):.2f}-{max(ratios[0]):.2f}),"
+                  f" {medians['off']['spread'] / medians['adaptive']['spread']:.2f}x with {args.routing_units};"
+                  f" a perfect balance moving nothing would give {bound[0]:.2f}x and {bound[1]:.2f}x")  # fmt: skip
 
 
 def part_default(args) -> None:
@@ -384,6 +418,7 @@ def main() -> None:
     parser.add_argument("--burst-regions", type=float, default=0.0, help="keyword burst share of the drift workload")
     parser.add_argument("--routing-units", type=int, default=8, help="routing units the parse stage is spread over")
     parser.add_argument("--beta", type=float, default=None, help="the adaptive runs' beta (default the deployment's)")
+    parser.add_argument("--drift-rounds", type=int, default=3, help="runs per mode of the drift part, alternating")
     parser.add_argument("--global-period", type=int, default=None,
                         help="batches between global adjustment checks, 0: never")  # fmt: skip
     args = parser.parse_args()
