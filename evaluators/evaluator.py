@@ -157,15 +157,21 @@ class Evaluator:
 
     def _drop(self, sub_id: str) -> tuple[RangeSubscription, CellBox]:
         """Remove a range subscription now (index entries included) and return it with its box."""
-        key = self.home.pop(sub_id)
-        block = self.blocks[key]
-        sub, box = block.pop(sub_id)
-        if not block:
-            del self.blocks[key]
-        self.dirty.add(key)
-        self.index.remove(sub, box)
-        self.load.remove_subscription(sub_id)
-        return sub, box
+        return self._drop_many([sub_id])[0]
+
+    def _drop_many(self, ids: Iterable[str]) -> list[tuple[RangeSubscription, CellBox]]:
+        """Remove range subscriptions ``ids`` now, their index entries in one pass (:meth:`GI2Index.remove_many`)."""
+        dropped = []
+        for sub_id in ids:
+            key = self.home.pop(sub_id)
+            block = self.blocks[key]
+            dropped.append(block.pop(sub_id))
+            if not block:
+                del self.blocks[key]
+            self.dirty.add(key)
+            self.load.remove_subscription(sub_id)
+        self.index.remove_many(dropped)
+        return dropped
 
     def set_partition(self, rectangles: list[CellBox]) -> None:
         """Take the rectangles of this evaluator's partition (for its load statistics; routing decides the rest)."""
@@ -273,8 +279,7 @@ class Evaluator:
         if e in plan.rectangles:
             rectangles = plan.rectangles[e]
             own = [sid for h in handoffs if h.source == e for sid in h.dropped]
-            for sid in self._outside(own, rectangles):  # unless carried back here since (a wider box now)
-                self._drop(sid)
+            self._drop_many(self._outside(own, rectangles))  # unless carried back here since (a wider box now)
             self.set_partition(list(rectangles))
 
     def import_subscriptions(self, parts: Iterable[tuple[RangeSubscription, CellBox]]) -> None:

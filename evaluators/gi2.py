@@ -23,7 +23,7 @@ objects far from them never examine them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from skpub.kernel.grid import CellBox
 from skpub.kernel.records import ObjectRecord, RangeSubscription
@@ -99,26 +99,38 @@ class GI2Index:
         return (box[2] // b - box[0] // b + 1) * (box[3] // b - box[1] // b + 1) * len(keywords) > WIDE_ENTRIES
 
     def remove(self, sub: RangeSubscription, box: CellBox) -> None:
-        """Drop ``sub``'s entries, indexed over ``box``, now: O(its entries).
+        """Drop ``sub``'s entries, indexed over ``box``, now (:meth:`remove_many` of one)."""
+        self.remove_many([(sub, box)])
+
+    def remove_many(self, items: Iterable[tuple[RangeSubscription, CellBox]]) -> None:
+        """Drop the entries of subscriptions ``items``, each indexed over its box, now.
 
         For a rebalancing, which may index the same subscription again here
         later (:meth:`delete` marks an id dead for good, which only an
-        unsubscribe may do).
+        unsubscribe may do). Each inverted list that holds one of them is
+        rebuilt once: O(their entries + the lengths of those lists), where
+        removing them one by one costs each list's length once per
+        subscription in it.
         """
-        keywords = self.vocabulary.summary_keywords(sub.dnf)
-        groups = [self.wide] if self._is_wide(box, keywords) else [self.cells.get(k) for k in self._cell_keys(box)]
-        for lists in groups:
-            for kw in keywords:
-                lst = lists.get(kw) if lists is not None else None
-                if lst is None:
-                    continue
-                kept = [e for e in lst if e[0] != sub.id]
-                if kept:
-                    lists[kw] = kept
-                else:
-                    del lists[kw]
-        self.entry_counts.pop(sub.id, None)
-        self.deleted.discard(sub.id)
+        doomed: dict[tuple[int | None, str], set[str]] = {}
+        for sub, box in items:
+            keywords = self.vocabulary.summary_keywords(sub.dnf)
+            keys = (None,) if self._is_wide(box, keywords) else self._cell_keys(box)
+            for key in keys:
+                for kw in keywords:
+                    doomed.setdefault((key, kw), set()).add(sub.id)
+            self.entry_counts.pop(sub.id, None)
+            self.deleted.discard(sub.id)
+        for (key, kw), ids in doomed.items():
+            lists = self.wide if key is None else self.cells.get(key)
+            lst = lists.get(kw) if lists is not None else None
+            if lst is None:
+                continue
+            kept = [e for e in lst if e[0] not in ids]
+            if kept:
+                lists[kw] = kept
+            else:
+                del lists[kw]
 
     def delete(self, sub_id: str) -> None:
         """Mark ``sub_id`` deleted; its entries go at the next scan or compaction."""

@@ -43,10 +43,19 @@ def _check_against_brute_force(seed, block, size):
             sub = RangeSubscription(step, f"s{step}", Rect(x0, y0, x1, y1), parse_expression(expr))
             index.insert(sub, grid.cell_box(sub.rect))
             live[sub.id] = sub
-        elif u < 0.45 and live:
+        elif u < 0.4 and live:
             sid = list(live)[int(rng.integers(len(live)))]
             index.delete(sid)
             del live[sid]
+        elif u < 0.45 and live:  # a rebalancing drops several at once
+            ids = rng.choice(list(live), size=int(rng.integers(1, len(live) + 1)), replace=False).tolist()
+            index.remove_many([(live[sid], grid.cell_box(live[sid].rect)) for sid in ids])
+            for sid in ids:
+                del live[sid]
+            kept = {
+                e[0] for lists in (*index.cells.values(), index.wide) for entries in lists.values() for e in entries
+            }
+            assert kept.isdisjoint(ids)
         else:
             x, y = rng.uniform(0, 100, 2)
             terms = set(rng.choice(WORDS, size=int(rng.integers(0, 4)), replace=False))
