@@ -6,8 +6,8 @@ Modes:
   ``sigma``), weigh every candidate -- at every site where the source is the
   costlier evaluator, the best horizontal or vertical shift or the corner
   shift; the split/merge of the costliest evaluator, PS2Stream's phase I
-  (text split of its costliest rectangles, text merge of those it shares
-  with one other) and GR's migration from the most loaded to those under
+  (text split of its costliest rectangles whose load is concentrated, text
+  merge of those it shares with one other) and GR's migration from the most loaded to those under
   the mean (phase II) -- and take the one with the
   largest C_r among those whose gain over ``horizon`` batches, C_r x (1 -
   decay) x horizon, exceeds C_t (Tornado 4.2 compares one statistics

@@ -55,15 +55,21 @@ CONCENTRATED = 0.75
 def concentrated(load: RectangleLoad | None) -> bool:
     """Return whether every cut of the rectangle between two rows or columns leaves one side over :data:`CONCENTRATED`.
 
-    Of its cost, that is.    Then no shift, split/merge or migration of cells can spread the
-    rectangle's load, and a text split (PS2Stream V-A phase I) can: it halves
-    the load whatever its place. A rectangle without cost is not
-    concentrated (nothing to spread); one of one cell always is. O(w + h)
-    from the row and column aggregates (Tornado 4.3).
+    Of its cost, that is: no single cut of cells halves the rectangle's
+    load, so no shift, split/merge or migration of cells can spread it
+    much, while a text split (PS2Stream V-A phase I) halves it whatever its
+    place. A hot cell or a venue, not a hot region of several cells: an
+    evenly hot 2 x 2 block is cut in halves and is not concentrated. False
+    for a missing load (no summary), for a rectangle without cost (nothing
+    to spread) and for a cost that is not a finite positive number; True for
+    a rectangle of one cell with cost. O(w + h) from the row and column
+    aggregates (Tornado 4.3).
     """
-    if load is None or load.cost <= 0:
+    if load is None:
         return False
     cost = load.cost
+    if not (np.isfinite(cost) and cost > 0):
+        return False
     for lines in (load.columns, load.rows):
         before = np.cumsum(lines)[:-1]
         if len(before) and float(np.min(np.maximum(before, cost - before))) <= CONCENTRATED * cost:
@@ -114,8 +120,9 @@ def phase_one(partitioning: Partitioning, loads: Loads, source: int, targets: li
     """Return phase I's candidates for the costliest evaluator ``source`` and the least loaded of ``targets``.
 
     Splits of ``source``'s :data:`LOADED_RECTANGLES` costliest plain
-    rectangles whose load is :func:`concentrated` towards the least loaded
-    target, and merges of the two-evaluator
+    rectangles whose load is :func:`concentrated` (a wide rectangle split
+    by text would be frozen for every later move of cells) towards the least
+    loaded target, and merges of the two-evaluator
     text rectangles ``source`` shares with any of ``targets`` into them.
     O(rectangles log rectangles).
     """

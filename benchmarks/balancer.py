@@ -236,7 +236,8 @@ def _drift_run(stream, dep, out: str, args) -> dict:
         "spread": sum(parallel_seconds(r, args.routing_units) for r in reports),
         "wall": wall,
         "phases": phases,
-        "ops": sum(n for r in reports for k, n in r.balancer.items() if k not in ("subscriptions", "placements")),
+        "ops": sum(c for r in reports for k, c in r.balancer.items() if k not in ("subscriptions", "placements")),
+        "imbalance": imbalance,
         "parse": sum(r.stage_cpu["parse"] for r in reports),
         "sequencer": sum(r.stage_cpu["sequencer"] for r in reports),
         "slow": sum(slowest_evaluator_seconds(r) for r in reports),
@@ -276,11 +277,13 @@ def part_drift(args) -> None:
     from skpub.sims.geonames import WorkloadSpec, deployment_of, write_workload
 
     rounds = args.drift_rounds
+    if rounds < 1:
+        raise SystemExit("--drift-rounds must be at least 1")
     print(f"\n(f) drifting hot spot, 8 evaluators, batches of {args.batch_size}, {args.objects or 'all'} objects;"
           f" times: median of {rounds} runs per mode, alternating (the range in brackets)")  # fmt: skip
     units = f"{args.routing_units} RU s"
     print(f"{'scale':>5} {'mode':>8} {'parallel s':>10} {units:>9} {'wall s':>7} {'imbalance':>9} {'per phase':>24}"
-          f" {'ops':>4}")  # fmt: skip
+          f" {'ops':>4}  [parallel s, min-max]")  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for scale in args.scales:
             spec = WorkloadSpec(
@@ -316,7 +319,7 @@ def part_drift(args) -> None:
             medians = {}
             for mode in ("off", "adaptive"):
                 first = runs[mode][0]
-                if any((r["ops"], r["phases"]) != (first["ops"], first["phases"]) for r in runs[mode]):
+                if any((r["ops"], r["imbalance"]) != (first["ops"], first["imbalance"]) for r in runs[mode]):
                     print(f"      WARNING: the {mode} runs decided differently: a decision must not depend on time")
                 med = {k: statistics.median(r[k] for r in runs[mode]) for k in ("parallel", "spread", "wall")}
                 medians[mode] = med

@@ -160,7 +160,17 @@ class Evaluator:
         return self._drop_many([sub_id])[0]
 
     def _drop_many(self, ids: Iterable[str]) -> list[tuple[RangeSubscription, CellBox]]:
-        """Remove range subscriptions ``ids`` now, their index entries in one pass (:meth:`GI2Index.remove_many`)."""
+        """Remove range subscriptions ``ids`` now, their index entries in one pass (:meth:`GI2Index.remove_many`).
+
+        Raises
+        ------
+        KeyError
+            If one of ``ids`` is not held here; nothing is removed then.
+        """
+        ids = list(ids)
+        missing = [sid for sid in ids if sid not in self.home]
+        if missing:
+            raise KeyError(missing[0])
         dropped = []
         for sub_id in ids:
             key = self.home.pop(sub_id)

@@ -112,16 +112,16 @@ class GI2Index:
         removing them one by one costs each list's length once per
         subscription in it.
         """
-        doomed: dict[tuple[int | None, str], set[str]] = {}
+        ids: set[str] = set()
+        doomed: set[tuple[int | None, str]] = set()  # (index cell or None for the wide lists, keyword)
         for sub, box in items:
             keywords = self.vocabulary.summary_keywords(sub.dnf)
             keys = (None,) if self._is_wide(box, keywords) else self._cell_keys(box)
-            for key in keys:
-                for kw in keywords:
-                    doomed.setdefault((key, kw), set()).add(sub.id)
+            doomed.update((key, kw) for key in keys for kw in keywords)
+            ids.add(sub.id)
             self.entry_counts.pop(sub.id, None)
             self.deleted.discard(sub.id)
-        for (key, kw), ids in doomed.items():
+        for key, kw in doomed:
             lists = self.wide if key is None else self.cells.get(key)
             lst = lists.get(kw) if lists is not None else None
             if lst is None:

@@ -211,7 +211,7 @@ class CellLoad:
     def take(self, cells: CellBox) -> dict[int, float]:
         """Remove and return the decayed costs of the cells inside ``cells`` (a move carries them).
 
-        O(cells with cost), in numpy; the cells come in the order they gained cost.
+        O(cells with cost), in numpy.
 
         ``cells`` lies in one rectangle that the move cuts or gives away:
         the next :meth:`set_partition` computes the aggregates of what

@@ -87,9 +87,9 @@ class EpochLog:
     def publish(self, epoch: RoutingEpoch) -> None:
         """Write ``epoch`` atomically; an epoch number is written once and never changed.
 
-        Epochs start later as their numbers grow (:meth:`for_batch` relies
-        on it): epoch ``n`` must start after epoch ``n - 1`` when that one is
-        published.
+        Epochs start later as their numbers grow (:meth:`for_batch` reads
+        only the newest ones because of it): epoch ``n`` must start after
+        epoch ``n - 1`` when that one is published (:meth:`check_next`).
 
         Raises
         ------
@@ -103,14 +103,31 @@ class EpochLog:
             if path.read_text(encoding="utf-8") != text:
                 raise EpochError(f"epoch {epoch.number} already published with other content")
             return
-        if epoch.number > 0 and self._path(epoch.number - 1).exists():
-            previous = self._read(epoch.number - 1)
-            if previous.from_batch >= epoch.from_batch:
-                raise EpochError(
-                    f"epoch {epoch.number} from batch {epoch.from_batch} would not start after epoch "
-                    f"{previous.number}, from batch {previous.from_batch}"
-                )
+        self.check_next(epoch)
         atomic_write_text(path, text)
+
+    def check_next(self, epoch: RoutingEpoch) -> None:
+        """Check that ``epoch`` starts after epoch ``number - 1`` and before epoch ``number + 1``, where published.
+
+        Raises
+        ------
+        EpochError
+            If it does not.
+        """
+        for neighbour in (epoch.number - 1, epoch.number + 1):
+            if neighbour < 0 or not self._path(neighbour).exists():
+                continue
+            other = self._read(neighbour)
+            if (
+                (other.from_batch >= epoch.from_batch)
+                if neighbour < epoch.number
+                else (other.from_batch <= epoch.from_batch)
+            ):
+                raise EpochError(
+                    f"epoch {epoch.number} from batch {epoch.from_batch} would not start "
+                    f"{'after' if neighbour < epoch.number else 'before'} epoch {other.number}, "
+                    f"from batch {other.from_batch}"
+                )
 
     def _path(self, number: int) -> Path:
         return self.directory / f"epoch-{number:06d}.json"
@@ -130,8 +147,9 @@ class EpochLog:
     def for_batch(self, batch_id: int) -> RoutingEpoch:
         """Return the epoch in force for micro-batch ``batch_id``: the newest that starts at or before it.
 
-        Reads epochs from the newest back (they start later as their
-        numbers grow: :meth:`publish`), so a batch of the epoch in force or
+        Reads epochs from the newest back and stops at the first that
+        starts at or before ``batch_id`` (they start later as their numbers
+        grow: :meth:`publish`), so a batch of the epoch in force or
         of the one before (a transfer's batch) reads one or two, however
         many were published: O(epochs) for the directory listing, O(1)
         epoch files parsed when the last ones are cached.

@@ -103,3 +103,34 @@ def test_a_wide_subscription_costs_its_clauses_not_its_cells():
     index.insert(ordinary, grid.cell_box(ordinary.rect))
     assert not index.wide, "a rectangle with a few keywords stays in its cells"
     assert index.match_one(make_object(3, 90, 90, ["a"]), 900, 900) == ([], 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([2, 16, gi2.WIDE_ENTRIES]))
+def test_removing_several_at_once_leaves_the_index_one_by_one_removal_leaves(seed, wide_entries):
+    """A take-over's drops in one pass equal the drops one at a time: same lists, same entry order, same counts."""
+    gi2.WIDE_ENTRIES, default = wide_entries, gi2.WIDE_ENTRIES
+    try:
+        rng = np.random.default_rng(seed)
+        grid = FineGrid(SPACE, 20)
+        indexes = [GI2Index(3, Vocabulary(10, {"a": 9, "b": 5})) for _ in range(2)]
+        subs = []
+        for i in range(40):
+            x0, x1 = sorted(rng.uniform(-10, 110, 2))
+            y0, y1 = sorted(rng.uniform(-10, 110, 2))
+            words = list(rng.choice(WORDS, size=int(rng.integers(1, 4)), replace=False))
+            expr = " OR ".join(words) if rng.random() < 0.5 else " AND ".join(words)
+            subs.append(RangeSubscription(i, f"s{i}", Rect(x0, y0, x1, y1), parse_expression(expr)))
+        for index in indexes:
+            for sub in subs:
+                index.insert(sub, grid.cell_box(sub.rect))
+            index.delete("s0")  # a lazily deleted one stays as it was
+        gone = [subs[i] for i in sorted(rng.choice(np.arange(1, 40), size=int(rng.integers(1, 39)), replace=False))]
+        indexes[0].remove_many([(sub, grid.cell_box(sub.rect)) for sub in gone])
+        for sub in gone:
+            indexes[1].remove(sub, grid.cell_box(sub.rect))
+        one, many = indexes[1], indexes[0]
+        assert many.cells == one.cells and many.wide == one.wide
+        assert many.entry_counts == one.entry_counts and many.deleted == one.deleted == {"s0"}
+    finally:
+        gi2.WIDE_ENTRIES = default

@@ -298,7 +298,9 @@ def test_sample_costs_equal_tornado_equation_1_record_by_record():
 
 @settings(max_examples=30, deadline=None)
 @given(starts=st.lists(st.integers(1, 6), min_size=1, max_size=30), probe=st.integers(0, 200))
-def test_the_epoch_log_gives_the_newest_epoch_started_by_a_batch_reading_one_or_two(tmp_path_factory, starts, probe):
+def test_the_epoch_log_gives_the_newest_epoch_started_by_a_batch_reading_only_newer_ones(
+    tmp_path_factory, starts, probe
+):
     from skpub.router.epoch import EpochError, EpochLog, RoutingEpoch, _load
 
     log = EpochLog(tmp_path_factory.mktemp("epochs"))
@@ -310,8 +312,23 @@ def test_the_epoch_log_gives_the_newest_epoch_started_by_a_batch_reading_one_or_
     _load.cache_clear()
     assert log.for_batch(probe).number == expected
     assert _load.cache_info().misses == len(from_batches) - expected  # newest back to the one in force
-    with pytest.raises(EpochError, match="would not start after"):
+    with pytest.raises(EpochError, match="would not start after epoch"):
         log.publish(RoutingEpoch(len(from_batches), from_batches[-1], table))
     with pytest.raises(EpochError, match="other content"):
         log.publish(RoutingEpoch(0, 1, table))
     assert log.numbers() == list(range(len(from_batches)))
+
+
+def test_the_epoch_log_skips_missing_numbers_and_keeps_epochs_in_order_around_a_gap(tmp_path):
+    from skpub.router.epoch import EpochError, EpochLog, RoutingEpoch
+
+    log = EpochLog(tmp_path)
+    table = UniformGrid(FineGrid(Rect(0, 0, 1, 1), 8), 2)
+    log.publish(RoutingEpoch(0, 0, table))
+    log.publish(RoutingEpoch(2, 5, table))
+    assert [log.for_batch(b).number for b in (0, 4, 5, 9)] == [0, 0, 2, 2]
+    for start in (0, 5, 7):  # epoch 1 must start after epoch 0 and before epoch 2
+        with pytest.raises(EpochError, match="would not start"):
+            log.publish(RoutingEpoch(1, start, table))
+    log.publish(RoutingEpoch(1, 3, table))
+    assert [log.for_batch(b).number for b in (2, 3, 4, 5)] == [0, 1, 1, 2]

@@ -91,6 +91,12 @@ def test_a_load_is_concentrated_when_every_cut_leaves_one_side_over_three_quarte
     assert not concentrated(RectangleLoad((0, 0, 1, 1), np.array([20.0, 60.0]), np.array([80.0, 0.0]), z, z, z, z))
     assert concentrated(RectangleLoad((0, 0, 1, 1), np.array([19.0, 61.0]), np.array([80.0, 0.0]), z, z, z, z))
     assert not concentrated(RectangleLoad((0, 0, 1, 1), np.array([19.0, 61.0]), np.array([60.0, 20.0]), z, z, z, z))
+    one_row = [np.zeros(5, np.int64)] * 2 + [np.zeros(1, np.int64)] * 2
+    middle = np.array([1.0, 1.0, 96.0, 1.0, 1.0])  # a hot middle column of a one-row rectangle: no cut halves it
+    assert concentrated(RectangleLoad((0, 0, 4, 0), middle, np.array([100.0]), *one_row))
+    assert not concentrated(RectangleLoad((0, 0, 1, 1), np.array([40.0, 40.0]), np.array([40.0, 40.0]), z, z, z, z))
+    nan = RectangleLoad((0, 0, 1, 1), np.array([np.nan, 1.0]), np.array([np.nan, 1.0]), z, z, z, z)
+    assert not concentrated(nan)  # a damaged summary never makes a rectangle a text split's candidate
 
 
 def test_phase_one_never_splits_by_text_a_rectangle_whose_load_cells_can_spread():
