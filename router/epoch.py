@@ -129,6 +129,23 @@ class EpochLog:
                     f"from batch {other.from_batch}"
                 )
 
+    def prune(self, batch_id: int) -> list[int]:
+        """Remove the epochs older than the one in force for micro-batch ``batch_id``; return their numbers.
+
+        No batch at or after ``batch_id`` routes by them, so a run that only
+        replays such batches keeps O(epochs published since) files instead
+        of every epoch of its life. Nothing goes when no epoch is in force
+        for ``batch_id``.
+        """
+        try:
+            keep = self.for_batch(batch_id).number
+        except EpochError:
+            return []
+        gone = [number for number in self.numbers() if number < keep]
+        for number in gone:
+            self._path(number).unlink(missing_ok=True)
+        return gone
+
     def _path(self, number: int) -> Path:
         return self.directory / f"epoch-{number:06d}.json"
 

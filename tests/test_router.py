@@ -317,6 +317,13 @@ def test_the_epoch_log_gives_the_newest_epoch_started_by_a_batch_reading_only_ne
     with pytest.raises(EpochError, match="other content"):
         log.publish(RoutingEpoch(0, 1, table))
     assert log.numbers() == list(range(len(from_batches)))
+    before = {b: log.for_batch(b).number for b in range(probe, from_batches[-1] + 3)}
+    gone = log.prune(probe)
+    assert gone == list(range(expected)) and log.numbers() == list(range(expected, len(from_batches)))
+    assert {b: log.for_batch(b).number for b in before} == before  # every batch from ``probe`` on routes as before
+    if expected:  # the batches before the kept epochs no longer have one
+        with pytest.raises(EpochError, match="no routing epoch"):
+            log.for_batch(from_batches[expected] - 1)
 
 
 def test_the_epoch_log_skips_missing_numbers_and_keeps_epochs_in_order_around_a_gap(tmp_path):

@@ -165,6 +165,9 @@ def test_a_checkpoint_of_the_old_base_name_still_resumes_from_its_bases(tmp_path
         folder.mkdir(parents=True, exist_ok=True)
         for name in names:
             (folder / name).write_text("{}")
+    checkpoint.epochs.mkdir(parents=True, exist_ok=True)
+    for number in (999_999, 1_000_000):  # the millionth epoch of a long run is still skpub's
+        (checkpoint.epochs / f"epoch-{number:06d}.json").write_text("{}")
     assert checkpoint_foreign_entries(checkpoint.root) == []
     for files, folder in ((checkpoint.router_files, checkpoint.router), (checkpoint.merge_files, checkpoint.merge)):
         assert files("base") == {

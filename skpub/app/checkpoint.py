@@ -40,7 +40,7 @@ MARKER = "skpub-checkpoint.json"
 MANIFEST = "manifest.json"
 _OWN = {
     "source": own_files(r"chunk-\d{8}(-\d{3})?\.raw"),  # staged input before format 6: cleared, never read
-    "epochs": own_files(r"epoch-\d{6}\.json"),
+    "epochs": own_files(r"epoch-\d{6,}\.json"),  # six digits or more: epoch 1,000,000 is still skpub's
     "router": own_files(r"(?:delta|base|snapshot|report)-\d{8}\.json"),  # snapshot: a base, named before 2026-11-27
     "merge": own_files(r"(?:delta|base|snapshot)-\d{8}\.json"),
     "located": own_files(r"rows-\d{8}-\d{3,}\.arrow"),

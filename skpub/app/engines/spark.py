@@ -373,12 +373,16 @@ class Sink:
         return merge
 
     def _prune_files(self, batch_id: int) -> None:
-        """Drop registry, merge and row files no restart can need once ``batch_id`` is written.
+        """Drop registry, merge, row, balancer and epoch files no restart can need once ``batch_id`` is written.
 
         A replay of ``batch_id`` itself needs the newest base before it and
         every delta after that base; everything older goes. Located and
         routed rows are read by the batch's own tasks, which have run (a
         replay parses and sequences the batch again and writes them anew).
+        Plans and hand-offs go as the batches that read them are written,
+        and so do the epochs older than the one in force for
+        ``batch_id - 2`` (the batch whose plan is kept): a long run keeps the
+        epochs of its last batches, not one per decision of its life.
         """
         for b, paths in self.checkpoint.row_files().items():
             if b <= batch_id:
@@ -391,6 +395,7 @@ class Sink:
                 for path in paths:
                     path.unlink(missing_ok=True)
         self.checkpoint.prune_states(batch_id)
+        EpochLog(self.checkpoint.epochs).prune(batch_id - 2)
 
 
 def _open_checkpoint(
