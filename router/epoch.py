@@ -4,7 +4,9 @@ Epoch ``n`` is in force from micro-batch ``from_batch`` until the next
 epoch's ``from_batch``. Epochs are published as JSON files
 ``epoch-<n>.json`` in an epoch directory (inside the checkpoint for Spark) and
 never changed, so a replayed micro-batch routes exactly as its first attempt:
-a router picks the epoch by the batch id alone.
+a router picks the epoch by the batch id alone. Epochs no batch still to be
+run routes by are pruned (:meth:`EpochLog.prune`, by the Spark driver once a
+batch is written), so the directory holds the last few.
 """
 
 from __future__ import annotations
@@ -139,7 +141,7 @@ class EpochLog:
         """
         try:
             keep = self.for_batch(batch_id).number
-        except EpochError:
+        except EpochError:  # none in force yet (the first batches), or the newest unreadable: the next task says so
             return []
         gone = [number for number in self.numbers() if number < keep]
         for number in gone:
@@ -180,7 +182,7 @@ class EpochLog:
             epoch = self._read(number)
             if epoch.from_batch <= batch_id:
                 return epoch
-        raise EpochError(f"no routing epoch in {self.directory} for batch {batch_id}")
+        raise EpochError(f"no routing epoch in {self.directory} for batch {batch_id} (older ones are pruned)")
 
 
 @lru_cache(maxsize=16)

@@ -318,6 +318,7 @@ def test_the_epoch_log_gives_the_newest_epoch_started_by_a_batch_reading_only_ne
         log.publish(RoutingEpoch(0, 1, table))
     assert log.numbers() == list(range(len(from_batches)))
     before = {b: log.for_batch(b).number for b in range(probe, from_batches[-1] + 3)}
+    assert log.prune(-1) == [] and log.numbers() == list(range(len(from_batches)))  # none in force: nothing goes
     gone = log.prune(probe)
     assert gone == list(range(expected)) and log.numbers() == list(range(expected, len(from_batches)))
     assert {b: log.for_batch(b).number for b in before} == before  # every batch from ``probe`` on routes as before

@@ -169,6 +169,9 @@ def test_a_checkpoint_of_the_old_base_name_still_resumes_from_its_bases(tmp_path
     for number in (999_999, 1_000_000):  # the millionth epoch of a long run is still skpub's
         (checkpoint.epochs / f"epoch-{number:06d}.json").write_text("{}")
     assert checkpoint_foreign_entries(checkpoint.root) == []
+    (checkpoint.epochs / "epoch-0000001.json").write_text("{}")  # a name skpub never writes
+    assert checkpoint_foreign_entries(checkpoint.root) == ["epochs/epoch-0000001.json"]
+    (checkpoint.epochs / "epoch-0000001.json").unlink()
     for files, folder in ((checkpoint.router_files, checkpoint.router), (checkpoint.merge_files, checkpoint.merge)):
         assert files("base") == {
             15: folder / "snapshot-00000015.json",

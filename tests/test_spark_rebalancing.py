@@ -62,6 +62,9 @@ def test_spark_equals_the_oracle_under_chaos_and_logs_the_local_engines_operatio
         assert summary.balancer["subscriptions"] == sum(r["subscription_parts_moved"] for r in log) > 0
     leftovers = {p.name for p in (out / "_checkpoint" / "balancer").iterdir()}
     assert len(leftovers) <= 2 + 2 * evaluators, f"plans and hand-offs of finished transfers are pruned: {leftovers}"
+    epochs = sorted(p.name for p in (out / "_checkpoint" / "epochs").iterdir())
+    # the epochs in force for the last batches: at b - 2, b - 1 (a transfer's), and the one published after b
+    assert 0 < len(epochs) <= 3, f"epochs no replay can need are pruned: {epochs}"
 
 
 def test_spark_deliveries_per_batch_equal_a_run_without_rebalancing(spark, tmp_path):

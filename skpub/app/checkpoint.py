@@ -5,7 +5,7 @@
     skpub-checkpoint.json    written first, when skpub creates the checkpoint
     manifest.json        deployment, input fingerprint, output directory, run id
     source/chunk-<b>-<p>.raw the staged input of checkpoints before format 6 (cleared, never read)
-    epochs/epoch-<n>.json    published routing epochs
+    epochs/epoch-<n>.json    published routing epochs (those of the last batches: older ones are pruned)
     router/              the id registry: delta-<b>.json journals,
                          base-<b>.json the whole registry, report-<b>.json counters
     merge/               the ranked merge's results: delta-<b>.json changes, base-<b>.json all of them
@@ -40,7 +40,7 @@ MARKER = "skpub-checkpoint.json"
 MANIFEST = "manifest.json"
 _OWN = {
     "source": own_files(r"chunk-\d{8}(-\d{3})?\.raw"),  # staged input before format 6: cleared, never read
-    "epochs": own_files(r"epoch-\d{6,}\.json"),  # six digits or more: epoch 1,000,000 is still skpub's
+    "epochs": own_files(r"epoch-(?:\d{6}|[1-9]\d{6,})\.json"),  # as f"{n:06d}" writes them: epoch 1,000,000 too
     "router": own_files(r"(?:delta|base|snapshot|report)-\d{8}\.json"),  # snapshot: a base, named before 2026-11-27
     "merge": own_files(r"(?:delta|base|snapshot)-\d{8}\.json"),
     "located": own_files(r"rows-\d{8}-\d{3,}\.arrow"),
