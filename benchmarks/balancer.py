@@ -344,11 +344,10 @@ def part_drift(args) -> None:
                       f" evaluators {stage['slow']:.2f} s (their balancer steps {stage['steps']:.2f} s),"
                       f" decisions {stage['decide']:.2f} s")  # fmt: skip
             bound = [statistics.median(r["bound"][u] for r in runs["off"]) for u in (0, 1)]
-            ratios = [[o[k] / a[k] for o, a in zip(runs["off"], runs["adaptive"], strict=True)]
-                      for k in ("parallel", "spread")]  # fmt: skip
+            ratios = [o["parallel"] / a["parallel"] for o, a in zip(runs["off"], runs["adaptive"], strict=True)]
             gain = medians["off"]["parallel"] / medians["adaptive"]["parallel"]
             print(f"{scale:>5} off/adaptive parallel time: {gain:.2f}x"
-                  f" with one routing unit (rounds {min(ratios[0]):.2f}-{max(ratios[0]):.2f}),"
+                  f" with one routing unit (rounds {min(ratios):.2f}-{max(ratios):.2f}),"
                   f" {medians['off']['spread'] / medians['adaptive']['spread']:.2f}x with {args.routing_units};"
                   f" a perfect balance moving nothing would give {bound[0]:.2f}x and {bound[1]:.2f}x")  # fmt: skip
 

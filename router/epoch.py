@@ -91,13 +91,14 @@ class EpochLog:
 
         Epochs start later as their numbers grow (:meth:`for_batch` reads
         only the newest ones because of it): epoch ``n`` must start after
-        epoch ``n - 1`` when that one is published (:meth:`check_next`).
+        epoch ``n - 1`` and before epoch ``n + 1``, where those are
+        published (:meth:`check_order`).
 
         Raises
         ------
         EpochError
-            If an epoch with that number but other content exists, or epoch
-            ``n - 1`` starts at or after ``epoch.from_batch``.
+            If an epoch with that number but other content exists, or the
+            order would break.
         """
         path = self._path(epoch.number)
         text = json.dumps(epoch.to_json())
@@ -105,10 +106,10 @@ class EpochLog:
             if path.read_text(encoding="utf-8") != text:
                 raise EpochError(f"epoch {epoch.number} already published with other content")
             return
-        self.check_next(epoch)
+        self.check_order(epoch)
         atomic_write_text(path, text)
 
-    def check_next(self, epoch: RoutingEpoch) -> None:
+    def check_order(self, epoch: RoutingEpoch) -> None:
         """Check that ``epoch`` starts after epoch ``number - 1`` and before epoch ``number + 1``, where published.
 
         Raises
@@ -120,15 +121,12 @@ class EpochLog:
             if neighbour < 0 or not self._path(neighbour).exists():
                 continue
             other = self._read(neighbour)
-            if (
-                (other.from_batch >= epoch.from_batch)
-                if neighbour < epoch.number
-                else (other.from_batch <= epoch.from_batch)
-            ):
+            earlier, later = (other, epoch) if neighbour < epoch.number else (epoch, other)
+            if earlier.from_batch >= later.from_batch:
+                side = "after" if other is earlier else "before"
                 raise EpochError(
-                    f"epoch {epoch.number} from batch {epoch.from_batch} would not start "
-                    f"{'after' if neighbour < epoch.number else 'before'} epoch {other.number}, "
-                    f"from batch {other.from_batch}"
+                    f"epoch {epoch.number} from batch {epoch.from_batch} would not start {side} epoch "
+                    f"{other.number}, from batch {other.from_batch}"
                 )
 
     def prune(self, batch_id: int) -> list[int]:

@@ -338,7 +338,7 @@ class Sink:
         epochs = EpochLog(self.checkpoint.epochs)
         decided = plan_after(self.deployment.balancer, epochs.for_batch(batch_id), summaries, batch_id)
         if decided is not None:
-            epochs.check_next(decided[1])  # before the plan: a plan never waits for an epoch that cannot come
+            epochs.check_order(decided[1])  # before the plan: a plan never waits for an epoch that cannot come
             write_plan(directory, decided[0])
             epochs.publish(decided[1])
 
