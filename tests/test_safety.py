@@ -188,6 +188,42 @@ def test_a_checkpoint_of_the_old_base_name_still_resumes_from_its_bases(tmp_path
         assert sorted(p.name for p in folder.iterdir()) == ["base-00000047.json", "delta-00000048.json"]
 
 
+def test_batch_ids_past_eight_digits_keep_their_files_and_their_order(tmp_path):
+    """Batch 100,000,000 of a long-running daemon writes nine-digit names: still skpub's, read and pruned in batch
+    order (by name, ``part-100000000`` sorts before ``part-99999999``); ``000000001`` is a name skpub never writes."""
+    from skpub.app.engines.local_checkpoint import checkpoints
+    from skpub.kernel.parts import part_path, write_lines
+
+    last, first = 99_999_999, 100_000_000
+    checkpoint = Checkpoint(tmp_path / "ckpt")
+    checkpoint.create()
+    for folder in (checkpoint.router, checkpoint.merge, checkpoint.routed, checkpoint.balancer):
+        folder.mkdir(parents=True, exist_ok=True)
+    for b in (last, first):
+        (checkpoint.router / f"base-{b:08d}.json").write_text("{}")
+        (checkpoint.router / f"delta-{b + 1:08d}.json").write_text("{}")
+        checkpoint.routed_file(b, 0).write_text("")
+        (checkpoint.balancer / f"handoff-{b:08d}-002.json").write_text("{}")
+    assert checkpoint_foreign_entries(checkpoint.root) == []
+    assert list(checkpoint.router_files("base")) == [last, first]
+    assert sorted(checkpoint.row_files()) == [last, first] == sorted(checkpoint.balancer_files())
+    (checkpoint.router / "delta-000000001.json").write_text("{}")
+    assert checkpoint_foreign_entries(checkpoint.root) == ["router/delta-000000001.json"]
+    (checkpoint.router / "delta-000000001.json").unlink()
+    checkpoint.prune_states(first + 1)  # a replay of first + 1 reads base first: base last goes
+    assert sorted(checkpoint.router_files("base")) == [first]
+
+    out = tmp_path / "out"
+    for b in (first, last):
+        write_lines(out, "deliveries", b, json.dumps({"batch": b}).encode() + b"\n")
+    assert [row["batch"] for row in read_stream(out, "deliveries")] == [last, first]
+    assert part_path(out, "deliveries", first).name == "part-100000000.jsonl"
+    (tmp_path / "local").mkdir()
+    for b in (last, first):
+        (tmp_path / "local" / f"checkpoint-{b:08d}.skpub").write_text("")
+    assert sorted(checkpoints(tmp_path / "local")) == [last, first]
+
+
 _BASE_NAMES = st.sampled_from([("snapshot",), ("base",), ("snapshot", "base")])
 
 

@@ -33,24 +33,24 @@ import shutil
 from pathlib import Path
 
 from skpub.kernel.errors import CheckpointError
-from skpub.kernel.storage import atomic_write_text, entries, own_files
+from skpub.kernel.storage import BATCH, atomic_write_text, entries, own_files
 
 CHECKPOINT_DIR = "_checkpoint"
 MARKER = "skpub-checkpoint.json"
 MANIFEST = "manifest.json"
 _OWN = {
-    "source": own_files(r"chunk-\d{8}(-\d{3})?\.raw"),  # staged input before format 6: cleared, never read
+    "source": own_files(rf"chunk-{BATCH}(-\d{{3}})?\.raw"),  # staged input before format 6: cleared, never read
     "epochs": own_files(r"epoch-(?:\d{6}|[1-9]\d{6,})\.json"),  # as f"{n:06d}" writes them: epoch 1,000,000 too
-    "router": own_files(r"(?:delta|base|snapshot|report)-\d{8}\.json"),  # snapshot: a base, named before 2026-11-27
-    "merge": own_files(r"(?:delta|base|snapshot)-\d{8}\.json"),
-    "located": own_files(r"rows-\d{8}-\d{3,}\.arrow"),
-    "routed": own_files(r"rows-\d{8}-\d{3,}\.arrow"),
-    "balancer": own_files(r"(?:plan-\d{8}|handoff-\d{8}-\d{3,})\.json"),
+    "router": own_files(rf"(?:delta|base|snapshot|report)-{BATCH}\.json"),  # snapshot: a base, named before 2026-11-27
+    "merge": own_files(rf"(?:delta|base|snapshot)-{BATCH}\.json"),
+    "located": own_files(rf"rows-{BATCH}-\d{{3,}}\.arrow"),
+    "routed": own_files(rf"rows-{BATCH}-\d{{3,}}\.arrow"),
+    "balancer": own_files(rf"(?:plan-{BATCH}|handoff-{BATCH}-\d{{3,}})\.json"),
 }
 _OWN_FILES_RE = own_files(r"manifest\.json|skpub-checkpoint\.json")
-_ROW_FILE_RE = own_files(r"rows-(\d{8})-\d{3,}\.arrow")
+_ROW_FILE_RE = own_files(rf"rows-({BATCH})-\d{{3,}}\.arrow")
 """Row files and their temporary names: the batch is group 1 in a name, group 2 in a temporary name (own_files)."""
-_BALANCER_FILE_RE = own_files(r"(?:plan|handoff)-(\d{8})(?:-\d{3,})?\.json")
+_BALANCER_FILE_RE = own_files(rf"(?:plan|handoff)-({BATCH})(?:-\d{{3,}})?\.json")
 _MARKER_RE = own_files(r"skpub-checkpoint\.json")
 
 
@@ -73,13 +73,10 @@ def newest_base(bases: dict[int, Path], batch_id: int) -> int:
 
 
 def _files_of(folder: Path, kind: str) -> list[tuple[int, Path]]:
-    """(batch id, file) of ``folder``'s ``<kind>-<batch>.json`` files (8 ASCII digits or more), in name order."""
-    found = []
-    for path in sorted(folder.glob(f"{kind}-*.json")):
-        number = path.stem.removeprefix(f"{kind}-")
-        if len(number) >= 8 and number.isascii() and number.isdigit():
-            found.append((int(number), path))
-    return found
+    """(batch id, file) of ``folder``'s ``<kind>-<batch>.json`` files (a batch id as :data:`BATCH`), by batch."""
+    name = re.compile(rf"{re.escape(kind)}-({BATCH})\.json", re.ASCII)
+    found = [(int(m.group(1)), path) for path in folder.glob(f"{kind}-*.json") if (m := name.fullmatch(path.name))]
+    return sorted(found)
 
 
 def checkpoint_foreign_entries(root: Path) -> list[str]:

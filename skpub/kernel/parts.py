@@ -19,10 +19,10 @@ from pathlib import Path
 import orjson
 
 from skpub.kernel.messages import Delivery
-from skpub.kernel.storage import atomic_write_bytes, own_files
+from skpub.kernel.storage import BATCH, atomic_write_bytes, own_files
 
 STREAMS = ("deliveries", "snapshots", "dead_letters", "statistics", "balancer")
-PART_RE = own_files(r"part-\d{8}(-[a-z]\d{0,4})?\.jsonl")
+PART_RE = own_files(rf"part-({BATCH})(-[a-z]\d{{0,4}})?\.jsonl")
 _MATCH_LINE = b'{"sub":%b,"obj":%b,"event":"match"}\n'
 
 
@@ -74,9 +74,10 @@ def delivery_lines(deliveries: Iterable[Delivery]) -> bytes:
 
 
 def read_stream(root: str | Path, stream: str) -> list[dict]:
-    """Read every part file of ``stream`` under ``root`` in file-name order."""
+    """Read every part file of ``stream`` under ``root`` (skpub's names) in batch order, then writer order."""
     rows = []
-    for part in sorted((Path(root) / stream).glob("part-*.jsonl")):
+    named = ((m, p) for p in (Path(root) / stream).glob("part-*.jsonl") if (m := PART_RE.fullmatch(p.name)))
+    for _, _, part in sorted((int(m.group(1)), part.name, part) for m, part in named if m.group(1)):
         with part.open(encoding="utf-8") as fh:
             rows.extend(json.loads(line) for line in fh if line.strip())
     return rows

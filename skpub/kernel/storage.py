@@ -23,6 +23,14 @@ def _process_umask() -> int:
 _UMASK = _process_umask()
 
 
+BATCH = r"(?:\d{8}|[1-9]\d{8,})"
+"""A micro-batch id in a file name, as ``f"{batch:08d}"`` writes it: eight digits, or more without a leading zero.
+
+A long-running daemon passes batch 99,999,999; its later names have nine
+digits and are skpub's too, while ``000000001`` is not a name skpub writes.
+"""
+
+
 def own_files(pattern: str) -> re.Pattern[str]:
     """Return a regex matching file names of ``pattern`` and their temporary names while being written.
 

@@ -42,7 +42,7 @@ from skpub.evaluators.merge import RankedMerge, apply_changes, results_json
 from skpub.evaluators.state import EvaluatorState, evaluator_from_state, evaluator_state
 from skpub.kernel.config import Deployment
 from skpub.kernel.errors import CheckpointError
-from skpub.kernel.storage import atomic_write_bytes
+from skpub.kernel.storage import BATCH, atomic_write_bytes
 from skpub.kernel.text import Vocabulary
 from skpub.kernel.transfer import Handoff, TransferPlan
 from skpub.router.dispatch import Router
@@ -53,7 +53,7 @@ FORMAT = 1
 """Version of the checkpoint file; another version is never loaded."""
 KEEP = 2
 """Checkpoints kept: the newest and the one before (should the newest be unreadable)."""
-NAME = re.compile(r"checkpoint-(\d{8})\.skpub")
+NAME = re.compile(rf"checkpoint-({BATCH})\.skpub", re.ASCII)
 
 
 def save(pipeline: LocalPipeline, directory: Path, batch_id: int) -> Path:
