@@ -214,8 +214,29 @@ class _Recorder:
         self.observer.on_batch(report)
 
 
-def _drift_run(stream, dep, out: str, args) -> dict:
-    """Run the local engine once on a drift workload; return its measures (DESIGN "Measuring load honestly")."""
+def phase_batches(objects: list[int], phases: int) -> list[list[int]]:
+    """Return, per drift phase, the indices of the batches that hold some of its objects, in order.
+
+    ``objects`` are the objects of each batch in stream order; the workload
+    gives each phase an equal share of the objects, ``ceil(total / phases)``
+    (:func:`skpub.sims.geonames.write_workload`), so a batch that straddles
+    a phase change belongs to both phases.
+    """
+    per = -(-sum(objects) // phases) or 1
+    first = np.concatenate(([0], np.cumsum(objects)[:-1])).astype(int)
+    return [
+        [i for i, (start, n) in enumerate(zip(first.tolist(), objects, strict=True))
+         if n and start < (p + 1) * per and start + n > p * per]
+        for p in range(phases)
+    ]  # fmt: skip
+
+
+def _drift_run(stream, dep, out: str, args, phase_count: int) -> dict:
+    """Run the local engine once on a drift workload; return its measures (DESIGN "Measuring load honestly").
+
+    A phase's imbalance is the mean of its batches' after its first two
+    (:func:`phase_batches`: the batches that hold its objects).
+    """
     from skpub.app.engines.local import run_local
     from skpub.app.summary import RunObserver, RunSummary
 
@@ -229,8 +250,10 @@ def _drift_run(stream, dep, out: str, args) -> dict:
         max(r.evaluator_cost.values()) / (sum(r.evaluator_cost.values()) / n) if sum(r.evaluator_cost.values()) else 1.0
         for r in reports
     ]
-    per = len(reports) / 4
-    phases = [float(np.mean(imbalance[int(p * per) + 2 : int((p + 1) * per)] or [np.nan])) for p in range(4)]
+    phases = [
+        float(np.mean([imbalance[i] for i in batches[2:]] or [np.nan]))
+        for batches in phase_batches([r.objects for r in reports], phase_count)
+    ]
     run = {
         "parallel": sum(parallel_seconds(r, 1) for r in reports),
         "spread": sum(parallel_seconds(r, args.routing_units) for r in reports),
@@ -314,7 +337,7 @@ def part_drift(args) -> None:
             for attempt in range(rounds):
                 for mode in ("off", "adaptive") if attempt % 2 == 0 else ("adaptive", "off"):
                     out = f"{tmp}/out-{scale}-{mode}-{attempt}"
-                    runs[mode].append(_drift_run(stream, deployments[mode], out, args))
+                    runs[mode].append(_drift_run(stream, deployments[mode], out, args, spec.drift_phases))
                     shutil.rmtree(out)
             medians = {}
             for mode in ("off", "adaptive"):

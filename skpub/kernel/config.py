@@ -90,7 +90,10 @@ class BalancerConfig:
         Tornado's beta: cost units per subscription moved (C_t = beta x
         subscriptions, Eq. 5), measured by ``python -m benchmarks.balancer --parts drift`` (60.0).
     decay : float
-        Weight of the past per batch in the load statistics, in (0, 1).
+        Weight of the past per batch in the load statistics, in (0, 1):
+        0.25, the last batch weighs three quarters, so a decision made
+        after a hot spot moves sees its new place, not the old one's
+        remains (``docs/benchmarks.md`` (f), the decay sweep).
     horizon : int
         Batches over which an operation's gain is counted: ``adaptive`` takes
         an operation when C_r x (1 - decay) x horizon > C_t (C_r, on decayed
@@ -105,7 +108,7 @@ class BalancerConfig:
     seed: int = 0
     sigma: float = 1.2
     beta: float = 60.0
-    decay: float = 0.5
+    decay: float = 0.25
     horizon: int = 10
     global_period: int = 50
 
