@@ -20,13 +20,17 @@ import numpy as np
 
 from skpub.kernel.geometry import Rect
 from skpub.kernel.grid import FineGrid
-from skpub.kernel.storage import atomic_write_text
+from skpub.kernel.storage import atomic_write_text, own_files
 from skpub.router.agrid import AGrid
 from skpub.router.errors import EpochError, RoutingError
 from skpub.router.gridt import TermTable
 from skpub.router.partitioning import Partitioning
 from skpub.router.table import RoutingTable
 from skpub.router.uniform import UniformGrid
+
+EPOCH_NAME = r"epoch-(\d{6}|[1-9]\d{6,})\.json"
+"""An epoch's file name as ``f"epoch-{n:06d}.json"`` writes it (epoch 1,000,000 too); group 1 is its number."""
+_EPOCH_FILE = own_files(EPOCH_NAME)
 
 
 @dataclass(frozen=True)
@@ -134,7 +138,8 @@ class EpochLog:
 
         No batch at or after ``batch_id`` routes by them, so a run that only
         replays such batches keeps O(epochs published since) files instead
-        of every epoch of its life. Nothing goes when no epoch is in force
+        of every epoch of its life; the temporary files of such epochs that
+        a killed publish left go too. Nothing goes when no epoch is in force
         for ``batch_id``.
         """
         try:
@@ -144,6 +149,10 @@ class EpochLog:
         gone = [number for number in self.numbers() if number < keep]
         for number in gone:
             self._path(number).unlink(missing_ok=True)
+        for path in self.directory.glob(".epoch-*.tmp"):  # what a publish killed mid-write left of an older epoch
+            match = _EPOCH_FILE.fullmatch(path.name)
+            if match is not None and match.group(2) is not None and int(match.group(2)) < keep:
+                path.unlink(missing_ok=True)
         return gone
 
     def _path(self, number: int) -> Path:
@@ -158,8 +167,9 @@ class EpochLog:
         return _load(str(path), version)
 
     def numbers(self) -> list[int]:
-        """Return the published epoch numbers, ascending."""
-        return sorted(int(p.stem.split("-")[1]) for p in self.directory.glob("epoch-*.json"))
+        """Return the published epoch numbers, ascending (files of skpub's names only: :data:`EPOCH_NAME`)."""
+        named = (_EPOCH_FILE.fullmatch(p.name) for p in self.directory.glob("epoch-*.json"))
+        return sorted(int(m.group(1)) for m in named if m is not None and m.group(1) is not None)
 
     def for_batch(self, batch_id: int) -> RoutingEpoch:
         """Return the epoch in force for micro-batch ``batch_id``: the newest that starts at or before it.

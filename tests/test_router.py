@@ -340,3 +340,20 @@ def test_the_epoch_log_skips_missing_numbers_and_keeps_epochs_in_order_around_a_
             log.publish(RoutingEpoch(1, start, table))
     log.publish(RoutingEpoch(1, 3, table))
     assert [log.for_batch(b).number for b in (2, 3, 4, 5)] == [0, 1, 1, 2]
+
+
+def test_the_epoch_prune_removes_what_a_killed_publish_left_of_older_epochs_and_skips_foreign_names(tmp_path):
+    from skpub.router.epoch import EpochLog, RoutingEpoch
+
+    log = EpochLog(tmp_path)
+    table = UniformGrid(FineGrid(Rect(0, 0, 1, 1), 8), 2)
+    for number, first in enumerate((0, 4, 8)):
+        log.publish(RoutingEpoch(number, first, table))
+    older, newer = tmp_path / ".epoch-000000.json.k1ll3d.tmp", tmp_path / ".epoch-000003.json.k1ll3d.tmp"
+    foreign = [tmp_path / "epoch-old.json", tmp_path / "epoch-0000001.json", tmp_path / ".epoch-x.json.a.tmp"]
+    for path in (older, newer, *foreign):
+        path.write_text("{")
+    assert log.numbers() == [0, 1, 2]  # skpub's names only: a foreign file is neither read nor removed
+    assert log.prune(5) == [0]  # epoch 1 is in force for batch 5
+    assert not older.exists() and newer.exists() and all(p.exists() for p in foreign)
+    assert log.numbers() == [1, 2]

@@ -34,13 +34,14 @@ from pathlib import Path
 
 from skpub.kernel.errors import CheckpointError
 from skpub.kernel.storage import BATCH, atomic_write_text, entries, own_files
+from skpub.router.epoch import EPOCH_NAME
 
 CHECKPOINT_DIR = "_checkpoint"
 MARKER = "skpub-checkpoint.json"
 MANIFEST = "manifest.json"
 _OWN = {
     "source": own_files(rf"chunk-{BATCH}(-\d{{3}})?\.raw"),  # staged input before format 6: cleared, never read
-    "epochs": own_files(r"epoch-(?:\d{6}|[1-9]\d{6,})\.json"),  # as f"{n:06d}" writes them: epoch 1,000,000 too
+    "epochs": own_files(EPOCH_NAME),
     "router": own_files(rf"(?:delta|base|snapshot|report)-{BATCH}\.json"),  # snapshot: a base, named before 2026-11-27
     "merge": own_files(rf"(?:delta|base|snapshot)-{BATCH}\.json"),
     "located": own_files(rf"rows-{BATCH}-\d{{3,}}\.arrow"),
