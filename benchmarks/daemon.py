@@ -120,6 +120,12 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat`` utime + stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_by_kind(root: int) -> dict[str, int]:
     """Resident memory (VmRSS, KiB) of :func:`daemon_processes`, summed by :func:`process_kind`."""
     out: dict[str, int] = {}
@@ -257,6 +263,7 @@ def main() -> None:
         threads = [threading.Thread(target=f) for f in (watch, consume, watch_heap)]
         for t in threads:
             t.start()
+        cpu_begin = process_cpu_seconds(proc.pid)
         begin = time.monotonic()
         sent, i = 0, 0
         while time.monotonic() - begin < args.duration:
@@ -282,6 +289,7 @@ def main() -> None:
         for t in threads:
             t.join()
         latencies = sorted(done[end] - at for end, at in acks if end in done)
+        cpu = process_cpu_seconds(proc.pid) - cpu_begin
         proc.terminate()
         proc.wait(60)
         p50 = statistics.median(latencies)
@@ -289,6 +297,8 @@ def main() -> None:
         print(f"  acknowledged {sent} objects in {posting:.1f} s: {sent / posting:.0f} objects/s posted")
         print(f"  processed by {processed_by:.1f} s: {sent / processed_by:.0f} objects/s sustained; "
               f"{delivered[0]} deliveries read by the consumer")  # fmt: skip
+        print(f"  CPU of the daemon's own process (on Spark: the driver's Python) while posting and draining:"
+              f" {cpu:.1f} s, {cpu / max(sent, 1) * 1e6:.0f} us per object")  # fmt: skip
         print(
             f"  ingest-to-delivery latency: p50 {p50 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms ({len(latencies)} requests)"
         )

@@ -1,7 +1,9 @@
 """The routing daemon (``skpub serve``): durable logs, the HTTP API over real loopback HTTP, kill -9 and restart."""
 
+import gc
 import itertools
 import json
+import math
 import random
 import signal
 import time
@@ -23,6 +25,7 @@ from skpub.app.journal import MAGIC, STRIDE, LineLog, SegmentedLog
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.errors import ConfigError, OutputError
 from skpub.kernel.parts import read_stream
+from skpub.kernel.runtime import GEN0_THRESHOLD, FullCollections
 from tests.served import Served
 from tests.workloads import deployment, random_workload, ranked_workload, write_lines
 
@@ -183,6 +186,38 @@ def test_a_commit_log_base_never_removes_a_file_skpub_did_not_write(tmp_path):
     assert (base.commit.batch, base.definitions, base.snapshots) == (7, {"s": b'{"id":"s"}'}, {"p": (0, 2)})
 
 
+def test_full_collections_free_a_cycle_at_most_once_per_period(monkeypatch):
+    """The daemon's timed full collection: the first call collects, then none until ``seconds`` have passed."""
+    import weakref
+
+    from skpub.kernel import runtime
+
+    class Node:
+        pass
+
+    def cycle() -> weakref.ref:
+        node = Node()
+        node.me = node
+        return weakref.ref(node)
+
+    clock = [100.0]
+    monkeypatch.setattr(runtime.time, "monotonic", lambda: clock[0])
+    collect = FullCollections(10.0)
+    enabled = gc.isenabled()
+    gc.disable()  # only the calls below may collect
+    try:
+        first = cycle()
+        assert collect() and first() is None
+        second = cycle()
+        clock[0] += 9.5
+        assert not collect() and second() is not None
+        clock[0] += 0.5
+        assert collect() and second() is None
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def test_the_logs_keep_what_a_restart_needs_and_a_restart_after_their_segments_went_equals_one_run(tmp_path):
     """Ingest and journal segments behind the oldest checkpoint are removed, the commit log behind its base;
     definitions whose lines went are still served; a restart reads the base and replays from a kept checkpoint;
@@ -196,6 +231,7 @@ def test_the_logs_keep_what_a_restart_needs_and_a_restart_after_their_segments_w
         first.post([line.encode() for line in lines[start : start + 50]])
     while not first.ready:
         first.stopping.wait(0.01)
+    assert first._collect.last > -math.inf and gc.get_threshold()[0] == GEN0_THRESHOLD  # tuned as `skpub run`
     gone = first.ingest.first
     oldest = min(local_checkpoint.checkpoints(tmp_path / "data" / "checkpoints"))
     assert 0 < gone <= first._ends.start(oldest + 1)  # released, and nothing a restart needs

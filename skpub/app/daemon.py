@@ -72,6 +72,7 @@ from skpub.kernel.config import Deployment, deployment_from_json
 from skpub.kernel.errors import CheckpointError, ConfigError
 from skpub.kernel.parts import delivery_lines
 from skpub.kernel.records import position_index
+from skpub.kernel.runtime import FullCollections, tune_gc
 from skpub.kernel.storage import atomic_write_bytes
 from skpub.kernel.text import load_vocabulary
 
@@ -81,6 +82,9 @@ CHECKPOINTS = "checkpoints"
 COMPACT_RATIO = 4
 """The commit log is compacted again once it holds 1 / COMPACT_RATIO as many commits after its base as the base
 holds definitions and snapshots (or ``Limits.compact_commits``, if more)."""
+
+FULL_COLLECTION_SECONDS = 10.0
+"""The local engine's daemon collects in full at most this often (wall seconds; :class:`FullCollections`)."""
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -230,6 +234,7 @@ class Daemon:
         self._ends = BatchEnds()
         self._recover()
         self._pipeline: LocalPipeline | None = None
+        self._collect = FullCollections(FULL_COLLECTION_SECONDS)
         self._plane = None  # the Spark engine's SparkPlane
         self._batch_started = self._checkpointed_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="skpub-data-plane", daemon=True)
@@ -448,6 +453,16 @@ class Daemon:
             self._checkpointed_at = now
 
     def _step_local(self, batch_id: int) -> None:
+        """Run micro-batch ``batch_id`` on the local pipeline, under the engines' collector settings.
+
+        :func:`~skpub.kernel.runtime.tune_gc` as ``skpub run`` (the young
+        generation rescans the live subscriptions and window far less
+        often), with a full collection at most every
+        :data:`FULL_COLLECTION_SECONDS` for the cycles that reach the oldest
+        generation.
+        """
+        tune_gc()
+        self._collect()
         self._batch_started = time.monotonic()
         start = self._ends.start(batch_id)
         lines = self.ingest.read(start, self._ends.end(batch_id) - start)

@@ -14,13 +14,16 @@ allocates and frees. Measured on the ranked GeoNames benchmark (235,000
 objects, 100,000-object window, 4 evaluators, local engine): 1.49 s of young
 collections at 100,000, 0.47 s at 1,000,000. Reference cycles are still
 collected; only less often: so rarely once in the oldest generation that the
-Spark driver collects in full on a timer (``skpub.app.engines.spark``
+Spark driver and the local daemon collect in full on a timer
+(:class:`FullCollections`; the driver's ``skpub.app.engines.spark``
 ``DRIVER_COLLECT_SECONDS``: py4j's cycles hold JVM memory).
 """
 
 from __future__ import annotations
 
 import gc
+import math
+import time
 
 GEN0_THRESHOLD = 1_000_000
 
@@ -37,3 +40,29 @@ def tune_gc() -> None:
     if gc.get_threshold()[0] < GEN0_THRESHOLD:
         gc.set_threshold(GEN0_THRESHOLD, 50, 100)
         gc.freeze()
+
+
+class FullCollections:
+    """Full collections at most once per ``seconds`` (wall clock), for a long-running process under :func:`tune_gc`.
+
+    Under the raised thresholds a reference cycle that reaches the oldest
+    generation stays until a full collection, which then comes after some
+    5 * 10**9 allocations net of frees: a daemon that runs for days would
+    keep every cycle its HTTP requests and micro-batches made. Calling an
+    instance once per micro-batch collects in full when ``seconds`` have
+    passed since its last collection (the first call collects): about 0.1 s
+    per million tracked objects not frozen at startup (measured on 2 cores),
+    so at most 1% of a core per million with ``seconds`` = 10.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.last = -math.inf  # time.monotonic() of the last full collection
+
+    def __call__(self) -> bool:
+        """Collect in full if ``seconds`` have passed since the last time; return whether it did."""
+        if time.monotonic() - self.last < self.seconds:
+            return False
+        gc.collect()
+        self.last = time.monotonic()
+        return True

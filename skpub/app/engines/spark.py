@@ -28,10 +28,8 @@ the last committed micro-batch and ends with exactly the same output.
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
-import math
 import os
 import shutil
 import sys
@@ -61,7 +59,7 @@ from skpub.kernel.inputs import STDIN, input_files, iter_lines, take_sample
 from skpub.kernel.load import LoadSummary
 from skpub.kernel.parts import batch_parts, write_part
 from skpub.kernel.records import DeadLetter
-from skpub.kernel.runtime import tune_gc
+from skpub.kernel.runtime import FullCollections, tune_gc
 from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
 from skpub.kernel.text import load_vocabulary
 from skpub.kernel.transfer import read_plan, write_plan
@@ -229,7 +227,7 @@ class Sink:
         self.observer = observer
         self.deployment = deployment
         self.merged: tuple[int, RankedMerge] | None = None
-        self.collected = -math.inf  # time.monotonic() of the last full collection
+        self.collect = FullCollections(DRIVER_COLLECT_SECONDS)
 
     def __call__(self, frame, batch_id: int) -> None:  # noqa: ANN001
         """Collect the evaluators' control rows, write their dead letters, merge ranked results, report the batch.
@@ -238,9 +236,7 @@ class Sink:
         (the last micro-batches' py4j objects, which pin JVM memory).
         """
         start = time.thread_time()
-        if time.monotonic() - self.collected >= DRIVER_COLLECT_SECONDS:  # py4j's cycles (DRIVER_COLLECT_SECONDS)
-            gc.collect()
-            self.collected = time.monotonic()
+        self.collect()  # py4j's cycles (DRIVER_COLLECT_SECONDS)
         rows = sorted(frame.toArrow().to_pylist(), key=lambda r: (r["evaluator"], r["pos"] or 0))
         counters = [json.loads(r["payload"]) for r in rows if r["payload"] is not None]
         letters = unique_letters(
