@@ -46,7 +46,10 @@ def _adjacent(partitioning: Partitioning) -> list[tuple[int, int]]:
             pairs.append(np.stack([np.minimum(a[edge], b[edge]), np.maximum(a[edge], b[edge])], axis=1))
     if not pairs:
         return []
-    return [tuple(p) for p in np.unique(np.concatenate(pairs), axis=0).tolist()]
+    both = np.concatenate(pairs).astype(np.int64)
+    n = len(partitioning.boxes)
+    codes = np.unique(both[:, 0] * n + both[:, 1])  # one key per pair: a 1-D sort, not a row-wise one
+    return list(zip(*(v.tolist() for v in np.divmod(codes, n)), strict=True))
 
 
 def partition_graph(partitioning: Partitioning, rect_pairs: list[tuple[int, int]] | None = None) -> nx.Graph:

@@ -121,6 +121,7 @@ class Partitioning:
         object.__setattr__(self, "text_class", text_class)
         object.__setattr__(self, "term_tables", term_tables)
         object.__setattr__(self, "_count", max(holders) + 1)
+        object.__setattr__(self, "_has_text", any(t is not None for t in texts))
 
     @property
     def count(self) -> int:
@@ -129,8 +130,8 @@ class Partitioning:
 
     @property
     def has_text(self) -> bool:
-        """Whether any rectangle is text-partitioned."""
-        return any(t is not None for t in self.texts)
+        """Whether any rectangle is text-partitioned (found at construction: O(1))."""
+        return self._has_text
 
     def boxes_of(self, p: int) -> list[CellBox]:
         """Return the rectangles evaluator ``p`` holds (owned, or text rectangles naming it), in order."""

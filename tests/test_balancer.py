@@ -347,6 +347,49 @@ def test_a_source_exports_over_each_moved_box_the_subscriptions_it_holds_there_c
         assert all(type(v) is int for _, box in parts for v in box)
 
 
+def _guillotine(draw, box, depth):
+    """Rectangles tiling ``box``, cut at random along random axes (at most ``depth`` cuts deep)."""
+    x0, y0, x1, y1 = box
+    if depth == 0 or (x0 == x1 and y0 == y1) or not draw(st.booleans()):
+        return [box]
+    vertical = x1 > x0 and (y0 == y1 or draw(st.booleans()))
+    if vertical:
+        cut = draw(st.integers(x0, x1 - 1))
+        halves = (x0, y0, cut, y1), (cut + 1, y0, x1, y1)
+    else:
+        cut = draw(st.integers(y0, y1 - 1))
+        halves = (x0, y0, x1, cut), (x0, cut + 1, x1, y1)
+    return [r for half in halves for r in _guillotine(draw, half, depth - 1)]
+
+
+@st.composite
+def _partitionings(draw):
+    size = draw(st.integers(2, 12))
+    boxes = _guillotine(draw, (0, 0, size - 1, size - 1), 6)
+    owners = list(range(min(len(boxes), 4)))
+    owners += [draw(st.integers(0, len(owners) - 1)) for _ in boxes[len(owners) :]]
+    return Partitioning(size, np.array(boxes), np.array(draw(st.permutations(owners))))
+
+
+@settings(max_examples=200, deadline=None)
+@given(partitioning=_partitionings())
+def test_adjacent_rectangles_are_the_pairs_of_other_owners_sharing_an_edge_stretch(partitioning):
+    """Against the brute force over every pair of rectangles (the vectorized pass over the grid is skpub's)."""
+    from skpub.balancer.adjacency import adjacent_rectangles
+
+    boxes, owners = partitioning.boxes.tolist(), partitioning.owners.tolist()
+
+    def touch(a, b):
+        across = a[2] + 1 == b[0] or b[2] + 1 == a[0]
+        above = a[3] + 1 == b[1] or b[3] + 1 == a[1]
+        overlap_y, overlap_x = a[1] <= b[3] and b[1] <= a[3], a[0] <= b[2] and b[0] <= a[2]
+        return (across and overlap_y) or (above and overlap_x)
+
+    expected = [(i, j) for i in range(len(boxes)) for j in range(i + 1, len(boxes))
+                if owners[i] != owners[j] and touch(boxes[i], boxes[j])]  # fmt: skip
+    assert adjacent_rectangles(partitioning) == expected
+
+
 def test_adjacent_rectangles_answer_for_the_partitioning_asked_about_not_the_last_one():
     """Rectangles sharing an edge between different owners; the memo of the last partitioning never leaks."""
     from skpub.balancer.adjacency import adjacent_rectangles
