@@ -330,6 +330,8 @@ def part_drift(args) -> None:
                 settings = BalancerConfig(mode=mode)
                 if args.beta is not None:
                     settings = dataclasses.replace(settings, beta=args.beta)
+                if args.decay is not None:
+                    settings = dataclasses.replace(settings, decay=args.decay)
                 if args.global_period is not None:
                     settings = dataclasses.replace(settings, global_period=args.global_period)
                 deployments[mode] = base.replace(balancer=settings)
@@ -443,6 +445,7 @@ def main() -> None:
     parser.add_argument("--burst-regions", type=float, default=0.0, help="keyword burst share of the drift workload")
     parser.add_argument("--routing-units", type=int, default=8, help="routing units the parse stage is spread over")
     parser.add_argument("--beta", type=float, default=None, help="the adaptive runs' beta (default the deployment's)")
+    parser.add_argument("--decay", type=float, default=None, help="the statistics' decay (default: the deployment's)")
     parser.add_argument("--drift-rounds", type=int, default=3, help="runs per mode of the drift part, alternating")
     parser.add_argument("--global-period", type=int, default=None,
                         help="batches between global adjustment checks, 0: never")  # fmt: skip
