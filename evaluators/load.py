@@ -103,25 +103,41 @@ class CellLoad:
         self._rects, self._rect_memo = rects, {}
         self._block_costs = {(remap[i], gx, gy): v for (i, gx, gy), v in self._block_costs.items() if i in remap}
         self._block_queries = {(remap[i], gx, gy): v for (i, gx, gy), v in self._block_queries.items() if i in remap}
-        renewed = set(fresh)
-        cells, self._cells = self._cells, {}
+        cells = self._cells
         ids = np.fromiter(cells, dtype=np.int64, count=len(cells))
+        raws = np.fromiter(cells.values(), dtype=np.float64, count=len(cells))
         ys, xs = np.divmod(ids, self.size)
         where = np.full(len(ids), -1, dtype=np.int64)
         for j, r in enumerate(rects):  # the rectangle of every cell with cost, O(cells x rectangles) in numpy
             x0, y0, x1, y1 = r.box
             where[(xs >= x0) & (xs <= x1) & (ys >= y0) & (ys <= y1)] = j
         self._rect_memo = dict(zip(ids.tolist(), where.tolist(), strict=True))
-        for (cell, raw), i in zip(cells.items(), self._rect_memo.values(), strict=True):
-            if i in renewed:
-                cy, cx = divmod(cell, self.size)
-                self._add_raw(cell, cx, cy, raw)
-            elif i >= 0:
-                self._cells[cell] = raw
+        kept = where >= 0
+        self._cells = dict(zip(ids[kept].tolist(), raws[kept].tolist(), strict=True))
+        for j in fresh:
+            mine = where == j
+            self._sum_cells(j, xs[mine], ys[mine], raws[mine])
         if fresh and self._parts:
             boxes = np.array(list(self._parts.values()), dtype=np.int64).reshape(-1, 4)
             for j in fresh:
                 self._count_parts(j, boxes)
+
+    def _sum_cells(self, i: int, xs: np.ndarray, ys: np.ndarray, raws: np.ndarray) -> None:
+        """Set new rectangle ``i``'s aggregates from its cells with cost (columns ``xs``, rows ``ys``, raw costs).
+
+        The sums :meth:`_add_raw` would make cell by cell, in the same order
+        (``bincount`` adds its weights in input order): O(cells + lines), numpy.
+        """
+        r = self._rects[i]
+        x0, y0, x1, y1 = r.box
+        r.columns = np.bincount(xs - x0, weights=raws, minlength=x1 - x0 + 1).tolist()
+        r.rows = np.bincount(ys - y0, weights=raws, minlength=y1 - y0 + 1).tolist()
+        b = self.block
+        gx0, gy0, width = x0 // b, y0 // b, x1 // b - x0 // b + 1
+        keys = (ys // b - gy0) * width + (xs // b - gx0)
+        sums, held = np.bincount(keys, weights=raws), np.bincount(keys)
+        for k in np.flatnonzero(held).tolist():
+            self._block_costs[(i, gx0 + k % width, gy0 + k // width)] = float(sums[k])
 
     @property
     def rectangles(self) -> list[CellBox]:

@@ -265,7 +265,8 @@ def test_summary_is_smaller_than_the_cells_it_summarizes():
 @given(workloads(), st.integers(0, 2**16))
 def test_cell_load_after_moves_equals_one_built_afresh(workload, seed):
     """set_partition keeps the aggregates of rectangles that stay and computes the rest: after chaos moves (costs
-    taken from sources and put at targets, subscriptions imported), every summary equals a fresh CellLoad's."""
+    taken from sources and put at targets, subscriptions imported), every summary equals that of a CellLoad of the
+    final partition given the same costs cell by cell."""
     part, costs, subs, rng = workload
     loads = []
     for e in range(part.count):
@@ -294,9 +295,9 @@ def test_cell_load_after_moves_equals_one_built_afresh(workload, seed):
             loads[e].set_partition(after.boxes_of(e))
         part = after
     for e, load in enumerate(loads):
-        fresh = CellLoad(part.size, [], 4, decay=1.0)
-        fresh.put(dict(load._cells))  # decay 1.0: the stored values are the costs
-        fresh.set_partition(part.boxes_of(e))
+        fresh = CellLoad(part.size, part.boxes_of(e), 4, decay=1.0)
+        for cell, cost in load._cells.items():  # cell by cell (decay 1.0: the stored values are the costs)
+            fresh.add_cost(cell % part.size, cell // part.size, cost)
         for sid, box in load._parts.items():
             fresh.add_subscription(sid, box)
         got, want = load.summary(e, 0), fresh.summary(e, 0)
