@@ -223,7 +223,7 @@ def phase_batches(objects: list[int], phases: int) -> list[list[int]]:
     a phase change belongs to both phases.
     """
     per = -(-sum(objects) // phases) or 1
-    first = np.concatenate(([0], np.cumsum(objects)[:-1])).astype(int)
+    first = np.concatenate(([0], np.cumsum(objects)[:-1])).astype(int)[: len(objects)]
     return [
         [i for i, (start, n) in enumerate(zip(first.tolist(), objects, strict=True))
          if n and start < (p + 1) * per and start + n > p * per]

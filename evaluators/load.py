@@ -67,7 +67,7 @@ class CellLoad:
         If ``decay`` is outside (0, 1].
     """
 
-    def __init__(self, size: int, rectangles: list[CellBox], block: int, decay: float = 0.5) -> None:
+    def __init__(self, size: int, rectangles: list[CellBox], block: int, decay: float) -> None:
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], not {decay}")
         self.size = size

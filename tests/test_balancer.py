@@ -406,3 +406,14 @@ def test_adjacent_rectangles_answer_for_the_partitioning_asked_about_not_the_las
     pairs = adjacent_rectangles(halves)
     pairs.append((7, 7))  # a caller's list is its own
     assert adjacent_rectangles(halves) == [(0, 1)]
+
+
+def test_the_drift_benchmark_measures_each_phase_on_the_batches_holding_its_objects():
+    """benchmarks/balancer.py's phase windows (its imbalance per phase is the issue's target): a batch straddling
+    a phase change belongs to both phases, batches without objects to none."""
+    from benchmarks.balancer import phase_batches
+
+    assert phase_batches([10, 10, 10, 10], 2) == [[0, 1], [2, 3]]
+    assert phase_batches([10, 15, 5, 10], 2) == [[0, 1], [1, 2, 3]]
+    assert phase_batches([0, 40, 0, 40], 2) == [[1], [3]]
+    assert phase_batches([], 4) == [[], [], [], []]

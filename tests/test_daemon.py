@@ -25,7 +25,7 @@ from skpub.app.journal import MAGIC, STRIDE, LineLog, SegmentedLog
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.errors import ConfigError, OutputError
 from skpub.kernel.parts import read_stream
-from skpub.kernel.runtime import GEN0_THRESHOLD, FullCollections
+from skpub.kernel.runtime import FullCollections
 from tests.served import Served
 from tests.workloads import deployment, random_workload, ranked_workload, write_lines
 
@@ -186,11 +186,10 @@ def test_a_commit_log_base_never_removes_a_file_skpub_did_not_write(tmp_path):
     assert (base.commit.batch, base.definitions, base.snapshots) == (7, {"s": b'{"id":"s"}'}, {"p": (0, 2)})
 
 
-def test_full_collections_free_a_cycle_at_most_once_per_period(monkeypatch):
-    """The daemon's timed full collection: the first call collects, then none until ``seconds`` have passed."""
+def test_full_collections_free_a_cycle_at_most_once_per_period_stretched_by_their_duration():
+    """The daemon's timed full collection: the first call collects, the next once ``seconds`` or 100 times the last
+    collection's duration have passed; a negative or infinite period is refused."""
     import weakref
-
-    from skpub.kernel import runtime
 
     class Node:
         pass
@@ -200,38 +199,46 @@ def test_full_collections_free_a_cycle_at_most_once_per_period(monkeypatch):
         node.me = node
         return weakref.ref(node)
 
-    clock = [100.0]
-    monkeypatch.setattr(runtime.time, "monotonic", lambda: clock[0])
-    collect = FullCollections(10.0)
+    readings = iter([100.0, 100.0, 103.0, 350.0, 404.0, 404.0, 404.001, 410.0, 414.2, 414.2, 414.2])
+    collect = FullCollections(10.0, clock=lambda: next(readings))
     enabled = gc.isenabled()
     gc.disable()  # only the calls below may collect
     try:
         first = cycle()
-        assert collect() and first() is None
+        assert collect() and first() is None  # took 3 s: the next waits 300 s
         second = cycle()
-        clock[0] += 9.5
-        assert not collect() and second() is not None
-        clock[0] += 0.5
-        assert collect() and second() is None
+        assert not collect() and second() is not None  # 247 s later
+        assert collect() and second() is None  # 301 s later; took 1 ms: the next waits 10 s
+        assert not collect()  # 6 s later
+        assert collect()  # 10.2 s later
     finally:
         if enabled:
             gc.enable()
+    for bad in (-1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="full collection period"):
+            FullCollections(bad)
 
 
-def test_the_logs_keep_what_a_restart_needs_and_a_restart_after_their_segments_went_equals_one_run(tmp_path):
+def test_the_logs_keep_what_a_restart_needs_and_a_restart_after_their_segments_went_equals_one_run(
+    tmp_path, monkeypatch
+):
     """Ingest and journal segments behind the oldest checkpoint are removed, the commit log behind its base;
     definitions whose lines went are still served; a restart reads the base and replays from a kept checkpoint;
     batches never cross a segment; the outputs are one run's."""
     lines = random_workload(seed=71, n=900) + ranked_workload(seed=72, n=300)
     dep = deployment(evaluators=3, batch_size=25)
     limits = Limits(checkpoint_seconds=0.0, trigger=0.01, segment_bytes=1000, compact_commits=4)
+    import skpub.app.daemon
+
+    tuned = []  # the collector tuned as `skpub run` does, once the pipeline exists
+    monkeypatch.setattr(skpub.app.daemon, "tune_gc", lambda: tuned.append(first._pipeline is not None))
     first = Daemon(tmp_path / "data", dep, limits)
     first.start()
     for start in range(0, 700, 50):
         first.post([line.encode() for line in lines[start : start + 50]])
     while not first.ready:
         first.stopping.wait(0.01)
-    assert first._collect.last > -math.inf and gc.get_threshold()[0] == GEN0_THRESHOLD  # tuned as `skpub run`
+    assert tuned and all(tuned) and first._collect.last > -math.inf  # and collected in full
     gone = first.ingest.first
     oldest = min(local_checkpoint.checkpoints(tmp_path / "data" / "checkpoints"))
     assert 0 < gone <= first._ends.start(oldest + 1)  # released, and nothing a restart needs
@@ -643,10 +650,37 @@ def test_a_refused_journal_append_stalls_the_cut_and_it_is_tried_again(tmp_path,
     assert got == expected
 
 
-def test_a_data_directory_refuses_another_deployment(tmp_path):
-    Daemon(tmp_path, deployment(evaluators=3)).stop()
-    with pytest.raises(ConfigError):
-        Daemon(tmp_path, deployment(evaluators=4))
+def test_a_data_directory_refuses_another_deployment_naming_what_differs_and_resumes_with_its_own(tmp_path):
+    """The refusal names each differing key with both values (a default changed by an upgrade shows there), and
+    ``skpub serve`` given no deployment options resumes with the recorded deployment."""
+    import dataclasses
+
+    from skpub.app.daemon import recorded_deployment
+
+    assert recorded_deployment(tmp_path) is None
+    made = deployment(evaluators=3)
+    made = made.replace(balancer=dataclasses.replace(made.balancer, decay=0.5))
+    Daemon(tmp_path, made).stop()
+    later = deployment(evaluators=4)
+    with pytest.raises(ConfigError, match=r"balancer\.decay: recorded 0\.5, now 0\.25; evaluators: recorded 3, now 4"):
+        Daemon(tmp_path, later)
+    assert recorded_deployment(tmp_path).to_json() == made.to_json()
+    Daemon(tmp_path, recorded_deployment(tmp_path)).stop()
+    (tmp_path / "deployment.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="damaged|bad|unknown"):
+        recorded_deployment(tmp_path)
+
+
+def test_deployment_changes_name_every_differing_leaf():
+    from skpub.kernel.config import deployment_changes
+
+    recorded = {"a": 1, "b": {"c": 2, "d": [1]}, "gone": True}
+    assert deployment_changes(recorded, {"a": 1, "b": {"c": 3, "d": [1]}, "new": "x"}) == [
+        "b.c: recorded 2, now 3",
+        "gone: recorded true, now null",
+        'new: recorded null, now "x"',
+    ]
+    assert deployment_changes(recorded, recorded) == []
 
 
 def test_a_non_loopback_listen_without_a_token_is_refused(tmp_path):

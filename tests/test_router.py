@@ -350,10 +350,11 @@ def test_the_epoch_prune_removes_what_a_killed_publish_left_of_older_epochs_and_
     for number, first in enumerate((0, 4, 8)):
         log.publish(RoutingEpoch(number, first, table))
     older, newer = tmp_path / ".epoch-000000.json.k1ll3d.tmp", tmp_path / ".epoch-000003.json.k1ll3d.tmp"
+    kept = tmp_path / ".epoch-000001.json.k1ll3d.tmp"  # of the epoch in force: stays
     foreign = [tmp_path / "epoch-old.json", tmp_path / "epoch-0000001.json", tmp_path / ".epoch-x.json.a.tmp"]
-    for path in (older, newer, *foreign):
+    for path in (older, newer, kept, *foreign):
         path.write_text("{")
     assert log.numbers() == [0, 1, 2]  # skpub's names only: a foreign file is neither read nor removed
     assert log.prune(5) == [0]  # epoch 1 is in force for batch 5
-    assert not older.exists() and newer.exists() and all(p.exists() for p in foreign)
+    assert not older.exists() and newer.exists() and kept.exists() and all(p.exists() for p in foreign)
     assert log.numbers() == [1, 2]

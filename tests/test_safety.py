@@ -204,7 +204,14 @@ def test_batch_ids_past_eight_digits_keep_their_files_and_their_order(tmp_path):
         (checkpoint.router / f"delta-{b + 1:08d}.json").write_text("{}")
         checkpoint.routed_file(b, 0).write_text("")
         (checkpoint.balancer / f"handoff-{b:08d}-002.json").write_text("{}")
+    killed = [  # what writes killed mid-way leave, nine digits too
+        checkpoint.routed / f".rows-{first}-001.arrow.k1ll3d.tmp",
+        checkpoint.balancer / f".handoff-{first}-003.json.k1ll3d.tmp",
+    ]
+    for path in killed:
+        path.write_text("")
     assert checkpoint_foreign_entries(checkpoint.root) == []
+    assert killed[0] in checkpoint.row_files()[first] and killed[1] in checkpoint.balancer_files()[first]
     assert list(checkpoint.router_files("base")) == [last, first]
     assert sorted(checkpoint.row_files()) == [last, first] == sorted(checkpoint.balancer_files())
     (checkpoint.router / "delta-000000001.json").write_text("{}")
@@ -216,6 +223,7 @@ def test_batch_ids_past_eight_digits_keep_their_files_and_their_order(tmp_path):
     out = tmp_path / "out"
     for b in (first, last):
         write_lines(out, "deliveries", b, json.dumps({"batch": b}).encode() + b"\n")
+    (out / "deliveries" / f".part-{first}.jsonl.k1ll3d.tmp").write_text("{}\n")  # a killed write: not read
     assert [row["batch"] for row in read_stream(out, "deliveries")] == [last, first]
     assert part_path(out, "deliveries", first).name == "part-100000000.jsonl"
     (tmp_path / "local").mkdir()

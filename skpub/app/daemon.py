@@ -68,11 +68,11 @@ from skpub.app.engines.sink import complete_report, unique_letters
 from skpub.app.journal import LineLog, SegmentedLog, segment_path
 from skpub.app.metrics import Metrics
 from skpub.app.summary import BatchReport
-from skpub.kernel.config import Deployment, deployment_from_json
+from skpub.kernel.config import Deployment, deployment_changes, deployment_from_json
 from skpub.kernel.errors import CheckpointError, ConfigError
 from skpub.kernel.parts import delivery_lines
 from skpub.kernel.records import position_index
-from skpub.kernel.runtime import FullCollections, tune_gc
+from skpub.kernel.runtime import FULL_COLLECTION_SECONDS, FullCollections, tune_gc
 from skpub.kernel.storage import atomic_write_bytes
 from skpub.kernel.text import load_vocabulary
 
@@ -82,9 +82,6 @@ CHECKPOINTS = "checkpoints"
 COMPACT_RATIO = 4
 """The commit log is compacted again once it holds 1 / COMPACT_RATIO as many commits after its base as the base
 holds definitions and snapshots (or ``Limits.compact_commits``, if more)."""
-
-FULL_COLLECTION_SECONDS = 10.0
-"""The local engine's daemon collects in full at most this often (wall seconds; :class:`FullCollections`)."""
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
@@ -424,6 +421,8 @@ class Daemon:
             batch_id = self._cut()
             if batch_id is not None:
                 self._step_local(batch_id)
+            elif self._pipeline is not None:
+                self._collect()  # idle: the HTTP threads' cycles too
 
     def _restore_local(self) -> int:
         """Load the newest readable checkpoint of a committed batch; return the first batch to replay after it.
@@ -455,20 +454,20 @@ class Daemon:
     def _step_local(self, batch_id: int) -> None:
         """Run micro-batch ``batch_id`` on the local pipeline, under the engines' collector settings.
 
-        :func:`~skpub.kernel.runtime.tune_gc` as ``skpub run`` (the young
-        generation rescans the live subscriptions and window far less
-        often), with a full collection at most every
-        :data:`FULL_COLLECTION_SECONDS` for the cycles that reach the oldest
-        generation.
+        :func:`~skpub.kernel.runtime.tune_gc` once the pipeline exists, as
+        ``skpub run`` (the young generation rescans the live subscriptions
+        and window far less often), with timed full collections
+        (:class:`~skpub.kernel.runtime.FullCollections`, here and when idle)
+        for the cycles that reach the oldest generation.
         """
-        tune_gc()
-        self._collect()
         self._batch_started = time.monotonic()
         start = self._ends.start(batch_id)
         lines = self.ingest.read(start, self._ends.end(batch_id) - start)
         if self._pipeline is None:
             sample = lines[: self.deployment.sample_size]
             self._pipeline = LocalPipeline.new(self.data / "output", self.deployment, self.vocabulary, sample)
+        tune_gc()
+        self._collect()
         self.metrics.observe_batch(self._pipeline.step(batch_id, lines, self._local_sink))
         self._checkpoint_local(batch_id)
 
@@ -765,13 +764,38 @@ def _lock(data: Path) -> int:
     return fd
 
 
+def recorded_deployment(data: str | Path) -> Deployment | None:
+    """Return the deployment data directory ``data`` was created with, or None for a new directory.
+
+    ``skpub serve`` resumes with it when given no deployment options, so a
+    restart after an upgrade that changed a default still opens the
+    directory.
+
+    Raises
+    ------
+    ConfigError
+        If the recorded deployment is damaged.
+    """
+    path = Path(data) / "deployment.json"
+    if not path.is_file():
+        return None
+    try:
+        return deployment_from_json(orjson.loads(path.read_bytes()))
+    except (orjson.JSONDecodeError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{path} is damaged: {exc}") from None
+
+
 def _claim(path: Path, deployment: Deployment) -> Deployment:
     """Record the data directory's deployment, or check it is the one recorded."""
     wanted = deployment.to_json()
     if path.exists():
         held = orjson.loads(path.read_bytes())
-        if held != orjson.loads(orjson.dumps(wanted)):
-            raise ConfigError(f"{path.parent} was created with another deployment ({path}); results would change")
+        changes = deployment_changes(held, orjson.loads(orjson.dumps(wanted)))
+        if changes:
+            raise ConfigError(
+                f"{path.parent} was created with another deployment ({path}): {'; '.join(changes[:5])}; "
+                "give the recorded values (--config), or no deployment options to resume with the recorded one"
+            )
         return deployment_from_json(held)
     atomic_write_bytes(path, orjson.dumps(wanted, option=orjson.OPT_INDENT_2))
     return deployment

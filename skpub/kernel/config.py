@@ -237,6 +237,24 @@ class Deployment:
         return out
 
 
+def deployment_changes(recorded: Any, wanted: Any, path: str = "") -> list[str]:
+    """Return ``"key.path: recorded X, now Y"`` for each value where deployment JSON ``wanted`` differs from it.
+
+    ``recorded`` is the recorded deployment JSON. What a refused resume names, so that the user can set the recorded
+    values (a default that changed between skpub versions shows here).
+    O(keys).
+    """
+    if isinstance(recorded, dict) and isinstance(wanted, dict):
+        return [
+            line
+            for key in sorted(set(recorded) | set(wanted), key=str)
+            for line in deployment_changes(recorded.get(key), wanted.get(key), f"{path}.{key}" if path else str(key))
+        ]
+    if recorded == wanted:
+        return []
+    return [f"{path or 'deployment'}: recorded {json.dumps(recorded)}, now {json.dumps(wanted)}"]
+
+
 def deployment_from_json(raw: dict[str, Any]) -> Deployment:
     """Build a :class:`Deployment` from its JSON form.
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import gc
 import math
 import time
+from collections.abc import Callable
 
 GEN0_THRESHOLD = 1_000_000
 
@@ -38,31 +39,52 @@ def tune_gc() -> None:
     20 batches before this was made idempotent).
     """
     if gc.get_threshold()[0] < GEN0_THRESHOLD:
+        gc.collect()  # garbage frozen now would never be collected
         gc.set_threshold(GEN0_THRESHOLD, 50, 100)
         gc.freeze()
 
 
+FULL_COLLECTION_SECONDS = 10.0
+"""Shortest period of :class:`FullCollections` in the long-running processes (the daemons, the Spark driver)."""
+
+STRETCH = 100
+"""A full collection that took ``d`` seconds allows the next one only after ``STRETCH * d`` (1% of a core)."""
+
+
 class FullCollections:
-    """Full collections at most once per ``seconds`` (wall clock), for a long-running process under :func:`tune_gc`.
+    """Full collections at most once per ``seconds``, for a long-running process under :func:`tune_gc`.
 
     Under the raised thresholds a reference cycle that reaches the oldest
     generation stays until a full collection, which then comes after some
     5 * 10**9 allocations net of frees: a daemon that runs for days would
     keep every cycle its HTTP requests and micro-batches made. Calling an
-    instance once per micro-batch collects in full when ``seconds`` have
-    passed since its last collection (the first call collects): about 0.1 s
-    per million tracked objects not frozen at startup (measured on 2 cores),
-    so at most 1% of a core per million with ``seconds`` = 10.
+    instance once per micro-batch (and when idle) collects in full when
+    ``seconds`` have passed since the last collection (the first call
+    collects), or ``STRETCH`` times the last one's duration if longer: a
+    collection walks the whole heap not frozen at startup (about 0.1 s per
+    million tracked objects on 2 cores), so a large heap is collected less
+    often and the collections take at most 1% of a core. Time is ``clock``
+    (monotonic seconds).
+
+    Raises
+    ------
+    ValueError
+        If ``seconds`` is negative or not finite.
     """
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.last = -math.inf  # time.monotonic() of the last full collection
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"full collection period must be a finite number of seconds >= 0, not {seconds!r}")
+        self.seconds, self.clock = seconds, clock
+        self.last = -math.inf  # clock() at the end of the last full collection
+        self.wait = seconds  # seconds from the last collection to the next
 
     def __call__(self) -> bool:
-        """Collect in full if ``seconds`` have passed since the last time; return whether it did."""
-        if time.monotonic() - self.last < self.seconds:
+        """Collect in full if the wait since the last collection is over; return whether it did."""
+        if self.clock() - self.last < self.wait:
             return False
+        start = self.clock()
         gc.collect()
-        self.last = time.monotonic()
+        self.last = self.clock()
+        self.wait = max(self.seconds, STRETCH * (self.last - start))
         return True

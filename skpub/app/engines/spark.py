@@ -53,13 +53,13 @@ from skpub.app.output import check_output, claim_output, inspect_output, mark_su
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
 from skpub.balancer.transfer import plan_after, transfer_lines
 from skpub.evaluators.merge import RankedMerge, apply_changes, decode_updates, results_json, take_changes
-from skpub.kernel.config import Deployment
+from skpub.kernel.config import Deployment, deployment_changes
 from skpub.kernel.errors import CheckpointError, EngineError, InputError, JavaNotFoundError
 from skpub.kernel.inputs import STDIN, input_files, iter_lines, take_sample
 from skpub.kernel.load import LoadSummary
 from skpub.kernel.parts import batch_parts, write_part
 from skpub.kernel.records import DeadLetter
-from skpub.kernel.runtime import FullCollections, tune_gc
+from skpub.kernel.runtime import FULL_COLLECTION_SECONDS, FullCollections, tune_gc
 from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
 from skpub.kernel.text import load_vocabulary
 from skpub.kernel.transfer import read_plan, write_plan
@@ -103,7 +103,7 @@ JVM's live heap kept growing through the 10-minute daemon soak
 second) toward a plateau some 1,000 micro-batches away; 13,400 with these
 bounds, reached within the first two minutes."""
 
-DRIVER_COLLECT_SECONDS = 10.0
+DRIVER_COLLECT_SECONDS = FULL_COLLECTION_SECONDS
 """The sink runs a full Python collection at most this often (wall seconds) in the driver.
 
 Every py4j ``JavaObject`` the driver calls a method on is a reference cycle
@@ -433,9 +433,11 @@ def _open_checkpoint(
                 f"checkpoint {checkpoint.root} belongs to the output {manifest['output']}, not {output}; "
                 "pass another --checkpoint"
             )
-        if {k: manifest.get(k) for k in wanted} != wanted and not overwrite:
+        changes = deployment_changes({k: manifest.get(k) for k in wanted}, wanted)
+        if changes and not overwrite:
             raise CheckpointError(
-                f"checkpoint {checkpoint.root} was made for another input or deployment, or by another skpub; "
+                f"checkpoint {checkpoint.root} was made for another input or deployment, or by another skpub "
+                f"({'; '.join(changes[:5])}); give the recorded deployment values to resume, "
                 "pass --overwrite to replace that run, or another --checkpoint"
             )
         if not overwrite and state.run_id == manifest.get("run_id"):
@@ -711,8 +713,11 @@ def _open_daemon_checkpoint(  # noqa: ANN001
     wanted = json.loads(json.dumps({"format": MANIFEST_FORMAT, "deployment": deployment.to_json(), "daemon": True}))
     manifest = ckpt.read_manifest()
     if manifest is not None:
-        if {k: manifest.get(k) for k in wanted} != wanted:
-            raise CheckpointError(f"checkpoint {ckpt.root} was made by another skpub or for another deployment")
+        changes = deployment_changes({k: manifest.get(k) for k in wanted}, wanted)
+        if changes:
+            raise CheckpointError(
+                f"checkpoint {ckpt.root} was made by another skpub or for another deployment: {'; '.join(changes[:5])}"
+            )
         return manifest
     ckpt.create()
     vocabulary = load_vocabulary(deployment.vocabulary)
