@@ -74,6 +74,26 @@ def test_a_file_skpub_did_not_write_is_never_taken_for_a_log(tmp_path):
     assert LineLog(tmp_path / "new.log").path.read_bytes() == MAGIC
 
 
+def test_a_segmented_log_past_its_trillionth_entry_keeps_its_thirteen_digit_segments(tmp_path):
+    """Segments are named by their first entry (12 digits): the segments after entry 10**12 are the log's too,
+    in entry order (by name, deliveries-1000000000000 sorts before deliveries-999999999990)."""
+    log = SegmentedLog(tmp_path, "deliveries", 10**6)
+    log.append([b"a", b"b"])
+    log.close()
+    start = 10**12 - 2
+    (tmp_path / "deliveries-000000000000.log").rename(tmp_path / f"deliveries-{start:012d}.log")
+    again = SegmentedLog(tmp_path, "deliveries", 40)  # small segments: the next appends roll to new files
+    assert (again.first, again.count) == (start, 10**12)
+    for k in range(4):
+        again.append([b"x%d" % k * 20])
+    names = sorted(p.name for p in tmp_path.glob("deliveries-*.log"))
+    assert any(len(name) == len("deliveries-.log") + 13 for name in names)
+    again.close()
+    last = SegmentedLog(tmp_path, "deliveries", 40)
+    assert (last.first, last.count) == (start, 10**12 + 4)
+    assert last.read(start, 10) == [b"a", b"b", *(b"x%d" % k * 20 for k in range(4))]
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(

@@ -33,7 +33,7 @@ LOGS = ("deliveries", "dead_letters", "snapshots")
 BASE_FORMAT = 1
 BASE_HEADER = b'{"skpub_commit_base":1,'
 """How every base skpub writes starts (:meth:`Base.lines`' first line)."""
-BASE_NAME = re.compile(r"commits-(\d{12})\.base")
+BASE_NAME = re.compile(r"commits-(\d{12}|[1-9]\d{12,})\.base", re.ASCII)
 
 
 @dataclass(frozen=True)

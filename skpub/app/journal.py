@@ -30,6 +30,9 @@ STRIDE = 1024
 MAGIC = b'{"skpub_log":1}\n'
 """First line of every log skpub writes: a file without it is not skpub's and is never written to."""
 
+SEGMENT = r"(?:\d{12}|[1-9]\d{12,})"
+"""A segment's first entry index in its file name, as ``f"{first:012d}"`` writes it (the 10**12th entry's too)."""
+
 
 class LineLog:
     """An append-only, fsync'd log of lines (thread-safe: one writer at a time, readers at any time).
@@ -219,8 +222,8 @@ class SegmentedLog:
     ) -> None:
         self.directory, self.name = Path(directory), name
         self.segment_bytes, self.retention_bytes = segment_bytes, retention_bytes
-        pattern = re.compile(rf"{re.escape(name)}-(\d{{12}})\.log")
-        creating = own_files(rf"{re.escape(name)}-\d{{12}}\.log")
+        pattern = re.compile(rf"{re.escape(name)}-({SEGMENT})\.log", re.ASCII)
+        creating = own_files(rf"{re.escape(name)}-{SEGMENT}\.log")
         for path in self.directory.iterdir():  # a segment being created when a kill came: never a log yet
             if path.name.startswith(".") and creating.fullmatch(path.name) and path.is_file():
                 path.unlink()
