@@ -130,8 +130,9 @@ class CellLoad:
         """
         r = self._rects[i]
         x0, y0, x1, y1 = r.box
-        r.columns = np.bincount(xs - x0, weights=raws, minlength=x1 - x0 + 1).tolist()
-        r.rows = np.bincount(ys - y0, weights=raws, minlength=y1 - y0 + 1).tolist()
+        # float64 even with no cell (bincount of nothing gives integers): the document writes 0.0, as before
+        r.columns = np.bincount(xs - x0, weights=raws, minlength=x1 - x0 + 1).astype(np.float64).tolist()
+        r.rows = np.bincount(ys - y0, weights=raws, minlength=y1 - y0 + 1).astype(np.float64).tolist()
         b = self.block
         gx0, gy0, width = x0 // b, y0 // b, x1 // b - x0 // b + 1
         keys = (ys // b - gy0) * width + (xs // b - gx0)

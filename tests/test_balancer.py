@@ -417,3 +417,12 @@ def test_the_drift_benchmark_measures_each_phase_on_the_batches_holding_its_obje
     assert phase_batches([10, 15, 5, 10], 2) == [[0, 1], [1, 2, 3]]
     assert phase_batches([0, 40, 0, 40], 2) == [[1], [3]]
     assert phase_batches([], 4) == [[], [], [], []]
+
+
+def test_a_new_rectangle_without_cost_keeps_float_aggregates():
+    """set_partition's numpy sums of no cell are 0.0, not the integers bincount gives for nothing: the state
+    store's document is the same as when cells were added one by one."""
+    load = CellLoad(10, [(0, 0, 9, 9)], 5, decay=0.5)
+    load.set_partition([(0, 0, 4, 9), (5, 0, 9, 9)])
+    document = json.loads(load.to_document())
+    assert all(type(v) is float for _, columns, rows in document["rectangles"] for v in columns + rows)

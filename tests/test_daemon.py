@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
 from skpub.app.api import create_app, split_lines
+from skpub.app.cli import main
 from skpub.app.commits import LOGS, Base, Commit, read_base, write_base
 from skpub.app.daemon import BatchEnds, Daemon, Limits
 from skpub.app.engines import local_checkpoint
@@ -670,7 +671,9 @@ def test_a_refused_journal_append_stalls_the_cut_and_it_is_tried_again(tmp_path,
     assert got == expected
 
 
-def test_a_data_directory_refuses_another_deployment_naming_what_differs_and_resumes_with_its_own(tmp_path):
+def test_a_data_directory_refuses_another_deployment_naming_what_differs_and_resumes_with_its_own(
+    tmp_path, monkeypatch
+):
     """The refusal names each differing key with both values (a default changed by an upgrade shows there), and
     ``skpub serve`` given no deployment options resumes with the recorded deployment."""
     import dataclasses
@@ -686,13 +689,27 @@ def test_a_data_directory_refuses_another_deployment_naming_what_differs_and_res
         Daemon(tmp_path, later)
     assert recorded_deployment(tmp_path).to_json() == made.to_json()
     Daemon(tmp_path, recorded_deployment(tmp_path)).stop()
-    (tmp_path / "deployment.json").write_text("[1, 2]")
-    with pytest.raises(ConfigError, match="damaged|bad|unknown"):
-        recorded_deployment(tmp_path)
+
+    import skpub.app.serve
+
+    started = []
+    monkeypatch.setattr(skpub.app.serve, "serve", lambda data, dep, *rest: started.append(dep) or 0)
+    assert main(["serve", "--data", str(tmp_path), "--batch-size", "17"]) == 0  # a restart with a flag
+    assert started[0].to_json() == made.replace(batch_size=17).to_json()  # the recorded deployment, the flag on top
+
+    older = orjson.loads((tmp_path / "deployment.json").read_bytes())
+    del older["balancer"]["global_period"]  # written before the key existed: it takes its default
+    (tmp_path / "deployment.json").write_bytes(orjson.dumps(older))
+    Daemon(tmp_path, made).stop()
+    for damaged in ("[1, 2]", '{"foo": 1}', "{"):
+        (tmp_path / "deployment.json").write_text(damaged)
+        for read in (recorded_deployment, lambda d: Daemon(d, made)):
+            with pytest.raises(ConfigError, match="deployment.json is not a deployment skpub can read"):
+                read(tmp_path)
 
 
 def test_deployment_changes_name_every_differing_leaf():
-    from skpub.kernel.config import deployment_changes
+    from skpub.kernel.config import changes_text, deployment_changes
 
     recorded = {"a": 1, "b": {"c": 2, "d": [1]}, "gone": True}
     assert deployment_changes(recorded, {"a": 1, "b": {"c": 3, "d": [1]}, "new": "x"}) == [
@@ -701,6 +718,9 @@ def test_deployment_changes_name_every_differing_leaf():
         'new: recorded null, now "x"',
     ]
     assert deployment_changes(recorded, recorded) == []
+    long = deployment_changes({"input": ["a" * 200]}, {"input": ["b"]})
+    assert long == [f'input: recorded ["{"a" * 75}..., now ["b"]']  # a fingerprint of many files is cut
+    assert changes_text([f"k{i}" for i in range(7)], 5) == "k0; k1; k2; k3; k4; and 2 more"
 
 
 def test_a_non_loopback_listen_without_a_token_is_refused(tmp_path):

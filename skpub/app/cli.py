@@ -110,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument("--listen", default="127.0.0.1:8750", help="HOST:PORT to listen on (default 127.0.0.1:8750)")
     serve.add_argument("--token-file", help="file holding the bearer token (default $SKPUB_TOKEN; none: no token)")
-    serve.add_argument("--config", help="deployment JSON file (default: the one --data was made with, or the defaults)")
+    serve.add_argument(
+        "--config", help="deployment JSON file (default: the one --data was made with, or the defaults; flags on top)"
+    )
     serve.add_argument("--evaluators", type=int, help="number of evaluators (default 4)")
     serve.add_argument("--batch-size", type=int, help="most records per micro-batch")
     serve.add_argument("--vocabulary", help="vocabulary JSON file {N, df}")
@@ -214,9 +216,8 @@ def _serve(args: argparse.Namespace) -> int:
     from skpub.app.daemon import Limits, recorded_deployment
     from skpub.app.serve import load_token, serve
 
-    options = (args.config, args.evaluators, args.batch_size, args.vocabulary, args.balancer)
-    recorded = recorded_deployment(args.data) if all(o is None for o in options) else None
-    deployment = recorded or load_deployment(args.config).replace(
+    recorded = recorded_deployment(args.data) if args.config is None else None  # a restart: flags apply to it
+    deployment = (recorded or load_deployment(args.config)).replace(
         evaluators=args.evaluators, batch_size=args.batch_size, vocabulary=args.vocabulary
     )
     if args.balancer is not None:

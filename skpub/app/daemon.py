@@ -68,7 +68,7 @@ from skpub.app.engines.sink import complete_report, unique_letters
 from skpub.app.journal import LineLog, SegmentedLog, segment_path
 from skpub.app.metrics import Metrics
 from skpub.app.summary import BatchReport
-from skpub.kernel.config import Deployment, deployment_changes, deployment_from_json
+from skpub.kernel.config import Deployment, changes_text, deployment_changes, deployment_from_json
 from skpub.kernel.errors import CheckpointError, ConfigError
 from skpub.kernel.parts import delivery_lines
 from skpub.kernel.records import position_index
@@ -410,6 +410,8 @@ class Daemon:
         Outputs the commit log already holds are not appended again.
         """
         replay = self._restore_local()
+        if self._pipeline is not None:
+            tune_gc()  # before any idle collection: what the restore built is frozen
         if not self._ends.known(replay) or self._ends.start(replay) < self.ingest.first:
             raise CheckpointError(
                 f"{self.data} holds no readable local checkpoint after batch {replay - 1}, and the ingest log "
@@ -777,23 +779,32 @@ def recorded_deployment(data: str | Path) -> Deployment | None:
         If the recorded deployment is damaged.
     """
     path = Path(data) / "deployment.json"
-    if not path.is_file():
-        return None
+    return _read_recorded(path) if path.is_file() else None
+
+
+def _read_recorded(path: Path) -> Deployment:
+    """Read a data directory's recorded deployment; a key added to skpub since takes its default.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``path``, if it is not a deployment skpub can read.
+    """
     try:
         return deployment_from_json(orjson.loads(path.read_bytes()))
-    except (orjson.JSONDecodeError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"{path} is damaged: {exc}") from None
+    except (OSError, orjson.JSONDecodeError, ConfigError, TypeError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"{path} is not a deployment skpub can read: {exc}") from None
 
 
 def _claim(path: Path, deployment: Deployment) -> Deployment:
     """Record the data directory's deployment, or check it is the one recorded."""
     wanted = deployment.to_json()
     if path.exists():
-        held = orjson.loads(path.read_bytes())
-        changes = deployment_changes(held, orjson.loads(orjson.dumps(wanted)))
+        held = _read_recorded(path).to_json()
+        changes = deployment_changes(orjson.loads(orjson.dumps(held)), orjson.loads(orjson.dumps(wanted)))
         if changes:
             raise ConfigError(
-                f"{path.parent} was created with another deployment ({path}): {'; '.join(changes[:5])}; "
+                f"{path.parent} was created with another deployment ({path}): {changes_text(changes)}; "
                 "give the recorded values (--config), or no deployment options to resume with the recorded one"
             )
         return deployment_from_json(held)

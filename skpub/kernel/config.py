@@ -252,7 +252,19 @@ def deployment_changes(recorded: Any, wanted: Any, path: str = "") -> list[str]:
         ]
     if recorded == wanted:
         return []
-    return [f"{path or 'deployment'}: recorded {json.dumps(recorded)}, now {json.dumps(wanted)}"]
+    return [f"{path or 'deployment'}: recorded {_shown(recorded)}, now {_shown(wanted)}"]
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """Return ``value`` as JSON, cut to ``limit`` characters (an input fingerprint lists every file)."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def changes_text(changes: list[str], shown: int = 5) -> str:
+    """Return the first ``shown`` of :func:`deployment_changes`'s lines joined, and how many more there are."""
+    more = f"; and {len(changes) - shown} more" if len(changes) > shown else ""
+    return "; ".join(changes[:shown]) + more
 
 
 def deployment_from_json(raw: dict[str, Any]) -> Deployment:

@@ -53,7 +53,7 @@ from skpub.app.output import check_output, claim_output, inspect_output, mark_su
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
 from skpub.balancer.transfer import plan_after, transfer_lines
 from skpub.evaluators.merge import RankedMerge, apply_changes, decode_updates, results_json, take_changes
-from skpub.kernel.config import Deployment, deployment_changes
+from skpub.kernel.config import Deployment, changes_text, deployment_changes
 from skpub.kernel.errors import CheckpointError, EngineError, InputError, JavaNotFoundError
 from skpub.kernel.inputs import STDIN, input_files, iter_lines, take_sample
 from skpub.kernel.load import LoadSummary
@@ -104,7 +104,7 @@ second) toward a plateau some 1,000 micro-batches away; 13,400 with these
 bounds, reached within the first two minutes."""
 
 DRIVER_COLLECT_SECONDS = FULL_COLLECTION_SECONDS
-"""The sink runs a full Python collection at most this often (wall seconds) in the driver.
+"""The sink runs a full Python collection at most this often (monotonic seconds) in the driver.
 
 Every py4j ``JavaObject`` the driver calls a method on is a reference cycle
 (it caches a ``JavaMember`` that refers back to it), and with the raised
@@ -115,9 +115,10 @@ Dataset with its plans, metrics and accumulators per batch (383 Datasets and
 the live heap 77 -> 323 MB; 2 Datasets alive with a collection per batch).
 A full collection costs about 0.1 s per million live objects not frozen at
 startup (measured on 2 cores with a million tracked containers); on this
-timer it costs at most 1% of a core per million and holds the JVM objects
-of the last 10 s of micro-batches, plus the batch in flight (longer while
-no batch comes)."""
+timer, deferred to 100 times a slow collection's duration
+(:class:`~skpub.kernel.runtime.FullCollections`), it costs at most 1% of a
+core and holds the JVM objects of the last period's micro-batches, plus the
+batch in flight (longer while no batch comes)."""
 
 ARROW_MAX_BYTES_PER_BATCH = 2**31 - 1
 """Spark's "no byte limit" value for Arrow batches sent to Python (rows per batch stay capped at 10,000).
@@ -437,7 +438,7 @@ def _open_checkpoint(
         if changes and not overwrite:
             raise CheckpointError(
                 f"checkpoint {checkpoint.root} was made for another input or deployment, or by another skpub "
-                f"({'; '.join(changes[:5])}); give the recorded deployment values to resume, "
+                f"({changes_text(changes)}); resume with that input and deployment, "
                 "pass --overwrite to replace that run, or another --checkpoint"
             )
         if not overwrite and state.run_id == manifest.get("run_id"):
@@ -716,7 +717,7 @@ def _open_daemon_checkpoint(  # noqa: ANN001
         changes = deployment_changes({k: manifest.get(k) for k in wanted}, wanted)
         if changes:
             raise CheckpointError(
-                f"checkpoint {ckpt.root} was made by another skpub or for another deployment: {'; '.join(changes[:5])}"
+                f"checkpoint {ckpt.root} was made by another skpub or for another deployment: {changes_text(changes)}"
             )
         return manifest
     ckpt.create()
