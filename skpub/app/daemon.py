@@ -769,8 +769,8 @@ def _lock(data: Path) -> int:
 def recorded_deployment(data: str | Path) -> Deployment | None:
     """Return the deployment data directory ``data`` was created with, or None for a new directory.
 
-    ``skpub serve`` resumes with it when given no deployment options, so a
-    restart after an upgrade that changed a default still opens the
+    ``skpub serve`` without ``--config`` resumes with it (its flags on top),
+    so a restart after an upgrade that changed a default still opens the
     directory.
 
     Raises
@@ -798,15 +798,14 @@ def _read_recorded(path: Path) -> Deployment:
 
 def _claim(path: Path, deployment: Deployment) -> Deployment:
     """Record the data directory's deployment, or check it is the one recorded."""
-    wanted = deployment.to_json()
     if path.exists():
-        held = _read_recorded(path).to_json()
-        changes = deployment_changes(orjson.loads(orjson.dumps(held)), orjson.loads(orjson.dumps(wanted)))
+        recorded = _read_recorded(path)
+        changes = deployment_changes(*(orjson.loads(orjson.dumps(d.to_json())) for d in (recorded, deployment)))
         if changes:
             raise ConfigError(
                 f"{path.parent} was created with another deployment ({path}): {changes_text(changes)}; "
-                "give the recorded values (--config), or no deployment options to resume with the recorded one"
+                "give the recorded values, or start skpub serve without --config to resume with them"
             )
-        return deployment_from_json(held)
-    atomic_write_bytes(path, orjson.dumps(wanted, option=orjson.OPT_INDENT_2))
+        return recorded
+    atomic_write_bytes(path, orjson.dumps(deployment.to_json(), option=orjson.OPT_INDENT_2))
     return deployment
