@@ -123,6 +123,31 @@ def test_a_host_serves_until_the_process_it_watches_ends(tmp_path, monkeypatch):
     assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
 
 
+def test_a_host_socket_appears_under_its_name_only_once_it_listens(tmp_path, monkeypatch):
+    """A client that finds the socket is never refused (it would start a second host): bind and listen, then rename."""
+    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(host, "IDLE_SECONDS", 2.0)
+    path = host.HostAddress("e5", os.getpid(), "skpub.evaluators.host").socket_path
+    staging = path.with_suffix(".bind")
+    staging.write_text("left by a host killed between its bind and its rename")
+    renames = []
+    replace = os.replace
+
+    def probing_replace(src, dst) -> None:  # noqa: ANN001
+        if str(dst) == str(path):
+            assert not path.exists()
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.connect(str(src))  # refused (ConnectionRefusedError) if not listening yet
+            renames.append(src)
+        replace(src, dst)
+
+    monkeypatch.setattr(host.os, "replace", probing_replace)
+    thread = _serving(path, os.getpid(), lambda conn: None)
+    thread.join(timeout=10)
+    assert renames == [staging]
+    assert not staging.exists() and not path.exists()  # the host removed its socket when it ended
+
+
 def test_a_host_that_cannot_start_turns_hosts_off_in_that_worker(tmp_path, monkeypatch):
     monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(host, "_FAILED_START", {})

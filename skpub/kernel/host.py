@@ -381,12 +381,20 @@ def serve(path: Path, watch: int, handle) -> None:  # noqa: ANN001
     the host (``faulthandler`` writes its threads' stacks to its log): the
     task that would stop it may be gone, and the next tasks would only
     wait behind it.
+
+    The socket is bound and listening under a staging name and then renamed
+    to ``path``: a client that finds ``path`` finds a host that listens (a
+    refused connection there means the host is gone, not starting).
     """
+    staging = path.with_suffix(".bind")  # as long as the path, and swept like it when the JVM is gone
+    with contextlib.suppress(FileNotFoundError):
+        staging.unlink()  # left by a host killed between its bind and its rename
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
-    os.chmod(path, 0o600)
-    bound = path.stat().st_ino
+    listener.bind(str(staging))
+    os.chmod(staging, 0o600)
+    bound = staging.stat().st_ino
     listener.listen(4)
+    os.replace(staging, path)  # the socket appears where clients look only once it listens
     listener.settimeout(1.0)
     last = time.monotonic()
     try:
