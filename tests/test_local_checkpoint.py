@@ -75,3 +75,21 @@ def test_a_damaged_or_foreign_checkpoint_is_refused_not_run(tmp_path):
             local_checkpoint.load(path, tmp_path, dep, Vocabulary())
     (tmp_path / "ckpt" / "notes.skpub").write_text("mine")
     assert list(local_checkpoint.checkpoints(tmp_path / "ckpt")) == [0]
+
+
+def test_a_save_removes_what_killed_saves_left_and_nothing_else(tmp_path):
+    dep = deployment(evaluators=2, batch_size=10)
+    lines = [line.encode() for line in random_workload(seed=1, n=40)]
+    pipeline = LocalPipeline.new(tmp_path, dep, Vocabulary(), lines)
+    pipeline.step(0, lines[:10], capture([]))
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    killed = [folder / ".checkpoint-00000002.skpub.k1ll_3d.tmp", folder / ".checkpoint-00000003.skpub.abc.tmp"]
+    later = folder / ".checkpoint-00000004.skpub.x9.tmp"  # a newer batch's: not this save's to judge
+    foreign = [folder / ".checkpoint-00000002.skpub.tmp", folder / "checkpoint-3.skpub.old.tmp", folder / "notes.tmp"]
+    for path in [*killed, later, *foreign]:
+        path.write_text("x")
+    local_checkpoint.save(pipeline, folder, 3)
+    assert not any(p.exists() for p in killed)
+    assert later.exists() and all(p.exists() for p in foreign)
+    assert list(local_checkpoint.checkpoints(folder)) == [3]

@@ -54,13 +54,18 @@ FORMAT = 1
 KEEP = 2
 """Checkpoints kept: the newest and the one before (should the newest be unreadable)."""
 NAME = re.compile(rf"checkpoint-({BATCH})\.skpub", re.ASCII)
+TEMPORARY = re.compile(rf"\.checkpoint-({BATCH})\.skpub\.[A-Za-z0-9_]+\.tmp", re.ASCII)
+"""A checkpoint being written (:func:`~skpub.kernel.storage.atomic_write_bytes`), or left by a save killed mid-write."""
 
 
 def save(pipeline: LocalPipeline, directory: Path, batch_id: int) -> Path:
     """Write ``pipeline`` as after micro-batch ``batch_id`` to ``directory``; keep the newest :data:`KEEP`.
 
     Returns the file written. Raises ``OSError`` when the disk refuses
-    (nothing is left under the checkpoint's name then).
+    (nothing is left under the checkpoint's name then). The temporary
+    files of saves killed mid-write, of this batch or earlier ones
+    (:data:`TEMPORARY`; one process saves to a directory), are removed:
+    each is as large as a checkpoint.
     """
     parts: list[tuple[str, list[bytes | memoryview]]] = [
         ("epoch", [orjson.dumps(pipeline.epoch.to_json())]),
@@ -82,6 +87,9 @@ def save(pipeline: LocalPipeline, directory: Path, batch_id: int) -> Path:
     atomic_write_bytes(path, [orjson.dumps(header) + b"\n", *(data for _, buffers in parts for data in buffers)])
     for old in sorted(checkpoints(directory))[:-KEEP]:
         checkpoints(directory)[old].unlink(missing_ok=True)
+    for entry in directory.iterdir():
+        if (m := TEMPORARY.fullmatch(entry.name)) and int(m.group(1)) <= batch_id and entry.is_file():
+            entry.unlink(missing_ok=True)
     return path
 
 
