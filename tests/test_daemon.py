@@ -795,3 +795,54 @@ def test_a_disk_that_refuses_the_outputs_stalls_the_commit_and_it_is_tried_again
     expected, _ = file_run(tmp_path, lines, dep)
     got = Counter(json.dumps({k: v for k, v in d.items() if k != "offset"}, sort_keys=True) for d in deliveries)
     assert got == expected and [d["offset"] for d in deliveries] == list(range(1, len(deliveries) + 1))
+
+
+def test_a_local_daemon_collects_in_full_after_its_batches_and_while_idle_and_exports_the_collections(
+    tmp_path, monkeypatch
+):
+    """A full collection never runs inside a batch's wall time (from its start to the observation the batch
+    histogram takes at its commit), runs after batches and while no record waits, and the collections per
+    generation are in the daemon's metrics."""
+    import skpub.app.daemon as daemon_module
+    from skpub.kernel import runtime
+
+    runtime.tune_gc()  # as any run before in this process did: its one collection before freezing is not timed
+    monkeypatch.setattr(daemon_module, "FULL_COLLECTION_SECONDS", 0.0)  # every call collects,
+    monkeypatch.setattr(runtime, "STRETCH", 0.0)  # however long the last one took
+    timing = {"open": False, "started": 0.0, "observed": 0}
+    calls = []  # (inside a batch's wall time, batches observed)
+
+    def set_started(daemon, value):  # noqa: ANN001, ANN202
+        timing.update(open=True, started=value)
+
+    def observe(daemon, deliveries):  # noqa: ANN001, ANN202
+        real_observe(daemon, deliveries)
+        timing.update(open=False, observed=timing["observed"] + 1)
+
+    real_collect, real_observe = gc.collect, Daemon._observe
+    monkeypatch.setattr(Daemon, "_batch_started", property(lambda d: timing["started"], set_started), raising=False)
+    monkeypatch.setattr(Daemon, "_observe", observe)
+
+    def collect(*args):  # noqa: ANN002, ANN202
+        calls.append((timing["open"], timing["observed"]))
+        return real_collect(*args)
+
+    monkeypatch.setattr(gc, "collect", collect)
+    daemon = Daemon(tmp_path / "data", deployment(evaluators=2, batch_size=30), Limits(trigger=0.01))
+    timing["open"] = False  # __init__ sets it: no batch yet
+    daemon.start()
+    try:
+        daemon.post([line.encode() for line in random_workload(seed=3, n=90)])
+        while not (daemon.ready and timing["observed"] == daemon._ends.count):  # every batch journaled has run
+            daemon.stopping.wait(0.01)
+        batches, seen = timing["observed"], len(calls)
+        deadline = time.monotonic() + 60
+        while len(calls) < seen + 3 and time.monotonic() < deadline:
+            daemon.stopping.wait(0.01)
+        assert len(calls) >= seen + 3 and timing["observed"] == batches  # idle: collections, no batch
+        assert batches >= 3 and not any(inside for inside, _ in calls)
+        assert {b for _, b in calls} >= set(range(1, batches + 1))  # after each batch
+        text = generate_latest(daemon.metrics.registry).decode()
+        assert 'python_gc_collections_total{generation="2"}' in text
+    finally:
+        daemon.stop()

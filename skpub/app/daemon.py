@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
-from prometheus_client import Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import Counter, Gauge, GCCollector, Histogram, ProcessCollector
 
 from skpub.app.checkpoint import Checkpoint
 from skpub.app.commits import LOGS, Base, Commit, commit_controls, read_base, write_base
@@ -125,12 +125,16 @@ class DaemonMetrics:
     Ingest (records acknowledged, backlog), batch wall time against the
     trigger, ingest-to-delivery latency (from a request's acknowledgement to
     the commit of the batch that holds its last line), HTTP requests and
-    their durations per route, and the process's memory and CPU.
+    their durations per route, the process's memory and CPU, and its
+    garbage collections per generation (``python_gc_collections_total``:
+    generation 2 counts the timed full collections, see
+    :class:`~skpub.kernel.runtime.FullCollections`).
     """
 
     def __init__(self, metrics: Metrics, daemon: Daemon) -> None:
         r = metrics.registry
         ProcessCollector(registry=r)
+        GCCollector(registry=r)
         self.ingested = Counter("skpub_ingest_records", "Records acknowledged (durable in the ingest log)", registry=r)
         backlog = Gauge("skpub_ingest_backlog", "Records acknowledged and not yet processed", registry=r)
         backlog.set_function(lambda: daemon.backlog)
@@ -459,8 +463,9 @@ class Daemon:
         :func:`~skpub.kernel.runtime.tune_gc` once the pipeline exists, as
         ``skpub run`` (the young generation rescans the live subscriptions
         and window far less often), with timed full collections
-        (:class:`~skpub.kernel.runtime.FullCollections`, here and when idle)
-        for the cycles that reach the oldest generation.
+        (:class:`~skpub.kernel.runtime.FullCollections`, after the batch and
+        when idle, so the batch's wall time does not hold one) for the
+        cycles that reach the oldest generation.
         """
         self._batch_started = time.monotonic()
         start = self._ends.start(batch_id)
@@ -469,9 +474,9 @@ class Daemon:
             sample = lines[: self.deployment.sample_size]
             self._pipeline = LocalPipeline.new(self.data / "output", self.deployment, self.vocabulary, sample)
         tune_gc()
-        self._collect()
         self.metrics.observe_batch(self._pipeline.step(batch_id, lines, self._local_sink))
         self._checkpoint_local(batch_id)
+        self._collect()
 
     def _local_sink(self, batch_id, deliveries, dead_letters, statistics, report: BatchReport, events, snapshots):  # noqa: ANN001
         """Commit a local pipeline batch's outputs (:meth:`commit`) and complete its report (the pipeline's sink)."""
