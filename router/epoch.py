@@ -28,8 +28,8 @@ from skpub.router.partitioning import Partitioning
 from skpub.router.table import RoutingTable
 from skpub.router.uniform import UniformGrid
 
-EPOCH_NAME = r"epoch-(\d{6}|[1-9]\d{6,})\.json"
-"""An epoch's file name as ``f"epoch-{n:06d}.json"`` writes it (epoch 1,000,000 too); group 1 is its number."""
+EPOCH_NAME = r"epoch-(?P<number>\d{6}|[1-9]\d{6,})\.json"
+"""An epoch's file name as ``f"epoch-{n:06d}.json"`` writes it (epoch 1,000,000 too); group ``number`` is its number."""
 _EPOCH_FILE = own_files(EPOCH_NAME)
 
 
@@ -151,7 +151,7 @@ class EpochLog:
             self._path(number).unlink(missing_ok=True)
         for path in self.directory.glob(".epoch-*.tmp"):  # what a publish killed mid-write left of an older epoch
             match = _EPOCH_FILE.fullmatch(path.name)
-            if match is not None and match.group(2) is not None and int(match.group(2)) < keep:
+            if match is not None and match["temporary"] and int(match["number"]) < keep:
                 path.unlink(missing_ok=True)
         return gone
 
@@ -169,7 +169,7 @@ class EpochLog:
     def numbers(self) -> list[int]:
         """Return the published epoch numbers, ascending (files of skpub's names only: :data:`EPOCH_NAME`)."""
         named = (_EPOCH_FILE.fullmatch(p.name) for p in self.directory.glob("epoch-*.json"))
-        return sorted(int(m.group(1)) for m in named if m is not None and m.group(1) is not None)
+        return sorted(int(m["number"]) for m in named if m is not None and not m["temporary"])
 
     def for_batch(self, batch_id: int) -> RoutingEpoch:
         """Return the epoch in force for micro-batch ``batch_id``: the newest that starts at or before it.

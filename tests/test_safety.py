@@ -4,6 +4,7 @@ import io
 import json
 import os
 import socket
+import string
 import subprocess
 import sys
 import time
@@ -230,6 +231,27 @@ def test_batch_ids_past_eight_digits_keep_their_files_and_their_order(tmp_path):
     for b in (last, first):
         (tmp_path / "local" / f"checkpoint-{b:08d}.skpub").write_text("")
     assert sorted(checkpoints(tmp_path / "local")) == [last, first]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    batch=st.integers(0, 10**12),
+    random=st.text(alphabet=string.ascii_letters + string.digits + "_", min_size=1, max_size=12),
+)
+def test_own_names_and_their_temporary_names_carry_the_same_named_groups(batch, random):
+    """own_files: a name and the temporary name a killed write leaves of it both match, with the same batch group;
+    half of a temporary name (the dot without the suffix, or the suffix without the dot) is not skpub's."""
+    from skpub.kernel.storage import BATCH, own_files
+
+    pattern = own_files(rf"part-(?P<batch>{BATCH})(-[a-z]\d{{0,4}})?\.jsonl")  # PART_RE before it named its writer
+    name = f"part-{batch:08d}-t3.jsonl"
+    plain, temporary = pattern.fullmatch(name), pattern.fullmatch(f".{name}.{random}.tmp")
+    assert plain and temporary
+    assert int(plain["batch"]) == int(temporary["batch"]) == batch
+    assert plain["temporary"] is None and temporary["temporary"] == "."
+    assert plain.group(3) == temporary.group(3) == "-t3"  # positional groups too: the pattern's follow temporary
+    for half in (f".{name}", f"{name}.{random}.tmp", f".{name}.{random}", f"..{name}.{random}.tmp"):
+        assert pattern.fullmatch(half) is None
 
 
 _BASE_NAMES = st.sampled_from([("snapshot",), ("base",), ("snapshot", "base")])

@@ -13,7 +13,7 @@ from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.config import Deployment, Window
 from skpub.kernel.errors import CheckpointError, OutputError
 from skpub.kernel.inputs import iter_lines
-from skpub.kernel.parts import read_stream
+from skpub.kernel.parts import PART_RE, read_stream
 from skpub.sims.geonames import WorkloadSpec, write_workload
 from tests.workloads import (
     assert_outputs_equal_oracle,
@@ -160,7 +160,7 @@ def _cli(args, **kwargs):
 
 def _batches_written(folder):
     """Micro-batches with a part file in ``folder`` (parts are named ``part-<batch>[-<writer>].jsonl``)."""
-    return len({p.name[5:13] for p in folder.glob("part-*.jsonl")})
+    return len({PART_RE.fullmatch(p.name)["batch"] for p in folder.glob("part-*.jsonl")})
 
 
 def _wait_for_parts(folder, count, proc, timeout_seconds=240):
@@ -249,9 +249,9 @@ def test_every_task_writes_its_own_parts(spark, tmp_path):
     dep = deployment(evaluators=3, batch_size=200)
     out, _ = run(spark, tmp_path, lines, dep)
     assert_equals_oracle(out, lines, dep)
-    writers = {p.name[14:-6] for p in (out / "dead_letters").glob("part-*.jsonl")}
+    writers = {PART_RE.fullmatch(p.name)["writer"] for p in (out / "dead_letters").glob("part-*.jsonl")}
     assert {"p000", "p001"} <= writers, "both parse tasks of a batch must write dead letters"
-    writers = {p.name[14:-6] for p in (out / "deliveries").glob("part-*.jsonl")}
+    writers = {PART_RE.fullmatch(p.name)["writer"] for p in (out / "deliveries").glob("part-*.jsonl")}
     assert writers <= {"e000", "e001", "e002"} and len(writers) >= 2
 
 

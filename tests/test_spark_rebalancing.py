@@ -9,7 +9,7 @@ import pytest
 from skpub.app.engines.local import run_local
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.config import BalancerConfig, Window
-from skpub.kernel.parts import read_stream
+from skpub.kernel.parts import PART_RE, read_stream
 from tests.test_spark_engine import _cli, run
 from tests.workloads import assert_outputs_equal_oracle, deployment, random_workload, ranked_workload, write_lines
 
@@ -81,7 +81,7 @@ def test_spark_deliveries_per_batch_equal_a_run_without_rebalancing(spark, tmp_p
 def _per_batch(out, stream):
     batches = {}
     for part in (out / stream).glob("part-*.jsonl"):
-        batch = int(part.name[5:13])
+        batch = int(PART_RE.fullmatch(part.name)["batch"])
         batches.setdefault(batch, set()).update(line for line in part.read_text().splitlines() if line)
     return batches
 
@@ -111,7 +111,7 @@ def test_a_run_killed_after_a_transfer_batch_commits_resumes_exactly(tmp_path):
         if proc.poll() is not None or time.monotonic() > deadline:
             pytest.fail(f"the run ended before it could be killed:\n{proc.stdout.read()}")
         done = {int(p.name) for p in commits.glob("[0-9]*")} if commits.is_dir() else set()
-        sent = {int(p.name[8:16]) for p in handoffs.glob("handoff-*.json")} if handoffs.is_dir() else set()
+        sent = {int(p.name.split("-")[1]) for p in handoffs.glob("handoff-*.json")} if handoffs.is_dir() else set()
         transfer = next((b for b in sorted(sent) if b >= 5 and b in done), None)
         time.sleep(0.01)
     os.killpg(proc.pid, signal.SIGKILL)

@@ -49,9 +49,8 @@ _OWN = {
     "balancer": own_files(rf"(?:plan-{BATCH}|handoff-{BATCH}-\d{{3,}})\.json"),
 }
 _OWN_FILES_RE = own_files(r"manifest\.json|skpub-checkpoint\.json")
-_ROW_FILE_RE = own_files(rf"rows-({BATCH})-\d{{3,}}\.arrow")
-"""Row files and their temporary names: the batch is group 1 in a name, group 2 in a temporary name (own_files)."""
-_BALANCER_FILE_RE = own_files(rf"(?:plan|handoff)-({BATCH})(?:-\d{{3,}})?\.json")
+_ROW_FILE_RE = own_files(rf"rows-(?P<batch>{BATCH})-\d{{3,}}\.arrow")
+_BALANCER_FILE_RE = own_files(rf"(?:plan|handoff)-(?P<batch>{BATCH})(?:-\d{{3,}})?\.json")
 _MARKER_RE = own_files(r"skpub-checkpoint\.json")
 
 
@@ -239,7 +238,7 @@ class Checkpoint:
             for path in folder.glob("*rows-*.arrow*") if folder.is_dir() else ():
                 match = _ROW_FILE_RE.fullmatch(path.name)
                 if match is not None:
-                    out.setdefault(int(match.group(1) or match.group(2)), []).append(path)
+                    out.setdefault(int(match["batch"]), []).append(path)
         return out
 
     def balancer_files(self) -> dict[int, list[Path]]:
@@ -248,7 +247,7 @@ class Checkpoint:
         for path in self.balancer.glob("*.json*") if self.balancer.is_dir() else ():
             match = _BALANCER_FILE_RE.fullmatch(path.name)
             if match is not None:
-                out.setdefault(int(match.group(1) or match.group(2)), []).append(path)
+                out.setdefault(int(match["batch"]), []).append(path)
         return out
 
     def router_report(self, batch_id: int) -> Path:

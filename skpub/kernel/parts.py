@@ -22,7 +22,7 @@ from skpub.kernel.messages import Delivery
 from skpub.kernel.storage import BATCH, atomic_write_bytes, own_files
 
 STREAMS = ("deliveries", "snapshots", "dead_letters", "statistics", "balancer")
-PART_RE = own_files(rf"part-({BATCH})(-[a-z]\d{{0,4}})?\.jsonl")
+PART_RE = own_files(rf"part-(?P<batch>{BATCH})(?:-(?P<writer>[a-z]\d{{0,4}}))?\.jsonl")
 _MATCH_LINE = b'{"sub":%b,"obj":%b,"event":"match"}\n'
 
 
@@ -77,7 +77,7 @@ def read_stream(root: str | Path, stream: str) -> list[dict]:
     """Read every part file of ``stream`` under ``root`` (skpub's names) in batch order, then writer order."""
     rows = []
     named = ((m, p) for p in (Path(root) / stream).glob("part-*.jsonl") if (m := PART_RE.fullmatch(p.name)))
-    for _, _, part in sorted((int(m.group(1)), part.name, part) for m, part in named if m.group(1)):
+    for _, _, part in sorted((int(m["batch"]), part.name, part) for m, part in named if not m["temporary"]):
         with part.open(encoding="utf-8") as fh:
             rows.extend(json.loads(line) for line in fh if line.strip())
     return rows

@@ -36,9 +36,12 @@ def own_files(pattern: str) -> re.Pattern[str]:
 
     skpub recognizes its own files by name: ``pattern`` itself, or
     ``.<name>.<random>.tmp`` as :func:`atomic_write_bytes` leaves it when a
-    run is killed mid-write. Digits are ASCII digits only (``re.ASCII``).
+    run is killed mid-write. ``pattern`` appears once in the regex, so its
+    named groups (such as ``(?P<batch>...)``) are found in either; the group
+    ``temporary`` is set in a temporary name only. Digits are ASCII digits
+    only (``re.ASCII``).
     """
-    return re.compile(rf"(?:{pattern})|\.(?:{pattern})\.[A-Za-z0-9_]+\.tmp", re.ASCII)
+    return re.compile(rf"(?P<temporary>\.)?(?:{pattern})(?(temporary)\.[A-Za-z0-9_]+\.tmp)", re.ASCII)
 
 
 def entries(directory: Path) -> list[tuple[Path, str]]:
