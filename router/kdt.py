@@ -21,6 +21,15 @@ subscriptions share. The kd^t-tree picks per region (Figure 2):
    the largest load is more than ``sigma`` times the smallest and there are
    fewer than ``theta`` leaves, the heaviest leaf is cut in two and the merge
    redone.
+4. **The hybrid never loses to text alone** (ours): the result is kept only
+   if its total load (every evaluator's Definition 1, each object and
+   subscription it handles counted once) is no more than that of the whole
+   space cut by text into ``m`` groups, the choice PartitionNode makes for
+   a node, made once more for the root. On a small sample, phase one's
+   similarities fall as nodes shrink, so a region whose ranges are large
+   and keywords selective (PS2Stream's Q2) can end as many small N_t nodes;
+   with as many nodes as evaluators, none is cut by text, and the result is
+   a space partitioning that files each large range at several evaluators.
 
 Loads are Definition 1 (:mod:`skpub.router.workload`). The result is a
 :class:`~skpub.router.partitioning.Partitioning`: a space leaf is a
@@ -70,7 +79,13 @@ class KdtSettings:
 
 @dataclass(frozen=True)
 class Leaf:
-    """One unit MergeNodesIntoPartitions places: a region, whole (``terms`` None) or one term group of it."""
+    """One unit MergeNodesIntoPartitions places: a region, whole (``terms`` None) or one term group of it.
+
+    ``objects`` and ``subscriptions`` index the sample's: those the unit
+    handles (a term group's: those its keys reach). ``load`` is Definition 1
+    over them: their candidate pairs, plus ``c2`` per object and ``c3`` per
+    subscription.
+    """
 
     box: CellBox
     objects: np.ndarray
@@ -139,31 +154,47 @@ class _Builder:
             weights = {t: w for t, w in weights.items() if t in leaf.terms}
         if len(weights) < k:
             return None
-        groups = group_terms(weights, k)
-        loads = self.group_loads(leaf, groups, o, q)
-        return [replace(leaf, load=load, terms=tuple(g)) for g, load in zip(groups, loads, strict=True)]
+        return self.groups(leaf, group_terms(weights, k), o, q)
 
-    def group_loads(self, leaf: Leaf, groups: list[list[str]], o: Counter, q: Counter) -> list[float]:
-        """Return Definition 1 of each term group: its pairs, objects reached and subscriptions filed there.
+    def groups(self, leaf: Leaf, groups: list[list[str]], o: Counter, q: Counter) -> list[Leaf]:
+        """Return each term group of ``leaf`` as a leaf: the objects it reaches and the subscriptions filed there.
 
-        An object counts once per group it reaches however many of its keys
-        the group answers for, a subscription once per group its clauses'
-        keys reach. O(objects x keys + subscriptions x clauses).
+        Its load is Definition 1: its pairs, an object once however many of
+        its keys the group answers for, a subscription once however many of
+        its clauses' keys. O(objects x keys + subscriptions x clauses).
         """
         group_of = {t: g for g, terms in enumerate(groups) for t in terms}
-        objects = [0] * len(groups)
+        objects: list[list[int]] = [[] for _ in groups]
         for i in leaf.objects.tolist():
             for g in {group_of[t] for t in self.sample.keys[i] if t in group_of}:
-                objects[g] += 1
-        subscriptions = [0] * len(groups)
+                objects[g].append(i)
+        subscriptions: list[list[int]] = [[] for _ in groups]
         for i in leaf.subscriptions.tolist():
             for g in {group_of[t] for t in self.sample.sub_keys[i] if t in group_of}:
-                subscriptions[g] += 1
-        model = self.model
-        return [
-            model.c1 * sum(o.get(t, 0) * q[t] for t in terms) + model.c2 * objects[g] + model.c3 * subscriptions[g]
-            for g, terms in enumerate(groups)
-        ]
+                subscriptions[g].append(i)
+        model, out = self.model, []
+        for g, terms in enumerate(groups):
+            pairs = sum(o.get(t, 0) * q[t] for t in terms)
+            load = model.c1 * pairs + model.c2 * len(objects[g]) + model.c3 * len(subscriptions[g])
+            reached, filed = np.array(objects[g], dtype=np.int64), np.array(subscriptions[g], dtype=np.int64)
+            out.append(replace(leaf, objects=reached, subscriptions=filed, load=load, terms=tuple(terms)))
+        return out
+
+    def total_load(self, leaves: list[Leaf], owner: list[int]) -> float:
+        """Return PS2Stream's objective: every evaluator's Definition 1, each object and subscription it handles once.
+
+        A subscription over two rectangles of one evaluator is filed there
+        once (its parts are indexed over their union box), as is an object
+        that two of its term groups reach (one row).
+        """
+        model, total = self.model, 0.0
+        for e in set(owner):
+            held = [leaf for leaf, o in zip(leaves, owner, strict=True) if o == e]
+            pairs = sum(leaf.load - model.c2 * len(leaf.objects) - model.c3 * len(leaf.subscriptions) for leaf in held)
+            objects = np.unique(np.concatenate([leaf.objects for leaf in held]))
+            subscriptions = np.unique(np.concatenate([leaf.subscriptions for leaf in held]))
+            total += pairs + model.c2 * len(objects) + model.c3 * len(subscriptions)
+        return total
 
     def by_space(self, leaf: Leaf, k: int, depth: int = 0) -> list[Leaf] | None:
         """Cut a region into ``k`` kd-tree leaves (None when it has fewer cells)."""
@@ -272,8 +303,10 @@ def kdt_partitioning(
         heaviest group). With no keyed object or no range subscription in the
         sample there is no text to weigh, and the kd-tree baseline's
         partitioning is returned; so it is when the regions and their keys
-        cannot make ``m`` parts. Cost O(nodes x m x sample) for the program,
-        plus O(theta m x sample) for the balance loop.
+        cannot make ``m`` parts. The whole space cut by text into ``m``
+        groups instead, when its total load is lower (step 4 of the module's
+        docstring). Cost O(nodes x m x sample) for the program, plus
+        O(theta m x sample) for the balance loop and the comparison.
     """
     settings = settings or KdtSettings()
     size = costs.shape[0]
@@ -281,7 +314,8 @@ def kdt_partitioning(
         return kdtree_partitioning(costs, m)
     builder = _Builder(sample, settings)
     everything = (np.arange(len(sample.keys)), np.arange(len(sample.sub_keys)))
-    nodes = builder.phase_one(builder.region((0, 0, size - 1, size - 1), *everything))
+    root = builder.region((0, 0, size - 1, size - 1), *everything)
+    nodes = builder.phase_one(root)
     counts = builder.number_of_parts(nodes, m) if len(nodes) < m else [1] * len(nodes)
     leaves = []
     for node, k in zip(nodes, counts, strict=True):
@@ -295,6 +329,11 @@ def kdt_partitioning(
             break
         leaves = more
         owner, loads = builder.merge(leaves, m)
+    by_text = builder.by_text(root, m)
+    if by_text is not None and len(by_text) == m:
+        text_owner = list(range(m))
+        if builder.total_load(by_text, text_owner) < builder.total_load(leaves, owner):
+            leaves, owner = by_text, text_owner
     return _as_partitioning(size, leaves, owner)
 
 
