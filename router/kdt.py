@@ -21,11 +21,14 @@ subscriptions share. The kd^t-tree picks per region (Figure 2):
    the largest load is more than ``sigma`` times the smallest and there are
    fewer than ``theta`` leaves, the heaviest leaf is cut in two and the merge
    redone.
-4. **The hybrid never loses to text alone** (ours): the result is kept only
-   if its total load (every evaluator's Definition 1, each object and
-   subscription it handles counted once) is no more than that of the whole
-   space cut by text into ``m`` groups, the choice PartitionNode makes for
-   a node, made once more for the root. On a small sample, phase one's
+4. **The hybrid never loses to text alone** (ours): the result gives way to
+   the metric-based text partitioning (:mod:`skpub.router.textpart`, the
+   ``text`` router: the same ``m`` key groups over the whole space, its
+   primaries spread by space) when the whole space cut by text into ``m``
+   groups has a lower total load (every evaluator's Definition 1, each
+   object and subscription it handles counted once) and a largest load no
+   higher: the choice PartitionNode makes for a node, made once more for
+   the root. On a small sample, phase one's
    similarities fall as nodes shrink, so a region whose ranges are large
    and keywords selective (PS2Stream's Q2) can end as many small N_t nodes;
    with as many nodes as evaluators, none is cut by text, and the result is
@@ -52,6 +55,7 @@ from skpub.router.gridt import TermTable
 from skpub.router.kdtree import kdtree_partitioning, median_cut
 from skpub.router.partitioning import Partitioning
 from skpub.router.sample import KeyedSample
+from skpub.router.textpart import text_partitioning
 from skpub.router.workload import LoadModel, cosine, group_terms, space_load, term_weights
 
 
@@ -156,45 +160,58 @@ class _Builder:
             return None
         return self.groups(leaf, group_terms(weights, k), o, q)
 
-    def groups(self, leaf: Leaf, groups: list[list[str]], o: Counter, q: Counter) -> list[Leaf]:
+    def groups(self, leaf: Leaf, term_groups: list[list[str]], o: Counter, q: Counter) -> list[Leaf]:
         """Return each term group of ``leaf`` as a leaf: the objects it reaches and the subscriptions filed there.
 
         Its load is Definition 1: its pairs, an object once however many of
         its keys the group answers for, a subscription once however many of
         its clauses' keys. O(objects x keys + subscriptions x clauses).
         """
-        group_of = {t: g for g, terms in enumerate(groups) for t in terms}
-        objects: list[list[int]] = [[] for _ in groups]
+        group_of = {t: g for g, terms in enumerate(term_groups) for t in terms}
+        objects: list[list[int]] = [[] for _ in term_groups]
         for i in leaf.objects.tolist():
             for g in {group_of[t] for t in self.sample.keys[i] if t in group_of}:
                 objects[g].append(i)
-        subscriptions: list[list[int]] = [[] for _ in groups]
+        subscriptions: list[list[int]] = [[] for _ in term_groups]
         for i in leaf.subscriptions.tolist():
             for g in {group_of[t] for t in self.sample.sub_keys[i] if t in group_of}:
                 subscriptions[g].append(i)
         model, out = self.model, []
-        for g, terms in enumerate(groups):
+        for g, terms in enumerate(term_groups):
             pairs = sum(o.get(t, 0) * q[t] for t in terms)
             load = model.c1 * pairs + model.c2 * len(objects[g]) + model.c3 * len(subscriptions[g])
             reached, filed = np.array(objects[g], dtype=np.int64), np.array(subscriptions[g], dtype=np.int64)
             out.append(replace(leaf, objects=reached, subscriptions=filed, load=load, terms=tuple(terms)))
         return out
 
-    def total_load(self, leaves: list[Leaf], owner: list[int]) -> float:
-        """Return PS2Stream's objective: every evaluator's Definition 1, each object and subscription it handles once.
+    def evaluator_loads(self, leaves: list[Leaf], owner: list[int]) -> list[float]:
+        """Return each evaluator's Definition 1 over its leaves, each object and subscription it handles once.
 
         A subscription over two rectangles of one evaluator is filed there
         once (its parts are indexed over their union box), as is an object
-        that two of its term groups reach (one row).
+        that two of its term groups reach (one row). Evaluators holding no
+        leaf are left out. O(leaves x sample) with numpy.
         """
-        model, total = self.model, 0.0
-        for e in set(owner):
+        model, out = self.model, []
+        for e in sorted(set(owner)):
             held = [leaf for leaf, o in zip(leaves, owner, strict=True) if o == e]
             pairs = sum(leaf.load - model.c2 * len(leaf.objects) - model.c3 * len(leaf.subscriptions) for leaf in held)
             objects = np.unique(np.concatenate([leaf.objects for leaf in held]))
             subscriptions = np.unique(np.concatenate([leaf.subscriptions for leaf in held]))
-            total += pairs + model.c2 * len(objects) + model.c3 * len(subscriptions)
-        return total
+            out.append(pairs + model.c2 * len(objects) + model.c3 * len(subscriptions))
+        return out
+
+    def text_is_better(self, by_text: list[Leaf], leaves: list[Leaf], owner: list[int]) -> bool:
+        """Whether the root's term groups ``by_text``, one per evaluator, beat the hybrid ``leaves`` (step 4).
+
+        Better: a total load (PS2Stream's objective, the sum of
+        :meth:`evaluator_loads`) lower by more than rounding, and a largest
+        evaluator load no higher (the hybrid went through the balance loop;
+        the text cut must not undo it).
+        """
+        text = self.evaluator_loads(by_text, list(range(len(by_text))))
+        hybrid = self.evaluator_loads(leaves, owner)
+        return sum(text) < sum(hybrid) * (1 - 1e-9) and max(text) <= max(hybrid)
 
     def by_space(self, leaf: Leaf, k: int, depth: int = 0) -> list[Leaf] | None:
         """Cut a region into ``k`` kd-tree leaves (None when it has fewer cells)."""
@@ -303,10 +320,10 @@ def kdt_partitioning(
         heaviest group). With no keyed object or no range subscription in the
         sample there is no text to weigh, and the kd-tree baseline's
         partitioning is returned; so it is when the regions and their keys
-        cannot make ``m`` parts. The whole space cut by text into ``m``
-        groups instead, when its total load is lower (step 4 of the module's
-        docstring). Cost O(nodes x m x sample) for the program, plus
-        O(theta m x sample) for the balance loop and the comparison.
+        cannot make ``m`` parts. The ``text`` router's partitioning
+        instead when the whole space cut by text loads less (step 4 of the
+        module's docstring). Cost O(nodes x m x sample) for the program,
+        plus O(theta m x sample) for the balance loop and the comparison.
     """
     settings = settings or KdtSettings()
     size = costs.shape[0]
@@ -330,10 +347,8 @@ def kdt_partitioning(
         leaves = more
         owner, loads = builder.merge(leaves, m)
     by_text = builder.by_text(root, m)
-    if by_text is not None and len(by_text) == m:
-        text_owner = list(range(m))
-        if builder.total_load(by_text, text_owner) < builder.total_load(leaves, owner):
-            leaves, owner = by_text, text_owner
+    if by_text is not None and builder.text_is_better(by_text, leaves, owner):
+        return text_partitioning(sample, costs, m, settings.model)
     return _as_partitioning(size, leaves, owner)
 
 

@@ -208,9 +208,9 @@ def test_the_summaries_key_array_follows_keys_appearing_and_leaving():
     assert sorted(summaries.key_array().to_pylist()) == ["ramen", "sushi"]
 
 
-def _q_lines(seed, subscriptions, side, pool, objects=3000, keyed=0.3):
+def _q_lines(seed, subscriptions, side, pool, objects=3000, keyed=0.3, keys=1):
     """Subscriptions anywhere, of one keyword of ``pool`` and sides ``side``; objects of common words, a share
-    ``keyed`` of them also with one keyword of ``pool``."""
+    ``keyed`` of them also with ``keys`` keywords of ``pool``."""
     rng = np.random.default_rng(seed)
     lines = []
     for j in range(subscriptions):
@@ -218,35 +218,43 @@ def _q_lines(seed, subscriptions, side, pool, objects=3000, keyed=0.3):
         lines.append(json.dumps({"type": "subscribe", "id": f"s{j}", "kind": "range",
                                  "rect": [x, y, x + side, y + side], "keywords": [str(rng.choice(pool))]}))  # fmt: skip
     for k in range(objects):
-        terms = set(rng.choice(WORDS, size=3).tolist()) | ({str(rng.choice(pool))} if rng.random() < keyed else set())
+        terms = set(rng.choice(WORDS, size=3).tolist())
+        if rng.random() < keyed:
+            terms |= set(rng.choice(pool, size=keys).tolist())
         lines.append(json.dumps({"type": "object", "id": f"o{k}", "x": rng.uniform(0, 100),
                                  "y": rng.uniform(0, 100), "terms": sorted(terms)}))  # fmt: skip
     return lines
 
 
-def test_kdt_cuts_the_whole_space_by_text_when_its_many_small_nodes_would_file_large_ranges_everywhere():
+def test_kdt_takes_the_text_partitioning_when_its_many_small_nodes_would_file_large_ranges_everywhere(monkeypatch):
     """Selective keywords over large ranges everywhere (PS2Stream's Q2), and a phase one that ends with more N_t
-    nodes than evaluators: none would be cut by text, so the kd^t-tree takes the root cut by text, whose total load
-    (Definition 1) is lower; where ranges are small and keywords frequent (Q1) it keeps its space partitioning."""
+    nodes than evaluators: none would be cut by text, so the kd^t-tree gives way to the text partitioning, whose
+    total load (Definition 1) is lower and largest load no higher; where ranges are small and objects carry many
+    keys (Q1) cutting by text loads more, and it keeps its space partitioning."""
     from skpub.router import kdt
 
+    decided = []
+    real = kdt._Builder.text_is_better
+    monkeypatch.setattr(kdt._Builder, "text_is_better", lambda *a: decided.append(real(*a)) or decided[-1])
     grid = FineGrid(SPACE, 50)
-    keyed = KeyedSample.of(
+    costs = np.ones((50, 50))
+    settings = KdtSettings(delta=0.9, epsilon=0.0, min_objects=50)
+
+    q2 = KeyedSample.of(
         parse_sample(_q_lines(4, 2000, 45.0, [f"w{i}" for i in range(200)]), grid, Vocabulary(), 1 << 20)
     )
-    settings = KdtSettings(delta=0.9, epsilon=0.0, min_objects=50)
-    builder = kdt._Builder(keyed, settings)
-    everything = (np.arange(len(keyed.keys)), np.arange(len(keyed.sub_keys)))
-    root = builder.region((0, 0, 49, 49), *everything)
+    builder = kdt._Builder(q2, settings)
+    root = builder.region((0, 0, 49, 49), np.arange(len(q2.keys)), np.arange(len(q2.sub_keys)))
     nodes = builder.phase_one(root)
     assert len(nodes) >= 8  # the case: every node one leaf, none cut by text
-    space_only = builder.merge(nodes, 8)[0]
-    by_text = builder.by_text(root, 8)
-    assert builder.total_load(by_text, list(range(8))) < builder.total_load(nodes, space_only)
-    part = kdt_partitioning(keyed, np.ones((50, 50)), 8, settings)
-    assert part.boxes.tolist() == [[0, 0, 49, 49]] and part.texts[0] is not None
-    assert set(part.texts[0].evaluators) == set(range(8))
+    by_text, space = builder.by_text(root, 8), builder.merge(nodes, 8)[0]
+    assert sum(builder.evaluator_loads(by_text, list(range(8)))) < sum(builder.evaluator_loads(nodes, space))
+    part, alone = kdt_partitioning(q2, costs, 8, settings), text_partitioning(q2, costs, 8)
+    assert decided == [True]
+    assert part.boxes.tolist() == alone.boxes.tolist() and part.owners.tolist() == alone.owners.tolist()
+    assert part.texts == alone.texts and part.text_cells.all()
 
-    keyed = KeyedSample.of(parse_sample(_q_lines(4, 2000, 0.5, ["a", "b"], keyed=1.0), grid, Vocabulary(), 1 << 20))
-    part = kdt_partitioning(keyed, np.ones((50, 50)), 8, settings)
+    lines = _q_lines(4, 2000, 0.5, [f"k{i}" for i in range(12)], keyed=1.0, keys=6)
+    part = kdt_partitioning(KeyedSample.of(parse_sample(lines, grid, Vocabulary(), 1 << 20)), costs, 8, settings)
+    assert decided == [True, False]
     assert all(t is None for t in part.texts) and part.count == 8

@@ -124,28 +124,46 @@ def test_a_host_serves_until_the_process_it_watches_ends(tmp_path, monkeypatch):
 
 
 def test_a_host_socket_appears_under_its_name_only_once_it_listens(tmp_path, monkeypatch):
-    """A client that finds the socket is never refused (it would start a second host): bind and listen, then rename."""
+    """A client that finds the socket is never refused (it would start a second host): bind and listen, then link."""
     monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(host, "IDLE_SECONDS", 2.0)
     path = host.HostAddress("e5", os.getpid(), "skpub.evaluators.host").socket_path
     staging = path.with_suffix(".bind")
     staging.write_text("left by a host killed between its bind and its rename")
-    renames = []
-    replace = os.replace
+    links = []
+    link = os.link
 
-    def probing_replace(src, dst) -> None:  # noqa: ANN001
+    def probing_link(src, dst) -> None:  # noqa: ANN001
         if str(dst) == str(path):
             assert not path.exists()
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
                 probe.connect(str(src))  # refused (ConnectionRefusedError) if not listening yet
-            renames.append(src)
-        replace(src, dst)
+            links.append(src)
+        link(src, dst)
 
-    monkeypatch.setattr(host.os, "replace", probing_replace)
+    monkeypatch.setattr(host.os, "link", probing_link)
     thread = _serving(path, os.getpid(), lambda conn: None)
     thread.join(timeout=10)
-    assert renames == [staging]
+    assert links == [staging]
     assert not staging.exists() and not path.exists()  # the host removed its socket when it ended
+
+
+def test_a_host_never_takes_the_place_of_one_serving(tmp_path, monkeypatch):
+    """A second host of the same role, started while one serves (a start that came late), leaves at once."""
+    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(host, "IDLE_SECONDS", 2.0)
+    path = host.HostAddress("e5", os.getpid(), "skpub.evaluators.host").socket_path
+    served = []
+    first = _serving(path, os.getpid(), lambda conn: served.append("first"))
+    inode = path.stat().st_ino
+    second = threading.Thread(target=host.serve, args=(path, os.getpid(), lambda conn: served.append("second")))
+    second.start()
+    second.join(timeout=10)
+    assert not second.is_alive() and path.stat().st_ino == inode and not path.with_suffix(".bind").exists()
+    with host.exchange(host.HostAddress("e5", os.getpid(), "skpub.evaluators.host")):
+        pass
+    first.join(timeout=10)
+    assert served == ["first"]
 
 
 def test_a_host_that_cannot_start_turns_hosts_off_in_that_worker(tmp_path, monkeypatch):

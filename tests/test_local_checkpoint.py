@@ -77,7 +77,8 @@ def test_a_damaged_or_foreign_checkpoint_is_refused_not_run(tmp_path):
     assert list(local_checkpoint.checkpoints(tmp_path / "ckpt")) == [0]
 
 
-def test_a_save_removes_what_killed_saves_left_and_nothing_else(tmp_path):
+def test_a_save_removes_what_killed_saves_left_and_nothing_else(tmp_path, monkeypatch):
+    """Even when the disk refuses the save itself (which those leftovers may have filled)."""
     dep = deployment(evaluators=2, batch_size=10)
     lines = [line.encode() for line in random_workload(seed=1, n=40)]
     pipeline = LocalPipeline.new(tmp_path, dep, Vocabulary(), lines)
@@ -89,7 +90,11 @@ def test_a_save_removes_what_killed_saves_left_and_nothing_else(tmp_path):
     foreign = [folder / ".checkpoint-00000002.skpub.tmp", folder / "checkpoint-3.skpub.old.tmp", folder / "notes.tmp"]
     for path in [*killed, later, *foreign]:
         path.write_text("x")
+    with monkeypatch.context() as patched:
+        patched.setattr(local_checkpoint, "atomic_write_bytes", lambda *a: (_ for _ in ()).throw(OSError(28, "full")))
+        with pytest.raises(OSError):
+            local_checkpoint.save(pipeline, folder, 3)
+    assert not any(p.exists() for p in killed) and list(local_checkpoint.checkpoints(folder)) == []
     local_checkpoint.save(pipeline, folder, 3)
-    assert not any(p.exists() for p in killed)
     assert later.exists() and all(p.exists() for p in foreign)
     assert list(local_checkpoint.checkpoints(folder)) == [3]

@@ -8,7 +8,7 @@ import pytest
 from skpub.app.engines.local import run_local
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.config import BalancerConfig, Window
-from skpub.kernel.parts import read_stream
+from skpub.kernel.parts import PART_RE, read_stream
 from tests.workloads import assert_outputs_equal_oracle, deployment, random_workload, ranked_workload, write_lines
 
 WINDOWS = [Window(), Window("count", 60), Window("seconds", 25.0), Window("count", 7)]
@@ -28,7 +28,7 @@ def per_batch(out, stream="deliveries"):
     """Each batch's lines of ``stream``, as a multiset (writers and order within a batch set aside)."""
     batches = defaultdict(Counter)
     for part in (out / stream).glob("part-*.jsonl"):
-        batch = int(part.name.split("-")[1].split(".")[0])
+        batch = int(PART_RE.fullmatch(part.name)["batch"])
         batches[batch].update(line for line in part.read_text().splitlines() if line)
     return dict(batches)
 

@@ -126,9 +126,9 @@ class DaemonMetrics:
     trigger, ingest-to-delivery latency (from a request's acknowledgement to
     the commit of the batch that holds its last line), HTTP requests and
     their durations per route, the process's memory and CPU, and its
-    garbage collections per generation (``python_gc_collections_total``:
-    generation 2 counts the timed full collections, see
-    :class:`~skpub.kernel.runtime.FullCollections`).
+    garbage collections per generation (``python_gc_collections_total``;
+    generation 2 counts the full ones, the timed ones of
+    :class:`~skpub.kernel.runtime.FullCollections` among them).
     """
 
     def __init__(self, metrics: Metrics, daemon: Daemon) -> None:

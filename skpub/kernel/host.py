@@ -325,7 +325,7 @@ def _stop(sock: socket.socket, path: Path, inode: int, module: str) -> bool:
 
 
 def _sweep(directory: Path) -> None:
-    """Remove the files of hosts whose JVM is gone (named ``<jvm pid>-<role>.sock[.lock|.log]``)."""
+    """Remove the files of hosts whose JVM is gone (named ``<jvm pid>-<role>.sock[.lock|.log]`` or ``.bind``)."""
     for entry in directory.iterdir():
         pid = entry.name.split("-", 1)[0]
         if not pid.isdigit():
@@ -382,9 +382,11 @@ def serve(path: Path, watch: int, handle) -> None:  # noqa: ANN001
     task that would stop it may be gone, and the next tasks would only
     wait behind it.
 
-    The socket is bound and listening under a staging name and then renamed
+    The socket is bound and listening under a staging name and then linked
     to ``path``: a client that finds ``path`` finds a host that listens (a
-    refused connection there means the host is gone, not starting).
+    refused connection there means the host is gone, not starting). If a
+    socket is at ``path`` already, another host serves there, and this one
+    returns at once.
     """
     staging = path.with_suffix(".bind")  # as long as the path, and swept like it when the JVM is gone
     with contextlib.suppress(FileNotFoundError):
@@ -394,7 +396,13 @@ def serve(path: Path, watch: int, handle) -> None:  # noqa: ANN001
     os.chmod(staging, 0o600)
     bound = staging.stat().st_ino
     listener.listen(4)
-    os.replace(staging, path)  # the socket appears where clients look only once it listens
+    try:
+        os.link(staging, path)  # the socket appears where clients look only once it listens, and never over another
+    except FileExistsError:  # a host started since serves there (the starter removes a stale socket first)
+        listener.close()
+        staging.unlink()
+        return
+    staging.unlink()
     listener.settimeout(1.0)
     last = time.monotonic()
     try:

@@ -31,7 +31,6 @@ and renamed (:func:`~skpub.kernel.storage.atomic_write_bytes`).
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import orjson
@@ -42,7 +41,7 @@ from skpub.evaluators.merge import RankedMerge, apply_changes, results_json
 from skpub.evaluators.state import EvaluatorState, evaluator_from_state, evaluator_state
 from skpub.kernel.config import Deployment
 from skpub.kernel.errors import CheckpointError
-from skpub.kernel.storage import BATCH, atomic_write_bytes
+from skpub.kernel.storage import BATCH, atomic_write_bytes, own_files
 from skpub.kernel.text import Vocabulary
 from skpub.kernel.transfer import Handoff, TransferPlan
 from skpub.router.dispatch import Router
@@ -53,19 +52,18 @@ FORMAT = 1
 """Version of the checkpoint file; another version is never loaded."""
 KEEP = 2
 """Checkpoints kept: the newest and the one before (should the newest be unreadable)."""
-NAME = re.compile(rf"checkpoint-({BATCH})\.skpub", re.ASCII)
-TEMPORARY = re.compile(rf"\.checkpoint-({BATCH})\.skpub\.[A-Za-z0-9_]+\.tmp", re.ASCII)
-"""A checkpoint being written (:func:`~skpub.kernel.storage.atomic_write_bytes`), or left by a save killed mid-write."""
+NAME = own_files(rf"checkpoint-(?P<batch>{BATCH})\.skpub")
+"""A checkpoint's name, or (group ``temporary`` set) its name while written, or left by a save killed mid-write."""
 
 
 def save(pipeline: LocalPipeline, directory: Path, batch_id: int) -> Path:
     """Write ``pipeline`` as after micro-batch ``batch_id`` to ``directory``; keep the newest :data:`KEEP`.
 
     Returns the file written. Raises ``OSError`` when the disk refuses
-    (nothing is left under the checkpoint's name then). The temporary
-    files of saves killed mid-write, of this batch or earlier ones
-    (:data:`TEMPORARY`; one process saves to a directory), are removed:
-    each is as large as a checkpoint.
+    (nothing is left under the checkpoint's name then). First the
+    temporary files of saves killed mid-write (:data:`NAME`; one process
+    saves to a directory) are removed: each is as large as a checkpoint,
+    and a disk they filled would refuse every save after.
     """
     parts: list[tuple[str, list[bytes | memoryview]]] = [
         ("epoch", [orjson.dumps(pipeline.epoch.to_json())]),
@@ -84,12 +82,12 @@ def save(pipeline: LocalPipeline, directory: Path, batch_id: int) -> Path:
     sizes = [[name, sum(memoryview(b).nbytes for b in buffers)] for name, buffers in parts]
     header = {"format": FORMAT, "batch": batch_id, "parts": sizes}
     path = directory / f"checkpoint-{batch_id:08d}.skpub"
+    for entry in directory.iterdir() if directory.is_dir() else ():
+        if (m := NAME.fullmatch(entry.name)) and m["temporary"] and int(m["batch"]) <= batch_id and entry.is_file():
+            entry.unlink(missing_ok=True)
     atomic_write_bytes(path, [orjson.dumps(header) + b"\n", *(data for _, buffers in parts for data in buffers)])
     for old in sorted(checkpoints(directory))[:-KEEP]:
         checkpoints(directory)[old].unlink(missing_ok=True)
-    for entry in directory.iterdir():
-        if (m := TEMPORARY.fullmatch(entry.name)) and int(m.group(1)) <= batch_id and entry.is_file():
-            entry.unlink(missing_ok=True)
     return path
 
 
@@ -97,7 +95,8 @@ def checkpoints(directory: Path) -> dict[int, Path]:
     """Return the checkpoint files in ``directory`` by batch (skpub's names only)."""
     if not directory.is_dir():
         return {}
-    return {int(m.group(1)): p for p in directory.iterdir() if (m := NAME.fullmatch(p.name)) and p.is_file()}
+    named = ((NAME.fullmatch(p.name), p) for p in directory.iterdir())
+    return {int(m["batch"]): p for m, p in named if m and not m["temporary"] and p.is_file()}
 
 
 def load(path: Path, root: Path, deployment: Deployment, vocabulary: Vocabulary) -> tuple[LocalPipeline, int]:
