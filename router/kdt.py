@@ -21,14 +21,17 @@ subscriptions share. The kd^t-tree picks per region (Figure 2):
    the largest load is more than ``sigma`` times the smallest and there are
    fewer than ``theta`` leaves, the heaviest leaf is cut in two and the merge
    redone.
-4. **The hybrid never loses to text alone** (ours): the result gives way to
+4. **Text alone where it loads less** (ours): the result gives way to
    the metric-based text partitioning (:mod:`skpub.router.textpart`, the
    ``text`` router: the same ``m`` key groups over the whole space, its
    primaries spread by space) when the whole space cut by text into ``m``
    groups has a lower total load (every evaluator's Definition 1, each
    object and subscription it handles counted once) and a largest load no
    higher: the choice PartitionNode makes for a node, made once more for
-   the root. On a small sample, phase one's
+   the root. A result that is itself the whole space cut by text (phase
+   one stopped at the root) is laid out the same way
+   (:func:`~skpub.router.textpart.spread_by_space`), so that the window
+   objects do not all go to one primary. On a small sample, phase one's
    similarities fall as nodes shrink, so a region whose ranges are large
    and keywords selective (PS2Stream's Q2) can end as many small N_t nodes;
    with as many nodes as evaluators, none is cut by text, and the result is
@@ -55,7 +58,7 @@ from skpub.router.gridt import TermTable
 from skpub.router.kdtree import kdtree_partitioning, median_cut
 from skpub.router.partitioning import Partitioning
 from skpub.router.sample import KeyedSample
-from skpub.router.textpart import text_partitioning
+from skpub.router.textpart import spread_by_space, text_partitioning
 from skpub.router.workload import LoadModel, cosine, group_terms, space_load, term_weights
 
 
@@ -321,8 +324,9 @@ def kdt_partitioning(
         sample there is no text to weigh, and the kd-tree baseline's
         partitioning is returned; so it is when the regions and their keys
         cannot make ``m`` parts. The ``text`` router's partitioning
-        instead when the whole space cut by text loads less (step 4 of the
-        module's docstring). Cost O(nodes x m x sample) for the program,
+        instead when the whole space cut by text loads less in total and
+        no more at its most loaded evaluator (step 4 of the module's
+        docstring). Cost O(nodes x m x sample) for the program,
         plus O(theta m x sample) for the balance loop and the comparison.
     """
     settings = settings or KdtSettings()
@@ -349,7 +353,10 @@ def kdt_partitioning(
     by_text = builder.by_text(root, m)
     if by_text is not None and builder.text_is_better(by_text, leaves, owner):
         return text_partitioning(sample, costs, m, settings.model)
-    return _as_partitioning(size, leaves, owner)
+    part = _as_partitioning(size, leaves, owner)
+    if len(part.boxes) == 1 and part.texts[0] is not None and len(part.texts[0].evaluators) == m:
+        return spread_by_space(costs, m, dict(part.texts[0].assigned))
+    return part
 
 
 def _as_partitioning(size: int, leaves: list[Leaf], owner: list[int]) -> Partitioning:

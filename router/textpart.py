@@ -44,12 +44,24 @@ def text_partitioning(sample: KeyedSample, costs: np.ndarray, n: int, model: Loa
         owner in :func:`~skpub.router.partitioning.cost_partitioning`; one
         plain rectangle when ``n == 1``. O(sample terms + keys log keys).
     """
-    space = cost_partitioning(costs, n)
     if n == 1:
-        return space
+        return cost_partitioning(costs, n)
     model = model or LoadModel()
     o, q = sample.term_counts(np.arange(len(sample.keys)), np.arange(len(sample.sub_keys)))
     groups = group_terms(term_weights(model, o, q), n)
-    assigned = {t: g for g, terms in enumerate(groups) for t in terms}
+    return spread_by_space(costs, n, {t: g for g, terms in enumerate(groups) for t in terms})
+
+
+def spread_by_space(costs: np.ndarray, n: int, assigned: dict[str, int]) -> Partitioning:
+    """Return every cell text-partitioned by ``assigned`` over ``n`` evaluators, the primaries spread by space.
+
+    The rectangles are :func:`~skpub.router.partitioning.cost_partitioning`'s
+    over ``costs`` (shape (size, size), float64); rectangle ``i``'s term
+    table has the same assignment (term -> evaluator, values in
+    ``range(n)``) and its owner as primary, so the objects a window store
+    needs spread over the evaluators by space instead of all going to one.
+    O(size^2 + n^2).
+    """
+    space = cost_partitioning(costs, n)
     texts = tuple(TermTable(tuple((owner + j) % n for j in range(n)), assigned) for owner in space.owners.tolist())
     return Partitioning(space.size, space.boxes, space.owners, texts)

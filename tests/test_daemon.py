@@ -834,9 +834,11 @@ def test_a_local_daemon_collects_in_full_after_its_batches_and_while_idle_and_ex
     try:
         daemon.post([line.encode() for line in random_workload(seed=3, n=90)])
         deadline = time.monotonic() + 120
-        while not (daemon.ready and timing["observed"] == daemon._ends.count) and time.monotonic() < deadline:
-            daemon.stopping.wait(0.01)  # until every batch journaled has run
-        assert daemon.failure is None and daemon.ready
+        while daemon.failure is None and time.monotonic() < deadline:  # until every batch journaled has run
+            if daemon.ready and timing["observed"] == daemon._ends.count:
+                break
+            daemon.stopping.wait(0.01)
+        assert daemon.failure is None and daemon.ready and timing["observed"] == daemon._ends.count
         batches, seen = timing["observed"], len(calls)
         deadline = time.monotonic() + 60
         while len(calls) < seen + 3 and time.monotonic() < deadline:

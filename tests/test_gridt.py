@@ -208,19 +208,23 @@ def test_the_summaries_key_array_follows_keys_appearing_and_leaving():
     assert sorted(summaries.key_array().to_pylist()) == ["ramen", "sushi"]
 
 
-def _q_lines(seed, subscriptions, side, pool, objects=3000, keyed=0.3, keys=1):
-    """Subscriptions anywhere, of one keyword of ``pool`` and sides ``side``; objects of common words, a share
-    ``keyed`` of them also with ``keys`` keywords of ``pool``."""
+def _q_lines(seed, subscriptions, side, pool, objects=3000, keyed=0.3, keys=1, hot=0.0):
+    """Subscriptions anywhere, of one keyword of ``pool`` (or, a share ``hot`` of them, of ``hot``) and sides
+    ``side``; objects of common words, a share ``keyed`` of them also with ``keys`` keywords of ``pool``, and a
+    share ``hot`` with ``hot``."""
     rng = np.random.default_rng(seed)
     lines = []
     for j in range(subscriptions):
         x, y = rng.uniform(0, 100 - side), rng.uniform(0, 100 - side)
         lines.append(json.dumps({"type": "subscribe", "id": f"s{j}", "kind": "range",
-                                 "rect": [x, y, x + side, y + side], "keywords": [str(rng.choice(pool))]}))  # fmt: skip
+                                 "rect": [x, y, x + side, y + side],
+                                 "keywords": ["hot" if rng.random() < hot else str(rng.choice(pool))]}))  # fmt: skip
     for k in range(objects):
         terms = set(rng.choice(WORDS, size=3).tolist())
         if rng.random() < keyed:
             terms |= set(rng.choice(pool, size=keys).tolist())
+        if rng.random() < hot:
+            terms.add("hot")
         lines.append(json.dumps({"type": "object", "id": f"o{k}", "x": rng.uniform(0, 100),
                                  "y": rng.uniform(0, 100), "terms": sorted(terms)}))  # fmt: skip
     return lines
@@ -258,3 +262,30 @@ def test_kdt_takes_the_text_partitioning_when_its_many_small_nodes_would_file_la
     part = kdt_partitioning(KeyedSample.of(parse_sample(lines, grid, Vocabulary(), 1 << 20)), costs, 8, settings)
     assert decided == [True, False]
     assert all(t is None for t in part.texts) and part.count == 8
+
+    # phase one stops at the root, which PartitionNode cuts by text: the hybrid is the text cut (a tie, so it
+    # stays), laid out as the text router lays it out, its primaries spread by space
+    lines = _q_lines(4, 2000, 45.0, [f"w{i}" for i in range(200)], hot=0.1)
+    part = kdt_partitioning(KeyedSample.of(parse_sample(lines, grid, Vocabulary(), 1 << 20)), costs, 8, settings)
+    assert decided == [True, False, False]
+    assert len(part.boxes) == 8 and part.text_cells.all() and {t.primary for t in part.texts} == set(range(8))
+    assert all(t.assigned == part.texts[0].assigned for t in part.texts) and part.texts[0].assigned
+
+
+def test_the_text_cut_wins_only_with_less_in_total_and_no_more_at_the_most_loaded_evaluator():
+    """kd^t-tree step 4: a lower total that loads one evaluator more, or one lower only by rounding, loses."""
+    from skpub.router import kdt
+
+    lines = _q_lines(1, 10, 5.0, ["w"], objects=10)
+    keyed = KeyedSample.of(parse_sample(lines, FineGrid(SPACE, 50), Vocabulary(), 1 << 20))
+    builder = kdt._Builder(keyed, KdtSettings())
+    none = np.array([], dtype=np.int64)
+
+    def leaves(*loads):  # leaves of pairs only: their load is what they add to their evaluator's
+        return [kdt.Leaf((0, 0, 0, 0), none, none, load) for load in loads]
+
+    hybrid = leaves(10.0, 10.0)
+    assert builder.text_is_better(leaves(9.0, 9.0), hybrid, [0, 1])
+    assert not builder.text_is_better(leaves(18.0, 1.0), hybrid, [0, 1])  # 19 < 20, but 18 > 10
+    assert not builder.text_is_better(leaves(10.0, 10.0 - 1e-12), hybrid, [0, 1])  # rounding
+    assert builder.evaluator_loads(leaves(3.0, 4.0, 5.0), [1, 0, 1]) == [4.0, 8.0]

@@ -152,6 +152,9 @@ def test_a_host_never_takes_the_place_of_one_serving(tmp_path, monkeypatch):
     """A second host of the same role, started while one serves (a start that came late), leaves at once."""
     monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(host, "IDLE_SECONDS", 2.0)
+    monkeypatch.setattr(host, "_FAILED_START", {})
+    monkeypatch.setattr(host, "_STARTED", [])
+    monkeypatch.setattr(host.sys, "executable", "/bin/false")  # no real host starts if the first one is missed
     path = host.HostAddress("e5", os.getpid(), "skpub.evaluators.host").socket_path
     served = []
     first = _serving(path, os.getpid(), lambda conn: served.append("first"))

@@ -84,7 +84,7 @@ def test_a_save_removes_what_killed_saves_left_and_nothing_else(tmp_path, monkey
     pipeline = LocalPipeline.new(tmp_path, dep, Vocabulary(), lines)
     pipeline.step(0, lines[:10], capture([]))
     folder = tmp_path / "ckpt"
-    folder.mkdir()
+    local_checkpoint.save(pipeline, folder, 2)  # a real checkpoint of an earlier batch: never swept
     killed = [folder / ".checkpoint-00000002.skpub.k1ll_3d.tmp", folder / ".checkpoint-00000003.skpub.abc.tmp"]
     later = folder / ".checkpoint-00000004.skpub.x9.tmp"  # a newer batch's: not this save's to judge
     foreign = [folder / ".checkpoint-00000002.skpub.tmp", folder / "checkpoint-3.skpub.old.tmp", folder / "notes.tmp"]
@@ -94,7 +94,7 @@ def test_a_save_removes_what_killed_saves_left_and_nothing_else(tmp_path, monkey
         patched.setattr(local_checkpoint, "atomic_write_bytes", lambda *a: (_ for _ in ()).throw(OSError(28, "full")))
         with pytest.raises(OSError):
             local_checkpoint.save(pipeline, folder, 3)
-    assert not any(p.exists() for p in killed) and list(local_checkpoint.checkpoints(folder)) == []
+    assert not any(p.exists() for p in killed) and list(local_checkpoint.checkpoints(folder)) == [2]
     local_checkpoint.save(pipeline, folder, 3)
     assert later.exists() and all(p.exists() for p in foreign)
-    assert list(local_checkpoint.checkpoints(folder)) == [3]
+    assert sorted(local_checkpoint.checkpoints(folder)) == [2, 3]

@@ -390,7 +390,7 @@ def serve(path: Path, watch: int, handle) -> None:  # noqa: ANN001
     """
     staging = path.with_suffix(".bind")  # as long as the path, and swept like it when the JVM is gone
     with contextlib.suppress(FileNotFoundError):
-        staging.unlink()  # left by a host killed between its bind and its rename
+        staging.unlink()  # left by a host killed between its bind and its link
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(staging))
     os.chmod(staging, 0o600)
@@ -400,9 +400,10 @@ def serve(path: Path, watch: int, handle) -> None:  # noqa: ANN001
         os.link(staging, path)  # the socket appears where clients look only once it listens, and never over another
     except FileExistsError:  # a host started since serves there (the starter removes a stale socket first)
         listener.close()
-        staging.unlink()
         return
-    staging.unlink()
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            staging.unlink()
     listener.settimeout(1.0)
     last = time.monotonic()
     try:

@@ -38,9 +38,9 @@ def own_files(pattern: str) -> re.Pattern[str]:
     ``.<name>.<random>.tmp`` as :func:`atomic_write_bytes` leaves it when a
     run is killed mid-write. ``pattern`` appears once in the regex, so its
     named groups (such as ``(?P<batch>...)``) are found in either; the group
-    ``temporary`` (group 1: the pattern's own positional groups start at 2)
-    is set in a temporary name only. Digits are ASCII digits only
-    (``re.ASCII``).
+    ``temporary`` (group 1: the pattern's own positional groups start at 2;
+    a pattern must not name a group ``temporary``) is set in a temporary
+    name only. Digits are ASCII digits only (``re.ASCII``).
     """
     return re.compile(rf"(?P<temporary>\.)?(?:{pattern})(?(temporary)\.[A-Za-z0-9_]+\.tmp)", re.ASCII)
 

@@ -62,8 +62,10 @@ def save(pipeline: LocalPipeline, directory: Path, batch_id: int) -> Path:
     Returns the file written. Raises ``OSError`` when the disk refuses
     (nothing is left under the checkpoint's name then). First the
     temporary files of saves killed mid-write (:data:`NAME`; one process
-    saves to a directory) are removed: each is as large as a checkpoint,
-    and a disk they filled would refuse every save after.
+    saves to a directory) of this batch or earlier are removed: each is as
+    large as a checkpoint, and a disk they filled would refuse every save
+    after (a later batch's is not this save's to judge, though saves come
+    at committed batches, which never go back).
     """
     parts: list[tuple[str, list[bytes | memoryview]]] = [
         ("epoch", [orjson.dumps(pipeline.epoch.to_json())]),
