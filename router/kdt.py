@@ -58,7 +58,7 @@ from skpub.router.gridt import TermTable
 from skpub.router.kdtree import kdtree_partitioning, median_cut
 from skpub.router.partitioning import Partitioning
 from skpub.router.sample import KeyedSample
-from skpub.router.textpart import spread_by_space, text_partitioning
+from skpub.router.textpart import spread_by_space
 from skpub.router.workload import LoadModel, cosine, group_terms, space_load, term_weights
 
 
@@ -352,10 +352,10 @@ def kdt_partitioning(
         owner, loads = builder.merge(leaves, m)
     by_text = builder.by_text(root, m)
     if by_text is not None and builder.text_is_better(by_text, leaves, owner):
-        return text_partitioning(sample, costs, m, settings.model)
+        leaves, owner = by_text, list(range(m))
     part = _as_partitioning(size, leaves, owner)
     if len(part.boxes) == 1 and part.texts[0] is not None and len(part.texts[0].evaluators) == m:
-        return spread_by_space(costs, m, dict(part.texts[0].assigned))
+        return spread_by_space(costs, m, dict(part.texts[0].assigned))  # the whole space cut by text, as `text` lays it
     return part
 
 
