@@ -28,7 +28,7 @@ from skpub.evaluators.monitor import RankedMonitor
 from skpub.evaluators.stats import CellCostStats
 from skpub.evaluators.window import block_of
 from skpub.kernel.config import Deployment
-from skpub.kernel.grid import CellBox
+from skpub.kernel.grid import CellBox, union_boxes
 from skpub.kernel.load import LoadSummary, grid_t_block
 from skpub.kernel.messages import Delivery, Mark, RankedUpdate, Routed
 from skpub.kernel.records import (
@@ -154,10 +154,6 @@ class Evaluator:
         self.dirty.add(key)
         self.index.insert(sub, box)
         self.load.add_subscription(sub.id, box)
-
-    def _drop(self, sub_id: str) -> tuple[RangeSubscription, CellBox]:
-        """Remove a range subscription now (index entries included) and return it with its box."""
-        return self._drop_many([sub_id])[0]
 
     def _drop_many(self, ids: Iterable[str]) -> list[tuple[RangeSubscription, CellBox]]:
         """Remove range subscriptions ``ids`` now, their index entries in one pass (:meth:`GI2Index.remove_many`).
@@ -293,11 +289,24 @@ class Evaluator:
             self.set_partition(list(rectangles))
 
     def import_subscriptions(self, parts: Iterable[tuple[RangeSubscription, CellBox]]) -> None:
-        """Index range subscriptions brought by a move; one already held is re-indexed over the union box."""
+        """Index range subscriptions brought by a move; one already held is re-indexed over the union box.
+
+        The ones held already leave the index in one pass
+        (:meth:`_drop_many`), so a move along a border, whose subscriptions
+        the target mostly holds, costs O(parts + the lists they are in), not
+        one rebuild of those lists per part. ``parts`` may name a
+        subscription more than once (its boxes are joined).
+        """
+        boxes: dict[str, tuple[RangeSubscription, CellBox]] = {}
         for sub, box in parts:
-            if sub.id in self.home:
-                _, old = self._drop(sub.id)
-                box = (min(old[0], box[0]), min(old[1], box[1]), max(old[2], box[2]), max(old[3], box[3]))
+            if sub.id in boxes:
+                box = union_boxes(boxes[sub.id][1], box)
+            boxes[sub.id] = (sub, box)
+        held = [sid for sid in boxes if sid in self.home]
+        for old_sub, old in self._drop_many(held) if held else ():
+            sub, box = boxes[old_sub.id]
+            boxes[old_sub.id] = (sub, union_boxes(old, box))
+        for sub, box in boxes.values():
             self._insert(sub, box)
 
     def _outside(self, ids: Iterable[str], rectangles: Iterable[CellBox]) -> list[str]:

@@ -23,7 +23,7 @@ objects far from them never examine them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from skpub.kernel.grid import CellBox
 from skpub.kernel.records import ObjectRecord, RangeSubscription
@@ -60,11 +60,11 @@ class GI2Index:
         """Return the number of live subscriptions."""
         return len(self.entry_counts) - len(self.deleted)
 
-    def _cell_keys(self, box: CellBox) -> Iterator[int]:
+    def _cell_keys(self, box: CellBox) -> list[int]:
+        """Return the keys of the index cells ``box`` (fine cells) meets, row by row."""
         b = self.block
-        for gy in range(box[1] // b, box[3] // b + 1):
-            for gx in range(box[0] // b, box[2] // b + 1):
-                yield gy * _ROW + gx
+        xs = range(box[0] // b, box[2] // b + 1)
+        return [gy * _ROW + gx for gy in range(box[1] // b, box[3] // b + 1) for gx in xs]
 
     def insert(self, sub: RangeSubscription, box: CellBox) -> None:
         """Index ``sub`` over the fine-cell box ``box`` (rectangle ∩ partition).
@@ -80,19 +80,19 @@ class GI2Index:
                 self.wide.setdefault(kw, []).append(entry)
             self.entry_counts[sub.id] = len(keywords)
             return
-        count = 0
-        for key in self._cell_keys(box):
-            lists = self.cells.get(key)
+        cells = self.cells
+        keys = self._cell_keys(box)
+        for key in keys:
+            lists = cells.get(key)
             if lists is None:
-                lists = self.cells[key] = {}
+                lists = cells[key] = {}
             for kw in keywords:
                 lst = lists.get(kw)
                 if lst is None:
                     lists[kw] = [entry]
                 else:
                     lst.append(entry)
-                count += 1
-        self.entry_counts[sub.id] = count
+        self.entry_counts[sub.id] = len(keys) * len(keywords)
 
     def _is_wide(self, box: CellBox, keywords: list[str] | frozenset[str]) -> bool:
         b = self.block

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from skpub.kernel.grid import CellBox, intersect_boxes
+from skpub.kernel.grid import CellBox, intersect_boxes, union_boxes
 from skpub.kernel.load import BlockLoad, LoadSummary, RectangleLoad
 
 LOAD_FORMAT = 1
@@ -340,7 +340,7 @@ class CellLoad:
         old = self._parts.get(sid)
         if old is not None:
             self.remove_subscription(sid)
-            box = (min(old[0], box[0]), min(old[1], box[1]), max(old[2], box[2]), max(old[3], box[3]))
+            box = union_boxes(old, box)
         self._parts[sid] = box
         self._count(box, 1)
 

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from skpub.kernel.geometry import Rect
-from skpub.kernel.grid import CellBox, FineGrid
+from skpub.kernel.grid import CellBox, FineGrid, union_boxes
 from skpub.router.partitioning import Partitioning
 
 
@@ -90,14 +90,9 @@ class RoutingTable(ABC):
             table = texts[i]
             for e in (owners[i],) if table is None else sorted({table.evaluator_of(k) for k in keys}):
                 seen = parts.get(e)
-                parts[e] = cells if seen is None else _union(seen, cells)
+                parts[e] = cells if seen is None else union_boxes(seen, cells)
         return list(parts.items())
 
     @abstractmethod
     def route_rects(self, box: CellBox) -> list[int]:
         """Return every rectangle (index into ``partitioning.boxes``) overlapping the inclusive cell box, once each."""
-
-
-def _union(a: CellBox, b: CellBox) -> CellBox:
-    """Return the bounding box of two cell boxes."""
-    return (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]))

@@ -348,6 +348,41 @@ def test_a_source_exports_over_each_moved_box_the_subscriptions_it_holds_there_c
         assert all(type(v) is int for _, box in parts for v in box)
 
 
+@settings(max_examples=60, deadline=None)
+@given(held=st.lists(_BOX, max_size=12), carried=st.lists(st.tuples(st.integers(0, 15), _BOX), max_size=20))
+def test_a_target_indexes_what_is_carried_over_the_union_with_what_it_holds(held, carried):
+    """A take-over's import: a subscription held already or carried twice ends indexed once, over the bounding
+    box of all its parts, exactly as an evaluator that indexed those boxes afresh (index, blocks, load counts)."""
+    from skpub.evaluators.evaluator import Evaluator
+    from skpub.kernel.geometry import Rect
+    from skpub.kernel.grid import union_boxes
+    from skpub.kernel.records import RangeSubscription
+    from skpub.kernel.text import Vocabulary, parse_expression
+
+    subs = [RangeSubscription(i, f"s{i}", Rect(0, 0, 1, 1), parse_expression("a OR b")) for i in range(16)]
+    target, fresh = (Evaluator(0, deployment(evaluators=2), Vocabulary()) for _ in range(2))
+    want: dict[int, tuple] = {}
+    for i, box in enumerate(held):
+        target._insert(subs[i], box)
+        want[i] = box
+    target.import_subscriptions([(subs[i], box) for i, box in carried])
+    for i, box in carried:
+        want[i] = union_boxes(want[i], box) if i in want else box
+    for i, box in sorted(want.items()):
+        fresh._insert(subs[i], box)
+    assert {sid: target.blocks[key][sid][1] for sid, key in target.home.items()} == {
+        f"s{i}": box for i, box in want.items()
+    }
+
+    def entries(ev: Evaluator) -> dict:
+        """Ids per index list, sorted: the import may order a list's entries otherwise."""
+        return {(k, kw): sorted(e[0] for e in lst) for k, lists in ev.index.cells.items() for kw, lst in lists.items()}
+
+    assert entries(target) == entries(fresh)
+    assert target.index.entry_counts == fresh.index.entry_counts
+    assert target.load._parts == fresh.load._parts
+
+
 def _guillotine(draw, box, depth):
     """Rectangles tiling ``box``, cut at random along random axes (at most ``depth`` cuts deep)."""
     x0, y0, x1, y1 = box

@@ -70,3 +70,8 @@ def intersect_boxes(a: CellBox, b: CellBox) -> CellBox | None:
     """Return the intersection of two inclusive cell boxes, or None if disjoint."""
     box = (max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3]))
     return box if box[0] <= box[2] and box[1] <= box[3] else None
+
+
+def union_boxes(a: CellBox, b: CellBox) -> CellBox:
+    """Return the bounding box of two inclusive cell boxes."""
+    return (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]))
