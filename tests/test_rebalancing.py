@@ -54,6 +54,8 @@ def test_range_results_equal_the_oracle_under_chaos(tmp_path, router, evaluators
         assert operations == []
     elif router == "kdt":
         assert len(operations) <= (batches // 2 if evaluators > 1 else 0)
+        # these kd^t-trees over 8 evaluators keep plain rectangles: chaos must find operations there
+        assert operations or evaluators < 8 or batch_size > 50
     else:
         assert len(operations) == (batches // 2 if evaluators > 1 else 0)
     assert all(op["transfer_batch"] == op["batch"] + 1 and op["first_batch"] == op["batch"] + 2 for op in operations)
