@@ -60,6 +60,8 @@ def test_every_shipped_scenario_parses_and_names_its_strategies():
         ({"workload": {"objects": "many"}}, "workload: Expected `int | null`"),
         ({"workload": {"seed": 1.5}}, "workload: "),
         ({"maps": list(range(20))}, "20 maps"),
+        ({"routing_units": 0}, "routing_units 0"),
+        ({"routing_units": 5000}, "routing_units 5000"),
     ],
 )
 def test_a_bad_scenario_is_refused_with_the_reason(change, message):
@@ -84,7 +86,7 @@ def test_a_scenario_name_must_be_a_safe_file_name(tmp_path):
 
 
 def _result(router, evaluators, throughput, workload):
-    batch = BatchFigures(0, 1000, 1000 / throughput, 1, workload, 1.0, 1.0, 1.0, 0, 0, 0)
+    batch = BatchFigures(0, 1000, 1000 / throughput, 0.0, 1, workload, 1.0, 1.0, 1.0, 0, 0, 0)
     return RunResult("s", Strategy(router, "off", evaluators), [batch])
 
 
@@ -106,11 +108,13 @@ def test_recommend_takes_the_fewest_evaluators_that_are_fast_enough_and_breaks_n
 
 def test_repeated_runs_take_each_batchs_median_time():
     def run(times):
-        batches = [BatchFigures(i, 10, t, 1, 5, 1.0, 1.0, 1.0, 0, 0, 3) for i, t in enumerate(times)]
-        return RunResult("s", Strategy("agrid", "off", 2), batches, {}, sum(times))
+        batches = [BatchFigures(i, 10, t, t / 4, 1, 5, 1.0, 1.0, 1.0, 0, 0, 3) for i, t in enumerate(times)]
+        return RunResult("s", Strategy("agrid", "off", 2), batches, {}, sum(times), routing_units=3)
 
     combined = median_run([run([1.0, 9.0]), run([3.0, 1.0]), run([2.0, 2.0])])
     assert [b.parallel_seconds for b in combined.batches] == [2.0, 2.0]
+    assert [b.routing_unit_seconds for b in combined.batches] == [0.5, 0.5] and combined.routing_unit_share == 0.25
+    assert combined.routing_units == 3
     assert combined.throughput == 20 / 4.0 and combined.total_workload == 10
     with pytest.raises(ValueError):
         median_run([run([1.0]), run([1.0, 2.0])])
@@ -125,14 +129,31 @@ def report(tmp_path_factory):
     scenario = root / "tiny.json"
     scenario.write_text(json.dumps(TINY))
     out = root / "report"
-    assert main(["simulate", str(scenario), "--output", str(out)]) == 0
+    assert main(["simulate", str(scenario), "--output", str(out), "--routing-units", "3"]) == 0
     return out
+
+
+def test_the_parse_is_shared_by_the_routing_units_and_the_rest_is_not():
+    from collections import Counter
+
+    from skpub.app.summary import BatchReport, parallel_seconds, routing_unit_seconds
+
+    report = BatchReport(batch_id=0)
+    report.stage_cpu = Counter({"parse": 6.0, "sequencer": 1.0, "balancer": 0.75})
+    report.evaluator_cpu = {0: 2.0, 1: 3.0}
+    report.evaluator_balancer_cpu = {0: 1.5, 1: 0.25}  # evaluator 0 is the slowest with its balancer steps
+    assert routing_unit_seconds(report, 3) == 6.0 / 3 + 1.0
+    assert parallel_seconds(report, 3) == 3.0 + 3.5 + 0.0  # the decision: balancer CPU less the evaluators' steps
+    report.stage_cpu["balancer"] = 2.0
+    assert parallel_seconds(report) == 7.0 + 3.5 + 0.25
 
 
 def test_simulate_writes_every_figure_and_routing_never_changes_results(report):
     strategies = list(csv.DictReader((report / "strategies.csv").open()))
     batches = list(csv.DictReader((report / "batches.csv").open()))
     assert len(strategies) == 20
+    assert {row["routing_units"] for row in strategies} == {"3"}
+    assert all(0 < float(row["routing_unit_share"]) < 1 for row in strategies)
     assert sum(row["recommended"] == "True" for row in strategies) == 1
     per_run = defaultdict(dict)
     for row in batches:
@@ -157,6 +178,7 @@ def test_simulate_writes_every_figure_and_routing_never_changes_results(report):
     assert (report / "tiny-maps.png").stat().st_size > 10_000
     page = (report / "index.html").read_text()
     assert page.count("data:image/png;base64,") == 2 and "Recommended:" in page
+    assert "3 routing units share the parse" in page
 
 
 def test_a_report_directory_is_never_clobbered(report, tmp_path):

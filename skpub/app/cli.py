@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--evaluators", nargs="+", type=int, help="evaluator counts (default: the scenario's)")
     sim.add_argument("--objects", type=int, help="objects per workload (default: the scenario's)")
     sim.add_argument(
+        "--routing-units", type=int, help="routing units sharing the parse stage (default: the scenario's, 1)"
+    )
+    sim.add_argument(
         "--repeat", type=int, default=1, help="runs per strategy; each batch takes their median time (default 1)"
     )
 
@@ -251,6 +254,7 @@ def _simulate(args: argparse.Namespace, argv: list[str]) -> int:
             balancers=args.balancers,
             evaluators=args.evaluators,
             objects=args.objects,
+            routing_units=args.routing_units,
         )  # fmt: skip
         for ref in (args.scenarios or shipped_scenarios())
     ]

@@ -171,14 +171,27 @@ def _csv(rows: list[dict]) -> str:
     return buffer.getvalue()
 
 
+def _routing_note(scenario: Scenario) -> str:
+    """Say how the scenario's routing units count in the simulated time."""
+    units = scenario.routing_units
+    spread = "one routing unit parses" if units == 1 else f"{units} routing units share the parse"
+    return (
+        f"Simulated with {spread} (<code>--routing-units</code>); the sequencer is serial. The routing unit "
+        "share is its part of the simulated parallel seconds: near 100%, more evaluators or a better balance "
+        "buy little."
+    )
+
+
 def _table(results: Sequence[RunResult], pick: RunResult) -> str:
-    head = ("router", "balancer", "evaluators", "objects / simulated s", "simulated parallel s", "total workload",
-            "imbalance", "replication", "shipping", "operations", "parts moved", "wall s")  # fmt: skip
+    head = ("router", "balancer", "evaluators", "objects / simulated s", "simulated parallel s",
+            "routing unit share", "total workload", "imbalance", "replication", "shipping", "operations",
+            "parts moved", "wall s")  # fmt: skip
     ordered = sorted(results, key=lambda r: (r.strategy.evaluators, -r.throughput))
     rows = []
     for r in ordered:
         cells = (r.strategy.router, r.strategy.balancer, r.strategy.evaluators, f"{r.throughput:,.0f}",
-                 f"{r.parallel_seconds:.2f}", f"{r.total_workload:,}", f"{r.imbalance:.2f}", f"{r.replication:.2f}",
+                 f"{r.parallel_seconds:.2f}", f"{r.routing_unit_share:.0%}", f"{r.total_workload:,}",
+                 f"{r.imbalance:.2f}", f"{r.replication:.2f}",
                  f"{r.shipping:.2f}", r.operations, r.parts_moved, f"{r.wall_seconds:.1f}")  # fmt: skip
         mark = ' class="pick"' if r is pick else ""
         rows.append(f"<tr{mark}>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
@@ -225,6 +238,7 @@ def write_report(root: Path, outcome: Sequence[tuple[Scenario, list[RunResult]]]
         sections.append(
             f'<section id="{html.escape(scenario.name)}"><h2>{html.escape(scenario.name)}: '
             f"{html.escape(scenario.title)}</h2><p>{html.escape(scenario.description)}</p>"
+            f"<p>{_routing_note(scenario)}</p>"
             f'<p class="pick-note">Recommended: {html.escape(pick.reason)}</p>'
             f"{_table(results, pick.result)}{''.join(images)}</section>"
         )

@@ -11,7 +11,12 @@ Tornado compare strategies by (:class:`BatchFigures`):
 
 - simulated parallel seconds (:func:`skpub.app.summary.parallel_seconds`:
   routing, the slowest evaluator, the balancer; DESIGN "Measuring load
-  honestly"), and simulated throughput = objects / parallel seconds;
+  honestly"), and simulated throughput = objects / parallel seconds. The
+  scenario's ``routing_units`` (default 1) spread the parse stage, which is
+  per line (one task per input split on Spark), as Tornado's and
+  PS2Stream's several routing units / dispatchers do; the sequencer stays
+  serial. The routing unit's share is reported beside, so a planner sees
+  whether routing or the evaluators bound the throughput;
 - imbalance max / mean of evaluator cost (Tornado Eq. 1 cost units);
 - total workload, PS2Stream's objective (Definition 2): the sum of every
   evaluator's cost, replication included;
@@ -41,7 +46,7 @@ import msgspec
 
 from skpub.app.engines.local import LocalPipeline
 from skpub.app.engines.sink import complete_report, unique_letters
-from skpub.app.summary import BatchReport, parallel_seconds
+from skpub.app.summary import BatchReport, parallel_seconds, routing_unit_seconds
 from skpub.kernel.config import BALANCER_MODES, ROUTERS, BalancerConfig, Deployment, deployment_from_json
 from skpub.kernel.errors import ConfigError
 from skpub.kernel.inputs import batches, iter_lines, take_sample
@@ -56,8 +61,9 @@ MAX_EVALUATORS = 1024
 MAX_LIVE = 1_000_000
 MAX_BATCH = 1_000_000
 MAX_MAPS = 12
+MAX_ROUTING_UNITS = 1024
 """Bounds on what a scenario file may ask for: evaluators per strategy, live subscriptions, records per batch,
-batches drawn on the map."""
+batches drawn on the map, routing units."""
 SCENARIO_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """A scenario's name (its file's stem) names its report files."""
 
@@ -73,6 +79,7 @@ class _ScenarioFile(msgspec.Struct, forbid_unknown_fields=True):
     balancers: list[str] = msgspec.field(default_factory=lambda: ["off", "adaptive"])
     evaluators: list[int] = msgspec.field(default_factory=lambda: [8])
     maps: list[int] = msgspec.field(default_factory=lambda: [0, -1])
+    routing_units: int = 1
 
 
 @dataclass(frozen=True)
@@ -80,7 +87,8 @@ class Scenario:
     """A workload and the strategies to run it with.
 
     ``maps`` are the micro-batches whose partitions the report draws
-    (negative: counted from the last, ``-1`` the last).
+    (negative: counted from the last, ``-1`` the last); ``routing_units``
+    share the parse stage (:func:`skpub.app.summary.parallel_seconds`).
     """
 
     name: str
@@ -92,6 +100,7 @@ class Scenario:
     balancers: tuple[str, ...]
     evaluators: tuple[int, ...]
     maps: tuple[int, ...]
+    routing_units: int = 1
 
     def strategies(self) -> list[Strategy]:
         """Return every (router, balancer, evaluators) combination, evaluators slowest-varying."""
@@ -142,6 +151,8 @@ def parse_scenario(name: str, data: bytes) -> Scenario:
         problems.append(f"batch_size {raw.batch_size} (1 to {MAX_BATCH})")
     if workload.live > MAX_LIVE:
         problems.append(f"workload live {workload.live} (at most {MAX_LIVE})")
+    if not 1 <= raw.routing_units <= MAX_ROUTING_UNITS:
+        problems.append(f"routing_units {raw.routing_units} (1 to {MAX_ROUTING_UNITS})")
     if len(raw.maps) > MAX_MAPS:
         problems.append(f"{len(raw.maps)} maps (at most {MAX_MAPS})")
     if not (raw.routers and raw.balancers and raw.evaluators):
@@ -154,7 +165,7 @@ def parse_scenario(name: str, data: bytes) -> Scenario:
     unique = lambda xs: tuple(dict.fromkeys(xs))  # noqa: E731 - order-keeping dedupe
     return Scenario(
         name, raw.title, raw.description, workload, raw.batch_size,
-        unique(raw.routers), unique(raw.balancers), unique(raw.evaluators), unique(raw.maps),
+        unique(raw.routers), unique(raw.balancers), unique(raw.evaluators), unique(raw.maps), raw.routing_units,
     )  # fmt: skip
 
 
@@ -162,14 +173,20 @@ def override(scenario: Scenario, **changes: object) -> Scenario:
     """Return ``scenario`` with the command line's choices; None keeps the scenario's.
 
     ``routers``, ``balancers`` and ``evaluators`` are sequences; ``objects``
-    replaces the workload's.
+    replaces the workload's, ``routing_units`` the scenario's.
 
     Raises
     ------
     ConfigError
-        If ``objects`` or an evaluator count is below 1.
+        If ``objects`` is below 1, or an evaluator count or ``routing_units``
+        is out of its range.
     """
     objects = changes.pop("objects", None)
+    units = changes.pop("routing_units", None)
+    if units is not None:
+        if not 1 <= units <= MAX_ROUTING_UNITS:
+            raise ConfigError(f"--routing-units must be 1 to {MAX_ROUTING_UNITS}")
+        scenario = dataclasses.replace(scenario, routing_units=units)
     if objects is not None:
         if objects < 1:
             raise ConfigError("--objects must be 1 or more")
@@ -215,11 +232,14 @@ class BatchFigures:
 
     Seconds are thread CPU; cost is Tornado Eq. 1 cost units (candidate
     subscriptions per object, range and ranked, plus one per record).
+    ``routing_unit_seconds`` is the routing unit's part of ``parallel_seconds``:
+    the parse spread over the scenario's routing units, and the sequencer.
     """
 
     batch: int
     objects: int
     parallel_seconds: float
+    routing_unit_seconds: float
     max_cost: int
     total_workload: int
     imbalance: float
@@ -239,6 +259,7 @@ class RunResult:
     batches: list[BatchFigures] = field(default_factory=list)
     maps: dict[int, Partitioning] = field(default_factory=dict)
     wall_seconds: float = 0.0
+    routing_units: int = 1
 
     @property
     def objects(self) -> int:
@@ -249,6 +270,12 @@ class RunResult:
     def parallel_seconds(self) -> float:
         """Simulated parallel seconds over the run."""
         return sum(b.parallel_seconds for b in self.batches)
+
+    @property
+    def routing_unit_share(self) -> float:
+        """The routing unit's share of the simulated parallel seconds over the run (0 to 1)."""
+        total = self.parallel_seconds
+        return sum(b.routing_unit_seconds for b in self.batches) / total if total else 0.0
 
     @property
     def throughput(self) -> float:
@@ -294,7 +321,7 @@ def count_outputs(batch_id, deliveries, dead_letters, statistics, report, events
     return complete_report(report, count, unique_letters(dead_letters), statistics)
 
 
-def _figures(report: BatchReport, pipeline: LocalPipeline) -> BatchFigures:
+def _figures(report: BatchReport, pipeline: LocalPipeline, routing_units: int) -> BatchFigures:
     costs = list(report.evaluator_cost.values()) or [0]
     total = sum(costs)
     parts = sum(len(ev.home) for ev in pipeline.evaluators)
@@ -303,7 +330,8 @@ def _figures(report: BatchReport, pipeline: LocalPipeline) -> BatchFigures:
     return BatchFigures(
         batch=report.batch_id,
         objects=report.objects,
-        parallel_seconds=parallel_seconds(report),
+        parallel_seconds=parallel_seconds(report, routing_units),
+        routing_unit_seconds=routing_unit_seconds(report, routing_units),
         max_cost=max(costs),
         total_workload=total,
         imbalance=max(costs) / (total / len(costs)) if total else 1.0,
@@ -343,7 +371,7 @@ def run_strategy(
     words = load_vocabulary(deployment.vocabulary)
     lines = iter_lines(stream)
     sample = take_sample(lines, deployment.sample_size)
-    result = RunResult(scenario.name, strategy)
+    result = RunResult(scenario.name, strategy, routing_units=scenario.routing_units)
     epochs: dict[int, Partitioning] = {}
     in_force: list[int] = []
     tune_gc()
@@ -354,7 +382,7 @@ def run_strategy(
             report = pipeline.step(batch_id, batch, count_outputs)
             epochs.setdefault(pipeline.epoch.number, pipeline.epoch.table.partitioning)
             in_force.append(pipeline.epoch.number)
-            result.batches.append(_figures(report, pipeline))
+            result.batches.append(_figures(report, pipeline, scenario.routing_units))
             on_batch(result.batches[-1])
     result.wall_seconds = time.perf_counter() - start
     for wanted in scenario.maps:
@@ -414,7 +442,7 @@ def recommend(results: Sequence[RunResult], enough: float = 0.9, noise: float = 
 
 
 def median_run(runs: Sequence[RunResult]) -> RunResult:
-    """Combine identical runs of one strategy: per batch the median simulated parallel seconds.
+    """Combine identical runs of one strategy: per batch the median simulated parallel and routing seconds.
 
     Everything but CPU timing is the same in every run (the engine is
     deterministic), so the other figures are the first run's.
@@ -430,11 +458,15 @@ def median_run(runs: Sequence[RunResult]) -> RunResult:
     if any(len(r.batches) != len(first.batches) for r in runs):
         raise ValueError("runs of one strategy differ in their batches")
     batches = [
-        dataclasses.replace(b, parallel_seconds=statistics.median(r.batches[i].parallel_seconds for r in runs))
+        dataclasses.replace(
+            b,
+            parallel_seconds=statistics.median(r.batches[i].parallel_seconds for r in runs),
+            routing_unit_seconds=statistics.median(r.batches[i].routing_unit_seconds for r in runs),
+        )
         for i, b in enumerate(first.batches)
     ]
     wall = statistics.median(r.wall_seconds for r in runs)
-    return RunResult(first.scenario, first.strategy, batches, first.maps, wall)
+    return RunResult(first.scenario, first.strategy, batches, first.maps, wall, first.routing_units)
 
 
 def simulate(
@@ -484,7 +516,9 @@ def figures_json(result: RunResult) -> dict:
         "scenario": result.scenario,
         **asdict(result.strategy),
         "objects": result.objects,
+        "routing_units": result.routing_units,
         "parallel_seconds": round(result.parallel_seconds, 6),
+        "routing_unit_share": round(result.routing_unit_share, 6),
         "throughput": round(result.throughput, 3),
         "total_workload": result.total_workload,
         "imbalance": round(result.imbalance, 6),

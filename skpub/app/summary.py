@@ -74,8 +74,12 @@ def parallel_seconds(report: BatchReport, routing_units: int = 1) -> float:
     does on Spark) and the routing unit's balancing decision. Seconds of
     thread CPU, so a run on 2 cores simulates any number of evaluators.
     """
-    routing = report.stage_cpu["parse"] / routing_units + report.stage_cpu["sequencer"]
-    return routing + slowest_evaluator_seconds(report) + decision_seconds(report)
+    return routing_unit_seconds(report, routing_units) + slowest_evaluator_seconds(report) + decision_seconds(report)
+
+
+def routing_unit_seconds(report: BatchReport, routing_units: int = 1) -> float:
+    """Return the routing unit's CPU seconds in a batch: the parse spread over ``routing_units``, the sequencer."""
+    return report.stage_cpu["parse"] / routing_units + report.stage_cpu["sequencer"]
 
 
 def slowest_evaluator_seconds(report: BatchReport) -> float:
