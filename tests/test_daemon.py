@@ -5,6 +5,7 @@ import itertools
 import json
 import math
 import random
+import re
 import signal
 import time
 from collections import Counter
@@ -26,7 +27,7 @@ from skpub.app.journal import MAGIC, STRIDE, LineLog, SegmentedLog
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.errors import ConfigError, OutputError
 from skpub.kernel.parts import read_stream
-from skpub.kernel.runtime import FullCollections
+from skpub.kernel.runtime import FullCollections, collector_pauses
 from tests.served import Served
 from tests.workloads import deployment, random_workload, ranked_workload, write_lines
 
@@ -238,6 +239,24 @@ def test_full_collections_free_a_cycle_at_most_once_per_period_stretched_by_thei
     for bad in (-1.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="full collection period"):
             FullCollections(bad)
+
+
+def test_the_collector_pauses_are_timed_per_generation_by_one_hook():
+    pauses = collector_pauses()
+    assert collector_pauses() is pauses and gc.callbacks.count(pauses) == 1
+    big = [[i] for i in range(200_000)]  # a heap worth walking
+    enabled = gc.isenabled()
+    gc.disable()  # only the calls below may collect
+    try:
+        before = list(pauses.seconds)
+        gc.collect()
+        assert pauses.seconds[2] > before[2] and pauses.seconds[:2] == before[:2]
+        gc.collect(0)
+        assert pauses.seconds[0] > before[0]
+    finally:
+        if enabled:
+            gc.enable()
+    del big
 
 
 def test_the_logs_keep_what_a_restart_needs_and_a_restart_after_their_segments_went_equals_one_run(
@@ -848,5 +867,7 @@ def test_a_local_daemon_collects_in_full_after_its_batches_and_while_idle_and_ex
         assert {b for _, b in calls} >= set(range(1, batches + 1))  # after each batch
         text = generate_latest(daemon.metrics.registry).decode()
         assert 'python_gc_collections_total{generation="2"}' in text
+        paused = re.search(r'skpub_gc_pause_seconds_total\{generation="2"\} (\S+)', text)
+        assert paused and float(paused[1]) > 0  # the collections after each batch took some time
     finally:
         daemon.stop()

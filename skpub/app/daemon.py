@@ -54,11 +54,14 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 from prometheus_client import Counter, Gauge, GCCollector, Histogram, ProcessCollector
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from skpub.app.checkpoint import Checkpoint
 from skpub.app.commits import LOGS, Base, Commit, commit_controls, read_base, write_base
@@ -72,7 +75,7 @@ from skpub.kernel.config import Deployment, changes_text, deployment_changes, de
 from skpub.kernel.errors import CheckpointError, ConfigError
 from skpub.kernel.parts import delivery_lines
 from skpub.kernel.records import position_index
-from skpub.kernel.runtime import FULL_COLLECTION_SECONDS, FullCollections, tune_gc
+from skpub.kernel.runtime import FULL_COLLECTION_SECONDS, CollectorPauses, FullCollections, collector_pauses, tune_gc
 from skpub.kernel.storage import atomic_write_bytes
 from skpub.kernel.text import load_vocabulary
 
@@ -119,6 +122,22 @@ class Limits:
     compact_commits: int = 10_000
 
 
+class _PauseCollector(Collector):
+    """Exports :class:`~skpub.kernel.runtime.CollectorPauses` as ``skpub_gc_pause_seconds_total{generation}``."""
+
+    def __init__(self, pauses: CollectorPauses) -> None:
+        self.pauses = pauses
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        """Yield the counter family, one sample per generation."""
+        family = CounterMetricFamily(
+            "skpub_gc_pause_seconds", "Seconds the garbage collector paused the process", labels=["generation"]
+        )
+        for generation, seconds in enumerate(self.pauses.seconds):
+            family.add_metric([str(generation)], seconds)
+        yield family
+
+
 class DaemonMetrics:
     """What the daemon exports beyond a run's :class:`~skpub.app.metrics.Metrics`, in the same registry.
 
@@ -128,13 +147,16 @@ class DaemonMetrics:
     their durations per route, the process's memory and CPU, and its
     garbage collections per generation (``python_gc_collections_total``;
     generation 2 counts the full ones, the timed ones of
-    :class:`~skpub.kernel.runtime.FullCollections` among them).
+    :class:`~skpub.kernel.runtime.FullCollections` among them) and the
+    seconds they paused it (``skpub_gc_pause_seconds_total``, from
+    :func:`~skpub.kernel.runtime.collector_pauses`).
     """
 
     def __init__(self, metrics: Metrics, daemon: Daemon) -> None:
         r = metrics.registry
         ProcessCollector(registry=r)
         GCCollector(registry=r)
+        r.register(_PauseCollector(collector_pauses()))
         self.ingested = Counter("skpub_ingest_records", "Records acknowledged (durable in the ingest log)", registry=r)
         backlog = Gauge("skpub_ingest_backlog", "Records acknowledged and not yet processed", registry=r)
         backlog.set_function(lambda: daemon.backlog)

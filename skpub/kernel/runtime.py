@@ -88,3 +88,38 @@ class FullCollections:
         self.last = self.clock()
         self.wait = max(self.seconds, STRETCH * (self.last - start))
         return True
+
+
+class CollectorPauses:
+    """Seconds the cyclic garbage collector has paused this process, per generation, since :func:`collector_pauses`.
+
+    ``seconds[g]`` (float, wall seconds, ``g`` 0 to 2) sums the collections
+    of generation ``g`` (a full collection is generation 2), timed by a
+    ``gc.callbacks`` hook: one ``perf_counter`` call at each start and stop,
+    O(1) per collection. Collections do not nest, and the collector runs in
+    whichever thread allocates, holding the interpreter.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self._started: float | None = None
+
+    def __call__(self, phase: str, info: dict) -> None:
+        """Time one collection: called by ``gc.callbacks`` at its start and its stop."""
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self._started is not None:
+            generation = info.get("generation", 2)
+            self.seconds[min(max(generation, 0), 2)] += time.perf_counter() - self._started
+            self._started = None
+
+
+_PAUSES: list[CollectorPauses] = []
+
+
+def collector_pauses() -> CollectorPauses:
+    """Return the process's :class:`CollectorPauses`, hooked into ``gc.callbacks`` at the first call (once)."""
+    if not _PAUSES:
+        _PAUSES.append(CollectorPauses())
+        gc.callbacks.append(_PAUSES[0])
+    return _PAUSES[0]
