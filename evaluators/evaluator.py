@@ -158,12 +158,14 @@ class Evaluator:
     def _drop_many(self, ids: Iterable[str]) -> list[tuple[RangeSubscription, CellBox]]:
         """Remove range subscriptions ``ids`` now, their index entries in one pass (:meth:`GI2Index.remove_many`).
 
+        An id named twice is removed once; the list returned holds each once.
+
         Raises
         ------
         KeyError
             If one of ``ids`` is not held here; nothing is removed then.
         """
-        ids = list(ids)
+        ids = list(dict.fromkeys(ids))
         missing = [sid for sid in ids if sid not in self.home]
         if missing:
             raise KeyError(missing[0])
@@ -295,7 +297,9 @@ class Evaluator:
         (:meth:`_drop_many`), so a move along a border, whose subscriptions
         the target mostly holds, costs O(parts + the lists they are in), not
         one rebuild of those lists per part. ``parts`` may name a
-        subscription more than once (its boxes are joined).
+        subscription more than once (its boxes are joined; it is indexed
+        where its id first appears). A failure here is not a record's: it
+        propagates and fails the batch, as any failure of a take-over does.
         """
         boxes: dict[str, tuple[RangeSubscription, CellBox]] = {}
         for sub, box in parts:
@@ -303,7 +307,7 @@ class Evaluator:
                 box = union_boxes(boxes[sub.id][1], box)
             boxes[sub.id] = (sub, box)
         held = [sid for sid in boxes if sid in self.home]
-        for old_sub, old in self._drop_many(held) if held else ():
+        for old_sub, old in self._drop_many(held):
             sub, box = boxes[old_sub.id]
             boxes[old_sub.id] = (sub, union_boxes(old, box))
         for sub, box in boxes.values():

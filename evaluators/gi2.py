@@ -98,10 +98,6 @@ class GI2Index:
         b = self.block
         return (box[2] // b - box[0] // b + 1) * (box[3] // b - box[1] // b + 1) * len(keywords) > WIDE_ENTRIES
 
-    def remove(self, sub: RangeSubscription, box: CellBox) -> None:
-        """Drop ``sub``'s entries, indexed over ``box``, now (:meth:`remove_many` of one)."""
-        self.remove_many([(sub, box)])
-
     def remove_many(self, items: Iterable[tuple[RangeSubscription, CellBox]]) -> None:
         """Drop the entries of subscriptions ``items``, each indexed over its box, now.
 

@@ -349,38 +349,62 @@ def test_a_source_exports_over_each_moved_box_the_subscriptions_it_holds_there_c
 
 
 @settings(max_examples=60, deadline=None)
-@given(held=st.lists(_BOX, max_size=12), carried=st.lists(st.tuples(st.integers(0, 15), _BOX), max_size=20))
-def test_a_target_indexes_what_is_carried_over_the_union_with_what_it_holds(held, carried):
+@given(
+    held=st.lists(_BOX, max_size=12),
+    carried=st.lists(st.tuples(st.integers(0, 15), _BOX), max_size=20),
+    wide_entries=st.sampled_from([4, 30, 65_536]),
+)
+def test_a_target_indexes_what_is_carried_over_the_union_with_what_it_holds(held, carried, wide_entries):
     """A take-over's import: a subscription held already or carried twice ends indexed once, over the bounding
-    box of all its parts, exactly as an evaluator that indexed those boxes afresh (index, blocks, load counts)."""
+    box of all its parts, exactly as an evaluator that indexed those boxes afresh: GI^2's cell and wide lists and
+    entry counts, the blocks, and the load statistics' subscription counts over a partition of two rectangles."""
+    from skpub.evaluators import gi2
     from skpub.evaluators.evaluator import Evaluator
     from skpub.kernel.geometry import Rect
     from skpub.kernel.grid import union_boxes
     from skpub.kernel.records import RangeSubscription
     from skpub.kernel.text import Vocabulary, parse_expression
 
-    subs = [RangeSubscription(i, f"s{i}", Rect(0, 0, 1, 1), parse_expression("a OR b")) for i in range(16)]
-    target, fresh = (Evaluator(0, deployment(evaluators=2), Vocabulary()) for _ in range(2))
+    expressions = ["a", "a OR b", "a AND c", "(a AND b) OR c OR d"]
+    subs = [
+        RangeSubscription(i, f"s{i}", Rect(0, 0, 1, 1), parse_expression(expressions[i % len(expressions)]))
+        for i in range(16)
+    ]
+    target, fresh = (Evaluator(0, deployment(evaluators=2), Vocabulary(10, {"a": 5, "b": 3})) for _ in range(2))
+    for ev in (target, fresh):
+        ev.index.block = 2  # boxes of up to 20 x 20 cells meet up to 100 index cells: some are wide below
+        ev.set_partition([(0, 0, 9, 19), (10, 0, 19, 19)])
     want: dict[int, tuple] = {}
-    for i, box in enumerate(held):
-        target._insert(subs[i], box)
-        want[i] = box
-    target.import_subscriptions([(subs[i], box) for i, box in carried])
-    for i, box in carried:
-        want[i] = union_boxes(want[i], box) if i in want else box
-    for i, box in sorted(want.items()):
-        fresh._insert(subs[i], box)
+    gi2.WIDE_ENTRIES, default = wide_entries, gi2.WIDE_ENTRIES
+    try:
+        for i, box in enumerate(held):
+            target._insert(subs[i], box)
+            want[i] = box
+        target.import_subscriptions([(subs[i], box) for i, box in carried])
+        for i, box in carried:
+            want[i] = union_boxes(want[i], box) if i in want else box
+        for i, box in sorted(want.items()):
+            fresh._insert(subs[i], box)
+    finally:
+        gi2.WIDE_ENTRIES = default
     assert {sid: target.blocks[key][sid][1] for sid, key in target.home.items()} == {
         f"s{i}": box for i, box in want.items()
     }
 
     def entries(ev: Evaluator) -> dict:
-        """Ids per index list, sorted: the import may order a list's entries otherwise."""
-        return {(k, kw): sorted(e[0] for e in lst) for k, lists in ev.index.cells.items() for kw, lst in lists.items()}
+        """Ids per index list (cell lists and the wide lists), sorted: the import may order a list otherwise."""
+        lists = [*((k, kw, lst) for k, cell in ev.index.cells.items() for kw, lst in cell.items()),
+                 *((None, kw, lst) for kw, lst in ev.index.wide.items())]  # fmt: skip
+        return {(k, kw): sorted(e[0] for e in lst) for k, kw, lst in lists}
 
     assert entries(target) == entries(fresh)
     assert target.index.entry_counts == fresh.index.entry_counts
     assert target.load._parts == fresh.load._parts
+    got, built = target.load.summary(0, 0), fresh.load.summary(0, 0)
+    assert [b.queries for b in got.blocks] == [b.queries for b in built.blocks]
+    for a, b in zip(got.rectangles, built.rectangles, strict=True):
+        for name in ("starts_x", "ends_x", "starts_y", "ends_y"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
 
 
 def _guillotine(draw, box, depth):

@@ -128,7 +128,7 @@ def test_removing_several_at_once_leaves_the_index_one_by_one_removal_leaves(see
         gone = [subs[i] for i in sorted(rng.choice(np.arange(1, 40), size=int(rng.integers(1, 39)), replace=False))]
         indexes[0].remove_many([(sub, grid.cell_box(sub.rect)) for sub in gone])
         for sub in gone:
-            indexes[1].remove(sub, grid.cell_box(sub.rect))
+            indexes[1].remove_many([(sub, grid.cell_box(sub.rect))])
         one, many = indexes[1], indexes[0]
         assert many.cells == one.cells and many.wide == one.wide
         assert many.entry_counts == one.entry_counts and many.deleted == one.deleted == {"s0"}

@@ -16,6 +16,7 @@ from skpub.app.simulate import (
     Strategy,
     load_scenario,
     median_run,
+    override,
     parse_scenario,
     recommend,
     shipped_scenarios,
@@ -106,6 +107,14 @@ def test_recommend_takes_the_fewest_evaluators_that_are_fast_enough_and_breaks_n
         recommend([])
 
 
+def test_the_command_line_routing_units_are_bounded():
+    scenario = load_scenario("q1")
+    assert scenario.routing_units == 1 and override(scenario, routing_units=8).routing_units == 8
+    for bad in (0, 1025):
+        with pytest.raises(ConfigError, match="--routing-units must be 1 to 1024"):
+            override(scenario, routing_units=bad)
+
+
 def test_repeated_runs_take_each_batchs_median_time():
     def run(times):
         batches = [BatchFigures(i, 10, t, t / 4, 1, 5, 1.0, 1.0, 1.0, 0, 0, 3) for i, t in enumerate(times)]
@@ -142,10 +151,10 @@ def test_the_parse_is_shared_by_the_routing_units_and_the_rest_is_not():
     report.stage_cpu = Counter({"parse": 6.0, "sequencer": 1.0, "balancer": 0.75})
     report.evaluator_cpu = {0: 2.0, 1: 3.0}
     report.evaluator_balancer_cpu = {0: 1.5, 1: 0.25}  # evaluator 0 is the slowest with its balancer steps
-    assert routing_unit_seconds(report, 3) == 6.0 / 3 + 1.0
-    assert parallel_seconds(report, 3) == 3.0 + 3.5 + 0.0  # the decision: balancer CPU less the evaluators' steps
-    report.stage_cpu["balancer"] = 2.0
-    assert parallel_seconds(report) == 7.0 + 3.5 + 0.25
+    assert routing_unit_seconds(report, 3) == 6.0 / 3 + 1.0 + 0.0  # no decision: the steps were the evaluators'
+    assert parallel_seconds(report, 3) == 3.0 + 3.5
+    report.stage_cpu["balancer"] = 2.0  # the decision: balancer CPU less the evaluators' steps
+    assert routing_unit_seconds(report) == 7.0 + 0.25 and parallel_seconds(report) == 7.25 + 3.5
 
 
 def test_simulate_writes_every_figure_and_routing_never_changes_results(report):

@@ -131,7 +131,9 @@ class _PauseCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily]:
         """Yield the counter family, one sample per generation."""
         family = CounterMetricFamily(
-            "skpub_gc_pause_seconds", "Seconds the garbage collector paused the process", labels=["generation"]
+            "skpub_gc_pause_seconds",
+            "Wall seconds the garbage collector took, from each collection's start to its stop (finalizers included)",
+            labels=["generation"],
         )
         for generation, seconds in enumerate(self.pauses.seconds):
             family.add_metric([str(generation)], seconds)

@@ -2,9 +2,11 @@
 
 A report directory holds
 
-- ``index.html``: per scenario its description, the recommended strategy and
-  why (:func:`skpub.app.simulate.recommend`), the strategies side by side,
-  the per-batch plots and the partitions on the map; the images are
+- ``index.html``: per scenario its description, how its routing units
+  counted, the recommended strategy and why
+  (:func:`skpub.app.simulate.recommend`), the strategies side by side (the
+  routing unit's share of the simulated time among the columns), the
+  per-batch plots and the partitions on the map; the images are
   embedded (``data:`` URIs), so the page is one file that can be mailed;
 - ``<scenario>-figures.png`` and ``<scenario>-maps.png``, the same images;
 - ``strategies.csv`` (one row per run) and ``batches.csv`` (one row per
@@ -177,8 +179,8 @@ def _routing_note(scenario: Scenario) -> str:
     spread = "one routing unit parses" if units == 1 else f"{units} routing units share the parse"
     return (
         f"Simulated with {spread} (<code>--routing-units</code>); the sequencer is serial. The routing unit "
-        "share is its part of the simulated parallel seconds: near 100%, more evaluators or a better balance "
-        "buy little."
+        "share is its part of the simulated parallel seconds (parse, sequencer, balancing decision): near 100%, "
+        "more evaluators or a better balance buy little."
     )
 
 

@@ -68,18 +68,26 @@ def parallel_seconds(report: BatchReport, routing_units: int = 1) -> float:
     """Return the simulated parallel seconds of one micro-batch (DESIGN "Measuring load honestly").
 
     The parse stage (per line, no shared state: one task per input split on
-    Spark) spread over ``routing_units`` routing units, the sequencer (stream
-    order) serial, the slowest evaluator (its rows and its share of the
-    balancer's steps: load summary, hand-off and take-over, which its own task
-    does on Spark) and the routing unit's balancing decision. Seconds of
-    thread CPU, so a run on 2 cores simulates any number of evaluators.
+    Spark) spread over ``routing_units`` (>= 1) routing units, the sequencer
+    (stream order) serial and the routing unit's balancing decision
+    (:func:`routing_unit_seconds`), and the slowest evaluator (its rows and
+    its share of the balancer's steps: load summary, hand-off and take-over,
+    which its own task does on Spark). Seconds of thread CPU, so a run on 2
+    cores simulates any number of evaluators.
     """
-    return routing_unit_seconds(report, routing_units) + slowest_evaluator_seconds(report) + decision_seconds(report)
+    return routing_unit_seconds(report, routing_units) + slowest_evaluator_seconds(report)
 
 
 def routing_unit_seconds(report: BatchReport, routing_units: int = 1) -> float:
-    """Return the routing unit's CPU seconds in a batch: the parse spread over ``routing_units``, the sequencer."""
-    return report.stage_cpu["parse"] / routing_units + report.stage_cpu["sequencer"]
+    """Return the routing unit's part of a batch's simulated parallel seconds (thread CPU).
+
+    The parse spread over ``routing_units`` (>= 1), the sequencer and the
+    balancing decision (:func:`decision_seconds`). Not
+    :attr:`BatchReport.routing_seconds`, the batch's routing time as its
+    engine measured it (wall seconds on the local engine, parse and
+    sequencer CPU on Spark), which the metrics and the run summary report.
+    """
+    return report.stage_cpu["parse"] / routing_units + report.stage_cpu["sequencer"] + decision_seconds(report)
 
 
 def slowest_evaluator_seconds(report: BatchReport) -> float:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import gc
 import math
+import threading
 import time
 from collections.abc import Callable
 
@@ -91,13 +92,15 @@ class FullCollections:
 
 
 class CollectorPauses:
-    """Seconds the cyclic garbage collector has paused this process, per generation, since :func:`collector_pauses`.
+    """Seconds the cyclic garbage collector has taken in this process, per generation, since :func:`collector_pauses`.
 
     ``seconds[g]`` (float, wall seconds, ``g`` 0 to 2) sums the collections
-    of generation ``g`` (a full collection is generation 2), timed by a
-    ``gc.callbacks`` hook: one ``perf_counter`` call at each start and stop,
-    O(1) per collection. Collections do not nest, and the collector runs in
-    whichever thread allocates, holding the interpreter.
+    of generation ``g`` (a full collection is generation 2), each from its
+    start callback to its stop callback (``gc.callbacks``): one
+    ``perf_counter`` call at each, O(1) per collection. The interval holds
+    the finalizers the collection runs, during which other threads may run
+    if one releases the interpreter; otherwise the collector, in whichever
+    thread allocated, holds it. Collections do not nest.
     """
 
     def __init__(self) -> None:
@@ -114,12 +117,13 @@ class CollectorPauses:
             self._started = None
 
 
-_PAUSES: list[CollectorPauses] = []
+_PAUSES = CollectorPauses()
+_PAUSES_LOCK = threading.Lock()
 
 
 def collector_pauses() -> CollectorPauses:
-    """Return the process's :class:`CollectorPauses`, hooked into ``gc.callbacks`` at the first call (once)."""
-    if not _PAUSES:
-        _PAUSES.append(CollectorPauses())
-        gc.callbacks.append(_PAUSES[0])
-    return _PAUSES[0]
+    """Return the process's :class:`CollectorPauses`, hooked into ``gc.callbacks`` once (thread-safe)."""
+    with _PAUSES_LOCK:
+        if not any(hook is _PAUSES for hook in gc.callbacks):
+            gc.callbacks.append(_PAUSES)
+    return _PAUSES
