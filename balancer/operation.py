@@ -13,9 +13,9 @@ grid without end.
 
 A move of PS2Stream's phase I (:mod:`skpub.balancer.textsplit`) keeps its
 rectangle whole and changes how it is partitioned: a ``split`` makes a plain
-rectangle text-partitioned between two evaluators, a ``merge`` makes a
-two-evaluator text rectangle plain again; the protocol and the transfer stay
-the same.
+rectangle text-partitioned between two evaluators, a ``merge`` takes an
+evaluator out of a text rectangle (one of two evaluators becomes plain);
+the protocol and the transfer stay the same.
 """
 
 from __future__ import annotations
@@ -274,7 +274,9 @@ def _text_move(rects: list[tuple[CellBox, tuple[int, int]]], tables: list[TermTa
 
     A split makes ``source``'s plain rectangle ``m.cells`` text-partitioned
     with ``TermTable((source, target))``; a merge makes the text rectangle of
-    exactly ``source`` and ``target`` plain, ``target``'s.
+    exactly ``source`` and ``target`` plain, ``target``'s, and takes
+    ``source`` out of a text rectangle of three evaluators or more, its terms
+    to ``target`` (:meth:`TermTable.without`).
 
     Raises
     ------
@@ -290,6 +292,10 @@ def _text_move(rects: list[tuple[CellBox, tuple[int, int]]], tables: list[TermTa
             return
         if m.text == "merge" and t >= 0 and sorted(tables[t].evaluators) == sorted((m.source, m.target)):
             rects[i] = (box, (m.target, -1))
+            return
+        if m.text == "merge" and t >= 0 and {m.source, m.target} <= set(tables[t].evaluators):
+            tables.append(tables[t].without(m.source, m.target))
+            rects[i] = (box, (tables[-1].primary, len(tables) - 1))
             return
     raise RoutingError(f"text {m.text} {m.cells}: no such rectangle of evaluator {m.source}")
 

@@ -164,8 +164,8 @@ def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) ->
 
     A kind is drawn among the possible ones, then an instance: a text split
     of a random plain rectangle towards a random other evaluator, a text
-    merge of a random two-evaluator text rectangle by a random one of them
-    (:mod:`skpub.balancer.textsplit`); a shift site
+    merge of a random text rectangle by a random one of its evaluators into
+    a random other (:mod:`skpub.balancer.textsplit`); a shift site
     (a horizontal or vertical one only where the rectangle keeps a line) and
     its number of lines; a split/merge of a random rectangle at a random cut
     with a random adjacent pair of other evaluators; or a migration of a
@@ -212,7 +212,8 @@ def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) ->
         return text_split(partitioning, loads, rect, target)
     if kind == "text_merge":
         rect, source = merges[int(rng.integers(len(merges)))]
-        return text_merge(partitioning, loads, rect, source)
+        target = int(rng.choice([e for e in partitioning.texts[rect].evaluators if e != source]))
+        return text_merge(partitioning, loads, rect, source, target)
     if kind == "shift":
         site = shifts[int(rng.integers(len(shifts)))]
         lines = depth(boxes[site.a], site.side)

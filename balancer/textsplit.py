@@ -19,9 +19,13 @@ are two kinds of :class:`~skpub.kernel.transfer.Move`:
   ``w_l`` delivers nothing more at ``w_o`` (GI^2's restricted match,
   :meth:`~skpub.evaluators.gi2.GI2Index.match_one`), so nothing is dropped.
   The estimate: half of the rectangle's decayed cost and subscriptions move.
-- ``text_merge``: a text-partitioned rectangle of exactly two evaluators
-  becomes plain, owned by the one that stays; the one that leaves hands it
-  every subscription it holds over the rectangle, and its cost there.
+- ``text_merge``: an evaluator leaves a text-partitioned rectangle, its
+  terms to another of the rectangle's evaluators: a rectangle of two becomes
+  plain, owned by the one that stays; of more, it keeps its other
+  evaluators, ``target`` answering for the leaving one's assigned terms and
+  ring slots (:meth:`~skpub.router.gridt.TermTable.without`: no other
+  evaluator's terms move). The one that leaves hands ``target`` every
+  subscription it holds over the rectangle, and its cost there.
 
 The balancer's phase I splits by text only a rectangle whose load no move
 of cells can spread (:func:`concentrated`): a text rectangle is frozen for
@@ -30,10 +34,11 @@ splitting a wide one by text leaves the next hot spot inside it to two
 evaluators for good. PS2Stream's phase I works on the cells of its
 kd^t-tree, not on an evaluator's whole region.
 
-A rectangle of the kd^t-tree with more than two evaluators is not merged:
-dropping one evaluator from a table would move the hashed terms of the
-others too. Window objects never move (DESIGN "The balancer"): after a merge
-the leaving primary keeps the ones it accepted until they leave the window.
+A merge is what lets the balancer act inside the kd^t-tree's text
+rectangles (of the whole space, when it cuts the root by text): the
+costliest evaluator leaves one it shares with a light one. Window objects
+never move (DESIGN "The balancer"): after a merge the leaving primary keeps
+the ones it accepted until they leave the window.
 """
 
 from __future__ import annotations
@@ -90,10 +95,22 @@ def text_split(partitioning: Partitioning, loads: Loads, rect: int, target: int)
     return loads.operation("text_split", [Move(box, source, target, cost / 2, queries // 2, "split")])
 
 
-def text_merge(partitioning: Partitioning, loads: Loads, rect: int, source: int) -> Operation:
-    """Weigh merging two-evaluator text rectangle ``rect`` into its other evaluator, ``source`` leaving it."""
+def text_merge(
+    partitioning: Partitioning, loads: Loads, rect: int, source: int, target: int | None = None
+) -> Operation:
+    """Weigh ``source`` leaving text rectangle ``rect``, its terms and load there to ``target``.
+
+    ``target`` is another evaluator of the rectangle; None names the other
+    one of a two-evaluator rectangle.
+
+    Raises
+    ------
+    ValueError
+        If ``target`` is None and the rectangle has more than two evaluators.
+    """
     box = tuple(partitioning.boxes[rect].tolist())
-    (target,) = (e for e in partitioning.texts[rect].evaluators if e != source)
+    if target is None:
+        (target,) = (e for e in partitioning.texts[rect].evaluators if e != source)
     cost, queries = loads.member_load(source, box)
     return loads.operation("text_merge", [Move(box, source, target, cost, queries, "merge")])
 
@@ -106,12 +123,11 @@ def splittable(partitioning: Partitioning, rect: int) -> bool:
 def mergeable(partitioning: Partitioning, rect: int, source: int) -> bool:
     """Return whether ``source`` may leave text rectangle ``rect`` by a merge.
 
-    The rectangle must have exactly two evaluators, ``source`` one of them,
-    and ``source`` must hold another rectangle (primary or not, it would
-    otherwise hold nothing).
+    ``source`` must be one of the rectangle's evaluators and hold another
+    rectangle (primary or not, it would otherwise hold nothing).
     """
     table = partitioning.texts[rect]
-    if table is None or len(table.evaluators) != 2 or source not in table.evaluators:
+    if table is None or source not in table.evaluators:
         return False
     return len(partitioning.boxes_of(source)) > 1
 
@@ -122,9 +138,9 @@ def phase_one(partitioning: Partitioning, loads: Loads, source: int, targets: li
     Splits of ``source``'s :data:`LOADED_RECTANGLES` costliest plain
     rectangles whose load is :func:`concentrated` (a wide rectangle split
     by text would be frozen for every later move of cells) towards the least
-    loaded target, and merges of the two-evaluator
-    text rectangles ``source`` shares with any of ``targets`` into them.
-    O(rectangles log rectangles).
+    loaded target, and merges of the text rectangles ``source`` shares with
+    any of ``targets``, into the least loaded of those it shares each with.
+    O(rectangles log rectangles + rectangles x evaluators).
     """
     if not targets:
         return []
@@ -141,6 +157,8 @@ def phase_one(partitioning: Partitioning, loads: Loads, source: int, targets: li
     out = [text_split(partitioning, loads, i, lightest) for i in owned[:LOADED_RECTANGLES]]
     for i, table in enumerate(partitioning.texts):
         if table is not None and mergeable(partitioning, i, source):
-            if next(e for e in table.evaluators if e != source) in targets:
-                out.append(text_merge(partitioning, loads, i, source))
+            shared = [e for e in table.evaluators if e != source and e in targets]
+            if shared:
+                target = min(shared, key=lambda e: (loads.costs[e], e))
+                out.append(text_merge(partitioning, loads, i, source, target))
     return out

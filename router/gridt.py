@@ -55,18 +55,26 @@ class TermTable:
     assigned : mapping of str to int
         Terms placed by the partitioning (the kd^t-tree's term subsets);
         every value is one of ``evaluators``. Any other term goes to
-        ``sorted(evaluators)[crc32(term) % len(evaluators)]``: rectangles
-        with the same evaluators and assignments send a term to the same
-        evaluator whatever their primaries.
+        ``ring[crc32(term) % len(ring)]``: rectangles with the same ring and
+        assignments send a term to the same evaluator whatever their
+        primaries.
+    ring : tuple of int, optional
+        The slots a term without an assignment is hashed over; by default
+        ``sorted(evaluators)``. It names every evaluator and only those, and
+        may name one several times: when an evaluator leaves a rectangle
+        (:meth:`without`) its slots go to the one that takes its terms, so
+        no other evaluator's hashed terms move.
 
     Raises
     ------
     RoutingError
-        If ``evaluators`` is empty or repeats one, or a term is assigned elsewhere.
+        If ``evaluators`` is empty or repeats one, a term is assigned
+        elsewhere, or ``ring`` does not name exactly the evaluators.
     """
 
     evaluators: tuple[int, ...]
     assigned: Mapping[str, int] = field(default_factory=dict)
+    ring: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         evaluators = tuple(int(e) for e in self.evaluators)
@@ -75,9 +83,12 @@ class TermTable:
         members = set(evaluators)
         if any(e not in members for e in self.assigned.values()):
             raise RoutingError("a term table assigns a term to an evaluator outside the rectangle")
+        ring = tuple(int(e) for e in self.ring) or tuple(sorted(evaluators))
+        if set(ring) != members:
+            raise RoutingError(f"a term table's ring {ring} must name exactly its evaluators {evaluators}")
         object.__setattr__(self, "evaluators", evaluators)
         object.__setattr__(self, "assigned", dict(self.assigned))
-        object.__setattr__(self, "_ring", tuple(sorted(evaluators)))
+        object.__setattr__(self, "ring", ring)
         object.__setattr__(self, "_memo", {})  # term -> evaluator: a pure function's cache, at most MEMO_TERMS
 
     @property
@@ -92,7 +103,7 @@ class TermTable:
         if e is None:
             e = self.assigned.get(term)
             if e is None:
-                e = hashed_evaluator(term, self._ring)
+                e = hashed_evaluator(term, self.ring)
             if len(memo) >= MEMO_TERMS:
                 memo.clear()
             memo[term] = e
@@ -107,9 +118,37 @@ class TermTable:
             out[k] = self.evaluator_of(terms[k])
         return out
 
+    def without(self, source: int, target: int) -> TermTable:
+        """Return the table after ``source`` leaves the rectangle and ``target`` takes its terms (a text merge).
+
+        ``source``'s assigned terms and ring slots become ``target``'s, so
+        every other term keeps its evaluator; ``target`` becomes the primary
+        if ``source`` was. PS2Stream V-A phase I, for a rectangle of three
+        evaluators or more (of two, the merge makes the rectangle plain).
+        O(assigned terms + ring).
+
+        Raises
+        ------
+        RoutingError
+            If ``source`` or ``target`` is not an evaluator here, they are
+            the same, or the table has fewer than three evaluators.
+        """
+        members = self.evaluators
+        if source not in members or target not in members or source == target or len(members) < 3:
+            raise RoutingError(f"evaluator {source} cannot leave its terms to {target} in a table of {members}")
+        kept = [e for e in members if e != source]
+        if members[0] == source:
+            kept = [target, *(e for e in kept if e != target)]
+        return TermTable(
+            tuple(kept),
+            {term: target if e == source else e for term, e in self.assigned.items()},
+            tuple(target if e == source else e for e in self.ring),
+        )
+
     def to_json(self) -> dict:
-        """Return ``{"evaluators": [...], "assigned": {term: evaluator}}`` (terms sorted)."""
-        return {"evaluators": list(self.evaluators), "assigned": dict(sorted(self.assigned.items()))}
+        """Return ``{"evaluators": [...], "assigned": {term: evaluator}}``, and ``"ring"`` if not the default."""
+        out = {"evaluators": list(self.evaluators), "assigned": dict(sorted(self.assigned.items()))}
+        return out if self.ring == tuple(sorted(self.evaluators)) else {**out, "ring": list(self.ring)}
 
     @classmethod
     def from_json(cls, raw: Mapping) -> TermTable:
@@ -122,7 +161,8 @@ class TermTable:
         """
         try:
             assigned = {str(t): int(e) for t, e in raw["assigned"].items()}
-            return cls(tuple(int(e) for e in raw["evaluators"]), assigned)
+            ring = tuple(int(e) for e in raw.get("ring", ()))
+            return cls(tuple(int(e) for e in raw["evaluators"]), assigned, ring)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RoutingError(f"damaged term table: {exc}") from None
 
@@ -130,8 +170,9 @@ class TermTable:
 def routing_classes(texts: Sequence[TermTable | None]) -> tuple[np.ndarray, tuple[TermTable, ...]]:
     """Group rectangles whose tables send every term to the same evaluator.
 
-    Two tables route alike when they have the same evaluators (in any order:
-    the primary only keeps window objects) and the same assignments; the text
+    Two tables route alike when they have the same ring (the same evaluators
+    in any order: the primary only keeps window objects) and the same
+    assignments; the text
     baseline gives every rectangle such a table, so a batch resolves each
     term once rather than once per rectangle.
 
@@ -147,7 +188,7 @@ def routing_classes(texts: Sequence[TermTable | None]) -> tuple[np.ndarray, tupl
     classes = np.full(len(texts), -1, np.int32)
     for i, table in enumerate(texts):
         if table is not None:
-            key = (table._ring, tuple(sorted(table.assigned.items())))
+            key = (table.ring, tuple(sorted(table.assigned.items())))
             if key not in keys:
                 keys[key] = len(tables)
                 tables.append(table)

@@ -121,6 +121,39 @@ def test_a_term_table_routes_assigned_terms_and_hashes_the_rest_the_same_everywh
         TermTable.from_json({"evaluators": "no"})
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    members=st.lists(st.integers(0, 9), min_size=3, max_size=6, unique=True),
+    leaving=st.lists(st.integers(0, 5), min_size=1, max_size=3),
+    assigned=st.dictionaries(st.sampled_from(WORDS), st.integers(0, 5), max_size=6),
+)
+def test_an_evaluator_leaving_a_term_table_moves_only_its_own_terms(members, leaving, assigned):
+    """A text merge inside a rectangle of three evaluators or more (TermTable.without): the leaving evaluator's
+    terms, assigned or hashed, go to the target, every other term stays where it was, the primary stays unless it
+    left, and the table survives its JSON."""
+    table = TermTable(tuple(members), {t: members[k % len(members)] for t, k in assigned.items()})
+    terms = [*WORDS, *(f"w{i}" for i in range(60))]
+    for k in leaving:
+        if len(table.evaluators) < 3:
+            break
+        source, target = table.evaluators[k % len(table.evaluators)], table.evaluators[(k + 1) % len(table.evaluators)]
+        after = table.without(source, target)
+        assert set(after.evaluators) == set(table.evaluators) - {source}
+        assert after.primary == (target if table.primary == source else table.primary)
+        for term in terms:
+            before = table.evaluator_of(term)
+            assert after.evaluator_of(term) == (target if before == source else before)
+        assert TermTable.from_json(json.loads(json.dumps(after.to_json()))) == after
+        assert ("ring" in after.to_json()) == (after.ring != tuple(sorted(after.evaluators)))
+        table = after
+    with pytest.raises(RoutingError):
+        TermTable((0, 1)).without(0, 1)  # of two, a merge makes the rectangle plain instead
+    with pytest.raises(RoutingError):
+        TermTable((0, 1, 2)).without(0, 3)
+    with pytest.raises(RoutingError, match="ring"):
+        TermTable((0, 1, 2), ring=(0, 1, 1))
+
+
 def test_a_text_rectangle_must_be_owned_by_its_primary_and_every_evaluator_must_hold_one():
     boxes = np.array([[0, 0, 1, 3], [2, 0, 3, 3]])
     with pytest.raises(RoutingError, match="primary"):

@@ -48,14 +48,12 @@ def test_range_results_equal_the_oracle_under_chaos(tmp_path, router, evaluators
     operations = read_stream(out, "balancer")
     batches = -(-len(lines) // batch_size)
     # one operation every other batch (none is decided while one is in flight); the last one decided may
-    # find no transfer batch. The balancer leaves text-partitioned rectangles alone: with --router text every
-    # cell is one, with kdt some may be
-    if router == "text":
-        assert operations == []
-    elif router == "kdt":
+    # find no transfer batch. With --router text every cell is in a text rectangle, with kdt some may be: those
+    # change only by text merges (an evaluator leaves one) and splits, so a draw may find nothing legal
+    if router in ("text", "kdt"):
         assert len(operations) <= (batches // 2 if evaluators > 1 else 0)
-        # these kd^t-trees over 8 evaluators keep plain rectangles: chaos must find operations there
-        assert operations or evaluators < 8 or batch_size > 50
+        assert operations or evaluators == 1 or batch_size > 50
+        assert router == "kdt" or evaluators == 1 or batch_size > 50 or operations[0]["operation"] == "text_merge"
     else:
         assert len(operations) == (batches // 2 if evaluators > 1 else 0)
     assert all(op["transfer_batch"] == op["batch"] + 1 and op["first_batch"] == op["batch"] + 2 for op in operations)

@@ -82,6 +82,32 @@ def test_a_split_moves_half_the_load_and_a_merge_all_of_the_leaving_share():
     assert {o.kind for o in phase_one(split, loads, 1, [0, 2])} == {"text_split", "text_merge"}
 
 
+def test_an_evaluator_leaves_a_text_rectangle_of_three_by_a_merge_into_the_lightest_it_shares_it_with():
+    boxes = np.array([[0, 0, 3, 7], [4, 0, 7, 7]])
+    whole = Partitioning(8, boxes, np.array([0, 1]), (TermTable((0, 1, 2)), TermTable((1, 2, 0))))
+    assert mergeable(whole, 0, 0) and mergeable(whole, 0, 2)
+    shares = [summary(e, ((0, 0, 3, 7), cost, 4), ((4, 0, 7, 7), cost, 4)) for e, cost in enumerate([90.0, 30, 10])]
+    loads = Loads(whole, shares, beta=1.0)
+    (op,) = [o for o in phase_one(whole, loads, 0, [1, 2]) if o.moves[0].cells == (0, 0, 3, 7)]
+    assert op.kind == "text_merge" and op.moves[0] == Move((0, 0, 3, 7), 0, 2, 90.0, 4, "merge")  # 2 is lightest
+    merged = apply_moves(whole, op.moves)
+
+    def at(part, box):
+        """The table and owner of ``part``'s rectangle ``box``."""
+        i = [tuple(b) for b in part.boxes.tolist()].index(box)
+        return part.texts[i], int(part.owners[i])
+
+    left, right = (0, 0, 3, 7), (4, 0, 7, 7)
+    assert at(merged, left) == (TermTable((0, 1, 2)).without(0, 2), 2)  # 0 was its primary: 2 takes over
+    assert at(merged, left)[0].evaluators == (2, 1) and at(merged, right) == (whole.texts[1], 1)
+    assert merged.boxes_of(0) == [right]
+    again = apply_moves(merged, [Move(left, 1, 2, text="merge")])  # of two left, the rectangle becomes plain
+    assert at(again, left) == (None, 2)
+    assert not mergeable(again, [tuple(b) for b in again.boxes.tolist()].index(right), 0)  # 0 holds nothing else
+    with pytest.raises(RoutingError, match="no cell"):
+        apply_moves(again, [Move(right, 0, 1, text="merge")])
+
+
 def test_a_load_is_concentrated_when_every_cut_leaves_one_side_over_three_quarters():
     box = (0, 0, 3, 1)
     assert concentrated(rect(box, 80.0, 5, hot=True)) and concentrated(rect((2, 2, 2, 2), 1.0, 1))
