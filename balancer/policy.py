@@ -7,7 +7,8 @@ Modes:
   costlier evaluator, the best horizontal or vertical shift or the corner
   shift; the split/merge of the costliest evaluator, PS2Stream's phase I
   (text split of its costliest rectangles whose load is concentrated, text
-  merge of those it shares with one other) and GR's migration from the most loaded to those under
+  merge out of those it shares, into the least loaded evaluator there) and
+  GR's migration from the most loaded to those under
   the mean (phase II) -- and take the one with the
   largest C_r among those whose gain over ``horizon`` batches, C_r x (1 -
   decay) x horizon, exceeds C_t (Tornado 4.2 compares one statistics

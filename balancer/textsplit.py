@@ -1,4 +1,4 @@
-"""PS2Stream V-A phase I: split a loaded rectangle by text, or merge a text-partitioned one back into space.
+"""PS2Stream V-A phase I: split a loaded rectangle by text, or take an evaluator out of a text-partitioned one.
 
 PS2Stream's local load adjustment first looks at the ``p`` most loaded cells
 of the most loaded worker ``w_o``: a cell partitioned by space may be
@@ -123,11 +123,12 @@ def splittable(partitioning: Partitioning, rect: int) -> bool:
 def mergeable(partitioning: Partitioning, rect: int, source: int) -> bool:
     """Return whether ``source`` may leave text rectangle ``rect`` by a merge.
 
-    ``source`` must be one of the rectangle's evaluators and hold another
-    rectangle (primary or not, it would otherwise hold nothing).
+    ``source`` must be one of the rectangle's two evaluators or more and
+    hold another rectangle (primary or not, it would otherwise hold
+    nothing). O(rectangles).
     """
     table = partitioning.texts[rect]
-    if table is None or source not in table.evaluators:
+    if table is None or len(table.evaluators) < 2 or source not in table.evaluators:
         return False
     return len(partitioning.boxes_of(source)) > 1
 
@@ -140,7 +141,7 @@ def phase_one(partitioning: Partitioning, loads: Loads, source: int, targets: li
     by text would be frozen for every later move of cells) towards the least
     loaded target, and merges of the text rectangles ``source`` shares with
     any of ``targets``, into the least loaded of those it shares each with.
-    O(rectangles log rectangles + rectangles x evaluators).
+    O(rectangles log rectangles + text rectangles x rectangles).
     """
     if not targets:
         return []

@@ -13,8 +13,9 @@ Top-k/kNN state does not move: objects are immutable and stay in the window
 store of the evaluator that accepted them until they leave the window, and
 every evaluator holds every ranked subscription, so the merge sees the same
 union of candidates before and after; new objects of the moved cells go to
-the target, or, after a text split, to both by their terms (DESIGN "The
-balancer").
+the target, after a text split to both by their terms, and after an
+evaluator leaves a text rectangle its terms' objects to the target, the
+others' where they went (DESIGN "The balancer").
 
 Decisions depend on cost units only (never on seconds), so a replayed batch
 plans exactly as its first attempt and publishes the same epoch.

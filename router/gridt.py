@@ -160,19 +160,29 @@ class TermTable:
             If the document is not a term table.
         """
         try:
-            assigned = {str(t): int(e) for t, e in raw["assigned"].items()}
-            ring = tuple(int(e) for e in raw.get("ring", ()))
-            return cls(tuple(int(e) for e in raw["evaluators"]), assigned, ring)
+            assigned = {str(t): _int(e) for t, e in raw["assigned"].items()}
+            ring = raw.get("ring")
+            if ring is not None and not ring:
+                raise ValueError("an empty ring")
+            ring = () if ring is None else tuple(_int(e) for e in ring)
+            return cls(tuple(_int(e) for e in raw["evaluators"]), assigned, ring)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RoutingError(f"damaged term table: {exc}") from None
+
+
+def _int(value: object) -> int:
+    """Return ``value`` if it is an int (not a bool, a float or a string)."""
+    if type(value) is not int:
+        raise TypeError(f"{value!r} is not an evaluator number")
+    return value
 
 
 def routing_classes(texts: Sequence[TermTable | None]) -> tuple[np.ndarray, tuple[TermTable, ...]]:
     """Group rectangles whose tables send every term to the same evaluator.
 
-    Two tables route alike when they have the same ring (the same evaluators
-    in any order: the primary only keeps window objects) and the same
-    assignments; the text
+    Two tables route alike when they have the same ring (for default rings:
+    the same evaluators in any order, the primary only keeping window
+    objects) and the same assignments; the text
     baseline gives every rectangle such a table, so a batch resolves each
     term once rather than once per rectangle.
 

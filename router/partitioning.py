@@ -98,6 +98,9 @@ class Partitioning:
                 holders.update(table.evaluators)
         if len(boxes) == 0 or holders != set(range(max(holders) + 1)):
             raise RoutingError("every evaluator 0 .. n-1 must hold at least one rectangle")
+        slots = max((len(t.ring) for t in texts if t is not None), default=0)
+        if slots > len(holders):  # a ring keeps the length it was built with: one slot per evaluator at most
+            raise RoutingError(f"a hash ring of {slots} slots among {len(holders)} evaluators")
         rect_of = np.full((self.size, self.size), -1, dtype=np.int32)
         area = 0
         for i, (x0, y0, x1, y1) in enumerate(boxes.tolist()):

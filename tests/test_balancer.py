@@ -15,6 +15,7 @@ from skpub.evaluators.load import CellLoad
 from skpub.kernel.config import BalancerConfig
 from skpub.kernel.load import LoadSummary
 from skpub.router.errors import RoutingError
+from skpub.router.gridt import TermTable
 from skpub.router.partitioning import Partitioning, cost_partitioning
 from tests.workloads import deployment
 
@@ -58,9 +59,13 @@ def workloads(draw, max_size=30):
 
 
 @settings(max_examples=150, deadline=None)
-@given(workloads(), st.integers(0, 2**16))
-def test_chaos_operations_are_legal_and_move_exactly_their_cells(workload, seed):
+@given(workloads(), st.integers(0, 2**16), st.booleans())
+def test_chaos_operations_are_legal_and_move_exactly_their_cells(workload, seed, by_text):
     part, costs, subs, _ = workload
+    if by_text:  # every rectangle shared by every evaluator, as the text router's: only merges can start
+        n = part.count
+        texts = tuple(TermTable(tuple((o + j) % n for j in range(n))) for o in part.owners.tolist())
+        part = Partitioning(part.size, part.boxes, part.owners, texts)
     for batch in range(6):
         [op] = decide(BalancerConfig(mode="chaos", seed=seed), part, summaries_of(part, costs, subs), batch)
         expected = part.owner.copy()
@@ -68,19 +73,24 @@ def test_chaos_operations_are_legal_and_move_exactly_their_cells(workload, seed)
             x0, y0, x1, y1 = m.cells
             rect = part.rect_of[y0, x0]
             assert tuple(part.boxes[rect]) == m.cells or not m.text, "a text move takes a whole rectangle"
-            if m.text == "merge":  # a two-evaluator text rectangle becomes the target's
-                assert sorted(part.texts[rect].evaluators) == sorted((m.source, m.target))
+            if m.text == "merge":  # the source leaves; of two evaluators, the rectangle becomes the target's
+                assert {m.source, m.target} <= set(part.texts[rect].evaluators)
             else:
                 assert (expected[y0 : y1 + 1, x0 : x1 + 1] == m.source).all() and not part.text_cells[y0, x0]
-            if m.text != "split":
+            if m.text == "" or (m.text == "merge" and len(part.texts[rect].evaluators) == 2):
                 expected[y0 : y1 + 1, x0 : x1 + 1] = m.target
+            elif m.text == "merge" and part.texts[rect].primary == m.source:
+                expected[y0 : y1 + 1, x0 : x1 + 1] = m.target  # the target becomes the primary, the owner
         new = apply_moves(part, op.moves)
         assert new.count == part.count
         np.testing.assert_array_equal(new.owner, expected)
         for m in op.moves:
             x0, y0, x1, y1 = m.cells
-            table = new.texts[new.rect_of[y0, x0]]
-            assert (table is not None and table.evaluators == (m.source, m.target)) == (m.text == "split")
+            table, old = new.texts[new.rect_of[y0, x0]], part.texts[part.rect_of[y0, x0]]
+            if m.text == "split":
+                assert table == TermTable((m.source, m.target)) and table.evaluators == (m.source, m.target)
+            elif m.text == "merge":
+                assert table == (None if len(old.evaluators) == 2 else old.without(m.source, m.target))
         part = new
 
 

@@ -151,7 +151,7 @@ def test_an_evaluator_hands_over_on_a_split_exactly_the_subscriptions_the_new_ta
         assert TermTable((5, 2)).evaluator_of(term) == hashed_evaluator(term, (2, 5))
 
 
-@pytest.mark.parametrize("router", ["agrid", "kdt", "uniform"])
+@pytest.mark.parametrize("router", ["agrid", "kdt", "text", "uniform"])
 @pytest.mark.parametrize("evaluators,batch_size", [(2, 1), (2, 7), (4, 7), (8, 25)])
 def test_text_splits_and_merges_under_chaos_equal_the_oracle_and_the_run_without_them(
     tmp_path, router, evaluators, batch_size
@@ -166,7 +166,8 @@ def test_text_splits_and_merges_under_chaos_equal_the_oracle_and_the_run_without
         seen.update(r["operation"] for r in read_stream(on, "balancer"))
     off, _ = run(tmp_path, "off", lines, dep.replace(balancer=BalancerConfig(mode="off")))
     assert per_batch(on) == per_batch(off) and per_batch(on, "snapshots") == per_batch(off, "snapshots")
-    assert {"text_split", "text_merge"} <= seen
+    # the text router's rectangles hold every evaluator: a split needs a plain one, which only merges make
+    assert {"text_split", "text_merge"} <= seen if router != "text" or evaluators == 2 else "text_merge" in seen
 
 
 def test_a_merges_costs_join_the_aggregates_of_the_rectangle_that_stays():

@@ -315,7 +315,7 @@ class Vocabulary:
 
 
 def hashed_evaluator(term: str, ring: Sequence[int]) -> int:
-    """Return ``ring[crc32(term's UTF-8) % len(ring)]``: a term's evaluator among ``ring`` (sorted), in any process.
+    """Return ``ring[crc32(term's UTF-8) % len(ring)]``: a term's evaluator among ``ring``'s slots, in any process.
 
     grid^t's term tables send a term no partitioning assigned by it
     (:class:`skpub.router.gridt.TermTable`), and an evaluator that splits a

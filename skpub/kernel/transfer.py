@@ -42,7 +42,7 @@ FORMAT = 2
 
 
 TEXT_MOVES = ("", "split", "merge")
-"""A move's ``text``: cells change owner (""), a plain rectangle is split by text, a text one merged back."""
+"""A move's ``text``: cells change owner (""), a plain rectangle is split by text, an evaluator leaves a text one."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,10 @@ class Move:
     ``"split"``: ``cells`` are a whole plain rectangle of ``source``, which
     becomes text-partitioned between ``source`` (primary) and ``target``, and
     only subscriptions with a key ``target`` answers for go; ``"merge"``:
-    ``cells`` are a whole text rectangle of exactly ``source`` and ``target``,
-    which becomes ``target``'s plain rectangle.
+    ``cells`` are a whole text rectangle naming both, which ``source`` leaves,
+    ``target`` answering for its terms
+    (:meth:`skpub.router.gridt.TermTable.without`); of two evaluators it
+    becomes ``target``'s plain rectangle.
 
     Raises
     ------
