@@ -290,12 +290,12 @@ def _text_move(rects: list[tuple[CellBox, tuple[int, int]]], tables: list[TermTa
             tables.append(TermTable((m.source, m.target)))
             rects[i] = (box, (owner, len(tables) - 1))
             return
-        if m.text == "merge" and t >= 0 and sorted(tables[t].evaluators) == sorted((m.source, m.target)):
-            rects[i] = (box, (m.target, -1))
-            return
         if m.text == "merge" and t >= 0 and {m.source, m.target} <= set(tables[t].evaluators):
-            tables.append(tables[t].without(m.source, m.target))
-            rects[i] = (box, (tables[-1].primary, len(tables) - 1))
+            if len(tables[t].evaluators) == 2:
+                rects[i] = (box, (m.target, -1))
+            else:
+                tables.append(tables[t].without(m.source, m.target))
+                rects[i] = (box, (tables[-1].primary, len(tables) - 1))
             return
     raise RoutingError(f"text {m.text} {m.cells}: no such rectangle of evaluator {m.source}")
 

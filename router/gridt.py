@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from skpub.kernel.decode import exact_int
 from skpub.kernel.text import hashed_evaluator
 from skpub.router.errors import RoutingError
 from skpub.router.summary import terms_among
@@ -160,21 +161,14 @@ class TermTable:
             If the document is not a term table.
         """
         try:
-            assigned = {str(t): _int(e) for t, e in raw["assigned"].items()}
+            assigned = {str(t): exact_int(e) for t, e in raw["assigned"].items()}
             ring = raw.get("ring")
             if ring is not None and not ring:
                 raise ValueError("an empty ring")
-            ring = () if ring is None else tuple(_int(e) for e in ring)
-            return cls(tuple(_int(e) for e in raw["evaluators"]), assigned, ring)
+            ring = () if ring is None else tuple(exact_int(e) for e in ring)
+            return cls(tuple(exact_int(e) for e in raw["evaluators"]), assigned, ring)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RoutingError(f"damaged term table: {exc}") from None
-
-
-def _int(value: object) -> int:
-    """Return ``value`` if it is an int (not a bool, a float or a string)."""
-    if type(value) is not int:
-        raise TypeError(f"{value!r} is not an evaluator number")
-    return value
 
 
 def routing_classes(texts: Sequence[TermTable | None]) -> tuple[np.ndarray, tuple[TermTable, ...]]:

@@ -232,8 +232,9 @@ class BatchFigures:
 
     Seconds are thread CPU; cost is Tornado Eq. 1 cost units (candidate
     subscriptions per object, range and ranked, plus one per record).
-    ``routing_unit_seconds`` is the routing unit's part of ``parallel_seconds``:
-    the parse spread over the scenario's routing units, and the sequencer.
+    ``routing_unit_seconds`` is the routing unit's part of ``parallel_seconds``
+    (:func:`skpub.app.summary.routing_unit_seconds`: the parse spread over
+    the scenario's routing units, the sequencer, the balancing decision).
     """
 
     batch: int

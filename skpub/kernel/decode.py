@@ -195,3 +195,16 @@ def _reject_lone_surrogates(value: Any) -> None:
 def clip(text: str, limit: int = 80) -> str:
     """Shorten ``text`` for a message (hostile lines may hold megabytes)."""
     return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
+
+
+def exact_int(value: object) -> int:
+    """Return ``value`` if it is an int, for skpub's own JSON documents (plans, hand-offs, term tables).
+
+    Raises
+    ------
+    TypeError
+        If ``value`` is anything else: a bool, a float, a string.
+    """
+    if type(value) is not int:
+        raise TypeError(f"expected an integer, not {value!r}")
+    return value

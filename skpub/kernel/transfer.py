@@ -33,6 +33,7 @@ from pathlib import Path
 
 import orjson
 
+from skpub.kernel.decode import exact_int
 from skpub.kernel.grid import CellBox
 from skpub.kernel.records import RangeSubscription, range_from_row, range_row
 from skpub.kernel.storage import atomic_write_bytes
@@ -92,13 +93,14 @@ class Move:
         TypeError, ValueError, KeyError
             If ``raw`` is not such an object.
         """
-        cells = tuple(_int(c) for c in raw["cells"])
+        cells = tuple(exact_int(c) for c in raw["cells"])
         if len(cells) != 4:
             raise ValueError("a move's cells are 4 integers")
         text = raw.get("text", "")
         if not isinstance(text, str):
             raise TypeError("a move's text is a string")
-        return cls(cells, _int(raw["source"]), _int(raw["target"]), float(raw["cost"]), _int(raw["queries"]), text)
+        source, target, queries = (exact_int(raw[k]) for k in ("source", "target", "queries"))
+        return cls(cells, source, target, float(raw["cost"]), queries, text)
 
 
 @dataclass(frozen=True)
@@ -156,10 +158,10 @@ class TransferPlan:
         """
         try:
             _check_format(raw)
-            rectangles = {_int(e): tuple(_box(b) for b in boxes) for e, boxes in raw["rectangles"]}
+            rectangles = {exact_int(e): tuple(_box(b) for b in boxes) for e, boxes in raw["rectangles"]}
             return cls(
-                _int(raw["batch"]),
-                _int(raw["epoch"]),
+                exact_int(raw["batch"]),
+                exact_int(raw["epoch"]),
                 tuple(Move.from_json(m) for m in raw["moves"]),
                 rectangles,
                 tuple(dict(d) for d in raw["decisions"]),
@@ -240,17 +242,17 @@ class Handoff:
             _check_format(raw)
             carried = tuple(
                 Carried(
-                    _int(move),
-                    _int(target),
+                    exact_int(move),
+                    exact_int(target),
                     tuple(range_from_row(row) for row in subs),
-                    tuple((_int(cell), float(cost)) for cell, cost in costs),
+                    tuple((exact_int(cell), float(cost)) for cell, cost in costs),
                 )
                 for move, target, subs, costs in raw["carried"]
             )
             dropped = tuple(raw["dropped"])
             if not all(isinstance(s, str) for s in dropped):
                 raise TypeError("dropped subscription ids are strings")
-            return cls(_int(raw["batch"]), _int(raw["source"]), carried, dropped)
+            return cls(exact_int(raw["batch"]), exact_int(raw["source"]), carried, dropped)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ValueError(f"damaged hand-off: {exc}") from None
 
@@ -340,14 +342,8 @@ def _check_format(raw: dict) -> None:
         raise ValueError(f"format {raw['format']!r}, this skpub reads format {FORMAT}")
 
 
-def _int(value: object) -> int:
-    if type(value) is not int:
-        raise TypeError(f"expected an integer, not {value!r}")
-    return value
-
-
 def _box(raw: list) -> CellBox:
-    box = tuple(_int(c) for c in raw)
+    box = tuple(exact_int(c) for c in raw)
     if len(box) != 4:
         raise ValueError("a cell box is 4 integers")
     return box
