@@ -28,7 +28,7 @@ from skpub.evaluators.monitor import RankedMonitor
 from skpub.evaluators.stats import CellCostStats
 from skpub.evaluators.window import block_of
 from skpub.kernel.config import Deployment
-from skpub.kernel.grid import CellBox, union_boxes
+from skpub.kernel.grid import CellBox, meets_any, union_boxes
 from skpub.kernel.load import LoadSummary, grid_t_block
 from skpub.kernel.messages import Delivery, Mark, RankedUpdate, Routed
 from skpub.kernel.records import (
@@ -291,37 +291,51 @@ class Evaluator:
             self.set_partition(list(rectangles))
 
     def import_subscriptions(self, parts: Iterable[tuple[RangeSubscription, CellBox]]) -> None:
-        """Index range subscriptions brought by a move; one already held is re-indexed over the union box.
+        """Index range subscriptions brought by a move; one already held is indexed over the union box.
 
-        The ones held already leave the index in one pass
-        (:meth:`_drop_many`), so a move along a border, whose subscriptions
-        the target mostly holds, costs O(parts + the lists they are in), not
-        one rebuild of those lists per part. ``parts`` may name a
-        subscription more than once (its boxes are joined; it is indexed
-        where its id first appears). A failure here is not a record's: it
-        propagates and fails the batch, as any failure of a take-over does.
+        One held already is widened in place (:meth:`GI2Index.widen`: only
+        the index cells the union adds get entries), so a move along a
+        border, whose subscriptions the target mostly holds, costs
+        O(parts + the index cells they gain), never a rebuild of the lists
+        they are in. ``parts`` may name a subscription more than once (its
+        boxes are joined; a new one is indexed where its id first appears).
+        A failure here is not a record's: it propagates and fails the
+        batch, as any failure of a take-over does.
         """
         boxes: dict[str, tuple[RangeSubscription, CellBox]] = {}
         for sub, box in parts:
             if sub.id in boxes:
                 box = union_boxes(boxes[sub.id][1], box)
             boxes[sub.id] = (sub, box)
-        held = [sid for sid in boxes if sid in self.home]
-        for old_sub, old in self._drop_many(held):
-            sub, box = boxes[old_sub.id]
-            boxes[old_sub.id] = (sub, union_boxes(old, box))
-        for sub, box in boxes.values():
-            self._insert(sub, box)
+        for sid, (sub, box) in boxes.items():
+            key = self.home.get(sid)
+            if key is None:
+                self._insert(sub, box)
+                continue
+            old = self.blocks[key][sid][1]
+            union = union_boxes(old, box)
+            if union == old:
+                continue
+            block = self.blocks[key]
+            del block[sid]
+            if not block:
+                del self.blocks[key]
+            self.dirty.add(key)
+            key = self.home[sid] = state_block(union)
+            self.blocks.setdefault(key, {})[sid] = (sub, union)
+            self.dirty.add(key)
+            self.index.widen(sub, old, union)
+            self.load.add_subscription(sid, union)
 
     def _outside(self, ids: Iterable[str], rectangles: Iterable[CellBox]) -> list[str]:
-        """Those of range subscriptions ``ids`` held here whose box meets none of ``rectangles``; O(ids x rects)."""
-        rectangles = list(rectangles)
-        boxes = ((sid, self.blocks[self.home[sid]][sid][1]) for sid in ids if sid in self.home)
-        return [
-            sid
-            for sid, b in boxes
-            if not any(b[0] <= r[2] and b[2] >= r[0] and b[1] <= r[3] and b[3] >= r[1] for r in rectangles)
-        ]
+        """Those of range subscriptions ``ids`` held here whose box meets none of ``rectangles`` (in ``ids``' order).
+
+        O(ids x rectangles) box tests in numpy (:func:`~skpub.kernel.grid.meets_any`).
+        """
+        held = [sid for sid in ids if sid in self.home]
+        boxes = np.array([self.blocks[self.home[sid]][sid][1] for sid in held], dtype=np.int64).reshape(-1, 4)
+        meets = meets_any(boxes, np.array(list(rectangles), dtype=np.int64).reshape(-1, 4))
+        return [sid for sid, met in zip(held, meets.tolist(), strict=True) if not met]
 
     def _delete(self, sub_id: str) -> None:
         key = self.home.pop(sub_id, None)

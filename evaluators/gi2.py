@@ -98,6 +98,35 @@ class GI2Index:
         b = self.block
         return (box[2] // b - box[0] // b + 1) * (box[3] // b - box[1] // b + 1) * len(keywords) > WIDE_ENTRIES
 
+    def widen(self, sub: RangeSubscription, old: CellBox, new: CellBox) -> None:
+        """Index ``sub``, indexed here over ``old``, over ``new`` (a box containing ``old``), adding entries only.
+
+        A take-over carrying part of a subscription the evaluator already
+        indexes (a move along its border): the entries of the index cells
+        ``old`` meets stay, those only ``new`` meets are appended, so the
+        lists end as :meth:`remove_many` then :meth:`insert` over ``new``
+        would leave them (in another order). A subscription that becomes
+        wide is indexed again. O(index cells of ``new`` x clauses).
+        """
+        keywords = self.vocabulary.summary_keywords(sub.dnf)
+        if self._is_wide(new, keywords):
+            if not self._is_wide(old, keywords):  # a wide one stays wide: ``new`` contains ``old``
+                self.remove_many([(sub, old)])
+                self.insert(sub, new)
+            return
+        held = set(self._cell_keys(old))
+        added = [key for key in self._cell_keys(new) if key not in held]
+        if not added:
+            return
+        r = sub.rect
+        entry = (sub.id, r.xmin, r.ymin, r.xmax, r.ymax, sub.dnf, len(sub.dnf) > 1)
+        cells = self.cells
+        for key in added:
+            lists = cells.setdefault(key, {})
+            for kw in keywords:
+                lists.setdefault(kw, []).append(entry)
+        self.entry_counts[sub.id] += len(added) * len(keywords)
+
     def remove_many(self, items: Iterable[tuple[RangeSubscription, CellBox]]) -> None:
         """Drop the entries of subscriptions ``items``, each indexed over its box, now.
 

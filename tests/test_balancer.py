@@ -358,6 +358,26 @@ def test_a_source_exports_over_each_moved_box_the_subscriptions_it_holds_there_c
         assert all(type(v) is int for _, box in parts for v in box)
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    boxes=st.lists(_BOX, max_size=12),
+    others=st.lists(_BOX, max_size=6),
+    per_step=st.sampled_from([1, 3, 1 << 20]),
+)
+def test_meets_any_answers_as_a_box_by_box_test_in_any_step(boxes, others, per_step):
+    """kernel.grid.meets_any (a take-over's drop test): per box, whether it shares a cell with any other box, the
+    same whatever the pairs tested per numpy step."""
+    from skpub.kernel import grid
+
+    expected = [any(grid.intersect_boxes(a, b) is not None for b in others) for a in boxes]
+    default, grid.BOX_TESTS_PER_STEP = grid.BOX_TESTS_PER_STEP, per_step
+    try:
+        got = grid.meets_any(np.array(boxes, dtype=np.int64).reshape(-1, 4), np.array(others).reshape(-1, 4))
+    finally:
+        grid.BOX_TESTS_PER_STEP = default
+    assert got.dtype == bool and got.tolist() == expected
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     held=st.lists(_BOX, max_size=12),

@@ -75,3 +75,34 @@ def intersect_boxes(a: CellBox, b: CellBox) -> CellBox | None:
 def union_boxes(a: CellBox, b: CellBox) -> CellBox:
     """Return the bounding box of two inclusive cell boxes."""
     return (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]))
+
+
+BOX_TESTS_PER_STEP = 1 << 20
+"""Box pairs :func:`meets_any` tests in one numpy step (a few MiB of temporaries)."""
+
+
+def meets_any(boxes: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """Return, per box of ``boxes``, whether it meets (shares a cell with) any box of ``others``.
+
+    Parameters
+    ----------
+    boxes, others : ndarray, shapes (n, 4) and (m, 4), int
+        Inclusive cell boxes ``(x0, y0, x1, y1)``.
+
+    Returns
+    -------
+    ndarray, shape (n,), bool
+        O(n x m) in numpy, in steps of at most :data:`BOX_TESTS_PER_STEP`
+        pairs, so memory stays bounded however many boxes there are.
+    """
+    a = np.asarray(boxes, dtype=np.int64).reshape(-1, 1, 4)
+    b = np.asarray(others, dtype=np.int64).reshape(1, -1, 4)
+    if not b.shape[1]:
+        return np.zeros(len(a), bool)
+    step = max(1, BOX_TESTS_PER_STEP // b.shape[1])
+    x0, y0, x1, y1 = b[..., 0], b[..., 1], b[..., 2], b[..., 3]
+    out = [
+        ((c[..., 0] <= x1) & (c[..., 2] >= x0) & (c[..., 1] <= y1) & (c[..., 3] >= y0)).any(axis=1)
+        for c in (a[k : k + step] for k in range(0, len(a), step))
+    ]
+    return np.concatenate([np.zeros(0, bool), *out])
