@@ -130,6 +130,27 @@ def test_adaptive_rebalances_a_skewed_stream_and_off_does_not(tmp_path):
 
     assert imbalance(late) < imbalance(late_off)
     assert "balancer          adaptive" in summary.format()
+    balance = summary.balance
+    assert balance.updates >= 1 and balance.before > balance.after  # the routing updates lowered the imbalance
+    assert "routing updates, from" in summary.format() and "routing updates" not in off_summary.format()
+    assert off_summary.balance.total / off_summary.balance.batches > balance.total / balance.batches
+
+
+def test_the_balance_line_measures_each_routing_update_against_the_batch_before():
+    from skpub.app.summary import BalanceRecord
+
+    record = BalanceRecord()
+    assert record.format() is None
+    batches = [(1, [0, 0, 0]), (1, [3, 1, 2]), (1, [6, 0, 0]), (2, [2, 2, 2]), (2, [4, 2, 0]), (3, [0, 0, 0]),
+               (4, [1, 1, 1]), (4, [2, 1, 0])]  # fmt: skip
+    for epoch, costs in batches:
+        record.add(epoch, [float(c) for c in costs])
+    # batches with cost: 1.5, 3.0, 1.0, 2.0, 1.0, 2.0; the update to epoch 2 counts (3.0 -> 1.0); the one to
+    # epoch 3 opened a batch without cost and the one to 4 follows it: neither can be weighed
+    assert record.batches == 6 and record.total == pytest.approx(10.5) and record.last == pytest.approx(2.0)
+    assert (record.updates, record.before, record.after) == (1, pytest.approx(3.0), pytest.approx(1.0))
+    line = record.format()
+    assert "1.75 on average, 2.00 in the last batch; 1 routing updates, from 3.00" in line and "to 1.00" in line
 
 
 def test_a_hot_spot_spreads_in_one_decision_of_several_targets_and_changes_no_result(tmp_path):

@@ -102,6 +102,56 @@ def decision_seconds(report: BatchReport) -> float:
 
 
 @dataclass
+class BalanceRecord:
+    """What the run's balance was, batch by batch, in O(1) memory (an endless daemon run keeps it too).
+
+    Imbalance is max / mean of the evaluators' cost in one batch (Tornado
+    Eq. 1 cost units, every evaluator counted, an idle one as 0); batches
+    with no cost are skipped. A *routing update* is a batch routed by
+    another epoch than the batch before (a rebalancing's operations land
+    there, DESIGN "The balancer"): what it gained is measured as the
+    imbalance of the batch before against the batch it opened.
+    """
+
+    batches: int = 0
+    total: float = 0.0
+    last: float = 1.0
+    updates: int = 0
+    before: float = 0.0
+    after: float = 0.0
+    _epoch: int | None = None
+    _previous: float | None = None
+
+    def add(self, epoch: int, costs: list[float]) -> None:
+        """Account one batch routed by ``epoch`` whose evaluators' costs are ``costs`` (one per evaluator)."""
+        imbalance = RunSummary.imbalance(costs) if sum(costs) > 0 else None
+        if imbalance is not None:
+            self.batches += 1
+            self.total += imbalance
+            self.last = imbalance
+            if self._epoch is not None and epoch != self._epoch and self._previous is not None:
+                self.updates += 1
+                self.before += self._previous
+                self.after += imbalance
+        self._epoch, self._previous = epoch, imbalance
+
+    def format(self) -> str | None:
+        """Return the summary's ``balance`` line, None before any batch with cost."""
+        if not self.batches:
+            return None
+        line = (
+            f"  balance           max/mean evaluator cost per batch {self.total / self.batches:.2f} on average,"
+            f" {self.last:.2f} in the last batch"
+        )
+        if self.updates:
+            line += (
+                f"; {self.updates} routing updates, from {self.before / self.updates:.2f} in the batch before"
+                f" to {self.after / self.updates:.2f} in the batch each opened, on average"
+            )
+        return line
+
+
+@dataclass
 class RunSummary:
     """Totals of a run. Seconds are wall-clock unless named ``cpu``."""
 
@@ -126,6 +176,7 @@ class RunSummary:
     hosts: Counter = field(default_factory=Counter)
     balancer: Counter = field(default_factory=Counter)
     balancer_mode: str = "off"
+    balance: BalanceRecord = field(default_factory=lambda: BalanceRecord())
     log_file: str | None = None
 
     @property
@@ -197,6 +248,9 @@ class RunSummary:
                 f"  balancer          {self.balancer_mode}: {done}; {self.balancer['subscriptions']} subscription"
                 f" parts moved, {self.balancer['placements']} placements changed"
             )
+        balance = self.balance.format()
+        if balance:
+            lines.append(balance)
         for label, total, hosted, what in HOST_LINES:
             if self.hosts[total]:
                 done, of = self.hosts[hosted], self.hosts[total]
@@ -259,6 +313,7 @@ class RunObserver:
         s.ranked.update(report.ranked)
         s.hosts.update(report.hosts)
         s.balancer.update(report.balancer)
+        s.balance.add(report.epoch, [float(report.evaluator_cost.get(e, 0)) for e in range(s.evaluators)])
         now = time.perf_counter()
         if s.batches > 1:
             s.steady_objects += report.objects
