@@ -296,9 +296,10 @@ class Evaluator:
         One held already is widened in place (:meth:`GI2Index.widen`: only
         the index cells the union adds get entries), so a move along a
         border, whose subscriptions the target mostly holds, costs
-        O(parts + the index cells they gain), never a rebuild of the lists
-        they are in. ``parts`` may name a subscription more than once (its
-        boxes are joined; a new one is indexed where its id first appears).
+        O(the index cells of each held part's union box) in Python, never a
+        rebuild of the lists they are in. ``parts`` may name a subscription
+        more than once (its boxes are joined; a new one is indexed where its
+        id first appears).
         A failure here is not a record's: it propagates and fails the
         batch, as any failure of a take-over does.
         """

@@ -143,7 +143,7 @@ def test_best_split_is_the_most_even_cut(workload):
 def test_migration_selectors_reach_tau_and_dp_is_optimal(cells, fraction):
     """Every selector reaches tau, none beats the 0-1 program's optimum, and DP equals it.
 
-    Instances where a set of cells carries tau to within 1e-5 of it are
+    Instances where a set of cells carries tau to within 1e-4 of it are
     left out: the optimum (HiGHS) counts a constraint met to within 1e-6,
     the selectors to within 1e-9, so at such a tie either may call a set
     feasible that the other does not.
@@ -156,7 +156,7 @@ def test_migration_selectors_reach_tau_and_dp_is_optimal(cells, fraction):
     subsets = np.zeros(1)
     for load in loads:
         subsets = np.concatenate([subsets, subsets + load])
-    assume(not np.any(np.abs(subsets - tau) <= 1e-5 * max(tau, 1e-300)))
+    assume(tau == 0 or not np.any(np.abs(subsets - tau) <= 1e-4 * tau))
     best = optimum(loads, sizes, tau) if loads.sum() > 0 else []
     for select in (greedy, dynamic, by_size, random_cells):
         chosen = select(loads, sizes, tau)
@@ -401,7 +401,7 @@ def test_a_target_indexes_what_is_carried_over_the_union_with_what_it_holds(held
     """A take-over's import: a subscription held already or carried twice ends indexed once, over the bounding
     box of all its parts, exactly as an evaluator that indexed those boxes afresh: GI^2's cell and wide lists and
     entry counts, the blocks, and the load statistics' subscription counts over a partition of two rectangles."""
-    from skpub.evaluators import gi2
+    from skpub.evaluators import gi2, window
     from skpub.evaluators.evaluator import Evaluator
     from skpub.kernel.geometry import Rect
     from skpub.kernel.grid import union_boxes
@@ -419,17 +419,25 @@ def test_a_target_indexes_what_is_carried_over_the_union_with_what_it_holds(held
         ev.set_partition([(0, 0, 9, 19), (10, 0, 19, 19)])
     want: dict[int, tuple] = {}
     gi2.WIDE_ENTRIES, default = wide_entries, gi2.WIDE_ENTRIES
+    window.STATE_BLOCK, state_block = 4, window.STATE_BLOCK  # state blocks smaller than the grid: a union moves keys
     try:
         for i, box in enumerate(held):
             target._insert(subs[i], box)
             want[i] = box
+        store = {k: v for k, v in target.take_dirty_blocks().items() if v is not None}
         target.import_subscriptions([(subs[i], box) for i, box in carried])
+        for key, data in target.take_dirty_blocks().items():  # what Spark's state store keeps of the import
+            if data is None:
+                store.pop(key, None)
+            else:
+                store[key] = data
+        restored = Evaluator.restore(0, deployment(evaluators=2), target.index.vocabulary, store)
         for i, box in carried:
             want[i] = union_boxes(want[i], box) if i in want else box
         for i, box in sorted(want.items()):
             fresh._insert(subs[i], box)
     finally:
-        gi2.WIDE_ENTRIES = default
+        gi2.WIDE_ENTRIES, window.STATE_BLOCK = default, state_block
     assert {sid: target.blocks[key][sid][1] for sid, key in target.home.items()} == {
         f"s{i}": box for i, box in want.items()
     }
@@ -440,8 +448,9 @@ def test_a_target_indexes_what_is_carried_over_the_union_with_what_it_holds(held
                  *((None, kw, lst) for kw, lst in ev.index.wide.items())]  # fmt: skip
         return {(k, kw): sorted(e[0] for e in lst) for k, kw, lst in lists}
 
-    assert entries(target) == entries(fresh)
-    assert target.index.entry_counts == fresh.index.entry_counts
+    assert entries(target) == entries(fresh) == entries(restored)
+    assert target.index.entry_counts == fresh.index.entry_counts == restored.index.entry_counts
+    assert restored.home == target.home and restored.blocks == target.blocks
     assert target.load._parts == fresh.load._parts
     got, built = target.load.summary(0, 0), fresh.load.summary(0, 0)
     assert [b.queries for b in got.blocks] == [b.queries for b in built.blocks]

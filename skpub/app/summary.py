@@ -107,10 +107,11 @@ class BalanceRecord:
 
     Imbalance is max / mean of the evaluators' cost in one batch (Tornado
     Eq. 1 cost units, every evaluator counted, an idle one as 0); batches
-    with no cost are skipped. A *routing update* is a batch routed by
-    another epoch than the batch before (a rebalancing's operations land
-    there, DESIGN "The balancer"): what it gained is measured as the
-    imbalance of the batch before against the batch it opened.
+    with no cost are skipped. A batch routed by another epoch than the
+    batch before was opened by a routing update (a rebalancing's
+    operations land there, DESIGN "The balancer"); where both batches had
+    cost, the update is weighed: the imbalance of the batch before against
+    the batch it opened. ``total``, ``before`` and ``after`` are sums.
     """
 
     batches: int = 0
@@ -119,8 +120,13 @@ class BalanceRecord:
     updates: int = 0
     before: float = 0.0
     after: float = 0.0
-    _epoch: int | None = None
-    _previous: float | None = None
+    _epoch: int | None = field(default=None, init=False, repr=False)
+    _previous: float | None = field(default=None, init=False, repr=False)
+
+    @property
+    def mean(self) -> float:
+        """Max/mean evaluator cost per batch with cost, averaged (1.0 before any)."""
+        return self.total / self.batches if self.batches else 1.0
 
     def add(self, epoch: int, costs: list[float]) -> None:
         """Account one batch routed by ``epoch`` whose evaluators' costs are ``costs`` (one per evaluator)."""
@@ -140,13 +146,14 @@ class BalanceRecord:
         if not self.batches:
             return None
         line = (
-            f"  balance           max/mean evaluator cost per batch {self.total / self.batches:.2f} on average,"
-            f" {self.last:.2f} in the last batch"
+            f"  balance           max/mean evaluator cost per batch {self.mean:.2f} on average,"
+            f" {self.last:.2f} in the last batch with cost"
         )
         if self.updates:
             line += (
-                f"; {self.updates} routing updates, from {self.before / self.updates:.2f} in the batch before"
-                f" to {self.after / self.updates:.2f} in the batch each opened, on average"
+                f"; around {self.updates} routing update{'s' if self.updates > 1 else ''}:"
+                f" {self.before / self.updates:.2f} in the batch before, {self.after / self.updates:.2f} in the"
+                " batch opened, on average"
             )
         return line
 
@@ -176,7 +183,7 @@ class RunSummary:
     hosts: Counter = field(default_factory=Counter)
     balancer: Counter = field(default_factory=Counter)
     balancer_mode: str = "off"
-    balance: BalanceRecord = field(default_factory=lambda: BalanceRecord())
+    balance: BalanceRecord = field(default_factory=BalanceRecord)
     log_file: str | None = None
 
     @property
