@@ -148,12 +148,25 @@ class Evaluator:
         return out
 
     def _insert(self, sub: RangeSubscription, box: CellBox) -> None:
-        key = state_block(box)
-        self.blocks.setdefault(key, {})[sub.id] = (sub, box)
-        self.home[sub.id] = key
-        self.dirty.add(key)
+        self._file(sub, box)
         self.index.insert(sub, box)
         self.load.add_subscription(sub.id, box)
+
+    def _file(self, sub: RangeSubscription, box: CellBox) -> None:
+        """Keep ``sub`` over ``box`` in the state block of ``box`` (its home), marked dirty for the state store."""
+        key = self.home[sub.id] = state_block(box)
+        self.blocks.setdefault(key, {})[sub.id] = (sub, box)
+        self.dirty.add(key)
+
+    def _unfile(self, sub_id: str) -> tuple[RangeSubscription, CellBox]:
+        """Take held subscription ``sub_id`` out of its state block (marked dirty); return it and its box."""
+        key = self.home.pop(sub_id)
+        block = self.blocks[key]
+        held = block.pop(sub_id)
+        if not block:
+            del self.blocks[key]
+        self.dirty.add(key)
+        return held
 
     def _drop_many(self, ids: Iterable[str]) -> list[tuple[RangeSubscription, CellBox]]:
         """Remove range subscriptions ``ids`` now, their index entries in one pass (:meth:`GI2Index.remove_many`).
@@ -171,12 +184,7 @@ class Evaluator:
             raise KeyError(missing[0])
         dropped = []
         for sub_id in ids:
-            key = self.home.pop(sub_id)
-            block = self.blocks[key]
-            dropped.append(block.pop(sub_id))
-            if not block:
-                del self.blocks[key]
-            self.dirty.add(key)
+            dropped.append(self._unfile(sub_id))
             self.load.remove_subscription(sub_id)
         self.index.remove_many(dropped)
         return dropped
@@ -309,24 +317,16 @@ class Evaluator:
                 box = union_boxes(boxes[sub.id][1], box)
             boxes[sub.id] = (sub, box)
         for sid, (sub, box) in boxes.items():
-            key = self.home.get(sid)
-            if key is None:
+            if sid not in self.home:
                 self._insert(sub, box)
                 continue
-            old = self.blocks[key][sid][1]
+            old = self.blocks[self.home[sid]][sid][1]
             union = union_boxes(old, box)
-            if union == old:
-                continue
-            block = self.blocks[key]
-            del block[sid]
-            if not block:
-                del self.blocks[key]
-            self.dirty.add(key)
-            key = self.home[sid] = state_block(union)
-            self.blocks.setdefault(key, {})[sid] = (sub, union)
-            self.dirty.add(key)
-            self.index.widen(sub, old, union)
-            self.load.add_subscription(sid, union)
+            if union != old:
+                self._unfile(sid)
+                self._file(sub, union)
+                self.index.widen(sub, old, union)
+                self.load.add_subscription(sid, union)
 
     def _outside(self, ids: Iterable[str], rectangles: Iterable[CellBox]) -> list[str]:
         """Those of range subscriptions ``ids`` held here whose box meets none of ``rectangles`` (in ``ids``' order).
@@ -339,14 +339,9 @@ class Evaluator:
         return [sid for sid, met in zip(held, meets.tolist(), strict=True) if not met]
 
     def _delete(self, sub_id: str) -> None:
-        key = self.home.pop(sub_id, None)
-        if key is None:
+        if sub_id not in self.home:
             raise EvaluatorError(f"unsubscribe of {sub_id!r}, which evaluator {self.evaluator_id} does not hold")
-        block = self.blocks[key]
-        del block[sub_id]
-        if not block:
-            del self.blocks[key]
-        self.dirty.add(key)
+        self._unfile(sub_id)
         self.index.delete(sub_id)
         self.load.remove_subscription(sub_id)
 

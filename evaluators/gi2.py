@@ -37,6 +37,12 @@ Entry = tuple
 """``(sub_id, xmin, ymin, xmax, ymax, dnf, multi_clause)``."""
 
 
+def _entry(sub: RangeSubscription) -> Entry:
+    """Return ``sub``'s index entry (:data:`Entry`)."""
+    r = sub.rect
+    return (sub.id, r.xmin, r.ymin, r.xmax, r.ymax, sub.dnf, len(sub.dnf) > 1)
+
+
 class GI2Index:
     """The GI^2 index of one evaluator.
 
@@ -72,16 +78,20 @@ class GI2Index:
         Cost O(index cells in box x clauses), at most ``WIDE_ENTRIES``; a
         wider subscription costs O(clauses).
         """
-        r = sub.rect
-        entry = (sub.id, r.xmin, r.ymin, r.xmax, r.ymax, sub.dnf, len(sub.dnf) > 1)
+        entry = _entry(sub)
         keywords = self.vocabulary.summary_keywords(sub.dnf)
         if self._is_wide(box, keywords):
             for kw in keywords:
                 self.wide.setdefault(kw, []).append(entry)
             self.entry_counts[sub.id] = len(keywords)
             return
-        cells = self.cells
         keys = self._cell_keys(box)
+        self._append(entry, keywords, keys)
+        self.entry_counts[sub.id] = len(keys) * len(keywords)
+
+    def _append(self, entry: Entry, keywords: list[str] | frozenset[str], keys: list[int]) -> None:
+        """Append ``entry`` to the list of every keyword of ``keywords`` in every index cell of ``keys``."""
+        cells = self.cells
         for key in keys:
             lists = cells.get(key)
             if lists is None:
@@ -92,7 +102,6 @@ class GI2Index:
                     lists[kw] = [entry]
                 else:
                     lst.append(entry)
-        self.entry_counts[sub.id] = len(keys) * len(keywords)
 
     def _is_wide(self, box: CellBox, keywords: list[str] | frozenset[str]) -> bool:
         b = self.block
@@ -116,15 +125,7 @@ class GI2Index:
             return
         held = set(self._cell_keys(old))
         added = [key for key in self._cell_keys(new) if key not in held]
-        if not added:
-            return
-        r = sub.rect
-        entry = (sub.id, r.xmin, r.ymin, r.xmax, r.ymax, sub.dnf, len(sub.dnf) > 1)
-        cells = self.cells
-        for key in added:
-            lists = cells.setdefault(key, {})
-            for kw in keywords:
-                lists.setdefault(kw, []).append(entry)
+        self._append(_entry(sub), keywords, added)
         self.entry_counts[sub.id] += len(added) * len(keywords)
 
     def remove_many(self, items: Iterable[tuple[RangeSubscription, CellBox]]) -> None:

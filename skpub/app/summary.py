@@ -103,7 +103,7 @@ def decision_seconds(report: BatchReport) -> float:
 
 @dataclass
 class BalanceRecord:
-    """What the run's balance was, batch by batch, in O(1) memory (an endless daemon run keeps it too).
+    """What the run's balance was, batch by batch, in O(1) memory.
 
     Imbalance is max / mean of the evaluators' cost in one batch (Tornado
     Eq. 1 cost units, every evaluator counted, an idle one as 0); batches
