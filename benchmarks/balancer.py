@@ -240,16 +240,13 @@ def _drift_run(stream, dep, out: str, args, phase_count: int) -> dict:
     from skpub.app.engines.local import run_local
     from skpub.app.summary import RunObserver, RunSummary
 
-    recorder = _Recorder(RunObserver(RunSummary("local", dep.router, 8), stream=None))
+    recorder = _Recorder(RunObserver(RunSummary("local", dep.router, dep.evaluators), stream=None))
     start = time.perf_counter()
     run_local(stream, out, dep, recorder)
     wall = time.perf_counter() - start
     reports = [r for r in recorder.reports if r.objects]
     n = dep.evaluators
-    imbalance = [
-        max(r.evaluator_cost.values()) / (sum(r.evaluator_cost.values()) / n) if sum(r.evaluator_cost.values()) else 1.0
-        for r in reports
-    ]
+    imbalance = [r.imbalance(n) for r in reports]
     phases = [
         float(np.mean([imbalance[i] for i in batches[2:]] or [np.nan]))
         for batches in phase_batches([r.objects for r in reports], phase_count)

@@ -23,7 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from skpub.app.engines.local import run_local
-from skpub.app.summary import RunObserver, RunSummary
+from skpub.app.summary import RunObserver, RunSummary, imbalance
 from skpub.evaluators.gi2 import GI2Index
 from skpub.kernel.config import Deployment
 from skpub.kernel.grid import FineGrid
@@ -108,7 +108,7 @@ def main() -> None:
                     f"| {live} | {engine} | {router} | {summary.objects_per_second:,.0f} "
                     f"| {summary.steady_objects_per_second:,.0f} | {summary.seconds:.1f} "
                     f"| {summary.deliveries} | {max(cpu):.2f} / {sum(cpu) / len(cpu):.2f} "
-                    f"| {summary.imbalance(cpu):.2f} | {parallel[router]:.2f} | {ratio} |",
+                    f"| {imbalance(cpu):.2f} | {parallel[router]:.2f} | {ratio} |",
                     flush=True,
                 )
         assert len(deliveries) == 1, f"runs disagree on deliveries: {deliveries}"

@@ -23,6 +23,7 @@ objects far from them never examine them.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 
 from skpub.kernel.grid import CellBox
@@ -72,6 +73,23 @@ class GI2Index:
         xs = range(box[0] // b, box[2] // b + 1)
         return [gy * _ROW + gx for gy in range(box[1] // b, box[3] // b + 1) for gx in xs]
 
+    def _added_cell_keys(self, old: CellBox, new: CellBox) -> list[int]:
+        """Return the keys of the index cells ``new`` meets and ``old`` does not, row by row.
+
+        O(rows of ``new`` + the keys returned).
+        """
+        b = self.block
+        ox0, oy0, ox1, oy1 = (c // b for c in old)
+        nx0, ny0, nx1, ny1 = (c // b for c in new)
+        keys = []
+        for gy in range(ny0, ny1 + 1):
+            if oy0 <= gy <= oy1:
+                xs = itertools.chain(range(nx0, min(ox0, nx1 + 1)), range(max(ox1 + 1, nx0), nx1 + 1))
+            else:
+                xs = range(nx0, nx1 + 1)
+            keys.extend(gy * _ROW + gx for gx in xs)
+        return keys
+
     def insert(self, sub: RangeSubscription, box: CellBox) -> None:
         """Index ``sub`` over the fine-cell box ``box`` (rectangle ∩ partition).
 
@@ -115,7 +133,8 @@ class GI2Index:
         ``old`` meets stay, those only ``new`` meets are appended, so the
         lists end as :meth:`remove_many` then :meth:`insert` over ``new``
         would leave them (in another order). A subscription that becomes
-        wide is indexed again. O(index cells of ``new`` x clauses).
+        wide is indexed again. O(rows of ``new`` + index cells added x
+        clauses).
         """
         keywords = self.vocabulary.summary_keywords(sub.dnf)
         if self._is_wide(new, keywords):
@@ -123,8 +142,7 @@ class GI2Index:
                 self.remove_many([(sub, old)])
                 self.insert(sub, new)
             return
-        held = set(self._cell_keys(old))
-        added = [key for key in self._cell_keys(new) if key not in held]
+        added = self._added_cell_keys(old, new)
         self._append(_entry(sub), keywords, added)
         self.entry_counts[sub.id] += len(added) * len(keywords)
 

@@ -134,3 +134,19 @@ def test_removing_several_at_once_leaves_the_index_one_by_one_removal_leaves(see
         assert many.entry_counts == one.entry_counts and many.deleted == one.deleted == {"s0"}
     finally:
         gi2.WIDE_ENTRIES = default
+
+
+_boxes = st.tuples(st.integers(0, 60), st.integers(0, 60), st.integers(0, 60), st.integers(0, 60)).map(
+    lambda c: (min(c[0], c[2]), min(c[1], c[3]), max(c[0], c[2]), max(c[1], c[3]))
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 7), _boxes, _boxes, st.booleans())
+def test_added_index_cells_are_those_of_the_new_box_the_old_does_not_meet(block, old, new, nested):
+    """What a widening appends to, row by row: the set difference, whether or not ``new`` contains ``old``."""
+    if nested:  # the take-over's case: ``new`` is the union box of the held and the carried part
+        new = (min(old[0], new[0]), min(old[1], new[1]), max(old[2], new[2]), max(old[3], new[3]))
+    index = GI2Index(block, Vocabulary())
+    held = set(index._cell_keys(old))
+    assert index._added_cell_keys(old, new) == [k for k in index._cell_keys(new) if k not in held]

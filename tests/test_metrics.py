@@ -67,6 +67,21 @@ def test_balancer_metrics_count_what_the_balancer_did(tmp_path):
     assert len(loads) == 3 and values[("skpub_evaluator_imbalance", ())] == pytest.approx(max(loads) / (sum(loads) / 3))
 
 
+def test_imbalance_counts_an_evaluator_that_reported_nothing_as_idle():
+    from skpub.app.summary import BatchReport, imbalance
+
+    report = BatchReport(0, evaluator_cost={0: 30, 1: 10})  # evaluators 2 and 3 had no rows: no task on Spark
+    metrics = Metrics()
+    metrics.observe_batch(report, 4)
+    assert values_of(metrics, "skpub_evaluator_imbalance") == [3.0] == [report.imbalance(4)]  # 30 / (40 / 4)
+    assert report.evaluator_costs(4) == [30.0, 10.0, 0.0, 0.0]
+    assert imbalance([0.0, 0.0]) == imbalance([]) == 1.0 and imbalance([2.0, 2.0]) == 1.0
+
+
+def values_of(metrics: Metrics, name: str) -> list[float]:
+    return [v for (n, _), v in sample_values(metrics).items() if n == name]
+
+
 @pytest.mark.integration
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus server (.ci/run installs it)")
 def test_real_prometheus_scrapes_the_metrics_endpoint(tmp_path):

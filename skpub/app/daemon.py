@@ -498,7 +498,7 @@ class Daemon:
             sample = lines[: self.deployment.sample_size]
             self._pipeline = LocalPipeline.new(self.data / "output", self.deployment, self.vocabulary, sample)
         tune_gc()
-        self.metrics.observe_batch(self._pipeline.step(batch_id, lines, self._local_sink))
+        self.metrics.observe_batch(self._pipeline.step(batch_id, lines, self._local_sink), self.deployment.evaluators)
         self._checkpoint_local(batch_id)
         self._collect()
 

@@ -44,7 +44,9 @@ class Metrics:
             "skpub_evaluator_load", "Cost units of the last micro-batch per evaluator", ["evaluator"], registry=r
         )
         self.imbalance = Gauge(
-            "skpub_evaluator_imbalance", "Max / mean evaluator cost of the last micro-batch (1 is even)", registry=r
+            "skpub_evaluator_imbalance",
+            "Max / mean evaluator cost of the last micro-batch, every evaluator counted (1 is even)",
+            registry=r,
         )
         self.rebalance_operations = Counter(
             "skpub_rebalance_operations", "Balancer operations carried out", ["operation"], registry=r
@@ -60,8 +62,8 @@ class Metrics:
         )
         self.epoch = Gauge("skpub_routing_epoch", "Routing epoch in force", registry=r)
 
-    def observe_batch(self, report: BatchReport) -> None:
-        """Account one :class:`skpub.app.summary.BatchReport`."""
+    def observe_batch(self, report: BatchReport, evaluators: int) -> None:
+        """Account one :class:`skpub.app.summary.BatchReport` of a deployment of ``evaluators`` evaluators."""
         self.objects.inc(report.objects)
         self.forwarded.inc(report.forwarded)
         self.deliveries.inc(report.deliveries)
@@ -70,9 +72,7 @@ class Metrics:
         for e, cost in report.evaluator_cost.items():
             self.evaluator_cost.labels(evaluator=str(e)).inc(cost)
             self.evaluator_load.labels(evaluator=str(e)).set(cost)
-        costs = list(report.evaluator_cost.values())
-        mean = sum(costs) / len(costs) if costs else 0.0
-        self.imbalance.set(max(costs) / mean if mean > 0 else 1.0)
+        self.imbalance.set(report.imbalance(evaluators))
         for kind, count in report.balancer.items():
             if kind == "subscriptions":
                 self.migrated_subscriptions.inc(count)

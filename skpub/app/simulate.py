@@ -323,8 +323,9 @@ def count_outputs(batch_id, deliveries, dead_letters, statistics, report, events
 
 
 def _figures(report: BatchReport, pipeline: LocalPipeline, routing_units: int) -> BatchFigures:
-    costs = list(report.evaluator_cost.values()) or [0]
-    total = sum(costs)
+    evaluators = len(pipeline.evaluators)
+    costs = report.evaluator_costs(evaluators)
+    total = int(sum(costs))
     parts = sum(len(ev.home) for ev in pipeline.evaluators)
     distinct = len(set().union(*(ev.home.keys() for ev in pipeline.evaluators)))
     operations = sum(n for k, n in report.balancer.items() if k not in ("subscriptions", "placements"))
@@ -333,9 +334,9 @@ def _figures(report: BatchReport, pipeline: LocalPipeline, routing_units: int) -
         objects=report.objects,
         parallel_seconds=parallel_seconds(report, routing_units),
         routing_unit_seconds=routing_unit_seconds(report, routing_units),
-        max_cost=max(costs),
+        max_cost=int(max(costs)),
         total_workload=total,
-        imbalance=max(costs) / (total / len(costs)) if total else 1.0,
+        imbalance=report.imbalance(evaluators),
         replication=parts / distinct if distinct else 0.0,
         shipping=report.forwarded / report.objects if report.objects else 0.0,
         operations=operations,

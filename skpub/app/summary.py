@@ -10,12 +10,24 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
 from skpub.app.metrics import Metrics
 
 STAGES = ("parse", "sequencer", "evaluators", "merge", "sink")
+
+
+def imbalance(loads: Sequence[float]) -> float:
+    """Return ``max / mean`` of ``loads``, one per evaluator (1.0 is even balance, and the value when all are 0).
+
+    The one measure of balance every report uses (the run summary, the
+    metrics, ``skpub simulate``, the balancer benchmark): an evaluator with
+    no load counts, as 0.
+    """
+    mean = sum(loads) / len(loads) if loads else 0.0
+    return max(loads) / mean if mean > 0 else 1.0
 
 
 @dataclass
@@ -55,6 +67,18 @@ class BatchReport:
     controls: list[tuple[int, str, str]] = field(default_factory=list)
     """``(position, type, id)`` of the accepted subscribe, unsubscribe and snapshot records, in stream order
     (:func:`skpub.router.dispatch.accepted_controls`): what the daemon follows."""
+
+    def evaluator_costs(self, evaluators: int) -> list[float]:
+        """Return the cost of each of evaluators ``0 .. evaluators - 1`` in this batch, 0 for one that reported none.
+
+        On Spark an evaluator with no rows in a batch runs no task and
+        reports nothing; its cost was 0.
+        """
+        return [float(self.evaluator_cost.get(e, 0)) for e in range(evaluators)]
+
+    def imbalance(self, evaluators: int) -> float:
+        """Return this batch's max / mean evaluator cost over ``evaluators`` evaluators (:func:`imbalance`)."""
+        return imbalance(self.evaluator_costs(evaluators))
 
 
 HOST_LINES = (
@@ -130,16 +154,16 @@ class BalanceRecord:
 
     def add(self, epoch: int, costs: list[float]) -> None:
         """Account one batch routed by ``epoch`` whose evaluators' costs are ``costs`` (one per evaluator)."""
-        imbalance = RunSummary.imbalance(costs) if sum(costs) > 0 else None
-        if imbalance is not None:
+        balance = imbalance(costs) if sum(costs) > 0 else None
+        if balance is not None:
             self.batches += 1
-            self.total += imbalance
-            self.last = imbalance
+            self.total += balance
+            self.last = balance
             if self._epoch is not None and epoch != self._epoch and self._previous is not None:
                 self.updates += 1
                 self.before += self._previous
-                self.after += imbalance
-        self._epoch, self._previous = epoch, imbalance
+                self.after += balance
+        self._epoch, self._previous = epoch, balance
 
     def format(self) -> str | None:
         """Return the summary's ``balance`` line, None before any batch with cost."""
@@ -202,12 +226,6 @@ class RunSummary:
         total = sum(self.stage_cpu[k] for k in STAGES)
         return self.stage_cpu["sequencer"] / total if total > 0 else 0.0
 
-    @staticmethod
-    def imbalance(loads: list[float]) -> float:
-        """``max / mean`` of per-evaluator loads (1.0 is perfect balance)."""
-        mean = sum(loads) / len(loads) if loads else 0.0
-        return max(loads) / mean if mean > 0 else 1.0
-
     def format(self) -> str:
         """Return the human-readable summary printed at the end of ``skpub run``."""
         dead = ", ".join(f"{r}={n}" for r, n in sorted(self.dead_letters.items())) or "none"
@@ -223,9 +241,9 @@ class RunSummary:
             f"  dead letters      {sum(self.dead_letters.values())} ({dead})",
             f"  routing time      {self.routing_seconds:.2f} s",
             f"  evaluator cost    max {max(cost, default=0)} / mean {sum(cost) / max(len(cost), 1):.1f}"
-            f" = {self.imbalance([float(c) for c in cost]):.2f}",
+            f" = {imbalance([float(c) for c in cost]):.2f}",
             f"  evaluator cpu     max {max(cpu, default=0):.2f} s / mean {sum(cpu) / max(len(cpu), 1):.2f} s"
-            f" = {self.imbalance(cpu):.2f}",
+            f" = {imbalance(cpu):.2f}",
         ]
         if self.ranked:
             r = self.ranked
@@ -320,7 +338,7 @@ class RunObserver:
         s.ranked.update(report.ranked)
         s.hosts.update(report.hosts)
         s.balancer.update(report.balancer)
-        s.balance.add(report.epoch, [float(report.evaluator_cost.get(e, 0)) for e in range(s.evaluators)])
+        s.balance.add(report.epoch, report.evaluator_costs(s.evaluators))
         now = time.perf_counter()
         if s.batches > 1:
             s.steady_objects += report.objects
@@ -328,7 +346,7 @@ class RunObserver:
         self._last_batch = now
         s.seconds = now - self.started
         if self.metrics:
-            self.metrics.observe_batch(report)
+            self.metrics.observe_batch(report, s.evaluators)
         if self.stream and now - self._last_print >= self.every_seconds:
             self._last_print = now
             print(

@@ -675,7 +675,7 @@ class SparkPlane:
             for name in DAEMON_OUTPUTS
         }
         self.daemon.commit(report, produced)
-        self.daemon.metrics.observe_batch(report)
+        self.daemon.metrics.observe_batch(report, self.daemon.deployment.evaluators)
         for name in (*DAEMON_OUTPUTS, "statistics"):
             for path in batch_parts(self.output, name, batch_id):
                 path.unlink(missing_ok=True)
