@@ -43,7 +43,7 @@ from skpub.balancer.splitmerge import best_split_merge, split_merge
 from skpub.balancer.textsplit import mergeable, phase_one, text_merge, text_split
 from skpub.balancer.textsplit import splittable as text_splittable
 from skpub.kernel.config import BalancerConfig
-from skpub.kernel.load import LoadSummary
+from skpub.kernel.load import LoadSummary, imbalance
 from skpub.router.partitioning import Partitioning
 
 NEGLIGIBLE = 0.01
@@ -55,18 +55,16 @@ shift of empty lines must not take the place of one that matters.
 
 
 CHAOS_DRAWS = 32
-"""``chaos`` draws this many operations at most until one moves no cell of a text-partitioned rectangle."""
+"""``chaos`` draws this many operations at most until one moves no cell of a text-partitioned rectangle.
+
+Only a global adjustment (its leaves cut anywhere) can still draw one; every other kind is drawn from
+rectangles whose cells may move (:func:`chaos`).
+"""
 
 
 def movable(partitioning: Partitioning, op: Operation) -> bool:
     """Return whether no move of ``op`` moves cells of a text-partitioned rectangle (only phase I changes those)."""
     return not any(touches_text(partitioning, m.cells) for m in op.moves if not m.text)
-
-
-def imbalance(costs: np.ndarray) -> float:
-    """Return max / mean of ``costs`` (1.0 when nothing costs anything)."""
-    mean = float(np.mean(costs)) if len(costs) else 0.0
-    return float(np.max(costs)) / mean if mean > 0 else 1.0
 
 
 def candidates(partitioning: Partitioning, loads: Loads) -> list[Operation]:
@@ -163,7 +161,9 @@ def with_global_adjustment(
 def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) -> Operation | None:
     """Return one legal operation drawn with ``rng``, or None when none is legal.
 
-    A kind is drawn among the possible ones, then an instance: a text split
+    A kind is drawn among the possible ones, then an instance (a spatial
+    one, shift, split/merge or migration, only from rectangles and
+    evaluators that hold no text-partitioned rectangle): a text split
     of a random plain rectangle towards a random other evaluator, a text
     merge of a random text rectangle by a random one of its evaluators into
     a random other (:mod:`skpub.balancer.textsplit`); a shift site
@@ -173,7 +173,7 @@ def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) ->
     random strip of whole rows or columns of a random rectangle to a random
     other evaluator (never its owner's last cell); or a global adjustment
     on random block costs with the leaves given to random evaluators
-    (:func:`~skpub.balancer.globaladjust.global_adjustment`; a migration
+    (:func:`~skpub.balancer.globaladjust.global_adjustment`; another kind
     when that moves nothing). Every one is weighed from
     the summaries like an adaptive candidate.
     """
@@ -184,10 +184,16 @@ def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) ->
     boxes = [tuple(b) for b in partitioning.boxes.tolist()]
     owners = partitioning.owners.tolist()
     counts = np.bincount(owners, minlength=n)
-    shifts = [s for s in sites(partitioning, pairs) if s.span is not None or depth(boxes[s.a], s.side) > 1]
-    splittable = [i for i, b in enumerate(boxes) if b[2] > b[0] or b[3] > b[1]]
-    edges = list(partition_graph(partitioning, pairs).edges) if n >= 3 else []
-    movable = [i for i, b in enumerate(boxes) if b[2] > b[0] or b[3] > b[1] or counts[owners[i]] > 1]
+    # the cells of a text-partitioned rectangle move only by text split/merge: no spatial draw starts from one
+    spatial = [t is None for t in partitioning.texts]
+    spatial_owners = set(range(n)) - {owners[i] for i, plain in enumerate(spatial) if not plain}
+    shifts = [
+        s for s in sites(partitioning, pairs) if spatial[s.a] and (s.span is not None or depth(boxes[s.a], s.side) > 1)
+    ]
+    splittable = [i for i, b in enumerate(boxes) if spatial[i] and (b[2] > b[0] or b[3] > b[1])]
+    graph = partition_graph(partitioning, pairs) if n >= 3 else None
+    edges = [(y, z) for y, z in graph.edges if {y, z} <= spatial_owners] if graph is not None else []
+    movable = [i for i, b in enumerate(boxes) if spatial[i] and (b[2] > b[0] or b[3] > b[1] or counts[owners[i]] > 1)]
     plain = [i for i in range(len(boxes)) if text_splittable(partitioning, i)]
     merges = [(i, e) for i, t in enumerate(partitioning.texts) if t is not None for e in t.evaluators
               if mergeable(partitioning, i, e)]  # fmt: skip
@@ -200,13 +206,13 @@ def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) ->
         ("global_adjustment", True),
     )
     kinds = [k for k, some in options if some]
-    if not kinds:
-        return None
     kind = kinds[int(rng.integers(len(kinds)))]
     if kind == "global_adjustment":
         op = global_adjustment(partitioning, loads, rng)
-        if op is not None or not movable:
+        if op is not None or len(kinds) == 1:
             return op
+        kinds.remove(kind)  # it moved nothing: one of the other kinds
+        kind = kinds[int(rng.integers(len(kinds)))]
     if kind == "text_split":
         rect = plain[int(rng.integers(len(plain)))]
         target = int(rng.choice([e for e in range(n) if e != owners[rect]]))

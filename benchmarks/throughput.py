@@ -23,11 +23,12 @@ from collections import defaultdict
 from pathlib import Path
 
 from skpub.app.engines.local import run_local
-from skpub.app.summary import RunObserver, RunSummary, imbalance
+from skpub.app.summary import RunObserver, RunSummary
 from skpub.evaluators.gi2 import GI2Index
 from skpub.kernel.config import Deployment
 from skpub.kernel.grid import FineGrid
 from skpub.kernel.inputs import iter_lines
+from skpub.kernel.load import imbalance
 from skpub.kernel.parts import read_stream
 from skpub.kernel.records import ObjectRecord, RangeSubscription, Unsubscribe, parse_line
 from skpub.kernel.runtime import tune_gc

@@ -78,7 +78,7 @@ class Evaluator:
         self.monitor = RankedMonitor(evaluator_id, deployment, vocabulary, durable)
         self.index = GI2Index(deployment.index_block, vocabulary)
         self.blocks: dict[int, dict[str, tuple[RangeSubscription, CellBox]]] = {}
-        self.home: dict[str, int] = {}
+        self.state_block_of: dict[str, int] = {}
         self.dirty: set[int] = set()
         self.load = CellLoad(deployment.grid_size, [], grid_t_block(deployment.grid_size), deployment.balancer.decay)
         self.balancing = deployment.balancer.mode != "off"
@@ -86,7 +86,7 @@ class Evaluator:
     @property
     def subscriptions(self) -> int:
         """Number of live subscriptions held (range and ranked)."""
-        return len(self.home) + len(self.monitor)
+        return len(self.state_block_of) + len(self.monitor)
 
     def apply_many(self, rows: Iterable[Routed], batch_id: int) -> EvaluatorBatch:
         """Apply one micro-batch's rows, in stream order.
@@ -153,14 +153,14 @@ class Evaluator:
         self.load.add_subscription(sub.id, box)
 
     def _file(self, sub: RangeSubscription, box: CellBox) -> None:
-        """Keep ``sub`` over ``box`` in the state block of ``box`` (its home), marked dirty for the state store."""
-        key = self.home[sub.id] = state_block(box)
+        """Keep ``sub`` over ``box`` in the state block of ``box``, marked dirty for the state store."""
+        key = self.state_block_of[sub.id] = state_block(box)
         self.blocks.setdefault(key, {})[sub.id] = (sub, box)
         self.dirty.add(key)
 
     def _unfile(self, sub_id: str) -> tuple[RangeSubscription, CellBox]:
         """Take held subscription ``sub_id`` out of its state block (marked dirty); return it and its box."""
-        key = self.home.pop(sub_id)
+        key = self.state_block_of.pop(sub_id)
         block = self.blocks[key]
         held = block.pop(sub_id)
         if not block:
@@ -179,7 +179,7 @@ class Evaluator:
             If one of ``ids`` is not held here; nothing is removed then.
         """
         ids = list(dict.fromkeys(ids))
-        missing = [sid for sid in ids if sid not in self.home]
+        missing = [sid for sid in ids if sid not in self.state_block_of]
         if missing:
             raise KeyError(missing[0])
         dropped = []
@@ -317,10 +317,10 @@ class Evaluator:
                 box = union_boxes(boxes[sub.id][1], box)
             boxes[sub.id] = (sub, box)
         for sid, (sub, box) in boxes.items():
-            if sid not in self.home:
+            if sid not in self.state_block_of:
                 self._insert(sub, box)
                 continue
-            old = self.blocks[self.home[sid]][sid][1]
+            old = self.blocks[self.state_block_of[sid]][sid][1]
             union = union_boxes(old, box)
             if union != old:
                 self._unfile(sid)
@@ -333,13 +333,13 @@ class Evaluator:
 
         O(ids x rectangles) box tests in numpy (:func:`~skpub.kernel.grid.meets_any`).
         """
-        held = [sid for sid in ids if sid in self.home]
-        boxes = np.array([self.blocks[self.home[sid]][sid][1] for sid in held], dtype=np.int64).reshape(-1, 4)
+        held = [sid for sid in ids if sid in self.state_block_of]
+        boxes = np.array([self.blocks[self.state_block_of[sid]][sid][1] for sid in held], dtype=np.int64).reshape(-1, 4)
         meets = meets_any(boxes, np.array(list(rectangles), dtype=np.int64).reshape(-1, 4))
         return [sid for sid, met in zip(held, meets.tolist(), strict=True) if not met]
 
     def _delete(self, sub_id: str) -> None:
-        if sub_id not in self.home:
+        if sub_id not in self.state_block_of:
             raise EvaluatorError(f"unsubscribe of {sub_id!r}, which evaluator {self.evaluator_id} does not hold")
         self._unfile(sub_id)
         self.index.delete(sub_id)
@@ -376,7 +376,7 @@ class Evaluator:
             block = decode_block(data)
             ev.blocks[key] = block
             for sid, (sub, box) in block.items():
-                ev.home[sid] = key
+                ev.state_block_of[sid] = key
                 ev.index.insert(sub, box)
                 ev.load.add_subscription(sid, box)
         if load is not None:

@@ -68,7 +68,8 @@ def test_balancer_metrics_count_what_the_balancer_did(tmp_path):
 
 
 def test_imbalance_counts_an_evaluator_that_reported_nothing_as_idle():
-    from skpub.app.summary import BatchReport, imbalance
+    from skpub.app.summary import BatchReport
+    from skpub.kernel.load import imbalance
 
     report = BatchReport(0, evaluator_cost={0: 30, 1: 10})  # evaluators 2 and 3 had no rows: no task on Spark
     metrics = Metrics()

@@ -10,24 +10,13 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TextIO
 
 from skpub.app.metrics import Metrics
+from skpub.kernel.load import imbalance
 
 STAGES = ("parse", "sequencer", "evaluators", "merge", "sink")
-
-
-def imbalance(loads: Sequence[float]) -> float:
-    """Return ``max / mean`` of ``loads``, one per evaluator (1.0 is even balance, and the value when all are 0).
-
-    The one measure of balance every report uses (the run summary, the
-    metrics, ``skpub simulate``, the balancer benchmark): an evaluator with
-    no load counts, as 0.
-    """
-    mean = sum(loads) / len(loads) if loads else 0.0
-    return max(loads) / mean if mean > 0 else 1.0
 
 
 @dataclass
@@ -77,7 +66,10 @@ class BatchReport:
         return [float(self.evaluator_cost.get(e, 0)) for e in range(evaluators)]
 
     def imbalance(self, evaluators: int) -> float:
-        """Return this batch's max / mean evaluator cost over ``evaluators`` evaluators (:func:`imbalance`)."""
+        """Return this batch's max / mean evaluator cost over ``evaluators`` evaluators.
+
+        :func:`skpub.kernel.load.imbalance` of :meth:`evaluator_costs`.
+        """
         return imbalance(self.evaluator_costs(evaluators))
 
 

@@ -15,6 +15,7 @@ balancer reads it, and neither imports the other.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,18 @@ from skpub.kernel.grid import CellBox
 
 GRID_T_SIDE = 40
 """grid^t blocks per side of the space: the migration unit GR selects (PS2Stream V-A), whatever the fine grid."""
+
+
+def imbalance(loads: Sequence[float] | np.ndarray) -> float:
+    """Return ``max / mean`` of ``loads``, one per evaluator (1.0 is even balance, and the value when all are 0).
+
+    The one measure of balance: the balancer's trigger (sigma bounds it),
+    the run summary, the ``skpub_evaluator_imbalance`` gauge, ``skpub
+    simulate`` and the balancer benchmark. An evaluator with no load counts,
+    as 0. O(evaluators).
+    """
+    mean = float(np.mean(loads)) if len(loads) else 0.0
+    return float(np.max(loads)) / mean if mean > 0 else 1.0
 
 
 def grid_t_block(grid_size: int) -> int:
