@@ -13,12 +13,11 @@ Partition ``p``, the rectangles evaluator ``p`` owns, is its spatial range
 from __future__ import annotations
 
 import heapq
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from skpub.kernel.grid import CellBox
+from skpub.kernel.grid import CellBox, grid_shape
 from skpub.router.errors import RoutingError
 from skpub.router.gridt import TermTable, routing_classes
 
@@ -236,12 +235,6 @@ def cost_partitioning(costs: np.ndarray, n: int) -> Partitioning:
         push(halves[1])
     boxes = sorted(done + [item[3] for item in heap], key=lambda b: (b[1], b[0]))
     return Partitioning(size, np.array(boxes, dtype=np.int32))
-
-
-def grid_shape(n: int) -> tuple[int, int]:
-    """Return ``(columns, rows)`` with ``columns * rows == n``, as square as possible."""
-    rows = max(r for r in range(1, math.isqrt(n) + 1) if n % r == 0)
-    return n // rows, rows
 
 
 def uniform_partitioning(size: int, n: int) -> Partitioning:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import bisect
 
-from skpub.kernel.grid import CellBox, FineGrid
-from skpub.router.partitioning import grid_shape, uniform_partitioning
+from skpub.kernel.grid import CellBox, FineGrid, grid_shape
+from skpub.router.partitioning import uniform_partitioning
 from skpub.router.table import RoutingTable
 
 

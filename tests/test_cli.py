@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from skpub.app.cli import main
 from skpub.kernel.oracle import replay
 from skpub.kernel.parts import read_stream
@@ -35,6 +37,22 @@ def test_bad_config_is_a_clear_error(tmp_path, capsys):
     code = main(["run", "--engine", "local", "--input", str(tmp_path), "--config", str(tmp_path / "dep.json")])
     assert code == 2
     assert "evaluators must be an integer >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("evaluators", "grid", "layout"), [(7, 4, "7 x 1"), (7, 7, None), (10, 4, "5 x 2"), (10, 5, None)]
+)
+def test_a_uniform_layout_the_grid_cannot_hold_is_refused_with_the_deployment(evaluators, grid, layout):
+    """Uni-Space-Rout lays n evaluators out as the squarest columns x rows: 7 as 7 x 1, 10 as 5 x 2."""
+    from skpub.kernel.config import Deployment
+    from skpub.kernel.errors import ConfigError
+
+    if layout:
+        with pytest.raises(ConfigError, match=f"as {layout} ranges, more than a {grid} x {grid} grid holds"):
+            Deployment(router="uniform", evaluators=evaluators, grid_size=grid)
+    else:
+        assert Deployment(router="uniform", evaluators=evaluators, grid_size=grid).evaluators == evaluators
+    assert Deployment(router="agrid", evaluators=evaluators, grid_size=grid).router == "agrid"  # uniform's layout only
 
 
 def test_spark_without_java_says_so(tmp_path, capsys, monkeypatch):

@@ -398,6 +398,45 @@ def test_a_read_older_than_retention_gets_410_with_the_earliest_offset_kept(tmp_
     daemon.stop()
 
 
+def test_the_balancer_log_keeps_its_newest_parts_within_the_retention_and_touches_nothing_else(tmp_path):
+    from skpub.app.output import retain_parts
+    from skpub.kernel.parts import part_path
+
+    folder = tmp_path / "balancer"
+    folder.mkdir()
+    for batch in range(1, 11):  # 100 bytes a batch; batch 7 in two parts of 50
+        for writer in ("a", "b") if batch == 7 else ("",):
+            part_path(tmp_path, "balancer", batch, writer).write_bytes(b"x" * (50 if writer else 100))
+    foreign = [folder / "notes.txt", folder / ".part-00000001.jsonl.abc.tmp", folder / "part-1.jsonl"]
+    for path in foreign:
+        path.write_bytes(b"y" * 1000)
+    (folder / "part-00000000.jsonl").symlink_to(tmp_path / "elsewhere")
+    assert retain_parts(tmp_path, "balancer", 350) == 8  # batches 1-7 go (7: both parts), 8-10 weigh 300
+    kept = sorted(p.name for p in folder.iterdir())
+    assert kept == sorted(
+        [*(p.name for p in foreign), "part-00000000.jsonl"] + [f"part-{b:08d}.jsonl" for b in (8, 9, 10)]
+    )
+    assert retain_parts(tmp_path, "balancer", 0) == 2 and (folder / "part-00000010.jsonl").exists()  # the newest stays
+    assert retain_parts(tmp_path / "none", "balancer", 0) == 0
+
+
+def test_a_daemon_that_rebalances_every_other_batch_keeps_its_balancer_log_within_the_retention(tmp_path):
+    from skpub.kernel.config import BalancerConfig
+
+    dep = deployment(evaluators=3, batch_size=20).replace(balancer=BalancerConfig(mode="chaos", seed=4))
+    daemon = Daemon(tmp_path / "data", dep, Limits(trigger=0.01, retention_bytes=3000))
+    daemon.start()
+    daemon.post([line.encode() for line in random_workload(seed=62, n=1000, invalid=False)])
+    while not daemon.ready:
+        daemon.stopping.wait(0.01)
+    daemon.stop()
+    parts = sorted((tmp_path / "data" / "output" / "balancer").glob("part-*.jsonl"))
+    operations = daemon.metrics.rebalance_operations
+    done = sum(s.value for m in operations.collect() for s in m.samples if s.name.endswith("_total"))
+    assert done >= 20 > len(parts) >= 2  # a chaos operation every other batch; the oldest parts went
+    assert sum(p.stat().st_size for p in parts[1:]) <= 3000
+
+
 def test_request_bodies_split_into_records_as_files_do():
     assert split_lines(b"") == []
     assert split_lines(b"\xef\xbb\xbfa\r\nb\n\nc") == [b"a", b"b", b"", b"c"]

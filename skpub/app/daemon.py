@@ -26,7 +26,8 @@ Everything lives in one data directory (DESIGN "The daemon"):
   (a restart with another one is refused: results would change);
 - ``checkpoints/``: the local engine's newest checkpoints of its pipeline
   (:mod:`skpub.app.engines.local_checkpoint`);
-- ``output/``: the balancer's log; on Spark also each batch's part files
+- ``output/``: the balancer's log (its oldest parts removed past
+  ``retention_bytes``, as an output log's segments); on Spark also each batch's part files
   until they are committed to the logs, and ``spark/``, the Spark
   engine's checkpoint.
 
@@ -70,6 +71,7 @@ from skpub.app.engines.local import LocalPipeline
 from skpub.app.engines.sink import complete_report, unique_letters
 from skpub.app.journal import LineLog, SegmentedLog, segment_path
 from skpub.app.metrics import Metrics
+from skpub.app.output import retain_parts
 from skpub.app.summary import BatchReport
 from skpub.kernel.config import Deployment, changes_text, deployment_changes, deployment_from_json
 from skpub.kernel.errors import CheckpointError, ConfigError
@@ -103,7 +105,7 @@ class Limits:
     (a restart replays only the batches after it); ``retry_seconds``: the
     wait before a commit the disk refused is tried again; ``segment_bytes``,
     ``retention_bytes``: every log's segment size and each output log's
-    retention; ``compact_commits``: the commit log is compacted into a base
+    retention (the balancer's log's too); ``compact_commits``: the commit log is compacted into a base
     once it holds this many commits after the last, or a
     :data:`COMPACT_RATIO`-th of the base's definitions and snapshots if that is
     more (a base costs O(1) lines per batch).
@@ -641,7 +643,9 @@ class Daemon:
     def _release(self) -> None:
         """Compact the commit log when due; drop what no restart can need from the ingest log and the journal.
 
-        Also applies the output logs' retention.
+        Also applies the output logs' retention, and the same to the
+        balancer's log (``output/balancer/``, one part per batch that
+        rebalanced: on an endless stream it would grow without bound).
 
         A restart runs again from :meth:`_replay_from` at the earliest: it
         needs the journal from the batch before (its start) and the ingest
@@ -660,6 +664,7 @@ class Daemon:
         try:
             for log in self.logs.values():
                 log.retain()
+            retain_parts(self.data / "output", "balancer", self.limits.retention_bytes)
             replay = self._replay_from()
             self._ends.forget(replay - 1)
             self.batches.release(replay - 1)

@@ -153,6 +153,40 @@ def claim_output(root: str | Path, run_id: str, overwrite: bool, resume: bool = 
     return root
 
 
+def retain_parts(root: str | Path, stream: str, keep_bytes: int) -> int:
+    """Remove ``stream``'s oldest part files, whole batches, while its parts weigh more than ``keep_bytes``.
+
+    A long-running daemon's balancer log (one part per batch with a
+    rebalancing) keeps the retention of an output log this way. Only
+    skpub's own part files (:data:`~skpub.kernel.parts.PART_RE`, regular
+    files, never a link) are weighed and removed; the newest batch's stay
+    whatever they weigh. O(part files). Returns how many were removed.
+
+    Raises
+    ------
+    OSError
+        If a file cannot be listed or removed (the caller tries again later).
+    """
+    folder = Path(root) / stream
+    if not folder.is_dir() or folder.is_symlink():
+        return 0
+    batches: dict[int, list[tuple[Path, int]]] = {}
+    for path, kind in entries(folder):
+        match = PART_RE.fullmatch(path.name)
+        if kind == "file" and match is not None and not match["temporary"]:
+            batches.setdefault(int(match["batch"]), []).append((path, path.stat().st_size))
+    total = sum(size for parts in batches.values() for _, size in parts)
+    removed = 0
+    for batch in sorted(batches)[:-1]:
+        if total <= keep_bytes:
+            break
+        for path, size in batches[batch]:
+            path.unlink(missing_ok=True)
+            total -= size
+            removed += 1
+    return removed
+
+
 def mark_success(root: str | Path, run_id: str) -> None:
     """Write the empty ``_SUCCESS`` marker: the whole input was processed (written last).
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from skpub.kernel.errors import ConfigError
 from skpub.kernel.geometry import Rect
+from skpub.kernel.grid import grid_shape
 from skpub.kernel.horizon import memory_bytes
 
 MAX_RECORD_BYTES = 1 << 20
@@ -201,6 +202,12 @@ class Deployment:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
         if self.evaluators > self.grid_size * self.grid_size:
             raise ConfigError("more evaluators than fine-grid cells")
+        if self.router == "uniform" and max(grid_shape(self.evaluators)) > self.grid_size:
+            columns, rows = grid_shape(self.evaluators)
+            raise ConfigError(
+                f"the uniform router lays {self.evaluators} evaluators out as {columns} x {rows} ranges, more than a "
+                f"{self.grid_size} x {self.grid_size} grid holds; choose a larger grid_size or another evaluator count"
+            )
         need, have = self.memory_estimate(), physical_memory()
         if need > have // 2:
             raise ConfigError(
