@@ -54,14 +54,6 @@ shift of empty lines must not take the place of one that matters.
 """
 
 
-CHAOS_DRAWS = 32
-"""``chaos`` draws this many operations at most until one moves no cell of a text-partitioned rectangle.
-
-Only a global adjustment (its leaves cut anywhere) can still draw one; every other kind is drawn from
-rectangles whose cells may move (:func:`chaos`).
-"""
-
-
 def movable(partitioning: Partitioning, op: Operation) -> bool:
     """Return whether no move of ``op`` moves cells of a text-partitioned rectangle (only phase I changes those)."""
     return not any(touches_text(partitioning, m.cells) for m in op.moves if not m.text)
@@ -161,9 +153,11 @@ def with_global_adjustment(
 def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) -> Operation | None:
     """Return one legal operation drawn with ``rng``, or None when none is legal.
 
-    A kind is drawn among the possible ones, then an instance (a spatial
-    one, shift, split/merge or migration, only from rectangles and
-    evaluators that hold no text-partitioned rectangle): a text split
+    Every draw is legal (:func:`movable`; :func:`~skpub.balancer.operation.apply_moves`
+    refuses anything else): shifts and migrations start from rectangles
+    that are not text-partitioned, split/merge only between evaluators
+    owning none, and a global adjustment leaves text rectangles alone.
+    A kind is drawn among the possible ones, then an instance: a text split
     of a random plain rectangle towards a random other evaluator, a text
     merge of a random text rectangle by a random one of its evaluators into
     a random other (:mod:`skpub.balancer.textsplit`); a shift site
@@ -280,12 +274,8 @@ def decide(
         return []
     loads = Loads(partitioning, summaries, settings.beta)
     if settings.mode == "chaos":
-        rng = np.random.default_rng([settings.seed, batch])
-        for _ in range(CHAOS_DRAWS):
-            op = chaos(partitioning, loads, rng)
-            if op is None or movable(partitioning, op):
-                return [op] if op is not None else []
-        return []
+        op = chaos(partitioning, loads, np.random.default_rng([settings.seed, batch]))
+        return [op] if op is not None else []
     gain = (1 - settings.decay) * settings.horizon
     local = adaptive(partitioning, loads, settings.sigma, gain)
     # a decision is not made while a transfer is in flight (one batch of two): two chances per period,

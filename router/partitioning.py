@@ -243,7 +243,9 @@ def uniform_partitioning(size: int, n: int) -> Partitioning:
     Raises
     ------
     RoutingError
-        If the grid has fewer cells per side than the partition layout needs.
+        If the grid has fewer cells per side than the partition layout needs
+        (a :class:`~skpub.kernel.config.Deployment` of the uniform router
+        refuses such a layout already).
     """
     cols, rows = grid_shape(n)
     if cols > size or rows > size:

@@ -399,32 +399,47 @@ def test_a_read_older_than_retention_gets_410_with_the_earliest_offset_kept(tmp_
 
 
 def test_the_balancer_log_keeps_its_newest_parts_within_the_retention_and_touches_nothing_else(tmp_path):
-    from skpub.app.output import retain_parts
+    from skpub.app.output import PartRetention
     from skpub.kernel.parts import part_path
 
     folder = tmp_path / "balancer"
     folder.mkdir()
-    for batch in range(1, 11):  # 100 bytes a batch; batch 7 in two parts of 50
+    for batch in range(1, 11):  # one part of 100 bytes a batch, two for batch 7
         for writer in ("a", "b") if batch == 7 else ("",):
-            part_path(tmp_path, "balancer", batch, writer).write_bytes(b"x" * (50 if writer else 100))
+            part_path(tmp_path, "balancer", batch, writer).write_bytes(b"x" * 100)
     foreign = [folder / "notes.txt", folder / ".part-00000001.jsonl.abc.tmp", folder / "part-1.jsonl"]
     for path in foreign:
-        path.write_bytes(b"y" * 1000)
+        path.write_bytes(b"y" * 10_000)
     (folder / "part-00000000.jsonl").symlink_to(tmp_path / "elsewhere")
-    assert retain_parts(tmp_path, "balancer", 350) == 8  # batches 1-7 go (7: both parts), 8-10 weigh 300
-    kept = sorted(p.name for p in folder.iterdir())
-    assert kept == sorted(
-        [*(p.name for p in foreign), "part-00000000.jsonl"] + [f"part-{b:08d}.jsonl" for b in (8, 9, 10)]
+    weight = PartRetention(tmp_path, "balancer", 0).total / 11  # a part's disk use: a whole block at least
+    assert weight >= 100
+    log = PartRetention(tmp_path, "balancer", int(3.5 * weight))
+    assert log.retain() == 8  # batches 1-7 go (7: both parts); 8-10 fit
+    newest = [f"part-{b:08d}.jsonl" for b in (8, 9, 10)]
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [*(p.name for p in foreign), "part-00000000.jsonl", *newest]
     )
-    assert retain_parts(tmp_path, "balancer", 0) == 2 and (folder / "part-00000010.jsonl").exists()  # the newest stays
-    assert retain_parts(tmp_path / "none", "balancer", 0) == 0
+    part_path(tmp_path, "balancer", 12, "d").write_bytes(b"x" * 100)  # batch 11 rebalanced nothing
+    log.add(-1)  # before the first batch: nothing
+    log.add(12)
+    assert log.retain() == 1 and sorted(p.name for p in folder.glob("part-0*")) == [
+        "part-00000000.jsonl",
+        "part-00000009.jsonl",
+        "part-00000010.jsonl",
+        "part-00000012-d.jsonl",
+    ]
+    (folder / "part-00000009.jsonl").unlink()  # gone meanwhile: its removal is not an error
+    log.keep_bytes = 0
+    assert log.retain() == 2 and (folder / "part-00000012-d.jsonl").exists()  # the newest batch stays
+    assert PartRetention(tmp_path, "balancer", 0).retain() == 0 and (folder / "part-00000012-d.jsonl").exists()
+    assert PartRetention(tmp_path / "none", "balancer", 0).retain() == 0
 
 
 def test_a_daemon_that_rebalances_every_other_batch_keeps_its_balancer_log_within_the_retention(tmp_path):
     from skpub.kernel.config import BalancerConfig
 
     dep = deployment(evaluators=3, batch_size=20).replace(balancer=BalancerConfig(mode="chaos", seed=4))
-    daemon = Daemon(tmp_path / "data", dep, Limits(trigger=0.01, retention_bytes=3000))
+    daemon = Daemon(tmp_path / "data", dep, Limits(trigger=0.01, retention_bytes=20_000))
     daemon.start()
     daemon.post([line.encode() for line in random_workload(seed=62, n=1000, invalid=False)])
     while not daemon.ready:
@@ -434,7 +449,8 @@ def test_a_daemon_that_rebalances_every_other_batch_keeps_its_balancer_log_withi
     operations = daemon.metrics.rebalance_operations
     done = sum(s.value for m in operations.collect() for s in m.samples if s.name.endswith("_total"))
     assert done >= 20 > len(parts) >= 2  # a chaos operation every other batch; the oldest parts went
-    assert sum(p.stat().st_size for p in parts[1:]) <= 3000
+    weights = [max(p.stat().st_size, p.stat().st_blocks * 512) for p in parts]  # disk use: a block at least
+    assert sum(weights[:-1]) <= 20_000 < sum(weights) + 2 * max(weights)  # the last batch's is counted after it
 
 
 def test_request_bodies_split_into_records_as_files_do():

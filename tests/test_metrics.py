@@ -75,7 +75,13 @@ def test_imbalance_counts_an_evaluator_that_reported_nothing_as_idle():
     metrics = Metrics()
     metrics.observe_batch(report, 4)
     assert values_of(metrics, "skpub_evaluator_imbalance") == [3.0] == [report.imbalance(4)]  # 30 / (40 / 4)
-    assert report.evaluator_costs(4) == [30.0, 10.0, 0.0, 0.0]
+    assert report.costs_per_evaluator(4) == [30, 10, 0, 0]
+    loads = {labels: v for (name, labels), v in sample_values(metrics).items() if name == "skpub_evaluator_load"}
+    assert loads == {(("evaluator", str(e)),): float(c) for e, c in enumerate([30, 10, 0, 0])}
+    metrics.observe_batch(BatchReport(1, evaluator_cost={0: 5, 3: 5}), 4)  # evaluator 1 silent now: its load is 0
+    assert values_of(metrics, "skpub_evaluator_load") == [5.0, 0.0, 0.0, 5.0]
+    with pytest.raises(ValueError, match="not 0-3"):
+        BatchReport(2, evaluator_cost={4: 1}).costs_per_evaluator(4)
     assert imbalance([0.0, 0.0]) == imbalance([]) == 1.0 and imbalance([2.0, 2.0]) == 1.0
 
 

@@ -8,6 +8,7 @@ import pytest
 from skpub.app.engines.local import run_local
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.config import BalancerConfig, Window
+from skpub.kernel.load import imbalance as load_imbalance
 from skpub.kernel.parts import PART_RE, read_stream
 from tests.workloads import assert_outputs_equal_oracle, deployment, random_workload, ranked_workload, write_lines
 
@@ -125,8 +126,7 @@ def test_adaptive_rebalances_a_skewed_stream_and_off_does_not(tmp_path):
         costs = Counter()
         for r in rows:
             costs[r["evaluator"]] += r["cost"]
-        values = [costs[e] for e in range(4)]
-        return max(values) / (sum(values) / 4)
+        return load_imbalance([costs[e] for e in range(4)])
 
     assert imbalance(late) < imbalance(late_off)
     assert "balancer          adaptive" in summary.format()

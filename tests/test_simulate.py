@@ -77,6 +77,18 @@ def test_malformed_scenario_bytes_are_a_config_error(data):
         parse_scenario("bad", data)
 
 
+def test_a_strategy_the_deployment_refuses_stops_simulate_before_any_run(tmp_path):
+    from skpub.app.simulate import simulate
+
+    scenario = parse_scenario(
+        "tiny", json.dumps({**TINY, "routers": ["agrid", "uniform"], "evaluators": [2, 1021]}).encode()
+    )
+    seen = []
+    with pytest.raises(ConfigError, match="1021 x 1 ranges"):  # 1021 is prime: one row on a 1000-cell side
+        simulate([scenario], tmp_path / "work", seen.append)
+    assert seen == [] and not (tmp_path / "work").exists()
+
+
 def test_a_scenario_name_must_be_a_safe_file_name(tmp_path):
     path = tmp_path / "no good.json"
     path.write_text(json.dumps(TINY))

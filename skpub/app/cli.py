@@ -98,7 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     serve.add_argument(
         "--retention-bytes", type=int, default=1 << 30,
-        help="keep about this many bytes of each output log (default 1 GiB); older offsets get 410",
+        help="keep about this many bytes of each output log and of the balancer's log (default 1 GiB); "
+        "older offsets get 410",
     )  # fmt: skip
     serve.add_argument(
         "--segment-bytes", type=int, default=64 << 20,

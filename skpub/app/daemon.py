@@ -71,7 +71,7 @@ from skpub.app.engines.local import LocalPipeline
 from skpub.app.engines.sink import complete_report, unique_letters
 from skpub.app.journal import LineLog, SegmentedLog, segment_path
 from skpub.app.metrics import Metrics
-from skpub.app.output import retain_parts
+from skpub.app.output import PartRetention
 from skpub.app.summary import BatchReport
 from skpub.kernel.config import Deployment, changes_text, deployment_changes, deployment_from_json
 from skpub.kernel.errors import CheckpointError, ConfigError
@@ -250,6 +250,7 @@ class Daemon:
         }
         self.metrics = Metrics()
         self.served = DaemonMetrics(self.metrics, self)
+        self._balancer_log = PartRetention(self.data / "output", "balancer", self.limits.retention_bytes)
         self._acks: deque[tuple[int, float]] = deque()  # (end position, acknowledged at) of requests in the backlog
         self._post_lock = threading.Lock()
         self.stopping = threading.Event()
@@ -664,7 +665,6 @@ class Daemon:
         try:
             for log in self.logs.values():
                 log.retain()
-            retain_parts(self.data / "output", "balancer", self.limits.retention_bytes)
             replay = self._replay_from()
             self._ends.forget(replay - 1)
             self.batches.release(replay - 1)
@@ -672,6 +672,11 @@ class Daemon:
                 self.ingest.release(self._ends.start(replay))
         except OSError as exc:  # what is not removed now is removed after a later batch
             print(f"[skpub] removing old log segments failed: {exc}", file=sys.stderr, flush=True)
+        try:
+            self._balancer_log.add(self._committed.batch - 1)  # a batch's line is written after its commit (local)
+            self._balancer_log.retain()
+        except OSError as exc:  # what is not removed now is removed after a later batch
+            print(f"[skpub] removing old balancer log parts failed: {exc}", file=sys.stderr, flush=True)
 
     def _definitions_of(self, accepted: list[tuple[int, str, str]], start: int, end: int) -> dict[str, str]:
         """Return the lines of a batch's accepted subscribe records by id (read back from the ingest log)."""

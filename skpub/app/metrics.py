@@ -69,7 +69,7 @@ class Metrics:
         self.deliveries.inc(report.deliveries)
         for reason, count in report.dead_letters.items():
             self.dead_letters.labels(reason=reason).inc(count)
-        for e, cost in report.evaluator_cost.items():
+        for e, cost in enumerate(report.costs_per_evaluator(evaluators)):  # a silent evaluator's load is 0
             self.evaluator_cost.labels(evaluator=str(e)).inc(cost)
             self.evaluator_load.labels(evaluator=str(e)).set(cost)
         self.imbalance.set(report.imbalance(evaluators))

@@ -15,14 +15,16 @@ skpub's own part files are ever removed, never through a symbolic link.
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from skpub.app.checkpoint import CHECKPOINT_DIR, checkpoint_foreign_entries
 from skpub.kernel.errors import OutputError
-from skpub.kernel.parts import PART_RE, STREAMS
+from skpub.kernel.parts import PART_RE, STREAMS, batch_parts
 from skpub.kernel.storage import atomic_write_text, entries, own_files
 
 SUCCESS = "_SUCCESS"
@@ -153,38 +155,82 @@ def claim_output(root: str | Path, run_id: str, overwrite: bool, resume: bool = 
     return root
 
 
-def retain_parts(root: str | Path, stream: str, keep_bytes: int) -> int:
-    """Remove ``stream``'s oldest part files, whole batches, while its parts weigh more than ``keep_bytes``.
+class PartRetention:
+    """Keeps one stream's part files within ``keep_bytes`` of disk, removing the oldest batches' first.
 
-    A long-running daemon's balancer log (one part per batch with a
-    rebalancing) keeps the retention of an output log this way. Only
-    skpub's own part files (:data:`~skpub.kernel.parts.PART_RE`, regular
-    files, never a link) are weighed and removed; the newest batch's stay
-    whatever they weigh. O(part files). Returns how many were removed.
+    A long-running daemon's balancer log (``output/balancer``: one part per
+    batch that rebalanced) keeps the retention of an output log this way.
+    The folder is listed once, when this is made; then each committed batch
+    is told to :meth:`add`, so a batch costs O(its parts + the parts
+    removed), never a listing of the folder. Only skpub's own part files
+    (:data:`~skpub.kernel.parts.PART_RE`, regular files, never through a
+    link) are counted and removed; the newest batch's stay whatever they
+    weigh. A part weighs its disk use (``max(size, blocks x 512)`` bytes:
+    a small file takes a whole block).
 
     Raises
     ------
     OSError
-        If a file cannot be listed or removed (the caller tries again later).
+        From the listing, if the folder cannot be read.
     """
-    folder = Path(root) / stream
-    if not folder.is_dir() or folder.is_symlink():
-        return 0
-    batches: dict[int, list[tuple[Path, int]]] = {}
-    for path, kind in entries(folder):
-        match = PART_RE.fullmatch(path.name)
-        if kind == "file" and match is not None and not match["temporary"]:
-            batches.setdefault(int(match["batch"]), []).append((path, path.stat().st_size))
-    total = sum(size for parts in batches.values() for _, size in parts)
-    removed = 0
-    for batch in sorted(batches)[:-1]:
-        if total <= keep_bytes:
-            break
-        for path, size in batches[batch]:
-            path.unlink(missing_ok=True)
-            total -= size
-            removed += 1
-    return removed
+
+    def __init__(self, root: str | Path, stream: str, keep_bytes: int) -> None:
+        self.root, self.stream, self.keep_bytes = Path(root), stream, keep_bytes
+        self.total = 0
+        self._parts: dict[int, list[tuple[Path, int]]] = {}
+        self._order: list[int] = []  # batches holding parts, ascending
+        self._last: int | None = None  # the newest batch told or listed
+        folder = self.root / stream
+        if not folder.is_dir() or folder.is_symlink() or self.root.is_symlink():
+            return
+        for path, kind in entries(folder):
+            match = PART_RE.fullmatch(path.name)
+            if kind == "file" and match is not None and not match["temporary"]:
+                self._account(int(match["batch"]), [path])
+
+    def add(self, batch_id: int) -> None:
+        """Count the parts of the batches after the last one told, up to ``batch_id`` (whose parts are written)."""
+        if batch_id < 0:
+            return
+        start = batch_id if self._last is None else self._last + 1
+        for batch in range(start, batch_id + 1):
+            self._account(batch, batch_parts(self.root, self.stream, batch))
+
+    def retain(self) -> int:
+        """Remove the oldest batches' parts while all weigh more than ``keep_bytes``; return how many went.
+
+        Raises
+        ------
+        OSError
+            If a part cannot be removed (it is tried again at the next call).
+        """
+        removed = 0
+        while self.total > self.keep_bytes and len(self._order) > 1:
+            batch = self._order[0]
+            for path, size in self._parts[batch]:
+                path.unlink(missing_ok=True)
+                self.total -= size
+                removed += 1
+            del self._parts[batch], self._order[0]
+        return removed
+
+    def _account(self, batch: int, paths: list[Path]) -> None:
+        parts = []
+        for path in paths:
+            try:
+                st = path.lstat()
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                parts.append((path, max(st.st_size, st.st_blocks * 512)))
+        self._last = batch if self._last is None else max(self._last, batch)
+        if not parts:
+            return
+        if batch not in self._parts:
+            bisect.insort(self._order, batch)
+            self._parts[batch] = []
+        self._parts[batch].extend(parts)
+        self.total += sum(size for _, size in parts)
 
 
 def mark_success(root: str | Path, run_id: str) -> None:

@@ -324,8 +324,8 @@ def count_outputs(batch_id, deliveries, dead_letters, statistics, report, events
 
 def _figures(report: BatchReport, pipeline: LocalPipeline, routing_units: int) -> BatchFigures:
     evaluators = len(pipeline.evaluators)
-    costs = report.evaluator_costs(evaluators)
-    total = int(sum(costs))
+    costs = report.costs_per_evaluator(evaluators)
+    total = sum(costs)
     parts = sum(len(ev.state_block_of) for ev in pipeline.evaluators)
     distinct = len(set().union(*(ev.state_block_of.keys() for ev in pipeline.evaluators)))
     operations = sum(n for k, n in report.balancer.items() if k not in ("subscriptions", "placements"))
@@ -334,7 +334,7 @@ def _figures(report: BatchReport, pipeline: LocalPipeline, routing_units: int) -
         objects=report.objects,
         parallel_seconds=parallel_seconds(report, routing_units),
         routing_unit_seconds=routing_unit_seconds(report, routing_units),
-        max_cost=int(max(costs)),
+        max_cost=max(costs),
         total_workload=total,
         imbalance=report.imbalance(evaluators),
         replication=parts / distinct if distinct else 0.0,
@@ -484,7 +484,16 @@ def simulate(
     a line every 5 s within a long run. With ``repeat`` > 1 each strategy's
     batches take the median parallel seconds of its runs (:func:`median_run`),
     which steadies the comparison of strategies within a few percent.
+
+    Raises
+    ------
+    ConfigError
+        If a strategy's deployment is refused (a uniform layout its grid
+        cannot hold), before any workload is written or run.
     """
+    for scenario in scenarios:  # every deployment is checked before the first run, not when its turn comes
+        for strategy in scenario.strategies():
+            deployment_for(scenario, strategy, workdir / scenario.name / "vocabulary.json")
     runs = sum(len(s.strategies()) for s in scenarios)
     done = 0
     out = []

@@ -57,20 +57,30 @@ class BatchReport:
     """``(position, type, id)`` of the accepted subscribe, unsubscribe and snapshot records, in stream order
     (:func:`skpub.router.dispatch.accepted_controls`): what the daemon follows."""
 
-    def evaluator_costs(self, evaluators: int) -> list[float]:
-        """Return the cost of each of evaluators ``0 .. evaluators - 1`` in this batch, 0 for one that reported none.
+    def costs_per_evaluator(self, evaluators: int) -> list[int]:
+        """Return the cost (Tornado Eq. 1 cost units) of each of evaluators ``0 .. evaluators - 1`` in this batch.
 
-        On Spark an evaluator with no rows in a batch runs no task and
-        reports nothing; its cost was 0.
+        One that reported nothing cost 0 (on Spark an evaluator with no
+        rows in a batch runs no task). O(evaluators).
+
+        Raises
+        ------
+        ValueError
+            If an evaluator ``evaluators`` or above reported (a report of
+            another deployment: a bug).
         """
-        return [float(self.evaluator_cost.get(e, 0)) for e in range(evaluators)]
+        if any(not 0 <= e < evaluators for e in self.evaluator_cost):
+            raise ValueError(
+                f"batch {self.batch_id} has costs of evaluators {sorted(self.evaluator_cost)}, not 0-{evaluators - 1}"
+            )
+        return [self.evaluator_cost.get(e, 0) for e in range(evaluators)]
 
     def imbalance(self, evaluators: int) -> float:
         """Return this batch's max / mean evaluator cost over ``evaluators`` evaluators.
 
-        :func:`skpub.kernel.load.imbalance` of :meth:`evaluator_costs`.
+        :func:`skpub.kernel.load.imbalance` of :meth:`costs_per_evaluator`.
         """
-        return imbalance(self.evaluator_costs(evaluators))
+        return imbalance(self.costs_per_evaluator(evaluators))
 
 
 HOST_LINES = (
@@ -144,7 +154,7 @@ class BalanceRecord:
         """Max/mean evaluator cost per batch with cost, averaged (1.0 before any)."""
         return self.total / self.batches if self.batches else 1.0
 
-    def add(self, epoch: int, costs: list[float]) -> None:
+    def add(self, epoch: int, costs: list[int] | list[float]) -> None:
         """Account one batch routed by ``epoch`` whose evaluators' costs are ``costs`` (one per evaluator)."""
         balance = imbalance(costs) if sum(costs) > 0 else None
         if balance is not None:
@@ -330,7 +340,7 @@ class RunObserver:
         s.ranked.update(report.ranked)
         s.hosts.update(report.hosts)
         s.balancer.update(report.balancer)
-        s.balance.add(report.epoch, report.evaluator_costs(s.evaluators))
+        s.balance.add(report.epoch, report.costs_per_evaluator(s.evaluators))
         now = time.perf_counter()
         if s.batches > 1:
             s.steady_objects += report.objects
