@@ -398,7 +398,9 @@ def test_a_read_older_than_retention_gets_410_with_the_earliest_offset_kept(tmp_
     daemon.stop()
 
 
-def test_the_balancer_log_keeps_its_newest_parts_within_the_retention_and_touches_nothing_else(tmp_path):
+def test_the_balancer_log_keeps_its_newest_parts_within_the_retention_and_touches_nothing_else(tmp_path, monkeypatch):
+    from pathlib import Path
+
     from skpub.app.output import PartRetention
     from skpub.kernel.parts import part_path
 
@@ -430,7 +432,32 @@ def test_the_balancer_log_keeps_its_newest_parts_within_the_retention_and_touche
     ]
     (folder / "part-00000009.jsonl").unlink()  # gone meanwhile: its removal is not an error
     log.keep_bytes = 0
-    assert log.retain() == 2 and (folder / "part-00000012-d.jsonl").exists()  # the newest batch stays
+    assert log.retain() == 2 and sorted(p.name for p in folder.glob("part-0*")) == [
+        "part-00000000.jsonl",
+        "part-00000012-d.jsonl",  # the newest batch stays
+    ]
+    assert log.total == weight
+    for writer in ("a", "b"):  # a batch of two parts, one of whose removals the disk refuses once
+        part_path(tmp_path / "two", "balancer", 1, writer).parent.mkdir(parents=True, exist_ok=True)
+        part_path(tmp_path / "two", "balancer", 1, writer).write_bytes(b"x" * 100)
+    part_path(tmp_path / "two", "balancer", 2).write_bytes(b"x" * 100)
+    two = PartRetention(tmp_path / "two", "balancer", 0)
+    refused = {"part-00000001-b.jsonl"}
+    real_unlink = Path.unlink
+
+    def unlink(path, missing_ok=False):
+        if path.name in refused:
+            refused.clear()
+            raise PermissionError(path)
+        return real_unlink(path, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink)
+    with pytest.raises(PermissionError):
+        two.retain()
+    two.retain()  # tried again: each part is counted off once
+    assert two.total == weight and [p.name for p in (tmp_path / "two" / "balancer").iterdir()] == [
+        "part-00000002.jsonl"
+    ]
     assert PartRetention(tmp_path, "balancer", 0).retain() == 0 and (folder / "part-00000012-d.jsonl").exists()
     assert PartRetention(tmp_path / "none", "balancer", 0).retain() == 0
 

@@ -207,8 +207,11 @@ class PartRetention:
         removed = 0
         while self.total > self.keep_bytes and len(self._order) > 1:
             batch = self._order[0]
-            for path, size in self._parts[batch]:
+            parts = self._parts[batch]
+            while parts:  # a part counts until it is gone: a removal that fails is tried again, counted once
+                path, size = parts[-1]
                 path.unlink(missing_ok=True)
+                parts.pop()
                 self.total -= size
                 removed += 1
             del self._parts[batch], self._order[0]
