@@ -187,14 +187,16 @@ def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) ->
     splittable = [i for i, b in enumerate(boxes) if spatial[i] and (b[2] > b[0] or b[3] > b[1])]
     graph = partition_graph(partitioning, pairs) if n >= 3 else None
     edges = [(y, z) for y, z in graph.edges if {y, z} <= spatial_owners] if graph is not None else []
-    movable = [i for i, b in enumerate(boxes) if spatial[i] and (b[2] > b[0] or b[3] > b[1] or counts[owners[i]] > 1)]
+    strippable = [
+        i for i, b in enumerate(boxes) if spatial[i] and (b[2] > b[0] or b[3] > b[1] or counts[owners[i]] > 1)
+    ]
     plain = [i for i in range(len(boxes)) if text_splittable(partitioning, i)]
     merges = [(i, e) for i, t in enumerate(partitioning.texts) if t is not None for e in t.evaluators
               if mergeable(partitioning, i, e)]  # fmt: skip
     options = (
         ("shift", shifts),
         ("split_merge", splittable and edges),
-        ("migration", movable),
+        ("migration", strippable),
         ("text_split", plain),
         ("text_merge", merges),
         ("global_adjustment", True),
@@ -233,7 +235,7 @@ def chaos(partitioning: Partitioning, loads: Loads, rng: np.random.Generator) ->
             return split_merge(
                 partitioning, loads, owners[rect], rect, halves, *((z, y) if rng.random() < 0.5 else (y, z))
             )
-    rect = movable[int(rng.integers(len(movable)))]
+    rect = strippable[int(rng.integers(len(strippable)))]
     x0, y0, x1, y1 = boxes[rect]
     # a strip must leave the owner a cell: of one rectangle, cut along an axis with two lines or more
     axes = [axis for axis, extent in (("rows", y1 - y0), ("columns", x1 - x0)) if extent or counts[owners[rect]] > 1]

@@ -158,6 +158,10 @@ class Evaluator:
         self.blocks.setdefault(key, {})[sub.id] = (sub, box)
         self.dirty.add(key)
 
+    def _box_of(self, sub_id: str) -> CellBox:
+        """Return the cell box held subscription ``sub_id`` is indexed over here."""
+        return self.blocks[self.state_block_of[sub_id]][sub_id][1]
+
     def _unfile(self, sub_id: str) -> tuple[RangeSubscription, CellBox]:
         """Take held subscription ``sub_id`` out of its state block (marked dirty); return it and its box."""
         key = self.state_block_of.pop(sub_id)
@@ -320,7 +324,7 @@ class Evaluator:
             if sid not in self.state_block_of:
                 self._insert(sub, box)
                 continue
-            old = self.blocks[self.state_block_of[sid]][sid][1]
+            old = self._box_of(sid)
             union = union_boxes(old, box)
             if union != old:
                 self._unfile(sid)
@@ -334,7 +338,7 @@ class Evaluator:
         O(ids x rectangles) box tests in numpy (:func:`~skpub.kernel.grid.meets_any`).
         """
         held = [sid for sid in ids if sid in self.state_block_of]
-        boxes = np.array([self.blocks[self.state_block_of[sid]][sid][1] for sid in held], dtype=np.int64).reshape(-1, 4)
+        boxes = np.array([self._box_of(sid) for sid in held], dtype=np.int64).reshape(-1, 4)
         meets = meets_any(boxes, np.array(list(rectangles), dtype=np.int64).reshape(-1, 4))
         return [sid for sid, met in zip(held, meets.tolist(), strict=True) if not met]
 

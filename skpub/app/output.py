@@ -15,7 +15,6 @@ skpub's own part files are ever removed, never through a symbolic link.
 
 from __future__ import annotations
 
-import bisect
 import json
 import re
 import stat
@@ -177,16 +176,18 @@ class PartRetention:
     def __init__(self, root: str | Path, stream: str, keep_bytes: int) -> None:
         self.root, self.stream, self.keep_bytes = Path(root), stream, keep_bytes
         self.total = 0
-        self._parts: dict[int, list[tuple[Path, int]]] = {}
-        self._order: list[int] = []  # batches holding parts, ascending
+        self._parts: dict[int, list[tuple[Path, int]]] = {}  # batches holding parts, inserted in ascending order
         self._last: int | None = None  # the newest batch told or listed
         folder = self.root / stream
         if not folder.is_dir() or folder.is_symlink() or self.root.is_symlink():
             return
+        listed: dict[int, list[Path]] = {}
         for path, kind in entries(folder):
             match = PART_RE.fullmatch(path.name)
             if kind == "file" and match is not None and not match["temporary"]:
-                self._account(int(match["batch"]), [path])
+                listed.setdefault(int(match["batch"]), []).append(path)
+        for batch in sorted(listed):
+            self._account(batch, listed[batch])
 
     def add(self, batch_id: int) -> None:
         """Count the parts of the batches after the last one told, up to ``batch_id`` (whose parts are written)."""
@@ -205,8 +206,8 @@ class PartRetention:
             If a part cannot be removed (it is tried again at the next call).
         """
         removed = 0
-        while self.total > self.keep_bytes and len(self._order) > 1:
-            batch = self._order[0]
+        while self.total > self.keep_bytes and len(self._parts) > 1:
+            batch = next(iter(self._parts))
             parts = self._parts[batch]
             while parts:  # a part counts until it is gone: a removal that fails is tried again, counted once
                 path, size = parts[-1]
@@ -214,7 +215,7 @@ class PartRetention:
                 parts.pop()
                 self.total -= size
                 removed += 1
-            del self._parts[batch], self._order[0]
+            del self._parts[batch]
         return removed
 
     def _account(self, batch: int, paths: list[Path]) -> None:
@@ -229,10 +230,7 @@ class PartRetention:
         self._last = batch if self._last is None else max(self._last, batch)
         if not parts:
             return
-        if batch not in self._parts:
-            bisect.insort(self._order, batch)
-            self._parts[batch] = []
-        self._parts[batch].extend(parts)
+        self._parts.setdefault(batch, []).extend(parts)
         self.total += sum(size for _, size in parts)
 
 

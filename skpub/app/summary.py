@@ -243,7 +243,7 @@ class RunSummary:
             f"  dead letters      {sum(self.dead_letters.values())} ({dead})",
             f"  routing time      {self.routing_seconds:.2f} s",
             f"  evaluator cost    max {max(cost, default=0)} / mean {sum(cost) / max(len(cost), 1):.1f}"
-            f" = {imbalance([float(c) for c in cost]):.2f}",
+            f" = {imbalance(cost):.2f}",
             f"  evaluator cpu     max {max(cpu, default=0):.2f} s / mean {sum(cpu) / max(len(cpu), 1):.2f} s"
             f" = {imbalance(cpu):.2f}",
         ]

@@ -202,8 +202,8 @@ class Deployment:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
         if self.evaluators > self.grid_size * self.grid_size:
             raise ConfigError("more evaluators than fine-grid cells")
-        if self.router == "uniform" and max(grid_shape(self.evaluators)) > self.grid_size:
-            columns, rows = grid_shape(self.evaluators)
+        columns, rows = grid_shape(self.evaluators) if self.router == "uniform" else (1, 1)
+        if max(columns, rows) > self.grid_size:
             raise ConfigError(
                 f"the uniform router lays {self.evaluators} evaluators out as {columns} x {rows} ranges, more than a "
                 f"{self.grid_size} x {self.grid_size} grid holds; choose a larger grid_size or another evaluator count"
