@@ -52,7 +52,6 @@ Run: python -m benchmarks.balancer [--parts migration decision statistics drift 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shutil
 import statistics
@@ -322,16 +321,11 @@ def part_drift(args) -> None:
             base: Deployment = deployment_from_json(deployment_of(spec)).replace(
                 evaluators=8, batch_size=args.batch_size, vocabulary=str(vocabulary)
             )
-            deployments = {}
-            for mode in ("off", "adaptive"):
-                settings = BalancerConfig(mode=mode)
-                if args.beta is not None:
-                    settings = dataclasses.replace(settings, beta=args.beta)
-                if args.decay is not None:
-                    settings = dataclasses.replace(settings, decay=args.decay)
-                if args.global_period is not None:
-                    settings = dataclasses.replace(settings, global_period=args.global_period)
-                deployments[mode] = base.replace(balancer=settings)
+            chosen = {name: getattr(args, name) for name in ("beta", "decay", "global_period", "object_cost")}
+            overrides = {name: value for name, value in chosen.items() if value is not None}
+            deployments = {
+                mode: base.replace(balancer=BalancerConfig(mode=mode, **overrides)) for mode in ("off", "adaptive")
+            }
             runs: dict[str, list[dict]] = {"off": [], "adaptive": []}
             for attempt in range(rounds):
                 for mode in ("off", "adaptive") if attempt % 2 == 0 else ("adaptive", "off"):
@@ -443,6 +437,12 @@ def main() -> None:
     parser.add_argument("--routing-units", type=int, default=8, help="routing units the parse stage is spread over")
     parser.add_argument("--beta", type=float, default=None, help="the adaptive runs' beta (default the deployment's)")
     parser.add_argument("--decay", type=float, default=None, help="the statistics' decay (default: the deployment's)")
+    parser.add_argument(
+        "--object-cost",
+        type=int,
+        default=None,
+        help="cost units of an object beside its candidates (default: the deployment's)",
+    )
     parser.add_argument("--drift-rounds", type=int, default=3, help="runs per mode of the drift part, alternating")
     parser.add_argument("--global-period", type=int, default=None,
                         help="batches between global adjustment checks, 0: never")  # fmt: skip

@@ -82,6 +82,7 @@ class Evaluator:
         self.dirty: set[int] = set()
         self.load = CellLoad(deployment.grid_size, [], grid_t_block(deployment.grid_size), deployment.balancer.decay)
         self.balancing = deployment.balancer.mode != "off"
+        self.object_cost = deployment.balancer.object_cost
 
     @property
     def subscriptions(self) -> int:
@@ -104,7 +105,7 @@ class Evaluator:
         """
         start = time.thread_time()
         out = EvaluatorBatch(self.evaluator_id)
-        deliveries, stats, size = out.deliveries, out.stats, self.grid_size
+        deliveries, stats, size, object_cost = out.deliveries, out.stats, self.grid_size, self.object_cost
         match_one, monitor = self.index.match_one, self.monitor
         refills, refill_scored, fills = monitor.stats.refills, monitor.stats.refill_scored, monitor.stats.fills
         refill_cpu_seconds = monitor.stats.refill_cpu_seconds
@@ -119,7 +120,7 @@ class Evaluator:
                     matched, examined = match_one(record, cx, cy, row.only)
                     if row.window:
                         examined += monitor.add_object(record, row.accepted - 1, block_of(cx, cy))
-                    stats.add(cy * size + cx, cx, cy, examined)
+                    stats.add(cy * size + cx, cx, cy, object_cost + examined)
                     if matched:
                         deliveries.extend((record.pos, sid, record.id) for sid in matched)
                 elif isinstance(record, RangeSubscription):

@@ -1,16 +1,18 @@
 """Per-cell cost statistics (Tornado section 4, equations 1-2, Figure 5).
 
-``cost(FG[i][j]) = sum of (1 + q_l)`` over the objects ``O_l`` received in
-fine cell ``(i, j)``, where ``q_l`` is the number of subscriptions that share
-a keyword with ``O_l`` there (equation 1, plus one unit per object for
-receiving and indexing it, as the initial partitioning counts it:
-:mod:`skpub.router.initial`). Without that unit, a stream whose objects
-rarely meet a subscription keyword costs almost nothing while its
-evaluators are busy: on the drifting GeoNames stream, 5,000 objects cost
-about 250 candidates, and balancing candidates alone left one evaluator
-with all the work (benchmark (f)). The row, column and overall aggregates are
-kept as objects arrive, O(1) each, so a split position can be found in
-O(rows + columns) and a partition's cost (equation 2) read without a scan.
+``cost(FG[i][j]) = sum of (object_cost + q_l)`` over the objects ``O_l``
+received in fine cell ``(i, j)``, where ``q_l`` is the number of
+subscriptions that share a keyword with ``O_l`` there (equation 1), plus
+``object_cost`` units per object for receiving and indexing it
+(``BalancerConfig.object_cost``, PS2Stream Definition 1's c2 against c1;
+the initial partitioning counts one unit, :mod:`skpub.router.initial`). Without
+that term, a stream whose objects rarely meet a subscription keyword costs
+almost nothing while its evaluators are busy: on the drifting GeoNames
+stream, 5,000 objects cost about 250 candidates, and balancing candidates
+alone left one evaluator with all the work (benchmark (f)). The row, column
+and overall aggregates are kept as objects arrive, O(1) each, so a split
+position can be found in O(rows + columns) and a partition's cost
+(equation 2) read without a scan.
 """
 
 from __future__ import annotations
@@ -41,9 +43,8 @@ class CellCostStats:
     fills: int = 0
 
     def add(self, cell: int, cx: int, cy: int, cost: int) -> None:
-        """Account one object received in fine cell ``(cx, cy)`` with ``q_l = cost``: it costs ``1 + cost``."""
+        """Account one object received in fine cell ``(cx, cy)`` that costs ``cost`` units (``object_cost + q_l``)."""
         self.objects += 1
-        cost += 1
         self.cells[cell] = self.cells.get(cell, 0) + cost
         self.rows[cy] = self.rows.get(cy, 0) + cost
         self.columns[cx] = self.columns.get(cx, 0) + cost

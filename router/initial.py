@@ -3,10 +3,15 @@
 The sample (the head of the stream) is replayed through a cost model: every
 object costs 1 in its fine cell (parsing and routing) plus ``q_l``, the number
 of sample subscriptions that cover it and share its keyword (Tornado
-equation 1). Every subscription costs 1 spread evenly over the fine cells it
-covers (registering it) plus one unit per GI^2 index cell it covers (one
-index entry each) -- Tornado keeps query counts per cell beside the object
-costs for the same reason, and a stream that starts with registrations gives
+equation 1). The evaluators' statistics weigh an object
+``BalancerConfig.object_cost`` units (10); this estimate keeps one, because
+a stream's head is mostly registrations and its few objects are a noisy
+guess: weighed by 10 they made the first phase of the drifting stream less
+even (max/mean 1.45-1.70 against 1.30-1.37, benchmarks (f)). Every
+subscription costs 1 spread evenly over the fine cells it covers
+(registering it) plus one unit per GI^2 index cell it covers (one index
+entry each) -- Tornado keeps query counts per cell beside the object costs
+for the same reason, and a stream that starts with registrations gives
 a sample with no objects at all. Top-k and kNN subscriptions live at every
 evaluator and cost where the objects they score live: an object also costs
 the number of sample topk/knn subscriptions that share a term with it, the

@@ -1,6 +1,7 @@
 """The balancer's operations, cost model, migration selection and policies (skpub.balancer)."""
 
 import json
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -273,6 +274,35 @@ def test_moves_outside_the_source_or_emptying_an_evaluator_are_refused():
         apply_moves(part, [Move((0, 0, 1, 3), 0, 1)])
     new = apply_moves(part, [Move((1, 0, 1, 3), 0, 1)])
     assert new.boxes.tolist() == [[0, 0, 0, 3], [1, 0, 3, 3]]
+
+
+@pytest.mark.parametrize("object_cost", [1, 7])
+def test_an_object_costs_object_cost_units_beside_its_candidates(object_cost):
+    """Each object adds ``object_cost`` to its cell beside the GI^2 candidates it met: the same stream with cost 1
+    and with ``object_cost`` differs per cell by (object_cost - 1) x the objects received there (an evaluator that
+    ignored the setting fails for 7)."""
+    from skpub.evaluators.evaluator import Evaluator
+    from skpub.kernel.config import BalancerConfig
+    from skpub.kernel.records import ObjectRecord
+    from skpub.kernel.text import Vocabulary
+    from skpub.router.dispatch import Router
+    from skpub.router.epoch import RoutingEpoch
+    from skpub.router.initial import initial_table
+    from tests.workloads import random_workload
+
+    lines = [line.encode() for line in random_workload(seed=5, n=400, invalid=False)]
+    cells = {}
+    for cost in (1, object_cost):
+        dep = deployment(evaluators=1, batch_size=400).replace(balancer=BalancerConfig(object_cost=cost))
+        epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), []))
+        (rows,) = Router(dep, Vocabulary()).route_many(lines, 0, epoch).rows_for(1)
+        stats = Evaluator(0, dep, Vocabulary()).apply_many(rows, 0).stats
+        assert stats.overall == sum(stats.cells.values())
+        cells[cost] = (stats.cells, stats.objects)
+    (base, objects), (weighted, _) = cells[1], cells[object_cost]
+    per_cell = Counter(row.cells[1] * dep.grid_size + row.cells[0] for row in rows if type(row.record) is ObjectRecord)
+    assert objects > 50 and sum(per_cell.values()) == objects
+    assert weighted == {c: base[c] + (object_cost - 1) * per_cell[c] for c in base}
 
 
 def test_cell_load_decays_and_renormalizes():

@@ -103,6 +103,16 @@ class BalancerConfig:
         Every this many batches ``adaptive`` also weighs PS2Stream V-B's
         global adjustment (a repartitioning of the space on the recent load,
         ``skpub.balancer.globaladjust``); 0: never.
+    object_cost : int
+        Cost units of one object an evaluator receives, beside its
+        candidates (one unit each, Tornado Eq. 1): taking the object in,
+        whether or not a subscription matches it (PS2Stream Definition 1's
+        c2 against c1). 10: the evaluators spend 8-25 candidates' CPU per
+        object on the GeoNames streams, and on the drifting hot spot the
+        balancer's imbalance per phase falls from 1.8-2.4 with one unit to
+        1.5-1.7 (``docs/benchmarks.md`` (f)). The evaluators' statistics
+        count it; the initial partitioning keeps one unit per object of its
+        sample (:mod:`skpub.router.initial`).
     """
 
     mode: str = "adaptive"
@@ -112,6 +122,7 @@ class BalancerConfig:
     decay: float = 0.25
     horizon: int = 10
     global_period: int = 50
+    object_cost: int = 10
 
     def __post_init__(self) -> None:
         if self.mode not in BALANCER_MODES:
@@ -127,6 +138,9 @@ class BalancerConfig:
         period = self.global_period
         if not isinstance(period, int) or isinstance(period, bool) or not 0 <= period <= 1_000_000_000:
             raise ConfigError(f"balancer global_period must be an integer in 0 .. 10^9, got {period!r}")
+        cost = self.object_cost
+        if not isinstance(cost, int) or isinstance(cost, bool) or not 1 <= cost <= 1_000_000:
+            raise ConfigError(f"balancer object_cost must be an integer in 1 .. 1,000,000, got {cost!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +183,7 @@ class Deployment:
         The buffer policy of top-k/kNN subscriptions, one of :data:`SKYBANDS`
         (default ``cskyband``, Skype section 6); it never changes results.
     balancer : BalancerConfig
-        The balancer's mode and parameters (default ``off``).
+        The balancer's mode and parameters (default ``adaptive``).
     """
 
     space: Rect = field(default_factory=lambda: Rect(-180.0, -90.0, 180.0, 90.0))
