@@ -3,8 +3,11 @@
 Load: GeoNames places (cities500) as objects on the fine grid, range
 subscriptions centred on random places (side 0.1-1% of the space); a cell
 costs its objects x (1 + the subscriptions covering it), the form of Tornado
-Eq. 1. Evaluators keep it in :class:`~skpub.evaluators.load.CellLoad` and send
-their :class:`~skpub.kernel.load.LoadSummary`.
+Eq. 1 with one unit per object (the evaluators now count ``object_cost``,
+10, per object: the ``drift`` part runs them; the other parts compare
+selectors and decisions on one synthetic load). It is kept in
+:class:`~skpub.evaluators.load.CellLoad` and sent as a
+:class:`~skpub.kernel.load.LoadSummary`.
 
 Parts:
 
@@ -441,7 +444,7 @@ def main() -> None:
         "--object-cost",
         type=int,
         default=None,
-        help="cost units of an object beside its candidates (default: the deployment's)",
+        help="the drift runs' cost units of an object beside its candidates (default: the deployment's)",
     )
     parser.add_argument("--drift-rounds", type=int, default=3, help="runs per mode of the drift part, alternating")
     parser.add_argument("--global-period", type=int, default=None,

@@ -2,7 +2,8 @@
 
 An evaluator keeps, across micro-batches, the cost of each fine cell of its
 partition (Tornado Eq. 1: the candidate subscriptions of each object, range
-and ranked, as :class:`~skpub.evaluators.stats.CellCostStats` counts them),
+and ranked, plus ``object_cost`` per object, as
+:class:`~skpub.evaluators.stats.CellCostStats` counts them),
 decayed by ``decay`` per batch so that recent load dominates, and per
 rectangle of its partition the row, column and overall aggregates of that
 cost, each updated per object in O(rectangles of the partition), a handful:

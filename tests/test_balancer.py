@@ -276,11 +276,12 @@ def test_moves_outside_the_source_or_emptying_an_evaluator_are_refused():
     assert new.boxes.tolist() == [[0, 0, 0, 3], [1, 0, 3, 3]]
 
 
-@pytest.mark.parametrize("object_cost", [1, 7])
+@pytest.mark.parametrize("object_cost", [2, 7])
 def test_an_object_costs_object_cost_units_beside_its_candidates(object_cost):
     """Each object adds ``object_cost`` to its cell beside the GI^2 candidates it met: the same stream with cost 1
     and with ``object_cost`` differs per cell by (object_cost - 1) x the objects received there (an evaluator that
-    ignored the setting fails for 7)."""
+    ignored the setting fails), and a stream of objects alone costs exactly ``object_cost`` per object (one that
+    added a constant beside it fails)."""
     from skpub.evaluators.evaluator import Evaluator
     from skpub.kernel.config import BalancerConfig
     from skpub.kernel.records import ObjectRecord
@@ -303,6 +304,15 @@ def test_an_object_costs_object_cost_units_beside_its_candidates(object_cost):
     per_cell = Counter(row.cells[1] * dep.grid_size + row.cells[0] for row in rows if type(row.record) is ObjectRecord)
     assert objects > 50 and sum(per_cell.values()) == objects
     assert weighted == {c: base[c] + (object_cost - 1) * per_cell[c] for c in base}
+    # objects with the subscription's keyword, forwarded, but far from its rectangle: no GI^2 candidate
+    far = [json.dumps({"type": "subscribe", "id": "s", "kind": "range", "rect": [0, 0, 1, 1], "keywords": ["a"]})]
+    far += [json.dumps({"type": "object", "id": f"o{i}", "x": 50 + i % 45, "y": 60 + i % 7, "terms": ["a"]})
+            for i in range(120)]  # fmt: skip
+    (rows,) = Router(dep, Vocabulary()).route_many([line.encode() for line in far], 0, epoch).rows_for(1)
+    stats = Evaluator(0, dep, Vocabulary()).apply_many(rows, 0).stats
+    received = Counter(row.cells[1] * dep.grid_size + row.cells[0] for row in rows if type(row.record) is ObjectRecord)
+    assert stats.objects == sum(received.values()) == 120
+    assert stats.cells == {c: object_cost * n for c, n in received.items()}
 
 
 def test_cell_load_decays_and_renormalizes():

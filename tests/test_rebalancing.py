@@ -198,6 +198,11 @@ def test_a_hot_spot_spreads_in_one_decision_of_several_targets_and_changes_no_re
         {"decay": 0},
         {"horizon": 10**400},
         {"horizon": 0},
+        {"object_cost": 0},
+        {"object_cost": True},
+        {"object_cost": 1.5},
+        {"object_cost": 10**7},
+        {"object_cost": "10"},
         {"bogus": 1},
     ],
 )

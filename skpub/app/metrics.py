@@ -36,7 +36,7 @@ class Metrics:
         self.batches = Counter("skpub_batches", "Micro-batches completed", registry=r)
         self.evaluator_cost = Counter(
             "skpub_evaluator_cost",
-            "Cost units: objects received plus candidate subscriptions examined (Tornado eq. 1)",
+            "Cost units: candidate subscriptions examined per object (Tornado eq. 1) plus object_cost per object",
             ["evaluator"],
             registry=r,
         )

@@ -256,7 +256,8 @@ def write_report(root: Path, outcome: Sequence[tuple[Scenario, list[RunResult]]]
         f"<style>{_STYLE}</style></head><body><h1>skpub simulate</h1>"
         f"<p>Made {created} by <code>{html.escape(command)}</code>. Simulated parallel seconds are thread CPU: "
         'routing, the slowest evaluator and the balancer per micro-batch (docs/DESIGN.md, "Measuring load '
-        "honestly\"); cost units are Tornado's Eq. 1. Every figure is in "
+        "honestly\"); cost units are the candidate subscriptions each object meets (Tornado's Eq. 1) plus "
+        "the deployment's object_cost per object. Every figure is in "
         '<a href="strategies.csv">strategies.csv</a> and <a href="batches.csv">batches.csv</a>.</p>'
         f"<ul>{contents}</ul>{''.join(sections)}<script>{_IMAGES_LOADED}</script></body></html>"
     )

@@ -230,8 +230,9 @@ def load_scenario(ref: str) -> Scenario:
 class BatchFigures:
     """One micro-batch of one strategy's run.
 
-    Seconds are thread CPU; cost is Tornado Eq. 1 cost units (candidate
-    subscriptions per object, range and ranked, plus one per record).
+    Seconds are thread CPU; cost is the evaluators' cost units (DESIGN
+    glossary *cost*: candidate subscriptions per object, range and ranked,
+    Tornado Eq. 1, plus ``BalancerConfig.object_cost`` per object).
     ``routing_unit_seconds`` is the routing unit's part of ``parallel_seconds``
     (:func:`skpub.app.summary.routing_unit_seconds`: the parse spread over
     the scenario's routing units, the sequencer, the balancing decision).

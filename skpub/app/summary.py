@@ -58,7 +58,7 @@ class BatchReport:
     (:func:`skpub.router.dispatch.accepted_controls`): what the daemon follows."""
 
     def costs_per_evaluator(self, evaluators: int) -> list[int]:
-        """Return the cost (Tornado Eq. 1 cost units) of each of evaluators ``0 .. evaluators - 1`` in this batch.
+        """Return the cost (cost units, DESIGN glossary) of each of evaluators ``0 .. evaluators - 1`` in this batch.
 
         One that reported nothing cost 0 (on Spark an evaluator with no
         rows in a batch runs no task). O(evaluators).
@@ -131,8 +131,9 @@ def decision_seconds(report: BatchReport) -> float:
 class BalanceRecord:
     """What the run's balance was, batch by batch, in O(1) memory.
 
-    Imbalance is max / mean of the evaluators' cost in one batch (Tornado
-    Eq. 1 cost units, every evaluator counted, an idle one as 0); batches
+    Imbalance is max / mean of the evaluators' cost in one batch (cost
+    units, DESIGN glossary: Tornado Eq. 1's candidates plus ``object_cost``
+    per object; every evaluator counted, an idle one as 0); batches
     with no cost are skipped. A batch routed by another epoch than the
     batch before was opened by a routing update (a rebalancing's
     operations land there, DESIGN "The balancer"); where both batches had

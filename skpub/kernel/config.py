@@ -89,7 +89,9 @@ class BalancerConfig:
         Balance constraint: ``adaptive`` acts only when max / mean evaluator cost > sigma (>= 1).
     beta : float
         Tornado's beta: cost units per subscription moved (C_t = beta x
-        subscriptions, Eq. 5), measured by ``python -m benchmarks.balancer --parts drift`` (60.0).
+        subscriptions, Eq. 5). ``python -m benchmarks.balancer --parts
+        drift`` measures it per stream (30-50 heavy, 195-341 light); 60 is
+        kept as the default (``docs/benchmarks.md`` (f)).
     decay : float
         Weight of the past per batch in the load statistics, in (0, 1):
         0.25, the last batch weighs three quarters, so a decision made
@@ -107,10 +109,11 @@ class BalancerConfig:
         Cost units of one object an evaluator receives, beside its
         candidates (one unit each, Tornado Eq. 1): taking the object in,
         whether or not a subscription matches it (PS2Stream Definition 1's
-        c2 against c1). 10: the evaluators spend 8-25 candidates' CPU per
+        c2 against c1). 10: the evaluators spend 8-26 candidates' CPU per
         object on the GeoNames streams, and on the drifting hot spot the
-        balancer's imbalance per phase falls from 1.8-2.4 with one unit to
-        1.5-1.7 (``docs/benchmarks.md`` (f)). The evaluators' statistics
+        balancer's decisions with 10 leave every phase more even than with
+        one unit, in either unit and in evaluator CPU (max/mean per phase
+        1.9-2.4 -> 1.5-1.7 in this one; ``docs/benchmarks.md`` (f)). The evaluators' statistics
         count it; the initial partitioning keeps one unit per object of its
         sample (:mod:`skpub.router.initial`).
     """

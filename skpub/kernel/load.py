@@ -4,10 +4,11 @@ Tornado's distributed load balancing keeps detailed statistics at the
 evaluators and sends the routing layer a summary: here, per rectangle of the
 evaluator's partition, its row, column and overall cost aggregates (Figure 5)
 and its query-count aggregates, and per grid^t block of the partition (the
-migration unit of PS2Stream V-A) its cost and query count. Costs are the
-decayed cost units of Tornado Eq. 1 (candidate subscriptions per object,
-range and ranked; DkM-SKS 4.2), never seconds, so a decision made from a
-summary is the same on a replay.
+migration unit of PS2Stream V-A) its cost and query count. Costs are
+decayed cost units (Tornado Eq. 1's candidate subscriptions per object,
+range and ranked, DkM-SKS 4.2, plus ``BalancerConfig.object_cost`` per
+object), never seconds, so a decision made from a summary is the same on a
+replay.
 
 The summary lives in the kernel because the evaluators build it and the
 balancer reads it, and neither imports the other.
