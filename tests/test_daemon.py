@@ -802,11 +802,55 @@ def test_a_data_directory_refuses_another_deployment_naming_what_differs_and_res
     del older["balancer"]["global_period"]  # written before the key existed: it takes its default
     (tmp_path / "deployment.json").write_bytes(orjson.dumps(older))
     Daemon(tmp_path, made).stop()
+    del older["balancer"]["object_cost"]  # a key of KEYS_ADDED: it takes skpub's earlier behaviour, 1, not 10
+    (tmp_path / "deployment.json").write_bytes(orjson.dumps(older))
+    assert recorded_deployment(tmp_path).balancer.object_cost == 1
+    with pytest.raises(ConfigError, match=r"balancer\.object_cost: recorded 1, now 10"):
+        Daemon(tmp_path, made)
+    Daemon(tmp_path, recorded_deployment(tmp_path)).stop()
     for damaged in ("[1, 2]", '{"foo": 1}', "{"):
         (tmp_path / "deployment.json").write_text(damaged)
         for read in (recorded_deployment, lambda d: Daemon(d, made)):
             with pytest.raises(ConfigError, match="deployment.json is not a deployment skpub can read"):
                 read(tmp_path)
+
+
+def test_a_recorded_deployment_without_an_added_key_reads_as_the_skpub_before_it():
+    """``recorded_json`` fills a key of ``KEYS_ADDED`` the record lacks with its earlier value, keeps one it has,
+    leaves what is not an object as it is, and never changes its argument."""
+    from skpub.kernel.config import KEYS_ADDED, deployment_from_json, recorded_json
+
+    assert KEYS_ADDED[("balancer", "object_cost")] == 1
+    raw = deployment(evaluators=2).to_json()
+    del raw["balancer"]["object_cost"]
+    kept = orjson.dumps(raw)
+    assert deployment_from_json(recorded_json(raw)).balancer.object_cost == 1
+    assert deployment_from_json(raw).balancer.object_cost == 10  # a new deployment takes the default
+    assert orjson.dumps(raw) == kept
+    raw["balancer"]["object_cost"] = 7
+    assert recorded_json(raw)["balancer"]["object_cost"] == 7
+    for odd in ([1], None, "x", {"balancer": 3}, {}):
+        assert recorded_json(odd) == odd
+
+
+def test_a_spark_manifest_written_before_an_added_key_resumes_with_the_earlier_behaviour(tmp_path):
+    """The Spark daemon's checkpoint manifest is compared as recorded: a deployment written before ``object_cost``
+    resumes with 1 (what that run counted), and one with the new default is refused, recorded 1, now 10."""
+    from skpub.app.checkpoint import Checkpoint
+    from skpub.app.engines.spark import MANIFEST_FORMAT, _open_daemon_checkpoint
+    from skpub.kernel.config import BalancerConfig
+    from skpub.kernel.errors import CheckpointError
+
+    old = deployment(evaluators=2).to_json()
+    del old["balancer"]["object_cost"]
+    ckpt = Checkpoint(tmp_path / "checkpoint")
+    ckpt.create()
+    manifest = {"format": MANIFEST_FORMAT, "deployment": old, "daemon": True, "run_id": "r"}
+    ckpt.manifest.write_text(json.dumps(manifest))
+    then = deployment(evaluators=2).replace(balancer=BalancerConfig(object_cost=1))
+    assert _open_daemon_checkpoint(ckpt, then, None, list) == manifest  # no Spark session needed to resume
+    with pytest.raises(CheckpointError, match=r"balancer\.object_cost: recorded 1, now 10"):
+        _open_daemon_checkpoint(ckpt, deployment(evaluators=2), None, list)
 
 
 def test_deployment_changes_name_every_differing_leaf():

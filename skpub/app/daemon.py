@@ -73,7 +73,7 @@ from skpub.app.journal import LineLog, SegmentedLog, segment_path
 from skpub.app.metrics import Metrics
 from skpub.app.output import PartRetention
 from skpub.app.summary import BatchReport
-from skpub.kernel.config import Deployment, changes_text, deployment_changes, deployment_from_json
+from skpub.kernel.config import Deployment, changes_text, deployment_changes, deployment_from_json, recorded_json
 from skpub.kernel.errors import CheckpointError, ConfigError
 from skpub.kernel.parts import delivery_lines
 from skpub.kernel.records import position_index
@@ -822,7 +822,11 @@ def recorded_deployment(data: str | Path) -> Deployment | None:
 
 
 def _read_recorded(path: Path) -> Deployment:
-    """Read a data directory's recorded deployment; a key added to skpub since takes its default.
+    """Read a data directory's recorded deployment; a key added to skpub since takes its earlier behaviour.
+
+    :func:`~skpub.kernel.config.recorded_json`: a key of ``KEYS_ADDED`` the
+    record lacks takes the value skpub had before it, any other one its
+    default.
 
     Raises
     ------
@@ -830,7 +834,7 @@ def _read_recorded(path: Path) -> Deployment:
         Naming ``path``, if it is not a deployment skpub can read.
     """
     try:
-        return deployment_from_json(orjson.loads(path.read_bytes()))
+        return deployment_from_json(recorded_json(orjson.loads(path.read_bytes())))
     except (OSError, orjson.JSONDecodeError, ConfigError, TypeError, AttributeError, ValueError) as exc:
         raise ConfigError(f"{path} is not a deployment skpub can read: {exc}") from None
 

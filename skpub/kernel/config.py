@@ -291,6 +291,31 @@ def changes_text(changes: list[str], shown: int = 5) -> str:
     return "; ".join(changes[:shown]) + more
 
 
+KEYS_ADDED: dict[tuple[str, str], Any] = {("balancer", "object_cost"): 1}
+"""Deployment keys added since their section existed, each with the value that reproduces skpub before it.
+
+A deployment recorded without one (a daemon's data directory, a Spark
+checkpoint's manifest) is read with that value (:func:`recorded_json`), so a
+resumed run counts and decides as its first attempt did; the key's default
+applies to new deployments only.
+"""
+
+
+def recorded_json(raw: Any) -> Any:
+    """Return recorded deployment JSON ``raw`` with each key of :data:`KEYS_ADDED` it lacks set to its earlier value.
+
+    Anything but an object, and a section that is not one, is returned as
+    it is (:func:`deployment_from_json` refuses it). ``raw`` is not changed.
+    """
+    if not isinstance(raw, dict):
+        return raw
+    out = dict(raw)
+    for (section, key), value in KEYS_ADDED.items():
+        if isinstance(out.get(section), dict) and key not in out[section]:
+            out[section] = {**out[section], key: value}
+    return out
+
+
 def deployment_from_json(raw: dict[str, Any]) -> Deployment:
     """Build a :class:`Deployment` from its JSON form.
 

@@ -53,7 +53,7 @@ from skpub.app.output import check_output, claim_output, inspect_output, mark_su
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
 from skpub.balancer.transfer import plan_after, transfer_lines
 from skpub.evaluators.merge import RankedMerge, apply_changes, decode_updates, results_json, take_changes
-from skpub.kernel.config import Deployment, changes_text, deployment_changes
+from skpub.kernel.config import Deployment, changes_text, deployment_changes, recorded_json
 from skpub.kernel.errors import CheckpointError, EngineError, InputError, JavaNotFoundError
 from skpub.kernel.inputs import STDIN, input_files, iter_lines, take_sample
 from skpub.kernel.load import LoadSummary
@@ -434,7 +434,7 @@ def _open_checkpoint(
                 f"checkpoint {checkpoint.root} belongs to the output {manifest['output']}, not {output}; "
                 "pass another --checkpoint"
             )
-        changes = deployment_changes({k: manifest.get(k) for k in wanted}, wanted)
+        changes = deployment_changes(_recorded(manifest, wanted), wanted)
         if changes and not overwrite:
             raise CheckpointError(
                 f"checkpoint {checkpoint.root} was made for another input or deployment, or by another skpub "
@@ -701,6 +701,14 @@ class SparkPlane:
             self.spark.stop()
 
 
+def _recorded(manifest: dict, wanted: dict) -> dict:
+    """Return ``manifest``'s values of ``wanted``'s keys, its deployment read as recorded (``KEYS_ADDED``)."""
+    recorded = {k: manifest.get(k) for k in wanted}
+    if "deployment" in recorded:
+        recorded["deployment"] = recorded_json(recorded["deployment"])
+    return recorded
+
+
 def _open_daemon_checkpoint(  # noqa: ANN001
     ckpt: Checkpoint, deployment: Deployment, spark, sample: Callable[[], list[bytes]]
 ) -> dict:
@@ -714,7 +722,7 @@ def _open_daemon_checkpoint(  # noqa: ANN001
     wanted = json.loads(json.dumps({"format": MANIFEST_FORMAT, "deployment": deployment.to_json(), "daemon": True}))
     manifest = ckpt.read_manifest()
     if manifest is not None:
-        changes = deployment_changes({k: manifest.get(k) for k in wanted}, wanted)
+        changes = deployment_changes(_recorded(manifest, wanted), wanted)
         if changes:
             raise CheckpointError(
                 f"checkpoint {ckpt.root} was made by another skpub or for another deployment: {changes_text(changes)}"
