@@ -799,13 +799,16 @@ def test_a_data_directory_refuses_another_deployment_naming_what_differs_and_res
     assert started[0].to_json() == made.replace(batch_size=17).to_json()  # the recorded deployment, the flag on top
 
     older = orjson.loads((tmp_path / "deployment.json").read_bytes())
-    del older["balancer"]["global_period"]  # written before the key existed: it takes its default
+    del older["balancer"]["horizon"]  # a key missing from the record takes its default
     (tmp_path / "deployment.json").write_bytes(orjson.dumps(older))
     Daemon(tmp_path, made).stop()
-    del older["balancer"]["object_cost"]  # a key of KEYS_ADDED: it takes skpub's earlier behaviour, 1, not 10
+    del older["balancer"]["object_cost"], older["balancer"]["global_period"]  # keys of KEYS_ADDED: skpub before them
     (tmp_path / "deployment.json").write_bytes(orjson.dumps(older))
-    assert recorded_deployment(tmp_path).balancer.object_cost == 1
-    with pytest.raises(ConfigError, match=r"balancer\.object_cost: recorded 1, now 10"):
+    then = recorded_deployment(tmp_path).balancer
+    assert (then.object_cost, then.global_period) == (1, 0)
+    with pytest.raises(
+        ConfigError, match=r"balancer\.global_period: recorded 0, now 50; balancer\.object_cost: recorded 1"
+    ):
         Daemon(tmp_path, made)
     Daemon(tmp_path, recorded_deployment(tmp_path)).stop()
     for damaged in ("[1, 2]", '{"foo": 1}', "{"):
@@ -833,24 +836,40 @@ def test_a_recorded_deployment_without_an_added_key_reads_as_the_skpub_before_it
         assert recorded_json(odd) == odd
 
 
-def test_a_spark_manifest_written_before_an_added_key_resumes_with_the_earlier_behaviour(tmp_path):
-    """The Spark daemon's checkpoint manifest is compared as recorded: a deployment written before ``object_cost``
-    resumes with 1 (what that run counted), and one with the new default is refused, recorded 1, now 10."""
+@pytest.mark.parametrize("opener", ["daemon", "run"])
+def test_a_spark_manifest_written_before_an_added_key_resumes_with_the_earlier_behaviour(tmp_path, opener):
+    """The Spark checkpoint's manifest (the daemon's, and ``skpub run --checkpoint``'s) is compared as recorded: a
+    deployment written before ``object_cost`` resumes with 1 (what that run counted), and one with the new default
+    is refused, recorded 1, now 10; no Spark session is needed to resume."""
+    import dataclasses
+
     from skpub.app.checkpoint import Checkpoint
-    from skpub.app.engines.spark import MANIFEST_FORMAT, _open_daemon_checkpoint
-    from skpub.kernel.config import BalancerConfig
+    from skpub.app.engines.spark import MANIFEST_FORMAT, _input_fingerprint, _open_checkpoint, _open_daemon_checkpoint
+    from skpub.app.output import claim_output
+    from skpub.app.summary import RunObserver, RunSummary
     from skpub.kernel.errors import CheckpointError
 
-    old = deployment(evaluators=2).to_json()
+    now = deployment(evaluators=2)
+    old = now.to_json()
     del old["balancer"]["object_cost"]
+    then = now.replace(balancer=dataclasses.replace(now.balancer, object_cost=1))
     ckpt = Checkpoint(tmp_path / "checkpoint")
     ckpt.create()
-    manifest = {"format": MANIFEST_FORMAT, "deployment": old, "daemon": True, "run_id": "r"}
+    manifest = {"format": MANIFEST_FORMAT, "deployment": old, "run_id": "r"}
+    if opener == "daemon":
+        manifest["daemon"] = True
+        open_ = lambda dep: _open_daemon_checkpoint(ckpt, dep, None, list)  # noqa: E731
+    else:
+        source, out = tmp_path / "in.jsonl", tmp_path / "out"
+        source.write_text('{"type": "object", "id": "o", "x": 1, "y": 1, "terms": ["a"]}\n')
+        claim_output(out, "r", False)
+        manifest |= {"input": _input_fingerprint(source), "output": str(out)}
+        observer = RunObserver(RunSummary("spark", now.router, now.evaluators), stream=None)
+        open_ = lambda dep: _open_checkpoint(ckpt, source, dep, out, None, observer, False)  # noqa: E731
     ckpt.manifest.write_text(json.dumps(manifest))
-    then = deployment(evaluators=2).replace(balancer=BalancerConfig(object_cost=1))
-    assert _open_daemon_checkpoint(ckpt, then, None, list) == manifest  # no Spark session needed to resume
+    assert open_(then) == manifest
     with pytest.raises(CheckpointError, match=r"balancer\.object_cost: recorded 1, now 10"):
-        _open_daemon_checkpoint(ckpt, deployment(evaluators=2), None, list)
+        open_(now)
 
 
 def test_deployment_changes_name_every_differing_leaf():

@@ -822,10 +822,11 @@ def recorded_deployment(data: str | Path) -> Deployment | None:
 
 
 def _read_recorded(path: Path) -> Deployment:
-    """Read a data directory's recorded deployment; a key added to skpub since takes its earlier behaviour.
+    """Read a data directory's recorded deployment as the skpub that wrote it ran it.
 
-    :func:`~skpub.kernel.config.recorded_json`: a key of ``KEYS_ADDED`` the
-    record lacks takes the value skpub had before it, any other one its
+    A key of ``KEYS_ADDED`` the record lacks takes the value under which
+    skpub behaved as before the key
+    (:func:`~skpub.kernel.config.recorded_json`); any other missing key its
     default.
 
     Raises

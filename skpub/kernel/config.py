@@ -291,8 +291,10 @@ def changes_text(changes: list[str], shown: int = 5) -> str:
     return "; ".join(changes[:shown]) + more
 
 
-KEYS_ADDED: dict[tuple[str, str], Any] = {("balancer", "object_cost"): 1}
-"""Deployment keys added since their section existed, each with the value that reproduces skpub before it.
+KEYS_ADDED: dict[tuple[str, str], Any] = {("balancer", "global_period"): 0, ("balancer", "object_cost"): 1}
+"""``(section, key) -> value``: keys added to a section of the deployment after it existed, each with the value
+under which skpub behaves as it did before the key (``global_period`` 0: no global adjustment is weighed, as
+before 2026-11-26; ``object_cost`` 1: one cost unit per object, as before 2026-11-28).
 
 A deployment recorded without one (a daemon's data directory, a Spark
 checkpoint's manifest) is read with that value (:func:`recorded_json`), so a
@@ -302,10 +304,12 @@ applies to new deployments only.
 
 
 def recorded_json(raw: Any) -> Any:
-    """Return recorded deployment JSON ``raw`` with each key of :data:`KEYS_ADDED` it lacks set to its earlier value.
+    """Return recorded deployment JSON ``raw`` as read: each key of :data:`KEYS_ADDED` it lacks set to that value.
 
-    Anything but an object, and a section that is not one, is returned as
-    it is (:func:`deployment_from_json` refuses it). ``raw`` is not changed.
+    Only a section the record has is filled in (a record without the
+    section predates it, and takes the section's defaults). Anything but an
+    object, and a section that is not one, is returned as it is
+    (:func:`deployment_from_json` refuses it). ``raw`` is not changed.
     """
     if not isinstance(raw, dict):
         return raw

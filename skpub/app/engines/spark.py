@@ -702,7 +702,11 @@ class SparkPlane:
 
 
 def _recorded(manifest: dict, wanted: dict) -> dict:
-    """Return ``manifest``'s values of ``wanted``'s keys, its deployment read as recorded (``KEYS_ADDED``)."""
+    """Return ``manifest``'s values of ``wanted``'s keys, its deployment as the skpub that wrote it ran it.
+
+    A deployment key added since the manifest was written reads as skpub
+    behaved before it (:func:`~skpub.kernel.config.recorded_json`).
+    """
     recorded = {k: manifest.get(k) for k in wanted}
     if "deployment" in recorded:
         recorded["deployment"] = recorded_json(recorded["deployment"])
