@@ -113,9 +113,9 @@ class BalancerConfig:
         object on the GeoNames streams, and on the drifting hot spot the
         balancer's decisions with 10 leave every phase more even than with
         one unit, in either unit and in evaluator CPU (max/mean per phase
-        1.9-2.4 -> 1.5-1.7 in this one; ``docs/benchmarks.md`` (f)). The evaluators' statistics
-        count it; the initial partitioning keeps one unit per object of its
-        sample (:mod:`skpub.router.initial`).
+        1.9-2.4 -> 1.5-1.7 in this one; ``docs/benchmarks.md`` (f)). The
+        evaluators' statistics count it; the initial partitioning keeps one
+        unit per object of its sample (:mod:`skpub.router.initial`).
     """
 
     mode: str = "adaptive"
