@@ -707,10 +707,7 @@ def _recorded(manifest: dict, wanted: dict) -> dict:
     A deployment key added since the manifest was written reads as skpub
     behaved before it (:func:`~skpub.kernel.config.recorded_json`).
     """
-    recorded = {k: manifest.get(k) for k in wanted}
-    if "deployment" in recorded:
-        recorded["deployment"] = recorded_json(recorded["deployment"])
-    return recorded
+    return {k: recorded_json(manifest.get(k)) if k == "deployment" else manifest.get(k) for k in wanted}
 
 
 def _open_daemon_checkpoint(  # noqa: ANN001
