@@ -68,6 +68,9 @@ class Evaluator:
 
     The ranked buffers follow ``deployment.skyband``. ``durable`` keeps the
     ranked changes the Spark engine saves (:meth:`RankedMonitor.take_changes`).
+    The load statistics (:class:`~skpub.evaluators.load.CellLoad`: cell costs
+    and query counts) are kept only when the deployment balances (balancer
+    mode not ``off``): nothing else reads them.
     """
 
     def __init__(
@@ -151,7 +154,8 @@ class Evaluator:
     def _insert(self, sub: RangeSubscription, box: CellBox) -> None:
         self._file(sub, box)
         self.index.insert(sub, box)
-        self.load.add_subscription(sub.id, box)
+        if self.balancing:
+            self.load.add_subscription(sub.id, box)
 
     def _file(self, sub: RangeSubscription, box: CellBox) -> None:
         """Keep ``sub`` over ``box`` in the state block of ``box``, marked dirty for the state store."""
@@ -190,7 +194,8 @@ class Evaluator:
         dropped = []
         for sub_id in ids:
             dropped.append(self._unfile(sub_id))
-            self.load.remove_subscription(sub_id)
+            if self.balancing:
+                self.load.remove_subscription(sub_id)
         self.index.remove_many(dropped)
         return dropped
 
@@ -331,7 +336,8 @@ class Evaluator:
                 self._unfile(sid)
                 self._file(sub, union)
                 self.index.widen(sub, old, union)
-                self.load.add_subscription(sid, union)
+                if self.balancing:
+                    self.load.add_subscription(sid, union)
 
     def _outside(self, ids: Iterable[str], rectangles: Iterable[CellBox]) -> list[str]:
         """Those of range subscriptions ``ids`` held here whose box meets none of ``rectangles`` (in ``ids``' order).
@@ -348,7 +354,8 @@ class Evaluator:
             raise EvaluatorError(f"unsubscribe of {sub_id!r}, which evaluator {self.evaluator_id} does not hold")
         self._unfile(sub_id)
         self.index.delete(sub_id)
-        self.load.remove_subscription(sub_id)
+        if self.balancing:
+            self.load.remove_subscription(sub_id)
 
     def take_dirty_blocks(self) -> dict[int, bytes | None]:
         """Return the blocks changed since the last call, serialized; None for a removed block."""
@@ -383,8 +390,11 @@ class Evaluator:
             for sid, (sub, box) in block.items():
                 ev.state_block_of[sid] = key
                 ev.index.insert(sub, box)
-                ev.load.add_subscription(sid, box)
-        if load is not None:
+        if load is None and ev.balancing:
+            for block in ev.blocks.values():
+                for sid, (_, box) in block.items():
+                    ev.load.add_subscription(sid, box)
+        elif load is not None:
             try:
                 ev.load.restore(load, {sid: box for block in ev.blocks.values() for sid, (_, box) in block.items()})
             except ValueError as exc:

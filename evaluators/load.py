@@ -269,38 +269,36 @@ class CellLoad:
                     cy, cx = divmod(cell, self.size)
                     self._add_raw(cell, cx, cy, raw / s)
 
-    def _blocks_of(self, i: int, box: CellBox):
-        b = self.block
-        for gy in range(box[1] // b, box[3] // b + 1):
-            for gx in range(box[0] // b, box[2] // b + 1):
-                yield (i, gx, gy)
-
     def _count(self, box: CellBox, step: int) -> None:
-        """Count a subscription part over ``box`` in every rectangle it meets; O(rectangles) box tests inlined."""
+        """Count a subscription part over ``box`` (``step`` +1 or -1) in every rectangle it meets.
+
+        Where it meets rectangle ``r``, the part clipped to ``r`` starts and
+        ends on one column and one row of it and lies in some of its grid^t
+        blocks. O(rectangles) box tests plus O(blocks it covers), inlined:
+        every subscribe and unsubscribe of a balancing evaluator pays it.
+        """
         bx0, by0, bx1, by1 = box
+        b, queries = self.block, self._block_queries
         for i, r in enumerate(self._rects):
             x0, y0, x1, y1 = r.box
-            if bx0 <= x1 and x0 <= bx1 and by0 <= y1 and y0 <= by1:
-                self._count_rect(i, box, step)
-
-    def _count_rect(self, i: int, box: CellBox, step: int) -> None:
-        """Count a subscription part over ``box`` in rectangle ``i`` (``step`` +1 or -1)."""
-        r = self._rects[i]
-        part = intersect_boxes(box, r.box)
-        if part is None:
-            return
-        x0, y0 = r.box[0], r.box[1]
-        r.starts_x[part[0] - x0] += step
-        r.ends_x[part[2] - x0] += step
-        r.starts_y[part[1] - y0] += step
-        r.ends_y[part[3] - y0] += step
-        for key in self._blocks_of(i, part):
-            self._block_queries[key] = self._block_queries.get(key, 0) + step
+            if bx0 > x1 or x0 > bx1 or by0 > y1 or y0 > by1:
+                continue
+            px0, py0 = max(bx0, x0), max(by0, y0)
+            px1, py1 = min(bx1, x1), min(by1, y1)
+            r.starts_x[px0 - x0] += step
+            r.ends_x[px1 - x0] += step
+            r.starts_y[py0 - y0] += step
+            r.ends_y[py1 - y0] += step
+            gxs = range(px0 // b, px1 // b + 1)
+            for gy in range(py0 // b, py1 // b + 1):
+                for gx in gxs:
+                    key = (i, gx, gy)
+                    queries[key] = queries.get(key, 0) + step
 
     def _count_parts(self, i: int, boxes: np.ndarray) -> None:
         """Count the subscription parts ``boxes`` (shape (p, 4), int64) in rectangle ``i``; O(p + its blocks), numpy.
 
-        The same counts as :meth:`_count_rect` part by part: start/end
+        The same counts as :meth:`_count` part by part: start/end
         histograms by ``bincount``, block counts by a 2-D difference array
         over the rectangle's blocks.
         """

@@ -315,6 +315,33 @@ def test_an_object_costs_object_cost_units_beside_its_candidates(object_cost):
     assert stats.cells == {c: object_cost * n for c, n in received.items()}
 
 
+def test_only_a_balancing_evaluator_counts_subscriptions_in_its_load_statistics():
+    """Nothing reads the load statistics when the balancer is off, so an evaluator then pays nothing for them at
+    subscribes and unsubscribes (no query counted), while a balancing one counts each part held and uncounts it at
+    its unsubscribe (fails if ``off`` still counts, or if ``adaptive`` stops counting)."""
+    from skpub.evaluators.evaluator import Evaluator
+    from skpub.kernel.text import Vocabulary
+    from skpub.router.dispatch import Router
+    from skpub.router.epoch import RoutingEpoch
+    from skpub.router.initial import initial_table
+
+    subscribe = [json.dumps({"type": "subscribe", "id": f"s{i}", "kind": "range", "rect": [i, i, i + 20, i + 9],
+                             "keywords": ["a"]}) for i in range(6)]  # fmt: skip
+    unsubscribe = [json.dumps({"type": "unsubscribe", "id": f"s{i}"}) for i in range(2)]
+    for mode, counted in (("off", (0, 0)), ("adaptive", (6, 4))):
+        dep = deployment(evaluators=1).replace(balancer=BalancerConfig(mode=mode))
+        epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), []))
+        router, ev = Router(dep, Vocabulary()), Evaluator(0, dep, Vocabulary())
+        ev.set_partition(epoch.table.partitioning.boxes_of(0))
+        queries = []
+        for batch, lines in enumerate((subscribe, unsubscribe)):
+            (rows,) = router.route_many([line.encode() for line in lines], batch, epoch).rows_for(1)
+            ev.apply_many(rows, batch)
+            queries.append(sum(r.queries for r in ev.load.summary(0, batch).rectangles))
+        assert tuple(queries) == counted, mode
+        assert ev.subscriptions == 4
+
+
 def test_cell_load_decays_and_renormalizes():
     load = CellLoad(10, [(0, 0, 9, 9)], 5, decay=0.5)
     load.add_cost(1, 2, 8.0)
