@@ -20,6 +20,7 @@ change the first k.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from skpub.kernel.records import KnnSubscription, TopkSubscription
@@ -65,10 +66,27 @@ class Entry:
     expires_at: float
 
 
-def unit_vector(weights: dict[str, float]) -> dict[str, float]:
-    """Return ``weights`` scaled to unit length (a zero vector stays empty: its cosine is 0, SEMANTICS 3.2)."""
-    norm = math.sqrt(sum(w * w for w in weights.values()))
-    return {t: w / norm for t, w in weights.items()} if norm > 0 else {}
+PLAIN_WEIGHTS = (1e-60, 1e60)
+"""Largest absolute weight between these: weight x idf and its square are normal floats as they are."""
+
+
+def weighted_unit(weights: Iterable[tuple[str, float]], idf: Callable[[str], float]) -> dict[str, float]:
+    """Return the unit vector of ``weight(t) * idf(t)`` (SEMANTICS 3.2: ``w_s`` and ``w_o``); a zero vector: empty.
+
+    Finite weights of any size: when the largest is outside
+    :data:`PLAIN_WEIGHTS` (5e-324, 1e200), every weight is divided by it
+    first, so that no product with an idf overflows to infinity or loses a
+    subnormal's precision and no square underflows to zero (either made a
+    nonzero vector empty, or skewed it). The direction, all that the unit
+    vector keeps, is the same. O(terms).
+    """
+    weights = dict(weights)
+    top = max((abs(w) for w in weights.values()), default=0.0)
+    if top and not PLAIN_WEIGHTS[0] < top < PLAIN_WEIGHTS[1]:
+        weights = {t: w / top for t, w in weights.items()}
+    vector = {t: w * idf(t) for t, w in weights.items()}
+    norm = math.sqrt(sum(w * w for w in vector.values()))
+    return {t: w / norm for t, w in vector.items()} if norm > 0 else {}
 
 
 def object_unit(obj: WindowObject, vocabulary: Vocabulary) -> dict[str, float]:
@@ -77,7 +95,7 @@ def object_unit(obj: WindowObject, vocabulary: Vocabulary) -> dict[str, float]:
         tf: dict[str, float] = {}
         for t in obj.terms:
             tf[t] = tf.get(t, 0.0) + 1.0
-        obj.unit = unit_vector({t: n * vocabulary.idf(t) for t, n in tf.items()})
+        obj.unit = weighted_unit(tf.items(), vocabulary.idf)
     return obj.unit
 
 
@@ -101,7 +119,7 @@ class TopkHandler:
     @classmethod
     def of(cls, sub: TopkSubscription, vocabulary: Vocabulary, max_dist: float, window_none: bool) -> TopkHandler:
         """Build the handler of ``sub``."""
-        weights = unit_vector({t: w * vocabulary.idf(t) for t, w in sub.weights})
+        weights = weighted_unit(sub.weights, vocabulary.idf)
         return cls(sub, weights, sub.keywords, max_dist, vocabulary, window_none)
 
     def goodness(self, obj: WindowObject) -> tuple[float, float] | None:

@@ -124,6 +124,34 @@ def run(tmp_path, lines, dep):
     return out
 
 
+@pytest.mark.parametrize("scale", [5e-324, 1e-160, 1e200, 1.7e308])
+def test_weights_of_any_finite_size_score_as_their_direction(tmp_path, scale):
+    """A topk subscription's weights are normalized to unit length (SEMANTICS 3.2), so weights scaled by any
+    finite factor score exactly as the unscaled ones, in the engine and in the oracle, with an idf above 1 (a
+    weight near the largest float times it must not overflow). Fails when squares underflow to zero or overflow
+    to infinity (the subscription then scores as if it had no weight: 0.5 where 1.0 is due)."""
+    vocabulary = tmp_path / "vocabulary.json"
+    vocabulary.write_text(json.dumps({"N": 100, "df": {"cafe": 5, "bar": 20}}))
+    dep = deployment(evaluators=3, batch_size=4).replace(vocabulary=str(vocabulary))
+    lines = []
+    for name, factor in (("plain", 1.0), ("scaled", scale)):
+        for terms in (["cafe"], ["cafe", "bar"]):
+            weights = dict.fromkeys(terms, factor)
+            lines.append(json.dumps({"type": "subscribe", "id": f"{name}-{len(terms)}", "kind": "topk",
+                                     "point": [10, 10], "k": 3, "alpha": 0.5, "weights": weights}))  # fmt: skip
+    lines += [json.dumps({"type": "object", "id": f"o{i}", "x": 10 + i, "y": 10, "terms": terms})
+              for i, terms in enumerate((["cafe"], ["cafe", "bar"], ["bar", "bar", "cafe"]))]  # fmt: skip
+    lines.append(json.dumps({"type": "snapshot", "id": "now"}))
+    out = run(tmp_path, lines, dep)
+    expected = assert_outputs_equal_oracle(out, lines, dep)
+    results = {s["sub"]: s["results"] for s in expected.snapshots}
+    assert results["plain-1"][0] == ["o0", 1.0]
+    for n in (1, 2):
+        plain, scaled = results[f"plain-{n}"], results[f"scaled-{n}"]
+        assert [o for o, _ in scaled] == [o for o, _ in plain] and len(plain) == 3
+        assert [score for _, score in scaled] == pytest.approx([score for _, score in plain], abs=1e-12)
+
+
 @pytest.mark.parametrize("window", WINDOWS, ids=lambda w: w.kind)
 @pytest.mark.parametrize("evaluators", [1, 3, 8])
 @pytest.mark.parametrize("batch_size", [1, 7, 5000])

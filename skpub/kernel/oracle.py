@@ -23,7 +23,7 @@ and small replays.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from skpub.kernel.config import Deployment
@@ -116,9 +116,21 @@ class _Window:
         return self.arrivals
 
 
-def _unit(weights: dict[str, float]) -> dict[str, float]:
-    norm = math.sqrt(sum(w * w for w in weights.values()))
-    return {t: w / norm for t, w in weights.items()} if norm > 0 else {}
+def _unit(weights: dict[str, float], idf: Callable[[str], float]) -> dict[str, float]:
+    """Return the unit vector of ``weight(t) * idf(t)``, finite weights of any size (a zero vector: empty).
+
+    Weights whose largest is beyond 1e60 or below 1e-60 are divided by it
+    first (a product with an idf must neither overflow nor lose a subnormal's
+    precision); should the sum of squares still not be a normal float, the
+    norm is ``math.hypot``'s, which scales internally.
+    """
+    top = max((abs(w) for w in weights.values()), default=0.0)
+    if top > 1e60 or 0 < top < 1e-60:
+        weights = {t: w / top for t, w in weights.items()}
+    vector = {t: w * idf(t) for t, w in weights.items()}
+    squares = sum(w * w for w in vector.values())
+    norm = math.sqrt(squares) if 1e-290 < squares < math.inf else math.hypot(*vector.values())
+    return {t: w / norm for t, w in vector.items()} if norm > 0 else {}
 
 
 def _ranked(scored: list[tuple[float, float, int, str]], descending: bool, k: int) -> list[tuple[str, float, int]]:
@@ -186,7 +198,7 @@ class _Ranked:
                 tf: dict[str, float] = {}
                 for t in obj.terms:
                     tf[t] = tf.get(t, 0.0) + 1.0
-                arrival.unit = _unit({t: n * idf(t) for t, n in tf.items()})
+                arrival.unit = _unit(tf, idf)
             w_o = arrival.unit
             cosine = sum(w * w_o.get(t, 0.0) for t, w in self.weights.items())
             proximity = 1.0 - dist / max_dist if max_dist > 0 else 1.0
@@ -238,7 +250,7 @@ def replay(lines: Iterable[bytes | str], deployment: Deployment) -> OracleResult
         elif isinstance(record, TopkSubscription | KnnSubscription):
             # Terms in sorted order: the summation order of the norm and the cosine, as before the split.
             weights = dict(sorted(record.weights.items())) if isinstance(record, TopkSubscription) else {}
-            unit = _unit({t: w * idf(t) for t, w in weights.items()})
+            unit = _unit(weights, idf)
             active[record.id] = _Ranked(record, pos, unit, frozenset(weights))
         elif isinstance(record, Unsubscribe):
             if ranges.pop(record.id, None) is None:
