@@ -509,7 +509,33 @@ def test_deployments_beyond_memory_are_refused_before_allocating(tmp_path, capsy
     args = ["run", "--engine", "local", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "p")]
     assert main([*args, *flags]) == 2
     err = capsys.readouterr().err
-    assert "GiB" in err or "more evaluators than fine-grid cells" in err
+    assert "GiB" in err or "evaluators must be at most 1,024" in err
+
+
+@pytest.mark.parametrize(
+    ("flags", "config", "said"),
+    [
+        (["--batch-size", "99999999999999999999"], None, "batch_size must be at most 10,000,000"),
+        ([], {"batch_size": 10**20}, "batch_size must be at most 10,000,000"),
+        ([], {"sample_size": 10**8}, "sample_size must be at most 10,000,000"),
+        ([], {"max_record_bytes": 1 << 30}, "max_record_bytes must be at most"),
+        ([], {"evaluators": 10_000}, "evaluators must be at most 1,024"),
+        ([], {"vocabulary": ["a"]}, "vocabulary must be the path of a vocabulary file"),
+        ([], {"vocabulary": "/dev/zero"}, "larger than 256 MiB"),
+    ],
+)
+def test_configs_that_would_crash_or_exhaust_a_run_are_refused_with_a_sentence(tmp_path, capsys, flags, config, said):
+    """A batch size beyond what a batch can hold crashed the local engine (islice) with a traceback; a vocabulary
+    given as a list crashed it too; /dev/zero as the vocabulary was read until memory ran out; 10,000 evaluators
+    took minutes for a hundred records. Each is now a sentence and exit status 2, before any output is written."""
+    write_lines(tmp_path / "in.jsonl", random_workload(seed=1, n=20))
+    args = ["run", "--engine", "local", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o")]
+    if config is not None:
+        (tmp_path / "dep.json").write_text(json.dumps(config))
+        args += ["--config", str(tmp_path / "dep.json")]
+    assert main([*args, *flags]) == 2
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
 
 
 def test_directory_input_skips_and_names_non_jsonl_files(tmp_path, capsys):

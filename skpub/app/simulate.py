@@ -47,7 +47,14 @@ import msgspec
 from skpub.app.engines.local import LocalPipeline
 from skpub.app.engines.sink import complete_report, unique_letters
 from skpub.app.summary import BatchReport, parallel_seconds, routing_unit_seconds
-from skpub.kernel.config import BALANCER_MODES, ROUTERS, BalancerConfig, Deployment, deployment_from_json
+from skpub.kernel.config import (
+    BALANCER_MODES,
+    MAX_EVALUATORS,
+    ROUTERS,
+    BalancerConfig,
+    Deployment,
+    deployment_from_json,
+)
 from skpub.kernel.errors import ConfigError
 from skpub.kernel.inputs import batches, iter_lines, take_sample
 from skpub.kernel.runtime import tune_gc
@@ -57,13 +64,12 @@ from skpub.sims.geonames import WorkloadSpec, deployment_of, write_workload
 
 MAX_STRATEGIES = 64
 """Most strategies one scenario may ask for (each is a whole run)."""
-MAX_EVALUATORS = 1024
 MAX_LIVE = 1_000_000
 MAX_BATCH = 1_000_000
 MAX_MAPS = 12
 MAX_ROUTING_UNITS = 1024
-"""Bounds on what a scenario file may ask for: evaluators per strategy, live subscriptions, records per batch,
-batches drawn on the map, routing units."""
+"""Bounds on what a scenario file may ask for: live subscriptions, records per batch, batches drawn on the map,
+routing units (evaluators per strategy: a deployment's own bound, ``MAX_EVALUATORS``)."""
 SCENARIO_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """A scenario's name (its file's stem) names its report files."""
 

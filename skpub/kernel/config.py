@@ -34,6 +34,12 @@ ROUTERS = ("agrid", "kdt", "kdtree", "text", "uniform")
 INTEGER_FIELDS = (
     "evaluators", "grid_size", "index_block", "batch_size", "sample_size", "max_record_bytes", "object_id_horizon",
 )  # fmt: skip
+MAX_EVALUATORS = 1024
+"""Most evaluators a deployment may have (each costs a core, its state and a share of every batch's overhead)."""
+INTEGER_LIMITS = {
+    "evaluators": MAX_EVALUATORS, "batch_size": 10_000_000, "sample_size": 10_000_000, "max_record_bytes": 64 << 20,
+}  # fmt: skip
+"""Upper bounds of the integer fields whose size the memory estimate does not bound (records held in memory at once)."""
 GRID_BYTES_PER_CELL = 48
 EVALUATOR_BYTES = 64 * 1024
 
@@ -217,6 +223,10 @@ class Deployment:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+            if value > INTEGER_LIMITS.get(name, value):
+                raise ConfigError(f"{name} must be at most {INTEGER_LIMITS[name]:,}, got {value:,}")
+        if self.vocabulary is not None and not isinstance(self.vocabulary, str):
+            raise ConfigError(f"vocabulary must be the path of a vocabulary file (a string), got {self.vocabulary!r}")
         if self.evaluators > self.grid_size * self.grid_size:
             raise ConfigError("more evaluators than fine-grid cells")
         columns, rows = grid_shape(self.evaluators) if self.router == "uniform" else (1, 1)

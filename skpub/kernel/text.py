@@ -36,6 +36,8 @@ _NORMALIZED: dict[str, str] = {}
 _SEPARATOR = "\x00"
 MAX_CACHED_TERMS = 1 << 16
 MAX_CACHED_TERM_LENGTH = 64
+MAX_VOCABULARY_BYTES = 256 << 20
+"""Largest vocabulary file read, bytes (GeoNames' is a few MiB); a larger one is refused, not read to its end."""
 
 
 def normalize_term(term: str) -> str:
@@ -274,10 +276,16 @@ class Vocabulary:
         Raises
         ------
         ConfigError
-            If the file is missing or not of that shape.
+            If the file is missing, larger than :data:`MAX_VOCABULARY_BYTES`
+            (read no further: a device such as ``/dev/zero`` never ends) or not
+            of that shape.
         """
         try:
-            raw = json.loads(Path(path).read_text(encoding="utf-8"))
+            with Path(path).open("rb") as f:
+                data = f.read(MAX_VOCABULARY_BYTES + 1)
+            if len(data) > MAX_VOCABULARY_BYTES:
+                raise ValueError(f"larger than {MAX_VOCABULARY_BYTES >> 20} MiB (not a vocabulary file?)")
+            raw = json.loads(data.decode("utf-8"))
             n = raw["N"]
             if type(n) is not int or not 1 <= n < 2**53:
                 raise TypeError(f"'N' must be an integer from 1 to 2**53 - 1, got {n!r}")
