@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skpub.kernel import slices
-from skpub.kernel.inputs import BOM, iter_lines
+from skpub.kernel.inputs import BOM, batches, iter_lines
 from skpub.kernel.slices import Slice, Span, cut, file_sizes, slice_lines, split
 
 PIECES = st.sampled_from([b"a", b"{}", b"\r", b"\n", b"\r\n", BOM, b"\xff", b" x "])
@@ -101,3 +101,25 @@ def test_files_are_never_read_whole(tmp_path, monkeypatch):
     monkeypatch.setattr("builtins.open", counting_open)
     assert cut([path], file_sizes([path]), (0, 0), 2, 1 << 30) == (0, 22)
     assert all(0 < n <= 64 for n in reads) and sum(reads) <= 128
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lines=st.lists(st.lists(st.sampled_from([b"a", b"{}", b" x ", b"\xff"]), max_size=6).map(b"".join), max_size=30),
+    batch_size=st.integers(1, 7),
+    max_bytes=st.integers(1, 40),
+)
+def test_the_embedded_engine_cuts_batches_where_the_spark_source_does(tmp_path_factory, lines, batch_size, max_bytes):
+    """The embedded engine's batches end where the Spark source's do, by lines and by bytes (a line and its
+    newline), so both engines see the same micro-batches (and balance alike) and a batch of long lines stays
+    within its bytes. Fails if the local engine ignores the byte budget or counts it otherwise."""
+    path = tmp_path_factory.mktemp("input") / "in.jsonl"
+    path.write_bytes(b"".join(line + b"\n" for line in lines))
+    sizes = file_sizes([path])
+    spark, start = [], (0, 0)
+    while (end := cut([path], sizes, start, batch_size, max_bytes)) != start:
+        spark.append(sum(len(piece) for piece in (slice_lines([path], p) for p in split([path], sizes, start, end, 1))))
+        start = end
+    local = [len(batch) for batch in batches(iter(lines), batch_size, max_bytes)]
+    assert local == spark
+    assert [line for batch in batches(iter(lines), batch_size, max_bytes) for line in batch] == lines

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
-from itertools import islice
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -94,9 +93,28 @@ def iter_lines(path: str | Path) -> Iterator[bytes]:
             yield from read_records(fh)
 
 
-def batches(lines: Iterator[bytes], batch_size: int) -> Iterator[list[bytes]]:
-    """Group ``lines`` into micro-batches of at most ``batch_size`` lines."""
-    while batch := list(islice(lines, batch_size)):
+BATCH_BYTES = 512 << 20
+"""Most bytes of lines a micro-batch of the embedded engine holds (the Spark engine's cut with two parse tasks)."""
+
+
+def batches(lines: Iterable[bytes], batch_size: int, max_bytes: int = BATCH_BYTES) -> Iterator[list[bytes]]:
+    """Group ``lines`` into micro-batches of at most ``batch_size`` lines and about ``max_bytes`` bytes.
+
+    A batch ends at its ``batch_size``-th line or at the line that brings
+    its bytes, each line counted with one newline, to ``max_bytes``: the
+    Spark source's rule (:func:`skpub.kernel.slices.cut`), so that lines of
+    up to ``max_record_bytes`` each (or longer, kept whole for their dead
+    letters) never make a batch that memory cannot hold. O(1) per line.
+    """
+    batch: list[bytes] = []
+    size = 0
+    for line in lines:
+        batch.append(line)
+        size += len(line) + 1
+        if len(batch) >= batch_size or size >= max_bytes:
+            yield batch
+            batch, size = [], 0
+    if batch:
         yield batch
 
 
