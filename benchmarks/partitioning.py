@@ -50,7 +50,8 @@ def _median_run(runs: list[RunResult]) -> tuple[float, RunResult]:
 
 
 def part_figures(args: argparse.Namespace, workdir: Path) -> None:
-    print(f"\n(j) PS2Stream Figure 7 on GeoNames, 8 evaluators, balancer off, {args.routing_units} routing unit(s),"
+    units = args.routing_units or "the scenario's"
+    print(f"\n(j) PS2Stream Figure 7 on GeoNames, 8 evaluators, balancer off, {units} routing unit(s),"
           f" median of {args.repeat}")  # fmt: skip
     print(f"{'query':>5} {'router':>8} {'objects/sim s':>13} {'min-max':>15} {'total workload':>14} {'imbalance':>9}"
           f" {'subs/sub':>8} {'rows/object':>11}")  # fmt: skip
@@ -130,9 +131,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--objects", type=int, default=None, help="objects per workload (default: the scenario's)")
     parser.add_argument("--live", type=int, default=100_000, help="live subscriptions for the routing part")
-    parser.add_argument("--routing-units", type=int, default=1,
+    parser.add_argument("--routing-units", type=int, default=None,
                         help="routing units the parse stage is spread over in the figures part (PS2Stream's"
-                             " Figures 6-7 ran 4 dispatchers); the sequencer stays serial")  # fmt: skip
+                             " Figures 6-7 ran 4 dispatchers; default: the scenario's, 1 for q1-q3); the"
+                             " sequencer stays serial")  # fmt: skip
     args = parser.parse_args()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="skpub-bench-") as tmp:

@@ -375,8 +375,8 @@ class Evaluator:
     ) -> Evaluator:
         """Rebuild an evaluator (and its GI^2 index) from serialized state blocks and load statistics.
 
-        ``load`` is :meth:`~skpub.evaluators.load.CellLoad.to_document` output (None: none kept);
-        ``durable`` as for a new evaluator.
+        ``load`` is :meth:`~skpub.evaluators.load.CellLoad.to_document` output (None: none kept;
+        ignored when the deployment does not balance); ``durable`` as for a new evaluator.
 
         Raises
         ------
@@ -390,15 +390,17 @@ class Evaluator:
             for sid, (sub, box) in block.items():
                 ev.state_block_of[sid] = key
                 ev.index.insert(sub, box)
-        if load is None and ev.balancing:
-            for block in ev.blocks.values():
-                for sid, (_, box) in block.items():
-                    ev.load.add_subscription(sid, box)
-        elif load is not None:
-            try:
-                ev.load.restore(load, {sid: box for block in ev.blocks.values() for sid, (_, box) in block.items()})
-            except ValueError as exc:
-                raise EvaluatorError(str(exc)) from None
+        if not ev.balancing:  # no statistics kept (a load document written by an older skpub is not read)
+            return ev
+        parts = {sid: box for block in ev.blocks.values() for sid, (_, box) in block.items()}
+        if load is None:
+            for sid, box in parts.items():
+                ev.load.add_subscription(sid, box)
+            return ev
+        try:
+            ev.load.restore(load, parts)
+        except ValueError as exc:
+            raise EvaluatorError(str(exc)) from None
         return ev
 
 

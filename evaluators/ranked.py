@@ -67,24 +67,30 @@ class Entry:
 
 
 PLAIN_WEIGHTS = (1e-60, 1e60)
-"""Largest absolute weight between these: weight x idf and its square are normal floats as they are."""
+"""Largest absolute value strictly between these: products with an idf and squares are normal floats as they are."""
+
+
+def _within(values: dict[str, float]) -> dict[str, float]:
+    """Return ``values``, divided by the largest absolute one when that lies outside :data:`PLAIN_WEIGHTS`."""
+    top = max((abs(v) for v in values.values()), default=0.0)
+    if top and not PLAIN_WEIGHTS[0] < top < PLAIN_WEIGHTS[1]:
+        return {t: v / top for t, v in values.items()}
+    return values
 
 
 def weighted_unit(weights: Iterable[tuple[str, float]], idf: Callable[[str], float]) -> dict[str, float]:
     """Return the unit vector of ``weight(t) * idf(t)`` (SEMANTICS 3.2: ``w_s`` and ``w_o``); a zero vector: empty.
 
-    Finite weights of any size: when the largest is outside
-    :data:`PLAIN_WEIGHTS` (5e-324, 1e200), every weight is divided by it
-    first, so that no product with an idf overflows to infinity or loses a
-    subnormal's precision and no square underflows to zero (either made a
-    nonzero vector empty, or skewed it). The direction, all that the unit
-    vector keeps, is the same. O(terms).
+    Finite weights of any size: the weights, then their products with the
+    idf, are divided by their largest absolute value whenever it lies
+    outside :data:`PLAIN_WEIGHTS` (5e-324, 1e200; or an idf of 0 beside a
+    weight of 1e-160), so that no product overflows to infinity or loses a
+    subnormal's precision and no square underflows (either made a nonzero
+    vector empty, or skewed it). The direction, all that the unit vector
+    keeps, is the same; ordinary weights are not divided and keep every
+    bit. O(terms).
     """
-    weights = dict(weights)
-    top = max((abs(w) for w in weights.values()), default=0.0)
-    if top and not PLAIN_WEIGHTS[0] < top < PLAIN_WEIGHTS[1]:
-        weights = {t: w / top for t, w in weights.items()}
-    vector = {t: w * idf(t) for t, w in weights.items()}
+    vector = _within({t: w * idf(t) for t, w in _within(dict(weights)).items()})
     norm = math.sqrt(sum(w * w for w in vector.values()))
     return {t: w / norm for t, w in vector.items()} if norm > 0 else {}
 

@@ -124,7 +124,7 @@ def run(tmp_path, lines, dep):
     return out
 
 
-@pytest.mark.parametrize("scale", [5e-324, 1e-160, 1e200, 1.7e308])
+@pytest.mark.parametrize("scale", [5e-324, 1e-160, 1e-60, 1e60, 1e200, 1.7e308])
 def test_weights_of_any_finite_size_score_as_their_direction(tmp_path, scale):
     """A topk subscription's weights are normalized to unit length (SEMANTICS 3.2), so weights scaled by any
     finite factor score exactly as the unscaled ones, in the engine and in the oracle, with an idf above 1 (a
@@ -150,6 +150,22 @@ def test_weights_of_any_finite_size_score_as_their_direction(tmp_path, scale):
         plain, scaled = results[f"plain-{n}"], results[f"scaled-{n}"]
         assert [o for o, _ in scaled] == [o for o, _ in plain] and len(plain) == 3
         assert [score for _, score in scaled] == pytest.approx([score for _, score in plain], abs=1e-12)
+
+
+def test_a_term_of_idf_zero_beside_a_tiny_weight_leaves_a_unit_vector(tmp_path):
+    """A term in every document has idf 0 (df = N), so with weights {c: 1, b: 1e-160} the vector is b's alone: unit
+    length 1 in the engine and in the oracle alike (its square, 1e-320 times idf squared, is subnormal: a norm
+    taken from it skews the vector, 0.99998 where 1.0 is due, and the engine and the oracle disagreed)."""
+    vocabulary = tmp_path / "vocabulary.json"
+    vocabulary.write_text(json.dumps({"N": 100, "df": {"c": 100, "b": 5}}))
+    dep = deployment(evaluators=2, batch_size=3).replace(vocabulary=str(vocabulary))
+    lines = [json.dumps({"type": "subscribe", "id": "t", "kind": "topk", "point": [10, 10], "k": 2, "alpha": 0.5,
+                         "weights": {"c": 1.0, "b": 1e-160}})]  # fmt: skip
+    lines += [json.dumps({"type": "object", "id": f"o{i}", "x": 10, "y": 10, "terms": terms})
+              for i, terms in enumerate((["b"], ["c"]))]  # fmt: skip
+    lines.append(json.dumps({"type": "snapshot", "id": "now"}))
+    expected = assert_outputs_equal_oracle(run(tmp_path, lines, dep), lines, dep)
+    assert expected.snapshots[0]["results"] == [["o0", 1.0], ["o1", 0.5]]
 
 
 @pytest.mark.parametrize("window", WINDOWS, ids=lambda w: w.kind)

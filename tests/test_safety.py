@@ -293,11 +293,12 @@ def test_pruning_keeps_what_every_later_replay_reads(tmp_path_factory, batch, ba
         assert sorted(folder.iterdir()) == sorted([*kept_bases.values(), *kept_deltas.values(), *reports])
 
 
-def test_memory_estimate_refuses_many_evaluators_on_a_grid_that_has_room(tmp_path, capsys):
+def test_many_evaluators_on_a_grid_that_has_room_are_refused_before_any_output(tmp_path, capsys):
+    """900,000 evaluators fit a 1000 x 1000 grid; the deployment's bound (1,024) refuses them with a sentence."""
     write_lines(tmp_path / "in.jsonl", random_workload(seed=1, n=20))
     args = ["run", "--engine", "local", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o")]
     assert main([*args, "--evaluators", "900000"]) == 2
-    assert "GiB" in capsys.readouterr().err
+    assert "evaluators must be at most 1,024" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 
@@ -508,8 +509,8 @@ def test_deployments_beyond_memory_are_refused_before_allocating(tmp_path, capsy
     write_lines(tmp_path / "in.jsonl", random_workload(seed=1, n=20))
     args = ["run", "--engine", "local", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "p")]
     assert main([*args, *flags]) == 2
-    err = capsys.readouterr().err
-    assert "GiB" in err or "evaluators must be at most 1,024" in err
+    said = "evaluators must be at most 1,024" if flags[0] == "--evaluators" else "GiB"
+    assert said in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -522,6 +523,7 @@ def test_deployments_beyond_memory_are_refused_before_allocating(tmp_path, capsy
         ([], {"evaluators": 10_000}, "evaluators must be at most 1,024"),
         ([], {"vocabulary": ["a"]}, "vocabulary must be the path of a vocabulary file"),
         ([], {"vocabulary": "/dev/zero"}, "larger than 256 MiB"),
+        ([], {"vocabulary": "SPARSE"}, "larger than 256 MiB"),
     ],
 )
 def test_configs_that_would_crash_or_exhaust_a_run_are_refused_with_a_sentence(tmp_path, capsys, flags, config, said):
@@ -531,6 +533,10 @@ def test_configs_that_would_crash_or_exhaust_a_run_are_refused_with_a_sentence(t
     write_lines(tmp_path / "in.jsonl", random_workload(seed=1, n=20))
     args = ["run", "--engine", "local", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o")]
     if config is not None:
+        if config.get("vocabulary") == "SPARSE":  # a regular file beyond the bound, refused by its size, unread
+            with (tmp_path / "big.json").open("wb") as f:
+                f.truncate((256 << 20) + 1)
+            config = {"vocabulary": str(tmp_path / "big.json")}
         (tmp_path / "dep.json").write_text(json.dumps(config))
         args += ["--config", str(tmp_path / "dep.json")]
     assert main([*args, *flags]) == 2

@@ -110,9 +110,9 @@ def test_files_are_never_read_whole(tmp_path, monkeypatch):
     max_bytes=st.integers(1, 40),
 )
 def test_the_embedded_engine_cuts_batches_where_the_spark_source_does(tmp_path_factory, lines, batch_size, max_bytes):
-    """The embedded engine's batches end where the Spark source's do, by lines and by bytes (a line and its
-    newline), so both engines see the same micro-batches (and balance alike) and a batch of long lines stays
-    within its bytes. Fails if the local engine ignores the byte budget or counts it otherwise."""
+    """On lines ended by a newline alone, the embedded engine's batches end where the Spark source's do for the
+    same budget, by lines and by bytes (a line and its newline), and a batch of long lines stays within its bytes.
+    Fails if the local engine ignores the byte budget or counts it otherwise."""
     path = tmp_path_factory.mktemp("input") / "in.jsonl"
     path.write_bytes(b"".join(line + b"\n" for line in lines))
     sizes = file_sizes([path])

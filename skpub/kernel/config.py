@@ -39,7 +39,8 @@ MAX_EVALUATORS = 1024
 INTEGER_LIMITS = {
     "evaluators": MAX_EVALUATORS, "batch_size": 10_000_000, "sample_size": 10_000_000, "max_record_bytes": 64 << 20,
 }  # fmt: skip
-"""Upper bounds of the integer fields whose size the memory estimate does not bound (records held in memory at once)."""
+"""Upper bounds of integer fields, beside the memory estimate: records held in memory at once, and evaluators (whose
+per-batch overhead, not memory, makes thousands of them useless)."""
 GRID_BYTES_PER_CELL = 48
 EVALUATOR_BYTES = 64 * 1024
 

@@ -98,13 +98,16 @@ BATCH_BYTES = 512 << 20
 
 
 def batches(lines: Iterable[bytes], batch_size: int, max_bytes: int = BATCH_BYTES) -> Iterator[list[bytes]]:
-    """Group ``lines`` into micro-batches of at most ``batch_size`` lines and about ``max_bytes`` bytes.
+    r"""Group ``lines`` into micro-batches of at most ``batch_size`` lines and about ``max_bytes`` bytes.
 
     A batch ends at its ``batch_size``-th line or at the line that brings
-    its bytes, each line counted with one newline, to ``max_bytes``: the
-    Spark source's rule (:func:`skpub.kernel.slices.cut`), so that lines of
-    up to ``max_record_bytes`` each (or longer, kept whole for their dead
-    letters) never make a batch that memory cannot hold. O(1) per line.
+    its bytes, each line counted with one newline, to ``max_bytes``, so that
+    lines of up to ``max_record_bytes`` each (or longer, kept whole for
+    their dead letters) never make a batch that memory cannot hold. The
+    Spark source's rule (:func:`skpub.kernel.slices.cut`) for lines ended by
+    ``\n`` alone; it counts the file's raw bytes, so a ``\r``, a byte-order
+    mark or a missing final newline moves its cut by a few bytes, and its
+    budget is 256 MiB per parse task. O(1) per line.
     """
     batch: list[bytes] = []
     size = 0

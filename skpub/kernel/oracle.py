@@ -119,17 +119,18 @@ class _Window:
 def _unit(weights: dict[str, float], idf: Callable[[str], float]) -> dict[str, float]:
     """Return the unit vector of ``weight(t) * idf(t)``, finite weights of any size (a zero vector: empty).
 
-    Weights whose largest is beyond 1e60 or below 1e-60 are divided by it
-    first (a product with an idf must neither overflow nor lose a subnormal's
-    precision); should the sum of squares still not be a normal float, the
-    norm is ``math.hypot``'s, which scales internally.
+    When the largest weight, then the largest product with its idf, is
+    1e60 or more or 1e-60 or less (but not 0), every value is divided by it
+    first: no product may overflow or lose a subnormal's precision, and no
+    square may underflow.
     """
-    top = max((abs(w) for w in weights.values()), default=0.0)
-    if top > 1e60 or 0 < top < 1e-60:
-        weights = {t: w / top for t, w in weights.items()}
-    vector = {t: w * idf(t) for t, w in weights.items()}
-    squares = sum(w * w for w in vector.values())
-    norm = math.sqrt(squares) if 1e-290 < squares < math.inf else math.hypot(*vector.values())
+
+    def tamed(values: dict[str, float]) -> dict[str, float]:
+        top = max(map(abs, values.values()), default=0.0)
+        return {t: v / top for t, v in values.items()} if top >= 1e60 or 0 < top <= 1e-60 else values
+
+    vector = tamed({t: w * idf(t) for t, w in tamed(weights).items()})
+    norm = math.sqrt(sum(w * w for w in vector.values()))
     return {t: w / norm for t, w in vector.items()} if norm > 0 else {}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import unicodedata
 import zlib
@@ -282,7 +283,9 @@ class Vocabulary:
         """
         try:
             with Path(path).open("rb") as f:
-                data = f.read(MAX_VOCABULARY_BYTES + 1)
+                if os.fstat(f.fileno()).st_size > MAX_VOCABULARY_BYTES:  # a regular file: refused unread
+                    raise ValueError(f"larger than {MAX_VOCABULARY_BYTES >> 20} MiB (not a vocabulary file?)")
+                data = f.read(MAX_VOCABULARY_BYTES + 1)  # a device or pipe: read no further than the bound
             if len(data) > MAX_VOCABULARY_BYTES:
                 raise ValueError(f"larger than {MAX_VOCABULARY_BYTES >> 20} MiB (not a vocabulary file?)")
             raw = json.loads(data.decode("utf-8"))
