@@ -70,7 +70,7 @@ class Evaluator:
     ranked changes the Spark engine saves (:meth:`RankedMonitor.take_changes`).
     The load statistics (:class:`~skpub.evaluators.load.CellLoad`: cell costs
     and query counts) are kept only when the deployment balances (balancer
-    mode not ``off``): nothing else reads them.
+    mode not ``off``, ``CellLoad.kept``): nothing else reads them.
     """
 
     def __init__(
@@ -83,8 +83,10 @@ class Evaluator:
         self.blocks: dict[int, dict[str, tuple[RangeSubscription, CellBox]]] = {}
         self.state_block_of: dict[str, int] = {}
         self.dirty: set[int] = set()
-        self.load = CellLoad(deployment.grid_size, [], grid_t_block(deployment.grid_size), deployment.balancer.decay)
-        self.balancing = deployment.balancer.mode != "off"
+        self.load = CellLoad(
+            deployment.grid_size, [], grid_t_block(deployment.grid_size), deployment.balancer.decay,
+            kept=deployment.balancer.mode != "off",
+        )  # fmt: skip
         self.object_cost = deployment.balancer.object_cost
 
     @property
@@ -146,16 +148,14 @@ class Evaluator:
         out.stats.reevaluated = monitor.stats.refill_scored - refill_scored
         out.stats.reevaluation_cpu_seconds = monitor.stats.refill_cpu_seconds - refill_cpu_seconds
         out.stats.fills = monitor.stats.fills - fills
-        if self.balancing:
-            self.load.add_costs(out.stats.cells)
+        self.load.add_costs(out.stats.cells)
         out.cpu_seconds = time.thread_time() - start
         return out
 
     def _insert(self, sub: RangeSubscription, box: CellBox) -> None:
         self._file(sub, box)
         self.index.insert(sub, box)
-        if self.balancing:
-            self.load.add_subscription(sub.id, box)
+        self.load.add_subscription(sub.id, box)
 
     def _file(self, sub: RangeSubscription, box: CellBox) -> None:
         """Keep ``sub`` over ``box`` in the state block of ``box``, marked dirty for the state store."""
@@ -194,8 +194,7 @@ class Evaluator:
         dropped = []
         for sub_id in ids:
             dropped.append(self._unfile(sub_id))
-            if self.balancing:
-                self.load.remove_subscription(sub_id)
+            self.load.remove_subscription(sub_id)
         self.index.remove_many(dropped)
         return dropped
 
@@ -336,8 +335,7 @@ class Evaluator:
                 self._unfile(sid)
                 self._file(sub, union)
                 self.index.widen(sub, old, union)
-                if self.balancing:
-                    self.load.add_subscription(sid, union)
+                self.load.add_subscription(sid, union)
 
     def _outside(self, ids: Iterable[str], rectangles: Iterable[CellBox]) -> list[str]:
         """Those of range subscriptions ``ids`` held here whose box meets none of ``rectangles`` (in ``ids``' order).
@@ -354,8 +352,7 @@ class Evaluator:
             raise EvaluatorError(f"unsubscribe of {sub_id!r}, which evaluator {self.evaluator_id} does not hold")
         self._unfile(sub_id)
         self.index.delete(sub_id)
-        if self.balancing:
-            self.load.remove_subscription(sub_id)
+        self.load.remove_subscription(sub_id)
 
     def take_dirty_blocks(self) -> dict[int, bytes | None]:
         """Return the blocks changed since the last call, serialized; None for a removed block."""
@@ -390,7 +387,7 @@ class Evaluator:
             for sid, (sub, box) in block.items():
                 ev.state_block_of[sid] = key
                 ev.index.insert(sub, box)
-        if not ev.balancing:  # no statistics kept (a load document written by an older skpub is not read)
+        if not ev.load.kept:  # no statistics kept (a load document written by an older skpub is not read)
             return ev
         parts = {sid: box for block in ev.blocks.values() for sid, (_, box) in block.items()}
         if load is None:

@@ -61,6 +61,11 @@ class CellLoad:
     decay : float
         Weight of the past per batch, in (0, 1]: after ``t`` batches a cost
         counts ``decay**t``.
+    kept : bool, optional
+        False for an evaluator that does not balance (mode ``off``): nothing
+        reads its statistics, so costs and subscriptions are not counted
+        (:meth:`add_costs`, :meth:`add_subscription` and
+        :meth:`remove_subscription` do nothing). Default True.
 
     Raises
     ------
@@ -68,9 +73,10 @@ class CellLoad:
         If ``decay`` is outside (0, 1].
     """
 
-    def __init__(self, size: int, rectangles: list[CellBox], block: int, decay: float) -> None:
+    def __init__(self, size: int, rectangles: list[CellBox], block: int, decay: float, kept: bool = True) -> None:
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], not {decay}")
+        self.kept = kept
         self.size = size
         self.block = block
         self.decay = decay
@@ -221,7 +227,9 @@ class CellLoad:
         self._add_raw(cy * self.size + cx, cx, cy, cost * self._scale)
 
     def add_costs(self, cells: dict[int, float]) -> None:
-        """Account a batch's per-cell costs (``cell id -> cost``, as ``CellCostStats.cells``)."""
+        """Account a batch's per-cell costs (``cell id -> cost``, as ``CellCostStats.cells``), when kept."""
+        if not self.kept:
+            return
         for cell, cost in cells.items():
             cy, cx = divmod(cell, self.size)
             self.add_cost(cx, cy, cost)
@@ -334,8 +342,10 @@ class CellLoad:
 
         A subscription already counted here (a transfer bringing a part of
         one this evaluator indexes) is counted once, over the bounding box of
-        both parts, as the evaluator indexes it.
+        both parts, as the evaluator indexes it. Nothing when not kept.
         """
+        if not self.kept:
+            return
         old = self._parts.get(sid)
         if old is not None:
             self.remove_subscription(sid)

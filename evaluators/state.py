@@ -116,5 +116,5 @@ def evaluator_state(ev: Evaluator) -> EvaluatorState:
         {segment: encode_segment(objs) for segment, objs in segments.items()},
         [ev.monitor.subscriptions_json()],
         (store.accepted, store.watermark, ev.monitor.generation),
-        ev.load.to_document() if ev.balancing else None,
+        ev.load.to_document() if ev.load.kept else None,
     )

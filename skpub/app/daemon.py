@@ -837,10 +837,7 @@ def _read_recorded(path: Path) -> Deployment:
     try:
         return deployment_from_json(recorded_json(orjson.loads(path.read_bytes())))
     except (OSError, orjson.JSONDecodeError, ConfigError, TypeError, AttributeError, ValueError) as exc:
-        hint = ""
-        if "must be at most" in str(exc):  # recorded before skpub bounded the field (2026-11-28)
-            hint = "; it was recorded before this skpub bounded that field: set it within the bound in the file"
-        raise ConfigError(f"{path} is not a deployment skpub can read: {exc}{hint}") from None
+        raise ConfigError(f"{path} is not a deployment skpub can read: {exc}") from None
 
 
 def _claim(path: Path, deployment: Deployment) -> Deployment:
