@@ -544,6 +544,33 @@ def test_configs_that_would_crash_or_exhaust_a_run_are_refused_with_a_sentence(t
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ('{"space": "0123"}', "space must be a list of four numbers"),
+        ('{"space": [0, 0, true, 1]}', "space must be a list of four numbers"),
+        ('{"window": {"kind": "count", "size": 10, "slide": 5}}', "unknown window keys: ['slide']"),
+        ('{"window": {"kind": "count", "size": true}}', "window kind must be a string and size a number"),
+        ('{"window": "count"}', "window must be an object"),
+        ('{"evaluators": 2, "evaluators": 3}', "keys given twice in one object: ['evaluators']"),
+        ('{"balancer": {"mode": "off", "mode": "chaos"}}', "keys given twice in one object: ['mode']"),
+        ('{"balancer": {"mode": "off", "sigmaa": 2}}', "unknown balancer keys: ['sigmaa']"),
+        ('{"balancer": {"sigma": "2"}}', "balancer sigma, beta and decay must be numbers"),
+        ('{"balancer": [1]}', "balancer must be an object"),
+    ],
+)
+def test_config_shapes_json_would_bend_are_refused(tmp_path, capsys, text, said):
+    """A space given as the string "0123" was read as the rectangle [0, 1, 2, 3], a window key the code does not
+    know (a typo, or a sliding window skpub lacks) was ignored, ``true`` was a window size of 1, and a key given twice
+    kept its last value silently. Each is now a sentence and exit status 2."""
+    write_lines(tmp_path / "in.jsonl", random_workload(seed=1, n=20))
+    (tmp_path / "dep.json").write_text(text)
+    args = ["run", "--engine", "local", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "o")]
+    assert main([*args, "--config", str(tmp_path / "dep.json")]) == 2
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_directory_input_skips_and_names_non_jsonl_files(tmp_path, capsys):
     lines = random_workload(seed=9, n=120)
     folder = tmp_path / "in"

@@ -334,32 +334,69 @@ def recorded_json(raw: Any) -> Any:
 def deployment_from_json(raw: dict[str, Any]) -> Deployment:
     """Build a :class:`Deployment` from its JSON form.
 
+    ``space`` is a list of four numbers ``[xmin, ymin, xmax, ymax]``,
+    ``window`` an object of ``kind`` and ``size`` (a number), ``balancer``
+    an object of :class:`BalancerConfig`'s fields; booleans are not numbers.
+
     Raises
     ------
     ConfigError
-        On an unknown key or an invalid value.
+        On an unknown key (at the top, in ``window`` or in ``balancer``) or an
+        invalid value.
     """
-    known = {f.name for f in dataclasses.fields(Deployment)}
+    _known_keys(raw, {f.name for f in dataclasses.fields(Deployment)}, "configuration keys")
+    values = dict(raw)
+    if "space" in values:
+        space = values["space"]
+        if not (isinstance(space, list) and len(space) == 4 and all(_is_number(v) for v in space)):
+            raise ConfigError(f"space must be a list of four numbers [xmin, ymin, xmax, ymax], got {_shown(space)}")
+        values["space"] = Rect(*(float(v) for v in space))
+    if "window" in values:
+        window = values["window"]
+        if not isinstance(window, dict) or "kind" not in window:
+            raise ConfigError(f'window must be an object {{"kind": ..., "size": ...}}, got {_shown(window)}')
+        _known_keys(window, {"kind", "size"}, "window keys")
+        size = window.get("size", 0)
+        if not isinstance(window["kind"], str) or not _is_number(size):
+            raise ConfigError(f"window kind must be a string and size a number, got {_shown(window)}")
+        values["window"] = Window(window["kind"], float(size))
+    if "balancer" in values:
+        balancer = values["balancer"]
+        if not isinstance(balancer, dict):
+            raise ConfigError(f"balancer must be an object, got {_shown(balancer)}")
+        _known_keys(balancer, {f.name for f in dataclasses.fields(BalancerConfig)}, "balancer keys")
+        if not all(_is_number(balancer[k]) for k in ("sigma", "beta", "decay") if k in balancer):
+            raise ConfigError(f"balancer sigma, beta and decay must be numbers, got {_shown(balancer)}")
+        values["balancer"] = BalancerConfig(**balancer)
+    return Deployment(**values)
+
+
+def _is_number(value: Any) -> bool:
+    """Return whether a decoded JSON value is a number (not a boolean)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _known_keys(raw: dict[str, Any], known: set[str], what: str) -> None:
+    """Raise :class:`ConfigError` naming the keys of ``raw`` outside ``known``."""
     unknown = set(raw) - known
     if unknown:
-        raise ConfigError(f"unknown configuration keys: {sorted(unknown)}")
-    values = dict(raw)
-    try:
-        if "space" in values:
-            values["space"] = Rect(*(float(v) for v in values["space"]))
-        if "window" in values:
-            values["window"] = Window(str(values["window"]["kind"]), float(values["window"].get("size", 0)))
-        if "balancer" in values:
-            values["balancer"] = BalancerConfig(**values["balancer"])
-    except (TypeError, ValueError, KeyError) as exc:
-        raise ConfigError(f"bad space, window or balancer: {exc}") from exc
-    return Deployment(**values)
+        raise ConfigError(f"unknown {what}: {sorted(unknown)}")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` that refuses a key given twice in one object (JSON would keep the last silently)."""
+    out = dict(pairs)
+    if len(out) < len(pairs):
+        seen: set[str] = set()
+        twice = sorted({k for k, _ in pairs if k in seen or seen.add(k)})
+        raise ConfigError(f"keys given twice in one object: {twice}")
+    return out
 
 
 @lru_cache(maxsize=4)
 def deployment_from_text(text: str) -> Deployment:
     """Parse a deployment from its JSON text, cached per process (executors ship it as text)."""
-    return deployment_from_json(json.loads(text))
+    return deployment_from_json(json.loads(text, object_pairs_hook=_unique_keys))
 
 
 def load_deployment(path: str | Path | None) -> Deployment:
@@ -373,7 +410,7 @@ def load_deployment(path: str | Path | None) -> Deployment:
     if path is None:
         return Deployment()
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        raw = json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read configuration {path}: {exc}") from exc
     if not isinstance(raw, dict):
