@@ -10,7 +10,15 @@ from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.config import BalancerConfig, Window
 from skpub.kernel.load import imbalance as load_imbalance
 from skpub.kernel.parts import PART_RE, read_stream
-from tests.workloads import assert_outputs_equal_oracle, deployment, random_workload, ranked_workload, write_lines
+from tests.workloads import (
+    assert_outputs_equal_oracle,
+    deployment,
+    drifting_cluster_workload,
+    projected_deployment,
+    random_workload,
+    ranked_workload,
+    write_lines,
+)
 
 WINDOWS = [Window(), Window("count", 60), Window("seconds", 25.0), Window("count", 7)]
 
@@ -234,3 +242,23 @@ def test_placements_moved_by_a_rebalancing_are_journaled_and_replayed():
     assert again.summaries.admits(1, frozenset({"jazz"})) and not again.summaries.admits(0, frozenset({"jazz"}))
     with pytest.raises(CheckpointError):
         decode_journal(encode_journal([("place", "s", None)]))
+
+
+@pytest.mark.parametrize("router", ["agrid", "kdt", "kdtree", "text", "uniform"])
+@pytest.mark.parametrize(("mode", "evaluators", "batch_size", "window"), [
+    ("adaptive", 6, 150, Window()),
+    ("adaptive", 5, 61, Window("count", 150)),
+    ("chaos", 3, 13, Window("seconds", 40.0)),
+])  # fmt: skip
+def test_a_moving_cluster_in_metres_equals_the_oracle_while_the_balancer_acts(
+    tmp_path, router, mode, evaluators, batch_size, window
+):
+    """Data unlike the other tests' (a projected space in metres, a cluster jumping between four places, Zipf
+    terms): every router and kind equals the oracle while ``adaptive`` rebalances (sigma 1.05, beta 1) or ``chaos``
+    draws an operation per transfer."""
+    lines = drifting_cluster_workload(seed=evaluators * 31 + batch_size, n=1500)
+    balancer = BalancerConfig(mode=mode, seed=evaluators, sigma=1.05, beta=1.0, global_period=7)
+    dep = projected_deployment(router, evaluators, batch_size, balancer, window)
+    out, summary = run(tmp_path, "out", lines, dep)
+    assert_outputs_equal_oracle(out, lines, dep)
+    assert summary.balancer["subscriptions"] > 0, "subscriptions moved while the results stayed the oracle's"

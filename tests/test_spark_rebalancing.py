@@ -11,7 +11,15 @@ from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.config import BalancerConfig, Window
 from skpub.kernel.parts import PART_RE, read_stream
 from tests.test_spark_engine import _cli, run
-from tests.workloads import assert_outputs_equal_oracle, deployment, random_workload, ranked_workload, write_lines
+from tests.workloads import (
+    assert_outputs_equal_oracle,
+    deployment,
+    drifting_cluster_workload,
+    projected_deployment,
+    random_workload,
+    ranked_workload,
+    write_lines,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -68,6 +76,20 @@ def test_spark_equals_the_oracle_under_chaos_and_logs_the_local_engines_operatio
     epochs = sorted(p.name for p in (out / "_checkpoint" / "epochs").iterdir())
     # the epochs in force for the last batches: at b - 2, b - 1 (a transfer's), and the one published after b
     assert 0 < len(epochs) <= 3, f"epochs no replay can need are pruned: {epochs}"
+
+
+@pytest.mark.parametrize(("router", "window"), [("kdt", Window("count", 150)), ("agrid", Window())])
+def test_spark_equals_the_oracle_on_a_moving_cluster_in_metres_under_adaptive(spark, tmp_path, router, window):
+    """Data unlike the other tests' (a projected space in metres, a cluster jumping between four places, Zipf
+    terms), the balancer adaptive and eager: Spark equals the oracle and decides as the local engine does."""
+    lines = drifting_cluster_workload(seed=11, n=1200)
+    balancer = BalancerConfig(mode="adaptive", sigma=1.05, beta=1.0, global_period=7)
+    dep = projected_deployment(router, 6, 150, balancer, window)
+    out, summary = run(spark, tmp_path, lines, dep)
+    assert_outputs_equal_oracle(out, lines, dep)
+    log = operation_log(out)
+    assert log and log == operation_log(run_local_too(tmp_path, lines, dep))
+    assert summary.balancer["subscriptions"] == sum(r["subscription_parts_moved"] for r in log) > 0
 
 
 def test_spark_deliveries_per_batch_equal_a_run_without_rebalancing(spark, tmp_path):

@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 
-from skpub.kernel.config import Deployment
+from skpub.kernel.config import BalancerConfig, Deployment, Window
 from skpub.kernel.geometry import Rect
 
 SPACE = Rect(0.0, 0.0, 100.0, 100.0)
@@ -191,6 +191,91 @@ def ranked_workload(seed: int, n: int = 600, times: bool = True) -> list[str]:
                 record["expires_at"] = clock + float(rng.integers(1, 20))
             lines.append(json.dumps(record))
     return lines
+
+
+PROJECTED = Rect(-500_000.0, 4_000_000.0, 700_000.0, 4_900_000.0)
+"""A projected space in metres (a UTM-like zone), nothing like :data:`SPACE`: for :func:`drifting_cluster_workload`."""
+CLUSTER_TERMS = [f"w{i}" for i in range(40)] + ["Straße", "STRASSE", "ﬁsh", "fish", "日本"]
+
+
+def drifting_cluster_workload(seed: int, n: int = 1500, grid: int = 64) -> list[str]:
+    """Return ``n`` valid lines over :data:`PROJECTED`: a hot cluster that moves through four places.
+
+    Data unlike :func:`random_workload`'s: metre coordinates in the millions,
+    three quarters of the records in a Gaussian cluster whose centre jumps
+    at each quarter of the stream (subscriptions follow it), Zipf-distributed
+    terms among 45 (some equal after normalization), range, topk and knn
+    subscriptions, unsubscribes, snapshots, and x coordinates on the borders
+    of a ``grid`` x ``grid`` fine grid one time in five.
+    """
+    rng = np.random.default_rng(seed)
+    zipf = 1 / np.arange(1, len(CLUSTER_TERMS) + 1) ** 1.1
+    zipf /= zipf.sum()
+    space = PROJECTED
+    lines: list[str] = []
+    active: list[str] = []
+    objects = subs = snaps = 0
+    clock = 0.0
+
+    def point(centre: tuple[float, float], spread: float) -> tuple[float, float]:
+        if rng.random() < 0.75:
+            x, y = rng.normal(centre[0], space.width * spread), rng.normal(centre[1], space.height * spread)
+        else:
+            x, y = rng.uniform(space.xmin, space.xmax), rng.uniform(space.ymin, space.ymax)
+        if rng.random() < 0.2:
+            x = space.xmin + space.width * int(rng.integers(0, grid + 1)) / grid
+        return float(np.clip(x, space.xmin, space.xmax)), float(np.clip(y, space.ymin, space.ymax))
+
+    for i in range(n):
+        phase = i * 4 // n
+        centre = (space.xmin + space.width * (0.15 + 0.23 * phase), space.ymin + space.height * (0.8 - 0.2 * phase))
+        u = rng.random()
+        if u < 0.14:
+            sid = f"S-{subs}"
+            subs += 1
+            words = [str(w) for w in rng.choice(CLUSTER_TERMS, size=int(rng.integers(1, 4)), p=zipf, replace=False)]
+            x, y = point(centre, 0.05)
+            kind = rng.random()
+            if kind < 0.55:
+                w, h = space.width * rng.uniform(0.002, 0.3), space.height * rng.uniform(0.002, 0.3)
+                record = {"type": "subscribe", "id": sid, "kind": "range", "rect": [x - w, y - h, x + w, y + h]}
+                joiner = " OR " if rng.random() < 0.5 else " AND "
+                record.update({"keywords": words} if rng.random() < 0.5 else {"expr": joiner.join(words)})
+            elif kind < 0.8:
+                alpha = float(rng.choice([0.0, 0.3, 0.5, 1.0]))
+                record = {"type": "subscribe", "id": sid, "kind": "topk", "point": [x, y], "k": int(rng.integers(1, 8))}
+                record.update({"alpha": alpha, "keywords": words})
+            else:
+                record = {"type": "subscribe", "id": sid, "kind": "knn", "point": [x, y], "k": int(rng.integers(1, 8))}
+                record["keywords"] = words
+                if rng.random() < 0.5:
+                    record["match"] = str(rng.choice(["any", "all"]))
+            lines.append(json.dumps(record, ensure_ascii=False))
+            active.append(sid)
+        elif u < 0.19 and active:
+            lines.append(json.dumps({"type": "unsubscribe", "id": active.pop(int(rng.integers(len(active))))}))
+        elif u < 0.2:
+            lines.append(json.dumps({"type": "snapshot", "id": f"Q{snaps}"}))
+            snaps += 1
+        else:
+            x, y = point(centre, 0.04)
+            words = [str(w) for w in rng.choice(CLUSTER_TERMS, size=int(rng.integers(1, 6)), p=zipf)]
+            record = {"type": "object", "id": f"O{objects}", "x": x, "y": y}
+            record.update({"text": " ".join(words)} if rng.random() < 0.4 else {"terms": words})
+            clock += float(rng.integers(0, 3))
+            if rng.random() < 0.8:
+                record["ts"] = clock
+            objects += 1
+            lines.append(json.dumps(record, ensure_ascii=False))
+    return lines
+
+
+def projected_deployment(router: str, evaluators: int, batch_size: int, balancer: BalancerConfig, window=None):
+    """A deployment over :data:`PROJECTED` (64 x 64 fine grid) whose balancer acts on small imbalances."""
+    return Deployment(
+        space=PROJECTED, evaluators=evaluators, router=router, batch_size=batch_size, grid_size=64, index_block=3,
+        sample_size=300, window=window or Window(), balancer=balancer,
+    )  # fmt: skip
 
 
 def object_ids(lines: list[str] | list[bytes]) -> list[str]:
