@@ -123,3 +123,17 @@ def test_the_embedded_engine_cuts_batches_where_the_spark_source_does(tmp_path_f
     local = [len(batch) for batch in batches(iter(lines), batch_size, max_bytes)]
     assert local == spark
     assert [line for batch in batches(iter(lines), batch_size, max_bytes) for line in batch] == lines
+
+
+@pytest.mark.parametrize(("content", "records"), [(BOM, []), (BOM + b"\n", [b""]), (BOM + b"{}", [b"{}"]), (b"", [])])
+def test_a_file_of_a_byte_order_mark_alone_holds_no_record(tmp_path, content, records):
+    """The mark is skipped and what is left is an empty file: no record, not one empty line (a malformed_json dead
+    letter before), on the local engine's reader, the Spark source's plan and a request body alike."""
+    from skpub.app.api import split_lines
+
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(content)
+    assert list(iter_lines(path)) == records == split_lines(content)
+    sizes = file_sizes([path])
+    got = [line for batch in _plan([path], sizes, 5, 100, 2) for piece in batch for line in slice_lines([path], piece)]
+    assert got == records

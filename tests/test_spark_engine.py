@@ -8,11 +8,12 @@ import time
 
 import pytest
 
+from skpub.app.engines.local import run_local
 from skpub.app.engines.spark import run_spark
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.config import Deployment, Window
 from skpub.kernel.errors import CheckpointError, OutputError
-from skpub.kernel.inputs import iter_lines
+from skpub.kernel.inputs import BOM, iter_lines
 from skpub.kernel.parts import PART_RE, read_stream
 from skpub.sims.geonames import WorkloadSpec, write_workload
 from tests.workloads import (
@@ -316,3 +317,21 @@ def test_a_directory_input_read_in_place_equals_the_local_engine(spark, tmp_path
     assert summary.batches == -(-len(lines) // 37)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert not list((tmp_path / "out").rglob("chunk-*"))
+
+
+@pytest.mark.parametrize("content", [b"", BOM], ids=["empty", "bom-only"])
+def test_an_input_of_no_record_is_a_run_of_no_batch_as_on_the_local_engine(spark, tmp_path, content):
+    """Spark ran a batch 0 of no slice for an input without records, and its sequencer failed it (parts [] where
+    0..1 were due); a file of a byte-order mark alone was one malformed_json record on both engines."""
+    source = tmp_path / "in.jsonl"
+    source.write_bytes(content)
+    dep = deployment(evaluators=2)
+    summaries = {}
+    for engine, runner in (("spark", run_spark), ("local", run_local)):
+        observer = RunObserver(RunSummary(engine, dep.router, dep.evaluators), stream=None)
+        kwargs = {"spark": spark} if engine == "spark" else {}
+        summaries[engine] = runner(source, tmp_path / engine, dep, observer, **kwargs)
+        assert read_stream(tmp_path / engine, "dead_letters") == []
+        assert (tmp_path / engine / "_SUCCESS").exists()
+    assert summaries["spark"].batches == summaries["local"].batches == 0
+    assert summaries["spark"].records == summaries["local"].records == 0

@@ -62,11 +62,18 @@ def skipped_entries(path: str | Path) -> list[str]:
 
 
 def read_records(fh: BinaryIO) -> Iterator[bytes]:
-    r"""Yield the records of one binary stream: split at ``\n``, one ``\r`` before it dropped, BOM skipped."""
+    r"""Yield the records of one binary stream: split at ``\n``, one ``\r`` before it dropped, BOM skipped.
+
+    A stream of the mark alone is an empty stream: no record (a request body's
+    :func:`skpub.app.api.split_lines` and the Spark source's
+    :func:`skpub.kernel.slices.file_sizes` read it so too).
+    """
     first = True
     for line in fh:
         if first:
             first = False
+            if line == BOM:
+                return
             if line.startswith(BOM):
                 line = line[len(BOM) :]
         if line.endswith(b"\n"):

@@ -90,8 +90,22 @@ class Slice:
 
 
 def file_sizes(files: Sequence[Path]) -> list[int]:
-    """Return the size in bytes of each input file."""
-    return [Path(f).stat().st_size for f in files]
+    """Return the size in bytes of each input file: the bytes that hold records.
+
+    A file of a byte-order mark alone holds no record (the mark is skipped,
+    SEMANTICS section 1, and what is left is an empty file): its size is 0,
+    so no micro-batch reads it, as :func:`~skpub.kernel.inputs.read_records`
+    yields nothing for it.
+    """
+    return [0 if _bom_only(Path(f), size) else size for f, size in ((f, Path(f).stat().st_size) for f in files)]
+
+
+def _bom_only(path: Path, size: int) -> bool:
+    """Return whether the file of ``size`` bytes holds a byte-order mark and nothing else."""
+    if size != len(BOM):
+        return False
+    with open(path, "rb") as fh:
+        return fh.read(len(BOM) + 1) == BOM
 
 
 def _blocks(path: Path, start: int, end: int) -> Iterator[tuple[int, bytes]]:

@@ -60,6 +60,7 @@ from skpub.kernel.load import LoadSummary
 from skpub.kernel.parts import batch_parts, write_part
 from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import FULL_COLLECTION_SECONDS, FullCollections, tune_gc
+from skpub.kernel.slices import cut, file_sizes
 from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
 from skpub.kernel.text import load_vocabulary
 from skpub.kernel.transfer import read_plan, write_plan
@@ -547,6 +548,11 @@ def _run_query(
 
     manifest = _open_checkpoint(ckpt, input_path, deployment, output, spark, observer, overwrite)
     files = [f for f, *_ in manifest["input"]]
+    if cut(files, file_sizes(files), (0, 0), 1, 1) == (0, 0):  # Spark would still run a batch 0, of no slice
+        observer.note("the input holds no record")
+        observer.start()
+        mark_success(output, manifest["run_id"])
+        return observer.finish()
     tune_gc()
     observer.note("running; the first micro-batch pays Spark's warm-up")
     observer.start()
