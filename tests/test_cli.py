@@ -135,4 +135,4 @@ def test_default_run_shows_all_three_kinds(tmp_path, capsys):
     assert {d["event"] for d in deliveries} == {"match", "enter", "exit"}
     assert any("score" in d for d in deliveries) and any("dist" in d for d in deliveries)
     results = results_from_events([d for d in deliveries if d["event"] != "match"])
-    assert results and all(len(objs) <= 20 for objs in results.values())
+    assert results and all(sum(objs.values()) <= 20 for objs in results.values())

@@ -2,6 +2,7 @@
 
 import json
 import math
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +16,7 @@ from skpub.evaluators.skyband import Skyband
 from skpub.kernel.config import SKYBANDS, Window
 from skpub.kernel.messages import RankedUpdate
 from skpub.kernel.oracle import _ranked
+from skpub.kernel.parts import read_stream
 from skpub.kernel.records import ObjectRecord
 from tests.workloads import assert_outputs_equal_oracle, deployment, ranked_workload, results_from_events, write_lines
 
@@ -122,6 +124,23 @@ def run(tmp_path, lines, dep):
     observer = RunObserver(RunSummary("local", dep.router, dep.evaluators), stream=None)
     run_local(source, out, dep, observer)
     return out
+
+
+def test_an_id_that_recurs_after_the_horizon_is_a_second_result_object(tmp_path):
+    """With an object-id horizon of 1, "o" may arrive again as a new object: both are in the top-2 of the knn
+    subscription, so its events enter "o" twice (SEMANTICS 4: result objects are told apart by stream position),
+    and the results fold as a multiset (a set-based fold refused the second enter)."""
+    dep = deployment(evaluators=2, batch_size=2).replace(object_id_horizon=1)
+    lines = [json.dumps({"type": "subscribe", "id": "near", "kind": "knn", "point": [10, 10], "k": 2,
+                         "keywords": ["cafe"]})]  # fmt: skip
+    lines += [json.dumps({"type": "object", "id": oid, "x": x, "y": 10, "terms": ["cafe"]})
+              for oid, x in (("o", 11), ("p", 50), ("o", 12))]  # fmt: skip
+    lines.append(json.dumps({"type": "snapshot", "id": "now"}))
+    out = run(tmp_path, lines, dep)
+    expected = assert_outputs_equal_oracle(out, lines, dep)
+    assert [o for o, _ in expected.snapshots[0]["results"]] == ["o", "o"]
+    events = [d for d in read_stream(out, "deliveries") if d["sub"] == "near"]
+    assert results_from_events(events) == {"near": Counter({"o": 2})}
 
 
 @pytest.mark.parametrize("scale", [5e-324, 1e-160, 1e-60, 1e60, 1e200, 1.7e308])
