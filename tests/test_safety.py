@@ -557,6 +557,9 @@ def test_configs_that_would_crash_or_exhaust_a_run_are_refused_with_a_sentence(t
         ('{"balancer": {"mode": "off", "sigmaa": 2}}', "unknown balancer keys: ['sigmaa']"),
         ('{"balancer": {"sigma": "2"}}', "balancer sigma, beta and decay must be numbers"),
         ('{"balancer": [1]}', "balancer must be an object"),
+        ('{"window": {"kind": "count", "size": 1' + "0" * 400 + "}}", "window kind must be a string and size a number"),
+        ('{"balancer": {"sigma": 1' + "0" * 400 + "}}", "balancer sigma, beta and decay must be numbers"),
+        ("[]", "must be a JSON object"),
     ],
 )
 def test_config_shapes_json_would_bend_are_refused(tmp_path, capsys, text, said):
@@ -569,6 +572,17 @@ def test_config_shapes_json_would_bend_are_refused(tmp_path, capsys, text, said)
     assert main([*args, "--config", str(tmp_path / "dep.json")]) == 2
     assert said in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("raw", [[], "", None, 3])
+def test_a_recorded_deployment_that_is_not_an_object_is_refused(raw):
+    """A damaged data directory's deployment.json of [] was read as the default deployment (the daemon resumed with
+    other evaluators and another grid); it is refused."""
+    from skpub.kernel.config import deployment_from_json
+    from skpub.kernel.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="a deployment is a JSON object"):
+        deployment_from_json(raw)
 
 
 def test_directory_input_skips_and_names_non_jsonl_files(tmp_path, capsys):

@@ -125,10 +125,21 @@ def test_the_embedded_engine_cuts_batches_where_the_spark_source_does(tmp_path_f
     assert [line for batch in batches(iter(lines), batch_size, max_bytes) for line in batch] == lines
 
 
-@pytest.mark.parametrize(("content", "records"), [(BOM, []), (BOM + b"\n", [b""]), (BOM + b"{}", [b"{}"]), (b"", [])])
+@pytest.mark.parametrize(
+    ("content", "records"),
+    [
+        (BOM, []),
+        (BOM + b"\n", [b""]),
+        (BOM + b"{}", [b"{}"]),
+        (b"", []),
+        (b"{}\r", [b"{}\r"]),
+        (b"a\r\n\n", [b"a", b""]),
+    ],  # fmt: skip
+)
 def test_a_file_of_a_byte_order_mark_alone_holds_no_record(tmp_path, content, records):
     """The mark is skipped and what is left is an empty file: no record, not one empty line (a malformed_json dead
-    letter before), on the local engine's reader, the Spark source's plan and a request body alike."""
+    letter before), on the local engine's reader, the Spark source's plan and a request body alike; a last \r with
+    no newline after it is data in all three (a request body dropped it)."""
     from skpub.app.api import split_lines
 
     path = tmp_path / "in.jsonl"

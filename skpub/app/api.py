@@ -299,9 +299,6 @@ def split_lines(body: bytes) -> list[bytes]:
     r"""Split a request body into records as a file run does: at ``\n``, one ``\r`` before it dropped, BOM skipped."""
     if body.startswith(BOM):
         body = body[len(BOM) :]
-    if not body:
-        return []
     lines = body.split(b"\n")
-    if lines[-1] == b"":
-        lines.pop()
-    return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+    last = lines.pop()  # after the last newline: a record only when not empty, its \r kept (no \n follows it)
+    return [line[:-1] if line.endswith(b"\r") else line for line in lines] + ([last] if last else [])

@@ -344,6 +344,8 @@ def deployment_from_json(raw: dict[str, Any]) -> Deployment:
         On an unknown key (at the top, in ``window`` or in ``balancer``) or an
         invalid value.
     """
+    if not isinstance(raw, dict):
+        raise ConfigError(f"a deployment is a JSON object, got {_shown(raw)}")
     _known_keys(raw, {f.name for f in dataclasses.fields(Deployment)}, "configuration keys")
     values = dict(raw)
     if "space" in values:
@@ -372,8 +374,13 @@ def deployment_from_json(raw: dict[str, Any]) -> Deployment:
 
 
 def _is_number(value: Any) -> bool:
-    """Return whether a decoded JSON value is a number (not a boolean)."""
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    """Return whether a decoded JSON value is a number (not a boolean) that a 64-bit float holds."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value)) or isinstance(value, float)  # NaN and infinities: the fields say why
+    except OverflowError:  # an integer of 400 digits
+        return False
 
 
 def _known_keys(raw: dict[str, Any], known: set[str], what: str) -> None:
@@ -411,7 +418,7 @@ def load_deployment(path: str | Path | None) -> Deployment:
         return Deployment()
     try:
         raw = json.loads(Path(path).read_text(encoding="utf-8"), object_pairs_hook=_unique_keys)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, ConfigError) as exc:
         raise ConfigError(f"cannot read configuration {path}: {exc}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"configuration {path} must be a JSON object")

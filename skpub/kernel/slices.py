@@ -90,7 +90,7 @@ class Slice:
 
 
 def file_sizes(files: Sequence[Path]) -> list[int]:
-    """Return the size in bytes of each input file: the bytes that hold records.
+    """Return the size in bytes of each input file, 0 for one that holds no record.
 
     A file of a byte-order mark alone holds no record (the mark is skipped,
     SEMANTICS section 1, and what is left is an empty file): its size is 0,

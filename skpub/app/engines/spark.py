@@ -60,7 +60,7 @@ from skpub.kernel.load import LoadSummary
 from skpub.kernel.parts import batch_parts, write_part
 from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import FULL_COLLECTION_SECONDS, FullCollections, tune_gc
-from skpub.kernel.slices import cut, file_sizes
+from skpub.kernel.slices import file_sizes
 from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
 from skpub.kernel.text import load_vocabulary
 from skpub.kernel.transfer import read_plan, write_plan
@@ -508,7 +508,8 @@ def run_spark(
     EngineError
         If the streaming query fails.
     skpub.kernel.errors.InputError
-        If the input is missing or empty, or is standard input.
+        If the input is missing, a directory without ``*.jsonl`` files, or standard input (an input of
+        empty files is a run of no batch).
     """
     if str(input_path) == STDIN:
         raise InputError("the Spark engine reads files in place; use --engine local for -")
@@ -548,7 +549,7 @@ def _run_query(
 
     manifest = _open_checkpoint(ckpt, input_path, deployment, output, spark, observer, overwrite)
     files = [f for f, *_ in manifest["input"]]
-    if cut(files, file_sizes(files), (0, 0), 1, 1) == (0, 0):  # Spark would still run a batch 0, of no slice
+    if not any(file_sizes(files)):  # no record: Spark would still run a batch 0, of no slice
         observer.note("the input holds no record")
         observer.start()
         mark_success(output, manifest["run_id"])
