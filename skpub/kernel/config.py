@@ -14,6 +14,8 @@ import dataclasses
 import json
 import math
 import os
+import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -375,12 +377,9 @@ def deployment_from_json(raw: dict[str, Any]) -> Deployment:
 
 def _is_number(value: Any) -> bool:
     """Return whether a decoded JSON value is a number (not a boolean) that a 64-bit float holds."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(float(value)) or isinstance(value, float)  # NaN and infinities: the fields say why
-    except OverflowError:  # an integer of 400 digits
-        return False
+    if isinstance(value, float):
+        return True  # NaN and the infinities too: each field says why it refuses them
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) <= sys.float_info.max
 
 
 def _known_keys(raw: dict[str, Any], known: set[str], what: str) -> None:
@@ -394,8 +393,7 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """``object_pairs_hook`` that refuses a key given twice in one object (JSON would keep the last silently)."""
     out = dict(pairs)
     if len(out) < len(pairs):
-        seen: set[str] = set()
-        twice = sorted({k for k, _ in pairs if k in seen or seen.add(k)})
+        twice = sorted(k for k, n in Counter(k for k, _ in pairs).items() if n > 1)
         raise ConfigError(f"keys given twice in one object: {twice}")
     return out
 

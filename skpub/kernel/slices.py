@@ -97,7 +97,8 @@ def file_sizes(files: Sequence[Path]) -> list[int]:
     so no micro-batch reads it, as :func:`~skpub.kernel.inputs.read_records`
     yields nothing for it.
     """
-    return [0 if _bom_only(Path(f), size) else size for f, size in ((f, Path(f).stat().st_size) for f in files)]
+    sizes = [Path(f).stat().st_size for f in files]
+    return [0 if _bom_only(Path(f), size) else size for f, size in zip(files, sizes, strict=True)]
 
 
 def _bom_only(path: Path, size: int) -> bool:
