@@ -11,8 +11,10 @@ values are stored multiplied by a running scale (``1 / decay`` per batch)
 instead of decaying every value at every batch, and renormalized when the
 scale grows large (cells decayed below 1e-9 cost units are then dropped). Query counts are
 kept as subscription parts that start and end on each row and column
-(:class:`skpub.kernel.load.RectangleLoad`) and per grid^t block, updated at
-each subscribe and unsubscribe in O(rectangles and blocks the part covers).
+(:class:`skpub.kernel.load.RectangleLoad`) and per grid^t block: a subscribe
+or unsubscribe notes its part in O(1), and the parts noted are counted
+together, in numpy, when the counts are next read (the batch's summary or a
+new partition).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ LOAD_FORMAT = 1
 _RENORMALIZE = 1e100
 _FORGOTTEN = 1e-9
 """Cost units below which a cell is dropped at a renormalization (bounds memory by the recent load)."""
+_PENDING_MAX = 1 << 16
+"""Subscription parts noted before they are counted anyway (bounds the notes between two summaries)."""
 
 
 class _Rectangle:
@@ -40,10 +44,10 @@ class _Rectangle:
         self.box = box
         self.columns = [0.0] * (x1 - x0 + 1)
         self.rows = [0.0] * (y1 - y0 + 1)
-        self.starts_x = [0] * (x1 - x0 + 1)
-        self.ends_x = [0] * (x1 - x0 + 1)
-        self.starts_y = [0] * (y1 - y0 + 1)
-        self.ends_y = [0] * (y1 - y0 + 1)
+        self.starts_x = np.zeros(x1 - x0 + 1, dtype=np.int64)
+        self.ends_x = np.zeros(x1 - x0 + 1, dtype=np.int64)
+        self.starts_y = np.zeros(y1 - y0 + 1, dtype=np.int64)
+        self.ends_y = np.zeros(y1 - y0 + 1, dtype=np.int64)
 
 
 class CellLoad:
@@ -86,6 +90,7 @@ class CellLoad:
         self._rects: list[_Rectangle] = []
         self._block_queries: dict[tuple[int, int, int], int] = {}
         self._block_costs: dict[tuple[int, int, int], float] = {}
+        self._pending: list[tuple[CellBox, int]] = []
         self.set_partition(rectangles)
 
     def set_partition(self, rectangles: list[CellBox]) -> None:
@@ -96,6 +101,7 @@ class CellLoad:
         into a held one joined them, :meth:`put`); the others' are computed
         from the cells and subscription parts held.
         """
+        self._flush()
         old = {r.box: (i, r) for i, r in enumerate(self._rects)}
         rects: list[_Rectangle] = []
         remap: dict[int, int] = {}
@@ -126,8 +132,7 @@ class CellLoad:
             self._sum_cells(j, xs[mine], ys[mine], raws[mine])
         if fresh and self._parts:
             boxes = np.array(list(self._parts.values()), dtype=np.int64).reshape(-1, 4)
-            for j in fresh:
-                self._count_parts(j, boxes)
+            self._count_parts(fresh, boxes, np.ones(len(boxes), dtype=np.int64))
 
     def _sum_cells(self, i: int, xs: np.ndarray, ys: np.ndarray, raws: np.ndarray) -> None:
         """Set new rectangle ``i``'s aggregates from its cells with cost (columns ``xs``, rows ``ys``, raw costs).
@@ -196,7 +201,7 @@ class CellLoad:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"damaged load statistics: {exc}") from None
         self._scale, self._cells, self._rects, self._rect_memo = scale, cells, rects, {}
-        self._block_costs, self._block_queries, self._parts = blocks, {}, {}
+        self._block_costs, self._block_queries, self._parts, self._pending = blocks, {}, {}, []
         for sid, box in parts.items():
             self.add_subscription(sid, box)
 
@@ -277,65 +282,77 @@ class CellLoad:
                     cy, cx = divmod(cell, self.size)
                     self._add_raw(cell, cx, cy, raw / s)
 
-    def _count(self, box: CellBox, step: int) -> None:
-        """Count a subscription part over ``box`` (``step`` +1 or -1) in every rectangle it meets.
+    def _flush(self) -> None:
+        """Count the subscription parts noted since the last flush, in every rectangle.
 
-        Where it meets rectangle ``r``, the part clipped to ``r`` starts and
-        ends on one column and one row of it and lies in some of its grid^t
-        blocks. O(rectangles) box tests plus O(blocks it covers), inlined:
-        every subscribe and unsubscribe of a balancing evaluator pays it.
+        :meth:`add_subscription` and :meth:`remove_subscription` only note
+        the part's box and sign; the counts are read once per batch (the
+        summary), so they are brought up to date here, the batch's parts all
+        at once (:meth:`_count_parts`).
         """
-        bx0, by0, bx1, by1 = box
-        b, queries = self.block, self._block_queries
-        for i, r in enumerate(self._rects):
-            x0, y0, x1, y1 = r.box
-            if bx0 > x1 or x0 > bx1 or by0 > y1 or y0 > by1:
-                continue
-            px0, py0 = max(bx0, x0), max(by0, y0)
-            px1, py1 = min(bx1, x1), min(by1, y1)
-            r.starts_x[px0 - x0] += step
-            r.ends_x[px1 - x0] += step
-            r.starts_y[py0 - y0] += step
-            r.ends_y[py1 - y0] += step
-            gxs = range(px0 // b, px1 // b + 1)
-            for gy in range(py0 // b, py1 // b + 1):
-                for gx in gxs:
-                    key = (i, gx, gy)
-                    queries[key] = queries.get(key, 0) + step
-
-    def _count_parts(self, i: int, boxes: np.ndarray) -> None:
-        """Count the subscription parts ``boxes`` (shape (p, 4), int64) in rectangle ``i``; O(p + its blocks), numpy.
-
-        The same counts as :meth:`_count` part by part: start/end
-        histograms by ``bincount``, block counts by a 2-D difference array
-        over the rectangle's blocks.
-        """
-        r = self._rects[i]
-        x0, y0, x1, y1 = r.box
-        cx0, cy0 = np.maximum(boxes[:, 0], x0), np.maximum(boxes[:, 1], y0)
-        cx1, cy1 = np.minimum(boxes[:, 2], x1), np.minimum(boxes[:, 3], y1)
-        keep = (cx0 <= cx1) & (cy0 <= cy1)
-        if not keep.any():
+        if not self._pending:
             return
-        cx0, cy0, cx1, cy1 = cx0[keep], cy0[keep], cx1[keep], cy1[keep]
-        w, h = x1 - x0 + 1, y1 - y0 + 1
-        for counts, offsets, n in ((r.starts_x, cx0 - x0, w), (r.ends_x, cx1 - x0, w),
-                                   (r.starts_y, cy0 - y0, h), (r.ends_y, cy1 - y0, h)):  # fmt: skip
-            histogram = np.bincount(offsets, minlength=n)
-            for k in np.flatnonzero(histogram).tolist():
-                counts[k] += int(histogram[k])
+        boxes = np.array([box for box, _ in self._pending], dtype=np.int64)
+        steps = np.array([step for _, step in self._pending], dtype=np.int64)
+        self._pending = []
+        self._count_parts(list(range(len(self._rects))), boxes, steps)
+
+    def _count_parts(self, which: list[int], boxes: np.ndarray, steps: np.ndarray) -> None:
+        """Count subscription parts in the rectangles ``which``; O(parts x rectangles + their blocks), numpy.
+
+        Part ``k`` (``boxes[k]``, shape (p, 4), int64) counts ``steps[k]``
+        (+1 a subscribe, -1 an unsubscribe; shape (p,), int64) where its box
+        clipped to a rectangle starts and ends (one column and one row of
+        it: histograms by ``bincount`` over the rectangles' columns and rows
+        laid end to end) and in every grid^t block the clipped box meets (a
+        difference array per rectangle over the space's blocks, at most
+        ``GRID_T_SIDE`` a side). Parts are taken in chunks so the parts x
+        rectangles arrays stay under a million entries.
+        """
+        if not which or not len(boxes):
+            return
+        rects = np.array([self._rects[i].box for i in which], dtype=np.int64)
+        chunk = max(1, (1 << 20) // len(which))
+        for start in range(0, len(boxes), chunk):
+            self._count_chunk(which, rects, boxes[start : start + chunk], steps[start : start + chunk])
+
+    def _count_chunk(self, which: list[int], rects: np.ndarray, boxes: np.ndarray, steps: np.ndarray) -> None:
+        """:meth:`_count_parts` for one chunk of parts (``rects``: the boxes of ``which``, shape (r, 4))."""
+        cx0 = np.maximum(boxes[:, None, 0], rects[None, :, 0])
+        cy0 = np.maximum(boxes[:, None, 1], rects[None, :, 1])
+        cx1 = np.minimum(boxes[:, None, 2], rects[None, :, 2])
+        cy1 = np.minimum(boxes[:, None, 3], rects[None, :, 3])
+        part, rect = np.nonzero((cx0 <= cx1) & (cy0 <= cy1))
+        if not len(part):
+            return
+        cx0, cy0, cx1, cy1 = cx0[part, rect], cy0[part, rect], cx1[part, rect], cy1[part, rect]
+        weights = steps[part].astype(np.float64)  # bincount's weights; sums of +-1 are exact in a float64
+        x0, y0 = rects[rect, 0], rects[rect, 1]
+        widths, heights = rects[:, 2] - rects[:, 0] + 1, rects[:, 3] - rects[:, 1] + 1
+        xbase = np.concatenate(([0], np.cumsum(widths)[:-1]))
+        ybase = np.concatenate(([0], np.cumsum(heights)[:-1]))
+        held = np.unique(rect).tolist()
+        for name, offsets, base, total in (("starts_x", cx0 - x0, xbase, int(widths.sum())),
+                                           ("ends_x", cx1 - x0, xbase, int(widths.sum())),
+                                           ("starts_y", cy0 - y0, ybase, int(heights.sum())),
+                                           ("ends_y", cy1 - y0, ybase, int(heights.sum()))):  # fmt: skip
+            histogram = np.rint(np.bincount(base[rect] + offsets, weights=weights, minlength=total)).astype(np.int64)
+            for j in held:
+                counts = getattr(self._rects[which[j]], name)
+                counts += histogram[base[j] : base[j] + len(counts)]
         b = self.block
-        bx0, by0 = x0 // b, y0 // b
-        diff = np.zeros((y1 // b - by0 + 2, x1 // b - bx0 + 2), dtype=np.int64)
-        gx0, gx1, gy0, gy1 = cx0 // b - bx0, cx1 // b - bx0 + 1, cy0 // b - by0, cy1 // b - by0 + 1
-        np.add.at(diff, (gy0, gx0), 1)
-        np.add.at(diff, (gy0, gx1), -1)
-        np.add.at(diff, (gy1, gx0), -1)
-        np.add.at(diff, (gy1, gx1), 1)
-        blocks = diff.cumsum(axis=0).cumsum(axis=1)[:-1, :-1]
-        for gy, gx in zip(*np.nonzero(blocks), strict=True):
-            key = (i, bx0 + int(gx), by0 + int(gy))
-            self._block_queries[key] = self._block_queries.get(key, 0) + int(blocks[gy, gx])
+        side = -(-self.size // b) + 1  # blocks per side, and one more for the difference array's far edge
+        gx0, gx1, gy0, gy1 = cx0 // b, cx1 // b + 1, cy0 // b, cy1 // b + 1
+        corners = np.concatenate(
+            [(rect * side + gy) * side + gx for gy, gx in ((gy0, gx0), (gy0, gx1), (gy1, gx0), (gy1, gx1))]
+        )
+        signs = np.concatenate((weights, -weights, -weights, weights))
+        diff = np.rint(np.bincount(corners, weights=signs, minlength=len(which) * side * side)).astype(np.int64)
+        blocks = diff.reshape(len(which), side, side).cumsum(axis=1).cumsum(axis=2)
+        queries = self._block_queries
+        for j, gy, gx in zip(*np.nonzero(blocks), strict=True):
+            key = (which[int(j)], int(gx), int(gy))
+            queries[key] = queries.get(key, 0) + int(blocks[j, gy, gx])
 
     def add_subscription(self, sid: str, box: CellBox) -> None:
         """Count range subscription ``sid`` indexed over cell box ``box`` (``queryCount`` +1 where it lies).
@@ -351,29 +368,35 @@ class CellLoad:
             self.remove_subscription(sid)
             box = union_boxes(old, box)
         self._parts[sid] = box
-        self._count(box, 1)
+        self._note(box, 1)
 
     def remove_subscription(self, sid: str) -> None:
         """Forget subscription ``sid`` (an unsubscribe); unknown ids are ignored."""
         box = self._parts.pop(sid, None)
         if box is not None:
-            self._count(box, -1)
+            self._note(box, -1)
+
+    def _note(self, box: CellBox, step: int) -> None:
+        self._pending.append((box, step))
+        if len(self._pending) >= _PENDING_MAX:
+            self._flush()
 
     def summary(self, evaluator: int, batch: int) -> LoadSummary:
         """Return the load summary sent to the balancer; O(rows + columns + blocks with load), kept as objects come.
 
         Costs are decayed cost units (divided by the running scale).
         """
+        self._flush()
         s = self._scale
         rects = tuple(
             RectangleLoad(
                 r.box,
                 np.array(r.columns) / s,
                 np.array(r.rows) / s,
-                np.array(r.starts_x, dtype=np.int64),
-                np.array(r.ends_x, dtype=np.int64),
-                np.array(r.starts_y, dtype=np.int64),
-                np.array(r.ends_y, dtype=np.int64),
+                r.starts_x.copy(),
+                r.ends_x.copy(),
+                r.starts_y.copy(),
+                r.ends_y.copy(),
             )
             for r in self._rects
         )

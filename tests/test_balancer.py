@@ -624,3 +624,75 @@ def test_a_new_rectangle_without_cost_keeps_float_aggregates():
     load.set_partition([(0, 0, 4, 9), (5, 0, 9, 9)])
     document = json.loads(load.to_document())
     assert all(type(v) is float for _, columns, rows in document["rectangles"] for v in columns + rows)
+
+
+def _counted_reference(parts: dict[str, tuple], rectangles: list[tuple], block: int) -> tuple[list, dict]:
+    """Query counts by brute force: per rectangle, the parts' clipped starts and ends; per (rectangle, block) key,
+    the parts meeting the block's cells inside the rectangle, cell by cell."""
+    sides, blocks = [], Counter()
+    for i, (x0, y0, x1, y1) in enumerate(rectangles):
+        sx, ex, sy, ey = [0] * (x1 - x0 + 1), [0] * (x1 - x0 + 1), [0] * (y1 - y0 + 1), [0] * (y1 - y0 + 1)
+        for bx0, by0, bx1, by1 in parts.values():
+            cells = [
+                (x, y) for x in range(max(x0, bx0), min(x1, bx1) + 1) for y in range(max(y0, by0), min(y1, by1) + 1)
+            ]
+            if not cells:
+                continue
+            sx[min(x for x, _ in cells) - x0] += 1
+            ex[max(x for x, _ in cells) - x0] += 1
+            sy[min(y for _, y in cells) - y0] += 1
+            ey[max(y for _, y in cells) - y0] += 1
+            for key in {(i, x // block, y // block) for x, y in cells}:
+                blocks[key] += 1
+        sides.append((sx, ex, sy, ey))
+    return sides, dict(blocks)
+
+
+@st.composite
+def _count_scripts(draw):
+    """A partition of a 12 x 12 grid, then subscribes, unsubscribes, repartitions and summaries in any order."""
+    first = _guillotine(draw, (0, 0, 11, 11), 4)
+    steps = draw(st.lists(st.one_of(
+        st.tuples(st.just("add"), st.integers(0, 9), _BOX.map(lambda b: tuple(min(v, 11) for v in b))),
+        st.tuples(st.just("remove"), st.integers(0, 9)),
+        st.just(("partition",)),
+        st.just(("summary",)),
+    ), max_size=40))  # fmt: skip
+    return first, [(*s, _guillotine(draw, (0, 0, 11, 11), 4)) if s[0] == "partition" else s for s in steps]
+
+
+@settings(max_examples=150, deadline=None)
+@given(script=_count_scripts())
+def test_query_counts_noted_per_part_and_counted_per_batch_equal_the_brute_force_count(script):
+    """Subscribes and unsubscribes are noted and counted together when read (a summary or a new partition): at
+    every read the counts equal a count of the parts held, clipped to each rectangle, made cell by cell; a part
+    brought again for a held id counts once over the union of both boxes."""
+    first, steps = script
+    load, parts, rectangles = CellLoad(12, first, 3, decay=1.0), {}, first
+    for step in [*steps, ("summary",)]:
+        if step[0] == "add":
+            sid, box = f"s{step[1]}", step[2]
+            old = parts.get(sid)
+            parts[sid] = box if old is None else (min(old[0], box[0]), min(old[1], box[1]),
+                                                  max(old[2], box[2]), max(old[3], box[3]))  # fmt: skip
+            load.add_subscription(sid, box)
+        elif step[0] == "remove":
+            parts.pop(f"s{step[1]}", None)
+            load.remove_subscription(f"s{step[1]}")
+        elif step[0] == "partition":
+            rectangles = step[1]
+            load.set_partition(rectangles)
+        else:
+            got = load.summary(0, 0)
+            sides, blocks = _counted_reference(parts, rectangles, 3)
+            assert [r.box for r in got.rectangles] == [tuple(r) for r in rectangles]
+            for r, want in zip(got.rectangles, sides, strict=True):
+                assert [r.starts_x.tolist(), r.ends_x.tolist(), r.starts_y.tolist(), r.ends_y.tolist()] == list(want)
+            assert {b.cells: b.queries for b in got.blocks if b.queries} == {
+                _block_cells(rectangles[i], gx, gy, 3): n for (i, gx, gy), n in blocks.items()
+            }
+
+
+def _block_cells(rectangle: tuple, gx: int, gy: int, block: int) -> tuple:
+    x0, y0, x1, y1 = rectangle
+    return (max(x0, gx * block), max(y0, gy * block), min(x1, gx * block + block - 1), min(y1, gy * block + block - 1))
