@@ -32,6 +32,8 @@ _FORGOTTEN = 1e-9
 """Cost units below which a cell is dropped at a renormalization (bounds memory by the recent load)."""
 _PENDING_MAX = 1 << 16
 """Subscription parts noted before they are counted anyway (bounds the notes between two summaries)."""
+_CHUNK_ENTRIES = 1 << 18
+"""Part-rectangle pairs clipped at once when counting parts (bounds the numpy arrays of a count)."""
 
 
 class _Rectangle:
@@ -94,7 +96,9 @@ class CellLoad:
         self.set_partition(rectangles)
 
     def set_partition(self, rectangles: list[CellBox]) -> None:
-        """Take a new partition: cells outside it are forgotten; O(cells with cost + parts x new rectangles).
+        """Take a new partition: cells outside it are forgotten; O(cells with cost + parts x rectangles).
+
+        The parts noted are counted first, in the rectangles held so far.
 
         A rectangle the partition already had keeps its aggregates (a move
         takes cells only from rectangles it cuts, :meth:`take`, and costs put
@@ -298,61 +302,67 @@ class CellLoad:
         self._count_parts(list(range(len(self._rects))), boxes, steps)
 
     def _count_parts(self, which: list[int], boxes: np.ndarray, steps: np.ndarray) -> None:
-        """Count subscription parts in the rectangles ``which``; O(parts x rectangles + their blocks), numpy.
+        """Count subscription parts in the rectangles ``which``; O(parts x rectangles + their lines and blocks), numpy.
 
         Part ``k`` (``boxes[k]``, shape (p, 4), int64) counts ``steps[k]``
         (+1 a subscribe, -1 an unsubscribe; shape (p,), int64) where its box
-        clipped to a rectangle starts and ends (one column and one row of
-        it: histograms by ``bincount`` over the rectangles' columns and rows
-        laid end to end) and in every grid^t block the clipped box meets (a
-        difference array per rectangle over the space's blocks, at most
-        ``GRID_T_SIDE`` a side). Parts are taken in chunks so the parts x
-        rectangles arrays stay under a million entries.
+        clipped to a rectangle starts and ends (one column and one row of it)
+        and in every grid^t block the clipped box meets. The rectangles'
+        columns, rows and blocks are laid end to end in four histograms and
+        one 2-D difference array per rectangle (over the blocks it meets, one
+        more row and column for the far edges), filled by ``bincount`` over
+        chunks of parts of at most :data:`_CHUNK_ENTRIES` part-rectangle
+        pairs, then added to the counts held.
         """
         if not which or not len(boxes):
             return
-        rects = np.array([self._rects[i].box for i in which], dtype=np.int64)
-        chunk = max(1, (1 << 20) // len(which))
-        for start in range(0, len(boxes), chunk):
-            self._count_chunk(which, rects, boxes[start : start + chunk], steps[start : start + chunk])
-
-    def _count_chunk(self, which: list[int], rects: np.ndarray, boxes: np.ndarray, steps: np.ndarray) -> None:
-        """:meth:`_count_parts` for one chunk of parts (``rects``: the boxes of ``which``, shape (r, 4))."""
-        cx0 = np.maximum(boxes[:, None, 0], rects[None, :, 0])
-        cy0 = np.maximum(boxes[:, None, 1], rects[None, :, 1])
-        cx1 = np.minimum(boxes[:, None, 2], rects[None, :, 2])
-        cy1 = np.minimum(boxes[:, None, 3], rects[None, :, 3])
-        part, rect = np.nonzero((cx0 <= cx1) & (cy0 <= cy1))
-        if not len(part):
-            return
-        cx0, cy0, cx1, cy1 = cx0[part, rect], cy0[part, rect], cx1[part, rect], cy1[part, rect]
-        weights = steps[part].astype(np.float64)  # bincount's weights; sums of +-1 are exact in a float64
-        x0, y0 = rects[rect, 0], rects[rect, 1]
+        rects = np.array([self._rects[i].box for i in which], dtype=np.int64).reshape(-1, 4)
         widths, heights = rects[:, 2] - rects[:, 0] + 1, rects[:, 3] - rects[:, 1] + 1
         xbase = np.concatenate(([0], np.cumsum(widths)[:-1]))
         ybase = np.concatenate(([0], np.cumsum(heights)[:-1]))
-        held = np.unique(rect).tolist()
-        for name, offsets, base, total in (("starts_x", cx0 - x0, xbase, int(widths.sum())),
-                                           ("ends_x", cx1 - x0, xbase, int(widths.sum())),
-                                           ("starts_y", cy0 - y0, ybase, int(heights.sum())),
-                                           ("ends_y", cy1 - y0, ybase, int(heights.sum()))):  # fmt: skip
-            histogram = np.rint(np.bincount(base[rect] + offsets, weights=weights, minlength=total)).astype(np.int64)
-            for j in held:
-                counts = getattr(self._rects[which[j]], name)
-                counts += histogram[base[j] : base[j] + len(counts)]
         b = self.block
-        side = -(-self.size // b) + 1  # blocks per side, and one more for the difference array's far edge
-        gx0, gx1, gy0, gy1 = cx0 // b, cx1 // b + 1, cy0 // b, cy1 // b + 1
-        corners = np.concatenate(
-            [(rect * side + gy) * side + gx for gy, gx in ((gy0, gx0), (gy0, gx1), (gy1, gx0), (gy1, gx1))]
-        )
-        signs = np.concatenate((weights, -weights, -weights, weights))
-        diff = np.rint(np.bincount(corners, weights=signs, minlength=len(which) * side * side)).astype(np.int64)
-        blocks = diff.reshape(len(which), side, side).cumsum(axis=1).cumsum(axis=2)
+        gx_first, gy_first = rects[:, 0] // b, rects[:, 1] // b
+        gw, gh = rects[:, 2] // b - gx_first + 2, rects[:, 3] // b - gy_first + 2
+        gbase = np.concatenate(([0], np.cumsum(gw * gh)[:-1]))
+        columns, rows = int(widths.sum()), int(heights.sum())
+        sizes = {"starts_x": columns, "ends_x": columns, "starts_y": rows, "ends_y": rows}
+        lines = {name: np.zeros(n, dtype=np.int64) for name, n in sizes.items()}
+        diff = np.zeros(int((gw * gh).sum()), dtype=np.int64)
+        chunk = max(1, _CHUNK_ENTRIES // len(which))
+        for start in range(0, len(boxes), chunk):
+            part_boxes = boxes[start : start + chunk]
+            cx0 = np.maximum(part_boxes[:, None, 0], rects[None, :, 0])
+            cy0 = np.maximum(part_boxes[:, None, 1], rects[None, :, 1])
+            cx1 = np.minimum(part_boxes[:, None, 2], rects[None, :, 2])
+            cy1 = np.minimum(part_boxes[:, None, 3], rects[None, :, 3])
+            part, rect = np.nonzero((cx0 <= cx1) & (cy0 <= cy1))
+            cx0, cy0, cx1, cy1 = cx0[part, rect], cy0[part, rect], cx1[part, rect], cy1[part, rect]
+            up = steps[start : start + chunk][part] > 0
+            x0, y0 = rects[rect, 0], rects[rect, 1]
+            for name, at in (("starts_x", xbase[rect] + cx0 - x0), ("ends_x", xbase[rect] + cx1 - x0),
+                             ("starts_y", ybase[rect] + cy0 - y0), ("ends_y", ybase[rect] + cy1 - y0)):  # fmt: skip
+                lines[name] += _signed_count(at, up, len(lines[name]))
+            origin, width = gbase[rect], gw[rect]
+            gx0, gy0 = cx0 // b - gx_first[rect], cy0 // b - gy_first[rect]
+            gx1, gy1 = cx1 // b - gx_first[rect] + 1, cy1 // b - gy_first[rect] + 1
+            for at, sign in (((gy0 * width + gx0), up), ((gy0 * width + gx1), ~up),
+                             ((gy1 * width + gx0), ~up), ((gy1 * width + gx1), up)):  # fmt: skip
+                diff += _signed_count(origin + at, sign, len(diff))
         queries = self._block_queries
-        for j, gy, gx in zip(*np.nonzero(blocks), strict=True):
-            key = (which[int(j)], int(gx), int(gy))
-            queries[key] = queries.get(key, 0) + int(blocks[j, gy, gx])
+        for j, i in enumerate(which):
+            r = self._rects[i]
+            r.starts_x += lines["starts_x"][xbase[j] : xbase[j] + widths[j]]
+            r.ends_x += lines["ends_x"][xbase[j] : xbase[j] + widths[j]]
+            r.starts_y += lines["starts_y"][ybase[j] : ybase[j] + heights[j]]
+            r.ends_y += lines["ends_y"][ybase[j] : ybase[j] + heights[j]]
+            mine = diff[gbase[j] : gbase[j] + gw[j] * gh[j]]
+            if not mine.any():
+                continue
+            blocks = mine.reshape(gh[j], gw[j]).cumsum(axis=0).cumsum(axis=1)
+            gys, gxs = np.nonzero(blocks)
+            for gy, gx, n in zip(gys.tolist(), gxs.tolist(), blocks[gys, gxs].tolist(), strict=True):
+                key = (i, int(gx_first[j]) + gx, int(gy_first[j]) + gy)
+                queries[key] = queries.get(key, 0) + n
 
     def add_subscription(self, sid: str, box: CellBox) -> None:
         """Count range subscription ``sid`` indexed over cell box ``box`` (``queryCount`` +1 where it lies).
@@ -377,14 +387,16 @@ class CellLoad:
             self._note(box, -1)
 
     def _note(self, box: CellBox, step: int) -> None:
+        """Note a part's box and sign for :meth:`_flush`; O(1) amortized (a flush every :data:`_PENDING_MAX`)."""
         self._pending.append((box, step))
         if len(self._pending) >= _PENDING_MAX:
             self._flush()
 
     def summary(self, evaluator: int, batch: int) -> LoadSummary:
-        """Return the load summary sent to the balancer; O(rows + columns + blocks with load), kept as objects come.
+        """Return the load summary sent to the balancer; O(rows + columns + blocks with load).
 
-        Costs are decayed cost units (divided by the running scale).
+        The parts noted since the last count are counted first
+        (:meth:`_flush`, O(parts noted x rectangles)). Costs are decayed cost units (divided by the running scale).
         """
         self._flush()
         s = self._scale
@@ -412,3 +424,8 @@ class CellLoad:
     def centralized_nbytes(self) -> int:
         """Bytes the centralized alternative would send: every cell with cost, as (cell id, cost)."""
         return 12 * len(self._cells)
+
+
+def _signed_count(at: np.ndarray, up: np.ndarray, size: int) -> np.ndarray:
+    """Return, per index below ``size``, how many of ``at`` with ``up`` name it minus how many without; int64."""
+    return np.bincount(at[up], minlength=size) - np.bincount(at[~up], minlength=size)

@@ -650,38 +650,66 @@ def _counted_reference(parts: dict[str, tuple], rectangles: list[tuple], block: 
 
 @st.composite
 def _count_scripts(draw):
-    """A partition of a 12 x 12 grid, then subscribes, unsubscribes, repartitions and summaries in any order."""
-    first = _guillotine(draw, (0, 0, 11, 11), 4)
-    steps = draw(st.lists(st.one_of(
-        st.tuples(st.just("add"), st.integers(0, 9), _BOX.map(lambda b: tuple(min(v, 11) for v in b))),
-        st.tuples(st.just("remove"), st.integers(0, 9)),
-        st.just(("partition",)),
-        st.just(("summary",)),
-    ), max_size=40))  # fmt: skip
-    return first, [(*s, _guillotine(draw, (0, 0, 11, 11), 4)) if s[0] == "partition" else s for s in steps]
+    """A partition of a 13 x 13 grid (blocks of 3: the last block is short), then subscribes, unsubscribes,
+    repartitions (each rectangle kept or cut again, or a whole new partition), restores and summaries."""
+    current = _guillotine(draw, (0, 0, 12, 12), 4)
+    script = [list(current)]
+    for _ in range(draw(st.integers(0, 40))):
+        kind = draw(st.sampled_from(["add", "add", "add", "remove", "partition", "restore", "summary"]))
+        if kind == "add":
+            corners = draw(st.tuples(*[st.integers(0, 12)] * 4))
+            box = (min(corners[0], corners[2]), min(corners[1], corners[3]),
+                   max(corners[0], corners[2]), max(corners[1], corners[3]))  # fmt: skip
+            script.append(("add", f"s{draw(st.integers(0, 9))}", box))
+        elif kind == "remove":
+            script.append(("remove", f"s{draw(st.integers(0, 9))}"))
+        elif kind == "partition":
+            if draw(st.booleans()):
+                current = [r for box in current for r in (_guillotine(draw, box, 2) if draw(st.booleans()) else [box])]
+            else:
+                current = _guillotine(draw, (0, 0, 12, 12), 4)
+            script.append(("partition", list(current)))
+        else:
+            script.append((kind,))
+    return script
 
 
+@pytest.mark.parametrize("limits", [None, (3, 2)], ids=["default limits", "a flush every 3 notes, chunks of 2 pairs"])
 @settings(max_examples=150, deadline=None)
 @given(script=_count_scripts())
-def test_query_counts_noted_per_part_and_counted_per_batch_equal_the_brute_force_count(script):
+def test_query_counts_noted_per_part_and_counted_per_batch_equal_the_brute_force_count(limits, script):
     """Subscribes and unsubscribes are noted and counted together when read (a summary or a new partition): at
     every read the counts equal a count of the parts held, clipped to each rectangle, made cell by cell; a part
-    brought again for a held id counts once over the union of both boxes."""
-    first, steps = script
-    load, parts, rectangles = CellLoad(12, first, 3, decay=1.0), {}, first
+    brought again for a held id counts once over the union of both boxes; a restored copy counts the same."""
+    import skpub.evaluators.load as load_module
+
+    saved = load_module._PENDING_MAX, load_module._CHUNK_ENTRIES
+    if limits is not None:
+        load_module._PENDING_MAX, load_module._CHUNK_ENTRIES = limits
+    try:
+        _run_count_script(script)
+    finally:
+        load_module._PENDING_MAX, load_module._CHUNK_ENTRIES = saved
+
+
+def _run_count_script(script: list) -> None:
+    rectangles, *steps = script
+    load, parts = CellLoad(13, rectangles, 3, decay=1.0), {}
     for step in [*steps, ("summary",)]:
         if step[0] == "add":
-            sid, box = f"s{step[1]}", step[2]
+            sid, box = step[1], step[2]
             old = parts.get(sid)
             parts[sid] = box if old is None else (min(old[0], box[0]), min(old[1], box[1]),
                                                   max(old[2], box[2]), max(old[3], box[3]))  # fmt: skip
             load.add_subscription(sid, box)
         elif step[0] == "remove":
-            parts.pop(f"s{step[1]}", None)
-            load.remove_subscription(f"s{step[1]}")
+            parts.pop(step[1], None)
+            load.remove_subscription(step[1])
         elif step[0] == "partition":
             rectangles = step[1]
             load.set_partition(rectangles)
+        elif step[0] == "restore":  # in place: what it holds, noted parts included, is replaced
+            load.restore(load.to_document(), dict(parts))
         else:
             got = load.summary(0, 0)
             sides, blocks = _counted_reference(parts, rectangles, 3)
