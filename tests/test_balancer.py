@@ -426,9 +426,15 @@ def test_cell_load_after_moves_equals_one_built_afresh(workload, seed):
         ]
 
 
-_BOX = st.tuples(st.integers(0, 19), st.integers(0, 19), st.integers(0, 19), st.integers(0, 19)).map(
-    lambda b: (min(b[0], b[2]), min(b[1], b[3]), max(b[0], b[2]), max(b[1], b[3]))
-)
+def _boxes(side: int):
+    """Cell boxes ``(x0, y0, x1, y1)`` of a ``side`` x ``side`` grid, corners in either order."""
+    corner = st.integers(0, side - 1)
+    return st.tuples(corner, corner, corner, corner).map(
+        lambda b: (min(b[0], b[2]), min(b[1], b[3]), max(b[0], b[2]), max(b[1], b[3]))
+    )
+
+
+_BOX = _boxes(20)
 
 
 @settings(max_examples=60, deadline=None)
@@ -657,10 +663,7 @@ def _count_scripts(draw):
     for _ in range(draw(st.integers(0, 40))):
         kind = draw(st.sampled_from(["add", "add", "add", "remove", "partition", "restore", "summary"]))
         if kind == "add":
-            corners = draw(st.tuples(*[st.integers(0, 12)] * 4))
-            box = (min(corners[0], corners[2]), min(corners[1], corners[3]),
-                   max(corners[0], corners[2]), max(corners[1], corners[3]))  # fmt: skip
-            script.append(("add", f"s{draw(st.integers(0, 9))}", box))
+            script.append(("add", f"s{draw(st.integers(0, 9))}", draw(_boxes(13))))
         elif kind == "remove":
             script.append(("remove", f"s{draw(st.integers(0, 9))}"))
         elif kind == "partition":
