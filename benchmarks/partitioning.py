@@ -100,7 +100,7 @@ def _sequencer_us_per_object(scenario, stream: Path, vocabulary: Path, router: s
     sample = take_sample(lines, dep.sample_size)
     seconds = objects = 0.0
     with tempfile.TemporaryDirectory() as tmp:
-        pipeline = LocalPipeline.new(Path(tmp), dep, load_vocabulary(dep.vocabulary), sample)
+        pipeline = LocalPipeline.new(Path(tmp), dep, load_vocabulary(dep.vocabulary, dep.vocabulary_digest), sample)
         tune_gc()  # as the engines run: under the default thresholds, collections land in whichever stage allocates
         for b, batch in enumerate(batches(itertools.chain(sample, lines), dep.batch_size)):
             report = pipeline.step(b, batch, count_outputs)

@@ -118,7 +118,7 @@ def placement(directory: Path, router: str) -> tuple[float, float, float]:
     deployment = load_deployment(directory / "deployment.json").replace(
         router=router, vocabulary=str(directory / "vocabulary.json")
     )
-    vocabulary = load_vocabulary(deployment.vocabulary)
+    vocabulary = load_vocabulary(deployment.vocabulary, deployment.vocabulary_digest)
     lines = iter_lines(directory / "stream.jsonl")
     sample = list(islice(iter_lines(directory / "stream.jsonl"), deployment.sample_size))
     epoch = RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample))

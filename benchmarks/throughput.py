@@ -38,7 +38,7 @@ from skpub.sims.geonames import WorkloadSpec, write_workload
 
 def matching_rate(stream: Path, deployment: Deployment) -> tuple[float, int, int]:
     """Return (objects/s, objects, live subscriptions) of GI^2 matching on one core."""
-    vocabulary = load_vocabulary(deployment.vocabulary)
+    vocabulary = load_vocabulary(deployment.vocabulary, deployment.vocabulary_digest)
     grid = FineGrid(deployment.space, deployment.grid_size)
     index = GI2Index(deployment.index_block, vocabulary)
     objects = []

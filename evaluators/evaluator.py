@@ -6,9 +6,10 @@ processor hosts it inside an executor. Records arrive as
 
 State is kept per *state block* (:data:`~skpub.evaluators.window.STATE_BLOCK` squared fine cells,
 keyed by the block of the subscription's first cell in this evaluator), so a
-micro-batch rewrites only the blocks it changed and a migration can move
-whole blocks (DESIGN "Adaptivity"). The GI^2 index is derived from the blocks
-and rebuilt from them after a restart.
+micro-batch rewrites only the blocks it changed (DESIGN "Durable state and
+checkpoints"); a move between evaluators carries cell boxes with the
+subscriptions clipped to them, not blocks. The GI^2 index is derived from
+the blocks and rebuilt from them after a restart.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """GI^2, the Grid-Inverted-Index for boolean range subscriptions (PS2Stream section IV-C).
 
-The evaluator's cells (blocks of ``block x block`` fine cells) each hold an
+The evaluator's cells (blocks of ``index_block x index_block`` fine cells) each hold an
 inverted index ``keyword -> [entries]``. A subscription is appended, in every
 index cell its rectangle ∩ partition overlaps, to the list of the least
 frequent keyword of each of its DNF clauses (so an OR expression has one
@@ -49,14 +49,14 @@ class GI2Index:
 
     Parameters
     ----------
-    block : int
+    index_block : int
         Fine cells per side of one index cell.
     vocabulary : Vocabulary
         Picks each clause's least frequent keyword.
     """
 
-    def __init__(self, block: int, vocabulary: Vocabulary) -> None:
-        self.block = block
+    def __init__(self, index_block: int, vocabulary: Vocabulary) -> None:
+        self.index_block = index_block
         self.vocabulary = vocabulary
         self.cells: dict[int, dict[str, list[Entry]]] = {}
         self.wide: dict[str, list[Entry]] = {}
@@ -69,7 +69,7 @@ class GI2Index:
 
     def _cell_keys(self, box: CellBox) -> list[int]:
         """Return the keys of the index cells ``box`` (fine cells) meets, row by row."""
-        b = self.block
+        b = self.index_block
         xs = range(box[0] // b, box[2] // b + 1)
         return [gy * _ROW + gx for gy in range(box[1] // b, box[3] // b + 1) for gx in xs]
 
@@ -78,7 +78,7 @@ class GI2Index:
 
         O(rows of ``new`` + the keys returned).
         """
-        b = self.block
+        b = self.index_block
         ox0, oy0, ox1, oy1 = (c // b for c in old)
         nx0, ny0, nx1, ny1 = (c // b for c in new)
         keys = []
@@ -122,7 +122,7 @@ class GI2Index:
                     lst.append(entry)
 
     def _is_wide(self, box: CellBox, keywords: list[str] | frozenset[str]) -> bool:
-        b = self.block
+        b = self.index_block
         return (box[2] // b - box[0] // b + 1) * (box[3] // b - box[1] // b + 1) * len(keywords) > WIDE_ENTRIES
 
     def widen(self, sub: RangeSubscription, old: CellBox, new: CellBox) -> None:
@@ -235,7 +235,7 @@ class GI2Index:
         evaluators an object reaches answer for disjoint terms, so exactly
         one returns each match (DESIGN "Text partitions").
         """
-        b = self.block
+        b = self.index_block
         matched: list[str] = []
         lists = self.cells.get((cy // b) * _ROW + cx // b)
         examined = self._scan(lists, obj, matched, only) if lists else 0

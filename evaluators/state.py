@@ -73,7 +73,7 @@ def clock_of(raw: list) -> tuple[int, float, str]:
 def restore_evaluator(e: int, deployment_json: str, state: EvaluatorState | None) -> Evaluator:
     """Rebuild evaluator ``e`` of a Spark task from its state-store entries (None: a new evaluator)."""
     deployment = deployment_from_text(deployment_json)
-    vocabulary = load_vocabulary(deployment.vocabulary)
+    vocabulary = load_vocabulary(deployment.vocabulary, deployment.vocabulary_digest)
     if state is None:
         return Evaluator(e, deployment, vocabulary, durable=True)
     return evaluator_from_state(e, deployment, vocabulary, state)

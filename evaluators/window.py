@@ -55,8 +55,9 @@ class WindowStore:
     dropped again when it is read back (:meth:`restore` applies the clock).
     One state entry per batch, not per state block, because a state store
     call costs about a millisecond: per-block entries cost 11 s per 235,000
-    GeoNames objects. Inside a segment every object keeps its state block,
-    for a migration to take.
+    GeoNames objects. Inside a segment every object records its state block
+    (read by nothing today: window objects never move between evaluators,
+    DESIGN "Top-k/kNN state does not move").
     """
 
     def __init__(self, window: Window, durable: bool = False) -> None:
@@ -261,5 +262,5 @@ def decode_segment(data: bytes) -> list[WindowObject]:
                 )
             )
     except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise EvaluatorError(f"damaged window block: {exc}") from None
+        raise EvaluatorError(f"damaged window segment: {exc}") from None
     return out

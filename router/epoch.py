@@ -1,4 +1,4 @@
-"""Routing epochs: immutable, versioned routing tables (DESIGN "Adaptivity").
+"""Routing epochs: immutable, versioned routing tables (DESIGN "Over micro-batches, on both engines").
 
 Epoch ``n`` is in force from micro-batch ``from_batch`` until the next
 epoch's ``from_batch``. Epochs are published as JSON files

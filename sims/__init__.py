@@ -1,1 +1,11 @@
-"""Workload generators and simulations (GeoNames and, later, skew variants)."""
+"""Workloads for runs, tests, benchmarks and ``skpub simulate``.
+
+- :mod:`skpub.sims.geonames`: the GeoNames workload (Tornado section 5, PS2Stream VI-A): real places as objects,
+  sampled range, topk and knn subscriptions, and its skew variants: the drifting hot spot (``drift_scale``,
+  Tornado 5.4's spatially condensed data) and the keyword burst (``burst_regions``, PS2Stream VI-D's switching
+  regions).
+
+``sims/scenarios/`` (data, not modules) holds the shipped ``skpub simulate`` scenarios: ``uniform``, ``drift``,
+``burst``, ``q1``, ``q2``, ``q3``. The simulations themselves run in the application shell
+(:mod:`skpub.app.simulate`, :mod:`skpub.app.report`).
+"""

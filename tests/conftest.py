@@ -1,5 +1,7 @@
 import pytest
 
+import tests.profiles  # noqa: F401  (registers and loads the hypothesis profiles)
+
 
 @pytest.fixture(scope="session")
 def spark():

@@ -9,6 +9,10 @@ from pathlib import Path
 
 import httpx
 
+STALL_SECONDS = 300.0
+"""A daemon whose readiness reports no progress for this long is stuck (a restarted Spark daemon, idle, reports a
+step every few seconds; docs/benchmarks.md "Restart to ready")."""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -45,10 +49,25 @@ class Served:
         assert reply.status_code == 202, reply.text
         return reply.json()
 
-    def wait_ready(self):
-        deadline = time.monotonic() + 180
-        while self.http.get("/readyz").status_code != 200:
-            assert time.monotonic() < deadline and self.proc.poll() is None, self.errors.read_text()[-3000:]
+    def wait_ready(self, stall: float = STALL_SECONDS) -> dict:
+        """Wait until the daemon has processed everything acknowledged; return its ``/readyz`` body.
+
+        Waits as long as the daemon reports progress (its phase, starting step, processed lines or committed
+        batch move; a restarted Spark daemon on a busy machine takes minutes), and fails once nothing moved for
+        ``stall`` seconds, or the process ended.
+        """
+        last, moved = None, time.monotonic()
+        while True:
+            reply = self.http.get("/readyz")
+            body = reply.json()
+            if reply.status_code == 200:
+                return body
+            progress = tuple(body.get(key) for key in ("phase", "step", "processed", "committed_batch", "run_batch"))
+            if progress != last:
+                last, moved = progress, time.monotonic()
+            assert self.proc.poll() is None and body.get("phase") != "failed", self.errors.read_text()[-3000:]
+            errors = self.errors.read_text()[-3000:]
+            assert time.monotonic() - moved < stall, f"no progress for {stall} s: {body}\n{errors}"
             time.sleep(0.1)
 
     def read(self, name, after=0):

@@ -1,10 +1,11 @@
 """schemathesis against the daemon's generated OpenAPI document: whatever a client sends, no 5xx and no crash."""
 
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 
 from skpub.app.api import create_app
 from skpub.app.daemon import Daemon, Limits
+from tests.profiles import examples
 from tests.workloads import deployment
 
 TOKEN = "s3cret"
@@ -21,7 +22,7 @@ def test_no_request_makes_the_daemon_fail(tmp_path):
             if operation.path.endswith("/stream"):
                 continue  # an endless response: tested over HTTP in test_daemon.py
 
-            @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+            @examples(0.25, suppress_health_check=list(HealthCheck), database=None)
             @given(case=operation.as_strategy())
             def check(case):  # noqa: ANN001
                 response = case.call(headers={"Authorization": f"Bearer {TOKEN}"})

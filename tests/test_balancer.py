@@ -5,7 +5,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from skpub.balancer.migration import by_size, dynamic, fan_out_shares, greedy, migration, optimum, random_cells
@@ -18,6 +18,7 @@ from skpub.kernel.load import LoadSummary, imbalance
 from skpub.router.errors import RoutingError
 from skpub.router.gridt import TermTable
 from skpub.router.partitioning import Partitioning, cost_partitioning
+from tests.profiles import examples
 from tests.workloads import deployment
 
 
@@ -59,7 +60,7 @@ def workloads(draw, max_size=30):
     return part, costs, subs, rng
 
 
-@settings(max_examples=150, deadline=None)
+@examples(1.5)
 @given(workloads(), st.integers(0, 2**16), st.booleans())
 def test_chaos_operations_are_legal_and_move_exactly_their_cells(workload, seed, by_text):
     part, costs, subs, _ = workload
@@ -115,7 +116,7 @@ def test_every_chaos_draw_is_a_legal_operation_beside_text_partitioned_rectangle
     assert "text_merge" in kinds and (text_rectangles == 7) == kinds.isdisjoint({"migration", "text_split"})
 
 
-@settings(max_examples=200, deadline=None)
+@examples(2)
 @given(workloads(), st.integers(0, 2**16))
 def test_summaries_predict_every_candidates_costs_and_subscriptions_exactly(workload, seed):
     """C_r and C_t come from summaries (aggregates, blocks), never cells: what they predict must be what happens,
@@ -143,7 +144,7 @@ def test_summaries_predict_every_candidates_costs_and_subscriptions_exactly(work
             )
 
 
-@settings(max_examples=200, deadline=None)
+@examples(2)
 @given(workloads())
 def test_best_split_is_the_most_even_cut(workload):
     part, costs, subs, _ = workload
@@ -156,7 +157,7 @@ def test_best_split_is_the_most_even_cut(workload):
     assert got == pytest.approx(min(cuts))
 
 
-@settings(max_examples=200, deadline=None)
+@examples(2)
 @given(
     st.lists(st.tuples(st.floats(0, 100), st.integers(0, 30)), min_size=1, max_size=14),
     st.floats(0.05, 0.95),
@@ -371,7 +372,7 @@ def test_summary_is_smaller_than_the_cells_it_summarizes():
     assert sum(s.nbytes() for s in summaries) * 5 < centralized
 
 
-@settings(max_examples=100, deadline=None)
+@examples(1)
 @given(workloads(), st.integers(0, 2**16))
 def test_cell_load_after_moves_equals_one_built_afresh(workload, seed):
     """set_partition keeps the aggregates of rectangles that stay and computes the rest: after chaos moves (costs
@@ -437,7 +438,7 @@ def _boxes(side: int):
 _BOX = _boxes(20)
 
 
-@settings(max_examples=60, deadline=None)
+@examples(0.6)
 @given(held=st.lists(_BOX, max_size=40), moved=st.lists(_BOX, min_size=1, max_size=5))
 def test_a_source_exports_over_each_moved_box_the_subscriptions_it_holds_there_clipped(held, moved):
     """What a hand-off carries per move: every subscription whose box meets the moved cells, clipped to them, in
@@ -464,7 +465,7 @@ def test_a_source_exports_over_each_moved_box_the_subscriptions_it_holds_there_c
         assert all(type(v) is int for _, box in parts for v in box)
 
 
-@settings(max_examples=100, deadline=None)
+@examples(1)
 @given(
     boxes=st.lists(_BOX, max_size=12),
     others=st.lists(_BOX, max_size=6),
@@ -484,7 +485,7 @@ def test_meets_any_answers_as_a_box_by_box_test_in_any_step(boxes, others, per_s
     assert got.dtype == bool and got.tolist() == expected
 
 
-@settings(max_examples=60, deadline=None)
+@examples(0.6)
 @given(
     held=st.lists(_BOX, max_size=12),
     carried=st.lists(st.tuples(st.integers(0, 15), _BOX), max_size=20),
@@ -508,7 +509,7 @@ def test_a_target_indexes_what_is_carried_over_the_union_with_what_it_holds(held
     ]
     target, fresh = (Evaluator(0, deployment(evaluators=2), Vocabulary(10, {"a": 5, "b": 3})) for _ in range(2))
     for ev in (target, fresh):
-        ev.index.block = 2  # boxes of up to 20 x 20 cells meet up to 100 index cells: some are wide below
+        ev.index.index_block = 2  # boxes of up to 20 x 20 cells meet up to 100 index cells: some are wide below
         ev.set_partition([(0, 0, 9, 19), (10, 0, 19, 19)])
     want: dict[int, tuple] = {}
     gi2.WIDE_ENTRIES, default = wide_entries, gi2.WIDE_ENTRIES
@@ -576,7 +577,7 @@ def _partitionings(draw):
     return Partitioning(size, np.array(boxes), np.array(draw(st.permutations(owners))))
 
 
-@settings(max_examples=200, deadline=None)
+@examples(2)
 @given(partitioning=_partitionings())
 def test_adjacent_rectangles_are_the_pairs_of_other_owners_sharing_an_edge_stretch(partitioning):
     """Against the brute force over every pair of rectangles (the vectorized pass over the grid is skpub's)."""
@@ -678,7 +679,7 @@ def _count_scripts(draw):
 
 
 @pytest.mark.parametrize("limits", [None, (3, 2)], ids=["default limits", "a flush every 3 notes, chunks of 2 pairs"])
-@settings(max_examples=150, deadline=None)
+@examples(1.5)
 @given(script=_count_scripts())
 def test_query_counts_noted_per_part_and_counted_per_batch_equal_the_brute_force_count(limits, script):
     """Subscribes and unsubscribes are noted and counted together when read (a summary or a new partition): at

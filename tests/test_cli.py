@@ -63,6 +63,7 @@ def test_spark_without_java_says_so(tmp_path, capsys, monkeypatch):
     assert "needs Java 17" in err and "--engine local" in err
 
 
+@pytest.mark.slow
 def test_geonames_workload_is_reproducible_by_seed(tmp_path):
     spec = WorkloadSpec(seed=5, live=50, objects=300)
     first, second = list(generate(spec)), list(generate(spec))
@@ -88,12 +89,14 @@ def test_geonames_workload_is_reproducible_by_seed(tmp_path):
             assert s["match"] in ("any", "all") and s["from"] in ("window", "registration")
 
 
+@pytest.mark.slow
 def test_geonames_workload_without_ranked_fractions_is_range_only():
     spec = WorkloadSpec(seed=5, live=50, objects=300, topk_fraction=0, knn_fraction=0)
     kinds = {json.loads(line).get("kind") for line in generate(spec)}
     assert kinds == {None, "range"}
 
 
+@pytest.mark.slow
 def test_a_keyword_burst_gives_bursting_regions_frequent_keywords_and_moves_each_phase():
     from skpub.sims.geonames import bursting, document_frequencies, load_places, region_of
 
@@ -115,6 +118,7 @@ def test_a_keyword_burst_gives_bursting_regions_frequent_keywords_and_moves_each
     assert sorted(hot)[len(hot) // 2] > 50 * sorted(cold)[len(cold) // 2], "bursting keywords are the frequent ones"
 
 
+@pytest.mark.slow
 def test_workload_command_writes_stream_and_vocabulary(tmp_path, capsys):
     code = main(["workload", "geonames", "--output", str(tmp_path), "--objects", "200", "--live", "20"])
     assert code == 0

@@ -13,7 +13,7 @@ from collections import Counter
 import orjson
 import pytest
 from fastapi.testclient import TestClient
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
@@ -28,13 +28,14 @@ from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.errors import ConfigError, OutputError
 from skpub.kernel.parts import read_stream
 from skpub.kernel.runtime import FullCollections, collector_pauses
+from tests.profiles import examples
 from tests.served import Served
 from tests.workloads import deployment, random_workload, ranked_workload, write_lines
 
 # --- the durable log ------------------------------------------------------------------------------------
 
 
-@settings(max_examples=30, deadline=None)
+@examples(0.3)
 @given(st.lists(st.lists(st.binary(max_size=40).map(lambda b: b.replace(b"\n", b"")), max_size=40), max_size=12))
 def test_a_line_log_reads_back_every_append_by_index_and_after_reopening(tmp_path_factory, appends):
     path = tmp_path_factory.mktemp("log") / "x.log"
@@ -96,7 +97,7 @@ def test_a_segmented_log_past_its_trillionth_entry_keeps_its_thirteen_digit_segm
     assert last.read(start, 10) == [b"a", b"b", *(b"x%d" % k * 20 for k in range(4))]
 
 
-@settings(max_examples=40, deadline=None)
+@examples(0.4)
 @given(
     st.lists(
         st.lists(st.binary(min_size=1, max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=9), max_size=14
@@ -132,7 +133,7 @@ def test_a_segmented_log_reads_back_what_it_keeps_across_rolls_retention_cuts_an
     assert again.read(kept, len(everything)) == everything[kept:]
 
 
-@settings(max_examples=40, deadline=None)
+@examples(0.4)
 @given(
     st.lists(
         st.lists(st.binary(min_size=1, max_size=30).map(lambda b: b.replace(b"\n", b"")), max_size=9), max_size=14
@@ -404,6 +405,9 @@ def test_the_balancer_log_keeps_its_newest_parts_within_the_retention_and_touche
     from skpub.app.output import PartRetention
     from skpub.kernel.parts import part_path
 
+    def name(batch, writer=""):  # noqa: ANN001, ANN202
+        return part_path(tmp_path, "balancer", batch, writer).name
+
     folder = tmp_path / "balancer"
     folder.mkdir()
     for batch in range(1, 11):  # one part of 100 bytes a batch, two for batch 7
@@ -417,32 +421,28 @@ def test_the_balancer_log_keeps_its_newest_parts_within_the_retention_and_touche
     assert weight >= 100
     log = PartRetention(tmp_path, "balancer", int(3.5 * weight))
     assert log.retain() == 8  # batches 1-7 go (7: both parts); 8-10 fit
-    newest = [f"part-{b:08d}.jsonl" for b in (8, 9, 10)]
+    newest = [name(b) for b in (8, 9, 10)]
     assert sorted(p.name for p in folder.iterdir()) == sorted(
         [*(p.name for p in foreign), "part-00000000.jsonl", *newest]
     )
     part_path(tmp_path, "balancer", 12, "d").write_bytes(b"x" * 100)  # batch 11 rebalanced nothing
     log.add(-1)  # before the first batch: nothing
     log.add(12)
-    assert log.retain() == 1 and sorted(p.name for p in folder.glob("part-0*")) == [
-        "part-00000000.jsonl",
-        "part-00000009.jsonl",
-        "part-00000010.jsonl",
-        "part-00000012-d.jsonl",
-    ]
-    (folder / "part-00000009.jsonl").unlink()  # gone meanwhile: its removal is not an error
+    assert log.retain() == 1 and sorted(p.name for p in folder.glob("part-0*")) == sorted(
+        ["part-00000000.jsonl", name(9), name(10), name(12, "d")]
+    )
+    (folder / name(9)).unlink()  # gone meanwhile: its removal is not an error
     log.keep_bytes = 0
-    assert log.retain() == 2 and sorted(p.name for p in folder.glob("part-0*")) == [
-        "part-00000000.jsonl",
-        "part-00000012-d.jsonl",  # the newest batch stays
-    ]
+    assert log.retain() == 2 and sorted(p.name for p in folder.glob("part-0*")) == sorted(
+        ["part-00000000.jsonl", name(12, "d")]  # the newest batch stays
+    )
     assert log.total == weight
     for writer in ("a", "b"):  # a batch of two parts, one of whose removals the disk refuses once
         part_path(tmp_path / "two", "balancer", 1, writer).parent.mkdir(parents=True, exist_ok=True)
         part_path(tmp_path / "two", "balancer", 1, writer).write_bytes(b"x" * 100)
     part_path(tmp_path / "two", "balancer", 2).write_bytes(b"x" * 100)
     two = PartRetention(tmp_path / "two", "balancer", 0)
-    refused = {"part-00000001-b.jsonl"}
+    refused = {name(1, "b")}
     real_unlink = Path.unlink
 
     def unlink(path, missing_ok=False):
@@ -455,10 +455,8 @@ def test_the_balancer_log_keeps_its_newest_parts_within_the_retention_and_touche
     with pytest.raises(PermissionError):
         two.retain()
     two.retain()  # tried again: each part is counted off once
-    assert two.total == weight and [p.name for p in (tmp_path / "two" / "balancer").iterdir()] == [
-        "part-00000002.jsonl"
-    ]
-    assert PartRetention(tmp_path, "balancer", 0).retain() == 0 and (folder / "part-00000012-d.jsonl").exists()
+    assert two.total == weight and [p.name for p in (tmp_path / "two" / "balancer").iterdir()] == [name(2)]
+    assert PartRetention(tmp_path, "balancer", 0).retain() == 0 and (folder / name(12, "d")).exists()
     assert PartRetention(tmp_path / "none", "balancer", 0).retain() == 0
 
 
@@ -568,6 +566,7 @@ ENGINES = ["local", pytest.param("spark", marks=[pytest.mark.spark, pytest.mark.
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ENGINES)
 def test_records_posted_in_many_requests_equal_a_file_run_of_the_same_lines(tmp_path, engine):
     lines = random_workload(seed=21, n=700) + ranked_workload(seed=22, n=300)
@@ -634,6 +633,7 @@ def test_records_posted_in_many_requests_equal_a_file_run_of_the_same_lines(tmp_
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_consumer_following_deliveries_across_kill_9_sees_each_once(tmp_path, engine):
     lines = random_workload(seed=31, n=1500, invalid=False)
@@ -666,6 +666,7 @@ def test_a_consumer_following_deliveries_across_kill_9_sees_each_once(tmp_path, 
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ENGINES)
 def test_kill_9_at_random_moments_with_small_segments_and_compaction_loses_and_repeats_nothing(tmp_path, engine):
     """Several kill -9s at random moments of the data plane (rolls, releases, compactions and checkpoints under
@@ -872,6 +873,97 @@ def test_a_spark_manifest_written_before_an_added_key_resumes_with_the_earlier_b
         open_(now)
 
 
+def test_a_vocabulary_edited_since_the_data_directory_recorded_it_is_refused_with_a_sentence(tmp_path):
+    """The data directory records the vocabulary file's SHA-256: a restart on an edited file is refused (with
+    ``--config``, and resumed from the record), a record made before digests resumes unchecked as before, and the
+    file restored opens again."""
+    from skpub.app.daemon import recorded_deployment
+
+    words = tmp_path / "vocabulary.json"
+    words.write_text('{"N": 100, "df": {"cafe": 40, "jazz": 2}}')
+    data = tmp_path / "data"
+    made = deployment(evaluators=2).replace(vocabulary=str(words))
+    Daemon(data, made).stop()
+    original = words.read_bytes()
+    assert recorded_deployment(data).vocabulary_digest == recorded_digest(original)
+    words.write_text('{"N": 100, "df": {"cafe": 2, "jazz": 40}}')  # edited: the least frequent keywords swap
+    with pytest.raises(ConfigError, match=r"vocabulary_digest: the vocabulary file's content is not the one recorded"):
+        Daemon(data, made)
+    with pytest.raises(ConfigError, match=r"vocabulary\.json is not the one this deployment recorded"):
+        Daemon(data, recorded_deployment(data))
+    older = orjson.loads((data / "deployment.json").read_bytes())
+    del older["vocabulary_digest"]  # recorded by an skpub before digests: resumed as then, unchecked
+    (data / "deployment.json").write_bytes(orjson.dumps(older))
+    Daemon(data, made).stop()
+    Daemon(data, recorded_deployment(data)).stop()
+    (data / "deployment.json").write_bytes(orjson.dumps({**older, "vocabulary_digest": recorded_digest(original)}))
+    words.write_bytes(original)  # restored
+    Daemon(data, made).stop()
+    Daemon(data, recorded_deployment(data)).stop()
+
+
+def recorded_digest(content: bytes) -> str:
+    """The SHA-256 of ``content`` in hex, computed here apart from skpub's code."""
+    import hashlib
+
+    return hashlib.sha256(content).hexdigest()
+
+
+@pytest.mark.parametrize("opener", ["daemon", "run"])
+def test_a_spark_manifest_refuses_a_vocabulary_edited_since_and_every_task_checks_the_file(tmp_path, opener):
+    """The Spark checkpoint's manifest records the vocabulary's SHA-256 (a manifest without one resumes as
+    before), and a task loading the file on any host checks it: an evaluator restored over an edited file, or a
+    file that differs on its host, refuses with a sentence instead of choosing other least frequent keywords."""
+    from skpub.app.checkpoint import Checkpoint
+    from skpub.app.engines.spark import MANIFEST_FORMAT, _input_fingerprint, _open_checkpoint, _open_daemon_checkpoint
+    from skpub.app.output import claim_output
+    from skpub.evaluators.state import restore_evaluator
+    from skpub.kernel.errors import CheckpointError
+    from skpub.kernel.text import load_vocabulary, pin_vocabulary
+
+    words = tmp_path / "vocabulary.json"
+    words.write_text('{"N": 100, "df": {"cafe": 40, "jazz": 2}}')
+    original = words.read_bytes()
+    then = pin_vocabulary(deployment(evaluators=2).replace(vocabulary=str(words)))
+    assert then.vocabulary_digest == recorded_digest(original)
+    ckpt = Checkpoint(tmp_path / "checkpoint")
+    ckpt.create()
+    manifest = {"format": MANIFEST_FORMAT, "deployment": json.loads(json.dumps(then.to_json())), "run_id": "r"}
+    if opener == "daemon":
+        manifest["daemon"] = True
+        open_ = lambda dep: _open_daemon_checkpoint(ckpt, dep, None, list)  # noqa: E731
+    else:
+        source, out = tmp_path / "in.jsonl", tmp_path / "out"
+        source.write_text('{"type": "object", "id": "o", "x": 1, "y": 1, "terms": ["a"]}\n')
+        claim_output(out, "r", False)
+        manifest |= {"input": _input_fingerprint(source), "output": str(out)}
+        observer = RunObserver(RunSummary("spark", then.router, then.evaluators), stream=None)
+        open_ = lambda dep: _open_checkpoint(ckpt, source, dep, out, None, observer, False)  # noqa: E731
+    ckpt.manifest.write_text(json.dumps(manifest))
+    assert open_(then) == manifest
+    words.write_text('{"N": 100, "df": {"cafe": 2, "jazz": 40}}')
+    now = pin_vocabulary(deployment(evaluators=2).replace(vocabulary=str(words)))
+    with pytest.raises(CheckpointError, match=r"vocabulary_digest: the vocabulary file's content is not the one"):
+        open_(now)
+    with pytest.raises(ConfigError, match="is not the one this deployment recorded"):
+        restore_evaluator(0, json.dumps(then.to_json()), None)  # a task shipped the recorded deployment
+    with pytest.raises(ConfigError, match="is not the one this deployment recorded"):
+        load_vocabulary(str(words), then.vocabulary_digest)
+    del manifest["deployment"]["vocabulary_digest"]  # written before digests: resumed as then
+    ckpt.manifest.write_text(json.dumps(manifest))
+    assert open_(now) == manifest
+
+
+@pytest.mark.parametrize("digest", ["", "ABC", "0" * 63, "g" * 64, 7, "0" * 64 + "\n"])
+def test_a_vocabulary_digest_is_a_sha256_in_hex_given_with_a_vocabulary(digest):
+    from skpub.kernel.config import deployment_from_json
+
+    with pytest.raises(ConfigError, match="vocabulary_digest must be a SHA-256 in lowercase hex"):
+        deployment_from_json({"vocabulary": "v.json", "vocabulary_digest": digest})
+    with pytest.raises(ConfigError, match="vocabulary_digest is given without a vocabulary"):
+        deployment_from_json({"vocabulary_digest": "0" * 64})
+
+
 def test_deployment_changes_name_every_differing_leaf():
     from skpub.kernel.config import changes_text, deployment_changes
 
@@ -928,6 +1020,47 @@ def test_a_restarted_local_daemon_resumes_from_its_checkpoint_not_from_the_start
     expected, _ = file_run(tmp_path, lines, dep)
     got = Counter(json.dumps({k: v for k, v in d.items() if k != "offset"}, sort_keys=True) for d in deliveries)
     assert got == expected and [d["offset"] for d in deliveries] == list(range(1, len(deliveries) + 1))
+
+
+def test_readiness_reports_the_phase_and_the_progress_a_client_waits_on(tmp_path):
+    """/readyz says what the data plane does (starting and its step, running) and the batches it committed and
+    ran, so a client waits while they move instead of on a fixed clock: a restart replaying journaled batches
+    moves ``run_batch``; it is not ready before its data plane runs, even with nothing to process."""
+    lines = [line.encode() for line in random_workload(seed=53, n=200, invalid=False)]
+    dep = deployment(evaluators=2, batch_size=20)
+    data = tmp_path / "data"
+    daemon = Daemon(data, dep, Limits(trigger=0.01, checkpoint_seconds=3600.0))
+    client = TestClient(create_app(daemon, None))
+    reply = client.get("/readyz")
+    assert reply.status_code == 503
+    assert reply.json() == {"ready": False, "phase": "starting", "step": "opening", "acknowledged": 0, "processed": 0,
+                            "committed_batch": -1, "run_batch": -1}  # fmt: skip
+    daemon.start()
+    daemon.post(lines)
+    while not daemon.ready:
+        daemon.stopping.wait(0.01)
+    reply = client.get("/readyz")
+    last = daemon.committed_batch
+    assert reply.status_code == 200 and last >= 9  # 200 lines in batches of at most 20
+    assert reply.json() == {"ready": True, "phase": "running", "step": None, "acknowledged": 200, "processed": 200,
+                            "committed_batch": last, "run_batch": last}  # fmt: skip
+    daemon.stop()
+    restarted = Daemon(data, dep, Limits(trigger=0.01))  # no checkpoint since its first batch: the batches replay
+    assert (restarted.phase, restarted.ready, restarted.committed_batch, restarted.run_batch) == (
+        "starting",
+        False,
+        last,
+        -1,
+    )
+    more = [line.encode() for line in random_workload(seed=54, n=40, invalid=False)]
+    seen = set()
+    restarted.start()
+    restarted.post(more)  # processed once the replay is done
+    while not restarted.ready:
+        seen.add(restarted.run_batch)
+    restarted.stop()
+    assert restarted.run_batch == restarted.committed_batch > last
+    assert len({b for b in seen if 0 <= b < last}) > 1  # the replay was seen moving
 
 
 def test_a_disk_that_refuses_the_outputs_stalls_the_commit_and_it_is_tried_again(tmp_path, monkeypatch):

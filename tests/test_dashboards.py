@@ -86,6 +86,7 @@ def query(port: int, expr: str) -> list:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus server (.ci/run installs it)")
 def test_a_real_prometheus_scrapes_a_daemon_under_load_and_every_panel_has_data(tmp_path):
     dep = deployment(evaluators=3, batch_size=20).replace(balancer=BalancerConfig(mode="chaos", seed=3))

@@ -1,5 +1,5 @@
 import numpy as np
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from skpub.evaluators import gi2
@@ -8,6 +8,7 @@ from skpub.kernel.geometry import Rect
 from skpub.kernel.grid import FineGrid
 from skpub.kernel.records import ObjectRecord, RangeSubscription
 from skpub.kernel.text import Vocabulary, dnf_matches, parse_expression
+from tests.profiles import examples
 
 SPACE = Rect(0.0, 0.0, 100.0, 100.0)
 WORDS = ["a", "b", "c", "d"]
@@ -17,7 +18,7 @@ def make_object(i, x, y, terms):
     return ObjectRecord(i, f"o{i}", x, y, tuple(terms), frozenset(terms))
 
 
-@settings(max_examples=150, deadline=None)
+@examples(1.5)
 @given(st.integers(0, 2**32 - 1), st.integers(1, 6), st.integers(1, 40), st.sampled_from([2, 16, gi2.WIDE_ENTRIES]))
 def test_gi2_matches_brute_force_with_lazy_deletion(seed, block, size, wide_entries):
     """Random inserts, deletes and objects; wide subscriptions (over ``wide_entries`` entries) included."""
@@ -105,7 +106,7 @@ def test_a_wide_subscription_costs_its_clauses_not_its_cells():
     assert index.match_one(make_object(3, 90, 90, ["a"]), 900, 900) == ([], 0)
 
 
-@settings(max_examples=60, deadline=None)
+@examples(0.6)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([2, 16, gi2.WIDE_ENTRIES]))
 def test_removing_several_at_once_leaves_the_index_one_by_one_removal_leaves(seed, wide_entries):
     """A take-over's drops in one pass equal the drops one at a time: same lists, same entry order, same counts."""
@@ -141,7 +142,7 @@ _boxes = st.tuples(st.integers(0, 60), st.integers(0, 60), st.integers(0, 60), s
 )
 
 
-@settings(max_examples=300, deadline=None)
+@examples(3)
 @given(st.integers(1, 7), _boxes, _boxes, st.booleans())
 def test_added_index_cells_are_those_of_the_new_box_the_old_does_not_meet(block, old, new, nested):
     """What a widening appends to, row by row: the set difference, whether or not ``new`` contains ``old``."""

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from skpub.balancer.globaladjust import KIND, block_costs, global_adjustment
@@ -14,8 +14,10 @@ from skpub.kernel.parts import read_stream
 from skpub.kernel.transfer import Move
 from skpub.router.kdtree import kdtree_partitioning
 from skpub.router.partitioning import Partitioning, uniform_partitioning
+from tests.profiles import examples
 from tests.test_rebalancing import chaos, per_batch, run
 from tests.test_textsplit import rect
+from tests.tiers import tiered
 from tests.workloads import assert_outputs_equal_oracle, deployment, random_workload, ranked_workload
 
 
@@ -112,7 +114,7 @@ def test_a_moves_subscriptions_count_a_subscription_over_many_blocks_once():
     assert {m.source for m in op.moves} == {1} and part.boxes_of(1)[0][0] > 0
 
 
-@settings(max_examples=60, deadline=None)
+@examples(0.6)
 @given(
     n=st.integers(2, 6),
     size=st.integers(4, 12),
@@ -159,8 +161,12 @@ def test_any_drawn_adjustment_is_legal_and_realizes_the_kd_tree_on_the_plain_cel
     assert (moved == (plain & (part.owner != owner))).all()
 
 
-@pytest.mark.parametrize("router", ["agrid", "kdt", "uniform"])
-@pytest.mark.parametrize("evaluators,batch_size", [(2, 7), (4, 7), (8, 25)])
+@pytest.mark.parametrize(
+    ("router", "evaluators", "batch_size"),
+    tiered(
+        ((r, e, b) for r in ["agrid", "kdt", "uniform"] for e, b in [(2, 7), (4, 7), (8, 25)]), fast={("agrid", 4, 7)}
+    ),
+)
 def test_global_adjustments_under_chaos_equal_the_oracle_and_the_run_without_them(
     tmp_path, router, evaluators, batch_size
 ):

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from skpub.evaluators.gi2 import GI2Index
@@ -23,6 +23,7 @@ from skpub.router.partitioning import Partitioning, cost_partitioning
 from skpub.router.sample import KeyedSample, parse_sample
 from skpub.router.summary import TextualSummaries
 from skpub.router.textpart import text_partitioning
+from tests.profiles import examples
 
 WORDS = ["a", "ab", "b", "é", "ÿ", "Ā", "日本", "𝄞"]  # multi-byte and beyond the BMP: Arrow sorts UTF-8 bytes
 SPACE = Rect(0, 0, 100, 100)
@@ -59,7 +60,7 @@ def dnfs(draw):
     return tuple(dict.fromkeys(clauses))
 
 
-@settings(max_examples=150, deadline=None)
+@examples(1.5)
 @given(
     text_partitionings(),
     st.lists(st.tuples(st.floats(0, 90), st.floats(0, 90), st.floats(1, 60), st.floats(1, 60), dnfs()), max_size=12),
@@ -126,7 +127,7 @@ def test_a_term_table_routes_assigned_terms_and_hashes_the_rest_the_same_everywh
         TermTable.from_json({"evaluators": "no"})
 
 
-@settings(max_examples=80, deadline=None)
+@examples(0.8)
 @given(
     members=st.lists(st.integers(0, 9), min_size=3, max_size=6, unique=True),
     leaving=st.lists(st.integers(0, 5), min_size=1, max_size=3),

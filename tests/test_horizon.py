@@ -4,11 +4,12 @@ import base64
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from skpub.kernel.errors import CheckpointError
 from skpub.kernel.horizon import ObjectIdHorizon, memory_bytes
+from tests.profiles import examples
 
 KEY = "0123456789abcdef" + "fedcba9876543210"
 IDS = [f"o{i}" for i in range(14)] + ["", "é", "o1 "]
@@ -38,7 +39,7 @@ def reference(batches, capacity):
 batches_strategy = st.lists(st.lists(st.sampled_from(IDS), max_size=25), max_size=8)
 
 
-@settings(max_examples=200, deadline=None)
+@examples(2)
 @given(batches=batches_strategy, capacity=st.integers(1, 9), colliding=st.booleans(), reload=st.integers(0, 8))
 def test_batches_are_decided_as_one_by_one_across_generations_and_durable_form(batches, capacity, colliding, reload):
     expected, held = reference(batches, capacity)

@@ -21,11 +21,12 @@ from pathlib import Path
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from skpub.app.engines.local import run_local
 from skpub.app.summary import RunObserver, RunSummary
+from skpub.kernel.config import Deployment
 from skpub.kernel.errors import ExpressionError
 from skpub.kernel.inputs import BOM, iter_lines
 from skpub.kernel.objects import decode_objects
@@ -34,7 +35,8 @@ from skpub.kernel.parts import STREAMS, read_stream
 from skpub.kernel.records import REASONS, DeadLetter, RangeSubscription, parse_line
 from skpub.kernel.text import dnf_matches, parse_expression
 from tests.hostile import ACCEPTED, HOSTILE_LINES, MAX_RECORD_BYTES
-from tests.workloads import SPACE, canonical, deployment, letters, random_workload
+from tests.profiles import TOO_SLOW, examples
+from tests.workloads import SPACE, assert_outputs_equal_oracle, deployment, random_workload, ranked_workload
 
 OUTCOMES = frozenset(REASONS) - {"internal_error"}
 """Every reason an input line may get: ``internal_error`` is a bug, never the fault of the input."""
@@ -186,7 +188,7 @@ def spliced_lines(draw) -> bytes:
     return line[:start] + draw(st.binary(max_size=6)) + line[end:]
 
 
-@settings(max_examples=600, deadline=None)
+@examples(6)
 @given(st.one_of(st.binary(max_size=200), spliced_lines()))
 @example(b"\xed\xa0\x80")
 @example(b'{"type":"object","id":"\xff","x":1,"y":1,"text":"a"}')
@@ -263,7 +265,7 @@ def line_level_reason(value) -> str | None:
     return None
 
 
-@settings(max_examples=300, deadline=None)
+@examples(3)
 @given(st.one_of(json_values, record_like), st.booleans())
 @example(10**400, True)
 @example({"type": "object", "id": "o", "x": 10**400, "y": 1, "text": "a"}, True)
@@ -372,7 +374,7 @@ def mutated(draw) -> tuple[bytes, str | None, int]:
     return line, "malformed_json", MAX_RECORD_BYTES
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(6, suppress_health_check=TOO_SLOW)
 @given(mutated())
 def test_mutated_records_never_raise_and_line_level_reasons_hold(case):
     line, expected, limit = case
@@ -417,7 +419,7 @@ def as_python(expression: str) -> tuple[ast.Expression | None, list[str]]:
     return tree, operands
 
 
-@settings(max_examples=1500, deadline=None)
+@examples(15)
 @given(st.lists(st.sampled_from(EXPR_TOKENS), max_size=30).map("".join))
 @example("a OR b AND c")
 @example("(a OR b) and c")
@@ -480,16 +482,20 @@ def stream() -> tuple[list[bytes], object]:
     return lines, replay(lines, deployment())
 
 
-def assert_run_is_exact(out: Path, summary: RunSummary, lines: list[bytes], expected) -> None:
-    """The run finished, wrote valid UTF-8, accounted for every line once and equals the oracle."""
+def assert_run_is_exact(out: Path, summary: RunSummary, lines: list[bytes], dep: Deployment, expected) -> None:
+    """The run finished, wrote valid UTF-8, accounted for every line once and equals the oracle.
+
+    Deliveries are compared by :func:`~tests.workloads.assert_outputs_equal_oracle`: topk/knn events one by one
+    at batch size 1, results at every batch boundary otherwise (a micro-batch may coalesce an enter and an exit
+    of one object inside it: SEMANTICS section 5).
+    """
     assert (out / "_SUCCESS").exists()
     parts = [part for stream in STREAMS for part in (out / stream).glob("*.jsonl")]
     assert parts
     for part in parts:
         part.read_bytes().decode("utf-8")  # strict: the input's invalid bytes never reach an output file
+    assert_outputs_equal_oracle(out, lines, dep, exact_events=dep.batch_size == 1, expected=expected)
     dead = read_stream(out, "dead_letters")
-    assert letters(dead) == letters(expected.dead_letters)
-    assert canonical(read_stream(out, "deliveries")) == canonical(expected.deliveries)
     assert not [d for d in dead if d["reason"] == "internal_error"]
     accepted = len(lines) - len(expected.dead_letters)
     assert summary.records == len(lines)
@@ -529,7 +535,7 @@ def test_local_engine_on_a_hostile_stream_equals_oracle(tmp_path, stream, varian
     source = write_stream(tmp_path / "in.jsonl", lines, variant)
     out = tmp_path / "out"
     summary = run_local(source, out, dep, observer(dep))
-    assert_run_is_exact(out, summary, lines, expected)
+    assert_run_is_exact(out, summary, lines, dep, expected)
     assert_hostile_reasons(read_stream(out, "dead_letters"))
 
 
@@ -543,7 +549,7 @@ def test_spark_engine_on_a_hostile_stream_equals_oracle(spark, tmp_path, stream)
     source = write_stream(tmp_path / "in.jsonl", lines, "bom-crlf")
     out = tmp_path / "out"
     summary = run_spark(source, out, dep, observer(dep), spark=spark)
-    assert_run_is_exact(out, summary, lines, expected)
+    assert_run_is_exact(out, summary, lines, dep, expected)
     assert_hostile_reasons(read_stream(out, "dead_letters"))
 
 
@@ -559,7 +565,7 @@ noise_lines = st.one_of(
 ).map(as_stream_line)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@examples(0.1, suppress_health_check=TOO_SLOW)
 @given(
     noise=st.lists(st.tuples(st.integers(0, 10**6), noise_lines), min_size=1, max_size=25),
     batch_size=st.sampled_from([1, 4, 50]),
@@ -574,4 +580,35 @@ def test_local_engine_accounts_for_random_lines_exactly_once(noise, batch_size, 
     with tempfile.TemporaryDirectory() as tmp:
         source = write_stream(Path(tmp) / "in.jsonl", lines, variant)
         summary = run_local(source, Path(tmp) / "out", dep, observer(dep))
-        assert_run_is_exact(Path(tmp) / "out", summary, lines, expected)
+        assert_run_is_exact(Path(tmp) / "out", summary, lines, dep, expected)
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+@pytest.mark.parametrize("fault", ["dropped", "extra"])
+def test_the_exactness_check_catches_a_dropped_or_an_extra_event(tmp_path, batch_size, fault):
+    """The check of the runs above is not blind: a topk/knn event dropped from, or added to, a correct run fails it.
+
+    At batch size 1 the events are compared one by one; otherwise the results at each batch boundary, which an
+    extra event changes as a dropped one does (an extra enter of an object held, or an exit of one not held,
+    fails the fold itself).
+    """
+    lines = [line.encode() for line in ranked_workload(5, n=100)]
+    dep = deployment(evaluators=3, batch_size=batch_size)
+    expected = replay(lines, dep)
+    out = tmp_path / "out"
+    summary = run_local(write_stream(tmp_path / "in.jsonl", lines, "lf"), out, dep, observer(dep))
+    assert_run_is_exact(out, summary, lines, dep, expected)  # the run itself is exact
+    events = [
+        (part, i)
+        for part in sorted((out / "deliveries").glob("part-*-m.jsonl"))
+        for i, line in enumerate(part.read_bytes().splitlines())
+        if b'"match"' not in line
+    ]
+    assert len(events) >= 5, "the workload makes topk/knn events"
+    for part, i in random.Random(batch_size).sample(events, 5):
+        original = part.read_bytes()
+        rows = original.splitlines(keepends=True)
+        part.write_bytes(b"".join(rows[:i] + rows[i + 1 :] if fault == "dropped" else rows[: i + 1] + rows[i:]))
+        with pytest.raises(AssertionError):
+            assert_run_is_exact(out, summary, lines, dep, expected)
+        part.write_bytes(original)

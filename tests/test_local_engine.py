@@ -13,7 +13,10 @@ from skpub.router.dispatch import Router
 from skpub.router.epoch import RoutingEpoch
 from skpub.router.initial import initial_table
 from skpub.router.state import decode_journal, decode_registry, encode_journal, encode_registry
+from tests.tiers import grid
 from tests.workloads import canonical, deployment, letters, object_ids, random_workload, write_lines
+
+ROUTERS = ["agrid", "kdt", "kdtree", "text", "uniform"]
 
 
 def run(tmp_path, lines, dep, overwrite=False):
@@ -25,9 +28,10 @@ def run(tmp_path, lines, dep, overwrite=False):
     return out, summary
 
 
-@pytest.mark.parametrize("router", ["agrid", "kdt", "kdtree", "text", "uniform"])
-@pytest.mark.parametrize("evaluators", [1, 3, 8])
-@pytest.mark.parametrize("batch_size", [1, 7, 5000])
+@pytest.mark.parametrize(
+    ("router", "evaluators", "batch_size"),
+    grid(ROUTERS, [1, 3, 8], [1, 7, 5000], fast={*((r, 3, 7) for r in ROUTERS), ("agrid", 3, 1), ("uniform", 8, 5000)}),
+)
 def test_local_engine_equals_oracle(tmp_path, router, evaluators, batch_size):
     lines = random_workload(seed=evaluators * 31 + batch_size, n=500)
     dep = deployment(evaluators=evaluators, router=router, batch_size=batch_size)

@@ -90,6 +90,7 @@ def values_of(metrics: Metrics, name: str) -> list[float]:
 
 
 @pytest.mark.integration
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus server (.ci/run installs it)")
 def test_real_prometheus_scrapes_the_metrics_endpoint(tmp_path):
     metrics = Metrics()

@@ -16,7 +16,7 @@ import unicodedata
 
 import numpy as np
 import pytest
-from hypothesis import example, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from skpub.kernel.geometry import Rect
@@ -24,6 +24,7 @@ from skpub.kernel.grid import FineGrid
 from skpub.kernel.objects import ObjectColumns, decode_objects
 from skpub.kernel.records import ObjectRecord, parse_line
 from skpub.kernel.text import normalize_each
+from tests.profiles import examples
 from tests.workloads import SPACE
 
 MAX = 1 << 20
@@ -95,7 +96,7 @@ def check_against_parse_line(lines: list[bytes], first_pos: int = 0) -> int:
     return len(taken)
 
 
-@settings(max_examples=1500, deadline=None)
+@examples(15)
 @given(st.lists(object_lines(), min_size=1, max_size=8), st.integers(0, 1 << 40))
 @example([b'{"type": "object", "id": "a", "x": 1, "y": 2, "terms": ["A"], "id": "b"}'], 0)
 @example([b'{"type": "object", "id": "a:b", "x": 1, "y": 2, "terms": []}'], 0)
@@ -146,7 +147,7 @@ def test_columns_round_trip_records_and_concat_keeps_stream_order():
     assert len(ObjectColumns.from_records([])) == 0
 
 
-@settings(max_examples=500, deadline=None)
+@examples(5)
 @given(st.lists(TERMS, max_size=40))
 @example(["ǅ", "Σ", "ß", "", "ﬁ", "e\u0301", "\u0301", "İ"])
 def test_normalize_each_equals_term_by_term_normalization(terms):
@@ -159,7 +160,7 @@ def test_normalize_each_refuses_what_is_not_a_string():
         normalize_each(["a", 1])
 
 
-@settings(max_examples=500, deadline=None)
+@examples(5)
 @given(
     st.lists(st.tuples(st.floats(-180, 180), st.floats(-90, 90)), min_size=1, max_size=20),
     st.sampled_from([1, 7, 100, 1000]),

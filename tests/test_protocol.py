@@ -3,11 +3,11 @@
 from collections import Counter
 
 import pytest
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from skpub.balancer.protocol import Obj, Phase, ProtocolError, Sub, TwoPhase, Unsub
+from tests.profiles import examples
 
 CELLS, EVALUATORS, UNITS, KEYWORDS = 6, 3, 3, ("a", "b", "c")
 
@@ -110,7 +110,7 @@ class Protocol(RuleBasedStateMachine):
 
 
 TestProtocol = Protocol.TestCase
-TestProtocol.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+TestProtocol.settings = examples(3, stateful_step_count=60)
 
 
 def test_steps_out_of_order_are_refused():

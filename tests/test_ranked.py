@@ -5,7 +5,7 @@ import math
 from collections import Counter
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from skpub.app.engines.local import run_local
@@ -18,6 +18,8 @@ from skpub.kernel.messages import RankedUpdate
 from skpub.kernel.oracle import _ranked
 from skpub.kernel.parts import read_stream
 from skpub.kernel.records import ObjectRecord
+from tests.profiles import examples
+from tests.tiers import case_id, grid
 from tests.workloads import assert_outputs_equal_oracle, deployment, ranked_workload, results_from_events, write_lines
 
 WINDOWS = [Window(), Window("count", 30), Window("seconds", 15)]
@@ -54,7 +56,7 @@ def test_floor_is_the_lowest_value_of_the_kth_group(items, k):
     assert all(floor - g > TOLERANCE for g in below)
 
 
-@settings(max_examples=300, deadline=None)
+@examples(3)
 @given(entries, st.integers(1, 5), st.sampled_from(SKYBANDS), st.booleans())
 def test_a_valid_buffer_never_loses_a_result_an_expiry_needs(items, k, policy, count_window):
     """Arrivals, then expiries in leaving order: whenever the buffer says it is valid, its first k are the truth."""
@@ -97,7 +99,7 @@ def test_a_valid_buffer_never_loses_a_result_an_expiry_needs(items, k, policy, c
         assert first_k(list(band.entries.values()), k) == first_k(window, k)
 
 
-@settings(max_examples=300, deadline=None)
+@examples(3)
 @given(entries, st.integers(1, 5), st.integers(1, 4), st.randoms(use_true_random=False))
 def test_merged_local_buffers_give_the_global_first_k(items, k, evaluators, rnd):
     """Candidates spread over evaluators: the merge of their reports equals the ranking of all of them."""
@@ -189,9 +191,16 @@ def test_a_term_of_idf_zero_beside_a_tiny_weight_leaves_a_unit_vector(tmp_path):
     assert expected.snapshots[0]["results"] == [["o0", 1.0], ["o1", 0.5]]
 
 
-@pytest.mark.parametrize("window", WINDOWS, ids=lambda w: w.kind)
-@pytest.mark.parametrize("evaluators", [1, 3, 8])
-@pytest.mark.parametrize("batch_size", [1, 7, 5000])
+@pytest.mark.parametrize(
+    ("window", "evaluators", "batch_size"),
+    grid(
+        WINDOWS,
+        [1, 3, 8],
+        [1, 7, 5000],
+        fast={*((w, 3, 7) for w in WINDOWS), (WINDOWS[1], 3, 1), (WINDOWS[2], 8, 5000)},
+    ),
+    ids=case_id,
+)
 def test_local_engine_equals_oracle_on_ranked_workloads(tmp_path, window, evaluators, batch_size):
     lines = ranked_workload(seed=evaluators * 7 + batch_size, n=400)
     dep = deployment(evaluators=evaluators, batch_size=batch_size).replace(window=window)

@@ -10,6 +10,7 @@ from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.config import BalancerConfig, Window
 from skpub.kernel.load import imbalance as load_imbalance
 from skpub.kernel.parts import PART_RE, read_stream
+from tests.tiers import SLOW, case_id, grid, tiered
 from tests.workloads import (
     assert_outputs_equal_oracle,
     deployment,
@@ -42,13 +43,17 @@ def per_batch(out, stream="deliveries"):
     return dict(batches)
 
 
+ROUTERS = ["agrid", "kdt", "kdtree", "text", "uniform"]
+
+
 def chaos(dep, seed=0):
     return dep.replace(balancer=BalancerConfig(mode="chaos", seed=seed))
 
 
-@pytest.mark.parametrize("router", ["agrid", "kdt", "kdtree", "text", "uniform"])
-@pytest.mark.parametrize("evaluators", [1, 3, 8])
-@pytest.mark.parametrize("batch_size", [1, 7, 5000])
+@pytest.mark.parametrize(
+    ("router", "evaluators", "batch_size"),
+    grid(ROUTERS, [1, 3, 8], [1, 7, 5000], fast={("agrid", 3, 1), ("kdt", 3, 7), ("text", 8, 7), ("uniform", 3, 5000)}),
+)
 def test_range_results_equal_the_oracle_under_chaos(tmp_path, router, evaluators, batch_size):
     lines = random_workload(seed=evaluators * 17 + batch_size, n=500)
     dep = chaos(deployment(evaluators=evaluators, router=router, batch_size=batch_size), seed=batch_size)
@@ -71,9 +76,11 @@ def test_range_results_equal_the_oracle_under_chaos(tmp_path, router, evaluators
         assert summary.balancer["placements"] > 0
 
 
-@pytest.mark.parametrize("window", WINDOWS, ids=lambda w: f"{w.kind}{w.size:g}")
-@pytest.mark.parametrize("evaluators", [1, 3, 8])
-@pytest.mark.parametrize("batch_size", [1, 7, 5000])
+@pytest.mark.parametrize(
+    ("window", "evaluators", "batch_size"),
+    grid(WINDOWS, [1, 3, 8], [1, 7, 5000], fast={(WINDOWS[0], 3, 7), (WINDOWS[1], 3, 1), (WINDOWS[2], 8, 7)}),
+    ids=case_id,
+)
 def test_ranked_results_and_events_equal_the_oracle_under_chaos(tmp_path, window, evaluators, batch_size):
     lines = ranked_workload(seed=evaluators * 7 + batch_size, n=400)
     dep = chaos(deployment(evaluators=evaluators, batch_size=batch_size).replace(window=window), seed=evaluators)
@@ -81,7 +88,7 @@ def test_ranked_results_and_events_equal_the_oracle_under_chaos(tmp_path, window
     assert_outputs_equal_oracle(out, lines, dep, exact_events=batch_size == 1)
 
 
-@pytest.mark.parametrize("batch_size", [1, 7])
+@pytest.mark.parametrize("batch_size", [pytest.param(1, marks=SLOW), 7])
 def test_a_run_with_rebalancing_delivers_what_it_does_without_batch_by_batch(tmp_path, batch_size):
     lines = ranked_workload(seed=5, n=300) + random_workload(seed=6, n=300, invalid=False)
     dep = deployment(evaluators=4, batch_size=batch_size).replace(window=Window("count", 50))
@@ -244,12 +251,18 @@ def test_placements_moved_by_a_rebalancing_are_journaled_and_replayed():
         decode_journal(encode_journal([("place", "s", None)]))
 
 
-@pytest.mark.parametrize("router", ["agrid", "kdt", "kdtree", "text", "uniform"])
-@pytest.mark.parametrize(("mode", "evaluators", "batch_size", "window"), [
+MOVING = [
     ("adaptive", 6, 150, Window()),
     ("adaptive", 5, 61, Window("count", 150)),
     ("chaos", 3, 13, Window("seconds", 40.0)),
-])  # fmt: skip
+]
+
+
+@pytest.mark.parametrize(
+    ("router", "mode", "evaluators", "batch_size", "window"),
+    tiered(((r, *m) for r in ROUTERS for m in MOVING), fast={("kdt", *MOVING[2])}),
+    ids=case_id,
+)
 def test_a_moving_cluster_in_metres_equals_the_oracle_while_the_balancer_acts(
     tmp_path, router, mode, evaluators, batch_size, window
 ):

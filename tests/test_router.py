@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from skpub.kernel.geometry import Rect
@@ -11,6 +11,7 @@ from skpub.router.kdtree import kdtree_partitioning
 from skpub.router.partitioning import Partitioning, cost_partitioning, uniform_partitioning
 from skpub.router.summary import TextualSummaries
 from skpub.router.uniform import UniformGrid
+from tests.profiles import examples
 
 SPACE = Rect(0.0, 0.0, 100.0, 100.0)
 
@@ -63,7 +64,7 @@ def boxes(draw, size):
     return x0, y0, x1, y1
 
 
-@settings(max_examples=300, deadline=None)
+@examples(3)
 @given(st.data())
 def test_neighbor_search_returns_exactly_the_overlapped_partitions(data):
     partitioning = data.draw(partitionings())
@@ -76,7 +77,7 @@ def test_neighbor_search_returns_exactly_the_overlapped_partitions(data):
     assert pops <= 2 * len(found) + 1
 
 
-@settings(max_examples=300, deadline=None)
+@examples(3)
 @given(st.data())
 def test_neighbor_search_over_partitions_of_several_rectangles(data):
     """After corner shifts and migrations a partition is several rectangles: the search runs over rectangles,
@@ -104,7 +105,7 @@ def test_every_evaluator_owns_a_rectangle():
     assert part.owner.tolist() == [[0, 1], [0, 1]]
 
 
-@settings(max_examples=100, deadline=None)
+@examples(1)
 @given(st.integers(1, 64), st.data())
 def test_uniform_router_returns_exactly_the_overlapped_partitions(n, data):
     size = data.draw(st.integers(n, 70))
@@ -115,7 +116,7 @@ def test_uniform_router_returns_exactly_the_overlapped_partitions(n, data):
     assert set(found) == brute_force(table.partitioning, box)
 
 
-@settings(max_examples=100, deadline=None)
+@examples(1)
 @given(st.data(), st.integers(2, 60))
 def test_cells_visited_grow_with_partitions_not_grid_size(data, factor):
     """Lemma 1: the same layout on a grid ``factor`` times finer visits exactly as many cells."""
@@ -135,7 +136,7 @@ def test_cells_visited_grow_with_partitions_not_grid_size(data, factor):
     assert cells_small == cells_large <= 2 * len(found_small) + 1
 
 
-@settings(max_examples=200, deadline=None)
+@examples(2)
 @given(
     st.floats(0, 100),
     st.floats(0, 100),
@@ -296,7 +297,7 @@ def test_sample_costs_equal_tornado_equation_1_record_by_record():
     np.testing.assert_allclose(sample_cell_costs(lines, grid, Vocabulary(), 4, 10_000), expected)
 
 
-@settings(max_examples=30, deadline=None)
+@examples(0.3)
 @given(starts=st.lists(st.integers(1, 6), min_size=1, max_size=30), probe=st.integers(0, 200))
 def test_the_epoch_log_gives_the_newest_epoch_started_by_a_batch_reading_only_newer_ones(
     tmp_path_factory, starts, probe

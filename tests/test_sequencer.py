@@ -2,13 +2,14 @@
 
 import numpy as np
 import pyarrow as pa
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from skpub.kernel.registry import IdRegistry
 from skpub.kernel.wire import KIND_CODES
 from skpub.router.sequencer import Sequencer
 from skpub.router.summary import TextualSummaries
+from tests.profiles import examples
 
 WORDS = ["a", "b", "c", "d", "é", "f"]
 
@@ -30,7 +31,7 @@ def cut(ids, cuts):
     return [ids[lo:hi] for lo, hi in zip(bounds, bounds[1:], strict=False)]
 
 
-@settings(max_examples=150, deadline=None)
+@examples(1.5)
 @given(
     ids=st.lists(st.sampled_from([f"o{i}" for i in range(12)]), max_size=60),
     horizon=st.integers(1, 8),
@@ -62,7 +63,7 @@ def test_object_ids_are_decided_exactly_as_one_by_one(ids, horizon, cuts):
     assert replayed.objects.ages(universe).tolist() == reference.objects.ages(universe).tolist()
 
 
-@settings(max_examples=150, deadline=None)
+@examples(1.5)
 @given(
     ids=st.lists(st.sampled_from([f"o{i}" for i in range(8)]), max_size=40),
     horizon=st.integers(1, 6),
@@ -85,7 +86,7 @@ def test_journals_replay_in_bulk_to_the_same_registry(ids, horizon, cuts):
         assert replica.objects_accepted == sequencer.registry.objects_accepted
 
 
-@settings(max_examples=150, deadline=None)
+@examples(1.5)
 @given(
     steps=st.lists(
         st.tuples(st.booleans(), st.integers(0, 2), st.lists(st.sampled_from(WORDS), max_size=3)), max_size=10

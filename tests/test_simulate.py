@@ -169,6 +169,7 @@ def test_the_parse_is_shared_by_the_routing_units_and_the_rest_is_not():
     assert routing_unit_seconds(report) == 7.0 + 0.25 and parallel_seconds(report) == 7.25 + 3.5
 
 
+@pytest.mark.slow
 def test_simulate_writes_every_figure_and_routing_never_changes_results(report):
     strategies = list(csv.DictReader((report / "strategies.csv").open()))
     batches = list(csv.DictReader((report / "batches.csv").open()))
@@ -202,6 +203,7 @@ def test_simulate_writes_every_figure_and_routing_never_changes_results(report):
     assert "3 routing units share the parse" in page
 
 
+@pytest.mark.slow
 def test_a_report_directory_is_never_clobbered(report, tmp_path):
     # a second report over the first needs --overwrite; foreign files are never touched
     assert main(["simulate", "q1", "--output", str(report), "--objects", "100"]) == 2
@@ -212,6 +214,7 @@ def test_a_report_directory_is_never_clobbered(report, tmp_path):
     assert (foreign / "notes.txt").read_text() == "keep" and sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs chromium (.ci/run installs Debian's package)")
 def test_the_report_opens_in_headless_chromium_with_every_image_loaded(report, tmp_path):
     command = [

@@ -3,12 +3,13 @@
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from skpub.kernel import slices
 from skpub.kernel.inputs import BOM, batches, iter_lines
 from skpub.kernel.slices import Slice, Span, cut, file_sizes, slice_lines, split
+from tests.profiles import examples
 
 PIECES = st.sampled_from([b"a", b"{}", b"\r", b"\n", b"\r\n", BOM, b"\xff", b" x "])
 FILE = st.lists(PIECES, max_size=25).map(b"".join)
@@ -23,7 +24,7 @@ def _plan(files, sizes, batch_size, max_bytes, parts):
     return batches
 
 
-@settings(max_examples=300, deadline=None)
+@examples(3)
 @given(
     contents=st.lists(FILE, min_size=1, max_size=4),
     batch_size=st.integers(1, 7),
@@ -103,7 +104,7 @@ def test_files_are_never_read_whole(tmp_path, monkeypatch):
     assert all(0 < n <= 64 for n in reads) and sum(reads) <= 128
 
 
-@settings(max_examples=300, deadline=None)
+@examples(3)
 @given(
     lines=st.lists(st.lists(st.sampled_from([b"a", b"{}", b" x ", b"\xff"]), max_size=6).map(b"".join), max_size=30),
     batch_size=st.integers(1, 7),

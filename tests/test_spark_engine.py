@@ -16,6 +16,7 @@ from skpub.kernel.errors import CheckpointError, OutputError
 from skpub.kernel.inputs import BOM, iter_lines
 from skpub.kernel.parts import PART_RE, read_stream
 from skpub.sims.geonames import WorkloadSpec, write_workload
+from tests.tiers import case_id, tiered
 from tests.workloads import (
     assert_outputs_equal_oracle,
     deployment,
@@ -24,7 +25,8 @@ from tests.workloads import (
     write_lines,
 )
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark]
+"""The fast tier keeps one range and one ranked run against the oracle, and the runs of no record; the rest is slow."""
 
 
 def run(spark, tmp_path, lines, dep, name="run", overwrite=False):
@@ -42,14 +44,17 @@ def assert_equals_oracle(out, lines, dep):
 
 @pytest.mark.parametrize(
     ("router", "evaluators", "batch_size"),
-    [
-        ("agrid", 4, 150),
-        ("uniform", 3, 400),
-        ("kdtree", 5, 200),
-        ("text", 3, 170),
-        ("kdt", 8, 120),
-        ("agrid", 1, 10_000),
-    ],  # fmt: skip
+    tiered(
+        [
+            ("agrid", 4, 150),
+            ("uniform", 3, 400),
+            ("kdtree", 5, 200),
+            ("text", 3, 170),
+            ("kdt", 8, 120),
+            ("agrid", 1, 10_000),
+        ],
+        fast={("uniform", 3, 400)},
+    ),
 )
 def test_spark_engine_equals_oracle(spark, tmp_path, router, evaluators, batch_size):
     lines = random_workload(seed=evaluators + batch_size, n=550)
@@ -64,13 +69,17 @@ def test_spark_engine_equals_oracle(spark, tmp_path, router, evaluators, batch_s
 
 @pytest.mark.parametrize(
     ("window", "evaluators", "batch_size", "router"),
-    [
-        (Window("count", 30), 3, 37, "uniform"),
-        (Window(), 4, 1000, "agrid"),
-        (Window("seconds", 15), 3, 50, "agrid"),
-        (Window("seconds", 15), 1, 120, "agrid"),
-        (Window("count", 25), 8, 7, "agrid"),
-    ],
+    tiered(
+        [
+            (Window("count", 30), 3, 37, "uniform"),
+            (Window(), 4, 1000, "agrid"),
+            (Window("seconds", 15), 3, 50, "agrid"),
+            (Window("seconds", 15), 1, 120, "agrid"),
+            (Window("count", 25), 8, 7, "agrid"),
+        ],
+        fast={(Window(), 4, 1000, "agrid")},
+    ),
+    ids=case_id,
 )
 def test_spark_engine_equals_oracle_on_ranked_workloads(spark, tmp_path, window, evaluators, batch_size, router):
     lines = ranked_workload(seed=evaluators + batch_size, n=300 if batch_size < 10 else 450)
@@ -80,6 +89,7 @@ def test_spark_engine_equals_oracle_on_ranked_workloads(spark, tmp_path, window,
     assert sum(1 for s in expected.snapshots if s["results"]) > 20
 
 
+@pytest.mark.slow
 def test_spark_engine_on_a_geonames_sample_equals_oracle(spark, tmp_path):
     spec = WorkloadSpec(seed=11, live=400, objects=6000, topk_fraction=0, knn_fraction=0, window=0)
     stream, vocabulary = write_workload(spec, tmp_path / "wl")
@@ -91,6 +101,7 @@ def test_spark_engine_on_a_geonames_sample_equals_oracle(spark, tmp_path):
     assert len(expected.deliveries) > 0
 
 
+@pytest.mark.slow
 def test_spark_engine_on_a_ranked_geonames_sample_equals_oracle(spark, tmp_path, monkeypatch):
     """Real places, real tf-idf: topk and knn subscriptions over a count window, near and exact distance ties.
 
@@ -117,6 +128,7 @@ def test_spark_engine_on_a_ranked_geonames_sample_equals_oracle(spark, tmp_path,
     assert summary.hosts["sequenced"] == summary.batches and summary.hosts["sequenced_in_host"] > 0
 
 
+@pytest.mark.slow
 def test_finished_output_is_refused_and_overwrite_replaces_it(spark, tmp_path):
     lines = random_workload(seed=21, n=300)
     dep = deployment(batch_size=100)
@@ -133,6 +145,7 @@ def test_finished_output_is_refused_and_overwrite_replaces_it(spark, tmp_path):
     assert (out / "_SUCCESS").exists()
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_output_or_with_foreign_files_is_refused(spark, tmp_path):
     lines = random_workload(seed=23, n=120)
     dep = deployment(batch_size=100)
@@ -175,6 +188,7 @@ def _wait_for_parts(folder, count, proc, timeout_seconds=240):
     pytest.fail("run made no progress")
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_killed_run_restarts_from_checkpoint_with_exact_output(tmp_path):
     """SIGKILL the driver (and its JVM) mid-stream, restart: none lost, none twice, ranked results exact.
@@ -218,6 +232,7 @@ def test_killed_run_restarts_from_checkpoint_with_exact_output(tmp_path):
         assert not list((out / "_checkpoint" / folder).iterdir()), f"{folder} rows of finished batches must be deleted"
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_local_cluster_with_separate_executor_jvms_equals_oracle_under_chaos(tmp_path):
     lines = random_workload(seed=44, n=500)
@@ -244,6 +259,7 @@ def test_local_cluster_with_separate_executor_jvms_equals_oracle_under_chaos(tmp
     assert "engine log" in output
 
 
+@pytest.mark.slow
 def test_every_task_writes_its_own_parts(spark, tmp_path):
     """Parse tasks write their dead letters, evaluators their deliveries and statistics: one file per writer."""
     lines = random_workload(seed=5, n=400)
@@ -256,6 +272,7 @@ def test_every_task_writes_its_own_parts(spark, tmp_path):
     assert writers <= {"e000", "e001", "e002"} and len(writers) >= 2
 
 
+@pytest.mark.slow
 def test_spark_engine_honours_the_object_id_horizon(spark, tmp_path):
     """Ids recur after the horizon across micro-batches (registry journals and bases carry the FIFO)."""
     sub = '{"type": "subscribe", "id": "s", "kind": "range", "rect": [0, 0, 100, 100], "keywords": ["a"]}'
@@ -267,6 +284,7 @@ def test_spark_engine_honours_the_object_id_horizon(spark, tmp_path):
     assert len(expected.deliveries) > 7 and expected.dead_letters
 
 
+@pytest.mark.slow
 def test_a_byte_order_mark_inside_the_stream_is_data_not_stripped(spark, tmp_path):
     """Only a BOM at the start of a file is skipped; one at a micro-batch's or a slice's start is data."""
     sub = '{"type": "subscribe", "id": "s", "kind": "range", "rect": [0, 0, 100, 100], "keywords": ["a"]}'
@@ -283,6 +301,7 @@ def test_a_byte_order_mark_inside_the_stream_is_data_not_stripped(spark, tmp_pat
     assert [d["reason"] for d in expected.dead_letters] == ["malformed_json"]
 
 
+@pytest.mark.slow
 def test_spark_engine_without_hosts_equals_oracle(spark, tmp_path, monkeypatch):
     """With the hosts off every worker sequences and applies its batches itself, rebuilding what it did not hold."""
     monkeypatch.setenv("SKPUB_HOSTS", "0")
@@ -295,6 +314,7 @@ def test_spark_engine_without_hosts_equals_oracle(spark, tmp_path, monkeypatch):
     assert summary.hosts["applied"] == 3 * summary.batches and summary.hosts["hosted"] == 0
 
 
+@pytest.mark.slow
 def test_a_directory_input_read_in_place_equals_the_local_engine(spark, tmp_path):
     """Slices cross file boundaries; each file's BOM is skipped, CRLF endings and a last line without newline are
     records as the local engine reads them; the input is neither copied nor changed."""

@@ -11,6 +11,7 @@ from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.config import BalancerConfig, Window
 from skpub.kernel.parts import PART_RE, read_stream
 from tests.test_spark_engine import _cli, run
+from tests.tiers import case_id, tiered
 from tests.workloads import (
     assert_outputs_equal_oracle,
     deployment,
@@ -21,7 +22,9 @@ from tests.workloads import (
     write_lines,
 )
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow]
+pytestmark = [pytest.mark.spark]
+"""The fast tier keeps one chaos run (ranked, seconds window) against the oracle and the local engine; the rest is
+slow."""
 
 
 def chaos(dep, seed=0):
@@ -43,16 +46,20 @@ def run_local_too(tmp_path, lines, dep):
 
 @pytest.mark.parametrize(
     ("workload", "router", "evaluators", "batch_size", "window"),
-    [
-        ("range", "agrid", 3, 40, Window()),
-        ("range", "uniform", 8, 7, Window()),
-        ("range", "agrid", 3, 1, Window()),
-        ("ranked", "agrid", 4, 30, Window("count", 40)),
-        ("ranked", "uniform", 3, 50, Window("seconds", 30.0)),
-        ("range", "kdt", 8, 20, Window()),
-        ("ranked", "kdt", 8, 30, Window("count", 40)),
-        ("ranked", "text", 4, 30, Window("count", 40)),
-    ],
+    tiered(
+        [
+            ("range", "agrid", 3, 40, Window()),
+            ("range", "uniform", 8, 7, Window()),
+            ("range", "agrid", 3, 1, Window()),
+            ("ranked", "agrid", 4, 30, Window("count", 40)),
+            ("ranked", "uniform", 3, 50, Window("seconds", 30.0)),
+            ("range", "kdt", 8, 20, Window()),
+            ("ranked", "kdt", 8, 30, Window("count", 40)),
+            ("ranked", "text", 4, 30, Window("count", 40)),
+        ],
+        fast={("ranked", "uniform", 3, 50, Window("seconds", 30.0))},
+    ),
+    ids=case_id,
 )
 def test_spark_equals_the_oracle_under_chaos_and_logs_the_local_engines_operations(
     spark, tmp_path, workload, router, evaluators, batch_size, window
@@ -78,6 +85,7 @@ def test_spark_equals_the_oracle_under_chaos_and_logs_the_local_engines_operatio
     assert 0 < len(epochs) <= 3, f"epochs no replay can need are pruned: {epochs}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("router", "window"), [("kdt", Window("count", 150)), ("agrid", Window())])
 def test_spark_equals_the_oracle_on_a_moving_cluster_in_metres_under_adaptive(spark, tmp_path, router, window):
     """Data unlike the other tests' (a projected space in metres, a cluster jumping between four places, Zipf
@@ -92,6 +100,7 @@ def test_spark_equals_the_oracle_on_a_moving_cluster_in_metres_under_adaptive(sp
     assert summary.balancer["subscriptions"] == sum(r["subscription_parts_moved"] for r in log) > 0
 
 
+@pytest.mark.slow
 def test_spark_deliveries_per_batch_equal_a_run_without_rebalancing(spark, tmp_path):
     lines = ranked_workload(seed=5, n=200) + random_workload(seed=6, n=200, invalid=False)
     dep = deployment(evaluators=4, batch_size=25).replace(window=Window("count", 50))
@@ -111,6 +120,7 @@ def _per_batch(out, stream):
     return batches
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_a_run_killed_after_a_transfer_batch_commits_resumes_exactly(tmp_path):
     """SIGKILL the driver once a transfer batch is committed (hand-offs saved, routing update not yet run), resume.

@@ -17,6 +17,7 @@ from skpub.router.errors import RoutingError
 from skpub.router.gridt import TermTable
 from skpub.router.partitioning import Partitioning
 from tests.test_rebalancing import chaos, per_batch, run
+from tests.tiers import tiered
 from tests.workloads import assert_outputs_equal_oracle, deployment, random_workload, ranked_workload
 
 BOXES = np.array([[0, 0, 3, 7], [4, 0, 7, 3], [4, 4, 7, 7]])
@@ -151,8 +152,13 @@ def test_an_evaluator_hands_over_on_a_split_exactly_the_subscriptions_the_new_ta
         assert TermTable((5, 2)).evaluator_of(term) == hashed_evaluator(term, (2, 5))
 
 
-@pytest.mark.parametrize("router", ["agrid", "kdt", "text", "uniform"])
-@pytest.mark.parametrize("evaluators,batch_size", [(2, 1), (2, 7), (4, 7), (8, 25)])
+@pytest.mark.parametrize(
+    ("router", "evaluators", "batch_size"),
+    tiered(
+        ((r, e, b) for r in ["agrid", "kdt", "text", "uniform"] for e, b in [(2, 1), (2, 7), (4, 7), (8, 25)]),
+        fast={("kdt", 4, 7)},
+    ),
+)
 def test_text_splits_and_merges_under_chaos_equal_the_oracle_and_the_run_without_them(
     tmp_path, router, evaluators, batch_size
 ):

@@ -280,9 +280,20 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
     def readyz() -> JSONResponse:
         """Readiness: the data plane has processed every acknowledged record (503 until then).
 
-        ``stalled`` says why, when the disk refuses the outputs (the commit is tried again every second).
+        ``phase`` says what the data plane does (``starting``, and then ``step``: what it is starting;
+        ``running``, ``failed``), ``committed_batch`` the last micro-batch committed and ``run_batch`` the
+        last it ran (a restart replays journaled batches), so a client waits while they move; ``stalled`` says why,
+        when the disk refuses the outputs (the commit is tried again every second).
         """
-        body = {"ready": daemon.ready, "acknowledged": daemon.ingest.count, "processed": daemon.processed}
+        body = {
+            "ready": daemon.ready,
+            "phase": daemon.phase,
+            "step": daemon.step if daemon.phase == "starting" else None,
+            "acknowledged": daemon.ingest.count,
+            "processed": daemon.processed,
+            "committed_batch": daemon.committed_batch,
+            "run_batch": daemon.run_batch,
+        }
         if daemon.stalled is not None:
             body["stalled"] = daemon.stalled
         return JSONResponse(body, status_code=200 if daemon.ready else 503)

@@ -37,7 +37,7 @@ endless stream.
 
 Results are a deterministic function of the lines, the batch boundaries,
 the deployment and the initial sample (the first batch's lines; DESIGN
-"Exactness"), so a batch that runs again produces the same outputs in the
+"Exactly once across kill -9"), so a batch that runs again produces the same outputs in the
 same order. A restart reads the commit log; the local engine restores its
 newest checkpoint and replays the journaled batches after it through the
 :class:`~skpub.app.engines.local.LocalPipeline`, the Spark engine resumes
@@ -73,13 +73,19 @@ from skpub.app.journal import LineLog, SegmentedLog, segment_path
 from skpub.app.metrics import Metrics
 from skpub.app.output import PartRetention
 from skpub.app.summary import BatchReport
-from skpub.kernel.config import Deployment, changes_text, deployment_changes, deployment_from_json, recorded_json
+from skpub.kernel.config import (
+    Deployment,
+    changes_text,
+    deployment_changes,
+    deployment_from_json,
+    recorded_json,
+)
 from skpub.kernel.errors import CheckpointError, ConfigError
 from skpub.kernel.parts import delivery_lines
 from skpub.kernel.records import position_index
 from skpub.kernel.runtime import FULL_COLLECTION_SECONDS, CollectorPauses, FullCollections, collector_pauses, tune_gc
 from skpub.kernel.storage import atomic_write_bytes
-from skpub.kernel.text import load_vocabulary
+from skpub.kernel.text import load_vocabulary, pin_vocabulary
 
 CHECKPOINTS = "checkpoints"
 """The data directory's folder of local-engine checkpoints (:mod:`skpub.app.engines.local_checkpoint`)."""
@@ -238,10 +244,11 @@ class Daemon:
     def _open(self, deployment: Deployment, limits: Limits | None, engine: str, master: str) -> None:
         if deployment.vocabulary:  # Spark's tasks run in other working directories
             deployment = deployment.replace(vocabulary=str(Path(deployment.vocabulary).absolute()))
+        deployment = pin_vocabulary(deployment)  # recorded in DIR; a resume, and every task, checks the file
         self.deployment = _claim(self.data / "deployment.json", deployment)
         self.limits = limits or Limits()
         self.engine, self.master = engine, master
-        self.vocabulary = load_vocabulary(deployment.vocabulary)
+        self.vocabulary = load_vocabulary(deployment.vocabulary, deployment.vocabulary_digest)
         self.ingest = _segmented(self.data, "ingest", self.limits.segment_bytes)
         self.batches = _segmented(self.data, "batches", self.limits.segment_bytes)
         self.commits = _segmented(self.data, "commits", self.limits.segment_bytes)
@@ -261,6 +268,9 @@ class Daemon:
         self._pinned = False  # definitions of an earlier skpub's commits point into the ingest log: keep it whole
         self._ends = BatchEnds()
         self._recover()
+        self.run_batch = -1  # the last micro-batch the data plane ran in this process (a replayed one included)
+        self._started = False  # the data plane runs (local: its checkpoint restored; Spark: its query started)
+        self.step = "opening"  # what the data plane is starting: /readyz reports it while the phase is "starting"
         self._pipeline: LocalPipeline | None = None
         self._collect = FullCollections(FULL_COLLECTION_SECONDS)
         self._plane = None  # the Spark engine's SparkPlane
@@ -340,9 +350,28 @@ class Daemon:
         return first, end
 
     @property
+    def phase(self) -> str:
+        """What the data plane is doing, as ``/readyz`` reports it with the counts.
+
+        ``starting`` (restoring a checkpoint, or starting Spark and its
+        query: :attr:`step` says which), ``running`` (replaying the batches
+        journaled before a restart, then following the ingest log:
+        :attr:`run_batch` moves) or ``failed``. A client waits while the
+        phase, the step or the counts move, not on a fixed clock.
+        """
+        if self.failure is not None:
+            return "failed"
+        return "running" if self._started else "starting"
+
+    @property
     def ready(self) -> bool:
-        """Whether the data plane has processed everything acknowledged (and is not stalled or failed)."""
-        return self.failure is None and self.stalled is None and self.processed == self.ingest.count
+        """Whether the data plane runs and has processed everything acknowledged (and is not stalled or failed)."""
+        return self._started and self.failure is None and self.stalled is None and self.processed == self.ingest.count
+
+    @property
+    def committed_batch(self) -> int:
+        """The last micro-batch whose outputs are committed (-1 before the first)."""
+        return self._committed.batch
 
     def committed(self, name: str) -> int:
         """Entries of output log ``name`` that are committed: all a client may read."""
@@ -440,9 +469,11 @@ class Daemon:
 
         Outputs the commit log already holds are not appended again.
         """
+        self.step = "restoring the newest checkpoint"
         replay = self._restore_local()
         if self._pipeline is not None:
             tune_gc()  # before any idle collection: what the restore built is frozen
+        self._started = True
         if not self._ends.known(replay) or self._ends.start(replay) < self.ingest.first:
             raise CheckpointError(
                 f"{self.data} holds no readable local checkpoint after batch {replay - 1}, and the ingest log "
@@ -532,7 +563,8 @@ class Daemon:
         if not self._ends.count:
             return
         self._check_spark_resume()
-        self._plane = SparkPlane(self, self._first_sample)
+        self._plane = SparkPlane(self, self._first_sample)  # its steps: self.step
+        self._started = True
         try:
             while not self.stopping.is_set():
                 self._plane.check()
@@ -615,6 +647,7 @@ class Daemon:
             records are not its journaled boundaries.
         """
         batch_id, last = report.batch_id, self._committed
+        self.run_batch = max(self.run_batch, batch_id)
         if batch_id <= last.batch:
             return
         start, end = self._ends.start(batch_id), self._ends.end(batch_id)
@@ -850,6 +883,7 @@ def _claim(path: Path, deployment: Deployment) -> Deployment:
                 f"{path.parent} was created with another deployment ({path}): {changes_text(changes)}; "
                 "give the recorded values, or start skpub serve without --config to resume with them"
             )
-        return recorded
+        # A record older than vocabulary digests is read as it was; this process's tasks still check the file.
+        return recorded.replace(vocabulary_digest=deployment.vocabulary_digest)
     atomic_write_bytes(path, orjson.dumps(deployment.to_json(), option=orjson.OPT_INDENT_2))
     return deployment

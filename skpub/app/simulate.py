@@ -377,7 +377,7 @@ def run_strategy(
     subscriptions + window); the figures are O(batches).
     """
     deployment = deployment_for(scenario, strategy, vocabulary)
-    words = load_vocabulary(deployment.vocabulary)
+    words = load_vocabulary(deployment.vocabulary, deployment.vocabulary_digest)
     lines = iter_lines(stream)
     sample = take_sample(lines, deployment.sample_size)
     result = RunResult(scenario.name, strategy, routing_units=scenario.routing_units)

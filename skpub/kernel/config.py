@@ -181,6 +181,12 @@ class Deployment:
         Records per micro-batch (the Spark trigger size and the local batch).
     vocabulary : str or None
         Path of the vocabulary file (``{"N": n, "df": {...}}``), or None.
+    vocabulary_digest : str or None
+        SHA-256 of the vocabulary file's content, hex (64 characters), as
+        the run that recorded this deployment read it
+        (:func:`skpub.kernel.text.pin_vocabulary`);
+        every process that loads the file checks it. None: not yet read
+        (or recorded by an skpub before 2026-11-29, and then not checked).
     sample_size : int
         Records read from the stream head to compute the initial partitioning
         (Tornado section 4.1).
@@ -206,6 +212,7 @@ class Deployment:
     index_block: int = 4
     batch_size: int = 100_000
     vocabulary: str | None = None
+    vocabulary_digest: str | None = None
     sample_size: int = 50_000
     max_record_bytes: int = MAX_RECORD_BYTES
     object_id_horizon: int = DEFAULT_OBJECT_ID_HORIZON
@@ -230,6 +237,12 @@ class Deployment:
                 raise ConfigError(f"{name} must be at most {INTEGER_LIMITS[name]:,}, got {value:,}")
         if self.vocabulary is not None and not isinstance(self.vocabulary, str):
             raise ConfigError(f"vocabulary must be the path of a vocabulary file (a string), got {self.vocabulary!r}")
+        if self.vocabulary_digest is not None:
+            digest = self.vocabulary_digest
+            if not (isinstance(digest, str) and len(digest) == 64 and set(digest) <= set("0123456789abcdef")):
+                raise ConfigError(f"vocabulary_digest must be a SHA-256 in lowercase hex, got {_shown(digest)}")
+            if self.vocabulary is None:
+                raise ConfigError("vocabulary_digest is given without a vocabulary")
         if self.evaluators > self.grid_size * self.grid_size:
             raise ConfigError("more evaluators than fine-grid cells")
         columns, rows = grid_shape(self.evaluators) if self.router == "uniform" else (1, 1)
@@ -278,17 +291,24 @@ def deployment_changes(recorded: Any, wanted: Any, path: str = "") -> list[str]:
     """Return ``"key.path: recorded X, now Y"`` for each value where deployment JSON ``wanted`` differs from it.
 
     ``recorded`` is the recorded deployment JSON. What a refused resume names, so that the user can set the recorded
-    values (a default that changed between skpub versions shows here).
+    values (a default that changed between skpub versions shows here). A key of :data:`UNCHECKED_WHEN_UNRECORDED`
+    the record lacks (or holds as null) is not compared.
     O(keys).
     """
     if isinstance(recorded, dict) and isinstance(wanted, dict):
         return [
             line
             for key in sorted(set(recorded) | set(wanted), key=str)
+            if not (key in UNCHECKED_WHEN_UNRECORDED and recorded.get(key) is None)
             for line in deployment_changes(recorded.get(key), wanted.get(key), f"{path}.{key}" if path else str(key))
         ]
     if recorded == wanted:
         return []
+    if path.rsplit(".", 1)[-1] == "vocabulary_digest":
+        return [
+            f"{path}: the vocabulary file's content is not the one recorded (SHA-256 recorded "
+            f"{_shown(recorded, 20)}, now {_shown(wanted, 20)}: the file was edited since)"
+        ]
     return [f"{path or 'deployment'}: recorded {_shown(recorded)}, now {_shown(wanted)}"]
 
 
@@ -303,6 +323,10 @@ def changes_text(changes: list[str], shown: int = 5) -> str:
     more = f"; and {len(changes) - shown} more" if len(changes) > shown else ""
     return "; ".join(changes[:shown]) + more
 
+
+UNCHECKED_WHEN_UNRECORDED = ("vocabulary_digest",)
+"""Keys a deployment recorded before them lacks (or holds as null); such a record is resumed as before, unchecked
+on them (:func:`deployment_changes`)."""
 
 KEYS_ADDED: dict[tuple[str, str], Any] = {("balancer", "global_period"): 0, ("balancer", "object_cost"): 1}
 """``(section, key) -> value``: keys added to a section of the deployment after it existed, each with the value

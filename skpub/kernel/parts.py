@@ -4,7 +4,12 @@
 file per micro-batch and writer (a Spark parse task ``p<n>``, the sequencer
 ``s``, an evaluator ``e<n>``, the driver ``d``), written atomically and named
 by batch id, so a replayed batch rewrites exactly the same files (idempotent
-per batch id). Every task that produces output writes its own parts, in
+per batch id). The batch id has :data:`PART_DIGITS` digits, so names sort
+in batch order for any 64-bit id (as Kafka names its segments); skpub
+before 2026-11-29 wrote eight (``part-00000042.jsonl``, and more digits
+past batch 99,999,999, where name order broke): such parts are still read,
+and a batch written again replaces its eight-digit parts (a run resumed
+across the upgrade). Every task that produces output writes its own parts, in
 parallel; nothing is sorted globally, because range matches and dead letters
 carry no order (SEMANTICS section 5). Who may create or remove them is
 :mod:`skpub.app.output`'s business.
@@ -22,28 +27,67 @@ from skpub.kernel.messages import Delivery
 from skpub.kernel.storage import BATCH, atomic_write_bytes, own_files
 
 STREAMS = ("deliveries", "snapshots", "dead_letters", "statistics", "balancer")
-PART_RE = own_files(rf"part-(?P<batch>{BATCH})(?:-(?P<writer>[a-z]\d{{0,4}}))?\.jsonl")
+PART_DIGITS = 20
+"""Digits of the batch id in a part file's name: every 64-bit id, zero-padded."""
+PART_RE = own_files(rf"part-(?P<batch>\d{{{PART_DIGITS}}}|{BATCH})(?:-(?P<writer>[a-z]\d{{0,4}}))?\.jsonl")
+"""A part file's name (or its temporary name): ``batch`` and ``writer`` (None for a stream's one writer)."""
 _MATCH_LINE = b'{"sub":%b,"obj":%b,"event":"match"}\n'
 
 
 def part_path(root: str | Path, stream: str, batch_id: int, writer: str = "") -> Path:
     """Return the part file of ``stream`` for micro-batch ``batch_id`` written by ``writer`` ("" for one writer)."""
     suffix = f"-{writer}" if writer else ""
+    return Path(root) / stream / f"part-{batch_id:0{PART_DIGITS}d}{suffix}.jsonl"
+
+
+def _eight_digit_path(root: str | Path, stream: str, batch_id: int, writer: str = "") -> Path:
+    """Return the name skpub before 2026-11-29 gave :func:`part_path`'s file (eight digits at least)."""
+    suffix = f"-{writer}" if writer else ""
     return Path(root) / stream / f"part-{batch_id:08d}{suffix}.jsonl"
 
 
+def _parts(named: Iterable[Path]) -> dict[tuple[int, str], Path]:
+    """Map ``(batch, suffix)`` to each part among ``named`` (temporary names left out), a current name over an older.
+
+    ``suffix`` is what follows the batch id (``-e1.jsonl``, ``.jsonl``): sorted by it, a batch's parts come in
+    the order their names always sorted in.
+    """
+    found: dict[tuple[int, str], Path] = {}
+    for path in named:
+        match = PART_RE.fullmatch(path.name)
+        if match is None or match["temporary"]:
+            continue
+        key = (int(match["batch"]), path.name[match.end("batch") :])
+        if key not in found or len(match["batch"]) == PART_DIGITS:
+            found[key] = path
+    return found
+
+
 def batch_parts(root: str | Path, stream: str, batch_id: int) -> list[Path]:
-    """Return micro-batch ``batch_id``'s part files of ``stream``, in name order (every writer's; no temporary name)."""
+    """Return micro-batch ``batch_id``'s part files of ``stream``: the one writer's, then each writer's by name.
+
+    A batch written under both names (eight digits, then :data:`PART_DIGITS`, the first attempt by an older
+    skpub) gives each part once, under the current name.
+    """
     folder = Path(root) / stream
     if not folder.is_dir():
         return []
-    return sorted(folder.glob(f"part-{batch_id:08d}.jsonl")) + sorted(folder.glob(f"part-{batch_id:08d}-*.jsonl"))
+    names = {f"part-{batch_id:08d}", f"part-{batch_id:0{PART_DIGITS}d}"}
+    parts = _parts(p for name in names for p in [*folder.glob(f"{name}.jsonl"), *folder.glob(f"{name}-*.jsonl")])
+    return [parts[key] for key in sorted(parts, key=lambda key: (key[1] != ".jsonl", key[1]))]  # one writer's first
 
 
 def write_lines(root: str | Path, stream: str, batch_id: int, data: bytes, writer: str = "") -> None:
-    """Write ``data`` (complete JSON lines, UTF-8) as one part file atomically; nothing when empty."""
+    """Write ``data`` (complete JSON lines, UTF-8) as one part file atomically; nothing when empty.
+
+    The part's eight-digit name, where a first attempt by skpub before 2026-11-29 left it, is removed after.
+    """
+    path = part_path(root, stream, batch_id, writer)
     if data:
-        atomic_write_bytes(part_path(root, stream, batch_id, writer), data)
+        atomic_write_bytes(path, data)
+    older = _eight_digit_path(root, stream, batch_id, writer)
+    if older != path:
+        older.unlink(missing_ok=True)
 
 
 def write_part(root: str | Path, stream: str, batch_id: int, rows: Iterable[dict], writer: str = "") -> int:
@@ -76,8 +120,8 @@ def delivery_lines(deliveries: Iterable[Delivery]) -> bytes:
 def read_stream(root: str | Path, stream: str) -> list[dict]:
     """Read every part file of ``stream`` under ``root`` (skpub's names) in batch order, then writer order."""
     rows = []
-    named = ((m, p) for p in (Path(root) / stream).glob("part-*.jsonl") if (m := PART_RE.fullmatch(p.name)))
-    for _, _, part in sorted((int(m["batch"]), part.name, part) for m, part in named if not m["temporary"]):
-        with part.open(encoding="utf-8") as fh:
+    parts = _parts((Path(root) / stream).glob("part-*.jsonl"))
+    for key in sorted(parts):
+        with parts[key].open(encoding="utf-8") as fh:
             rows.extend(json.loads(line) for line in fh if line.strip())
     return rows

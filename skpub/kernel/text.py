@@ -9,6 +9,8 @@ per conjunctive clause, on its least frequent keyword).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -20,8 +22,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import product
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from skpub.kernel.errors import ConfigError, ExpressionError
+
+if TYPE_CHECKING:
+    from skpub.kernel.config import Deployment
 
 TOKEN_RE = re.compile(r"\w+")
 EXPR_TOKEN_RE = re.compile(r"\(|\)|[^\s()]+")
@@ -261,11 +267,15 @@ class Vocabulary:
     frequency. A term missing from ``df`` has ``df = 1``. Range routing uses
     it to pick each clause's least frequent keyword. An empty vocabulary
     (no file) ranks terms by a deterministic fallback: longer terms first, then
-    lexicographic (longer terms are rarer in natural text).
+    lexicographic (longer terms are rarer in natural text). ``digest`` is
+    the SHA-256 of the file's bytes, hex (empty for no file): what a
+    deployment records so that every process, and a resumed run, uses the
+    same content (:func:`load_vocabulary`).
     """
 
     n_documents: int = 0
     df: dict[str, int] = field(default_factory=dict)
+    digest: str = ""
 
     @classmethod
     def load(cls, path: str | Path) -> Vocabulary:
@@ -297,7 +307,7 @@ class Vocabulary:
                 raise TypeError("'df' must be an object {term: df} with integer df >= 1")
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(f"vocabulary file {path}: {exc}") from exc
-        return cls(n, df)
+        return cls(n, df, hashlib.sha256(data).hexdigest())
 
     def frequency(self, term: str) -> int:
         """Document frequency of ``term`` (1 when unknown)."""
@@ -337,14 +347,54 @@ def hashed_evaluator(term: str, ring: Sequence[int]) -> int:
 
 
 @lru_cache(maxsize=4)
-def load_vocabulary(path: str | None) -> Vocabulary:
+def load_vocabulary(path: str | None, digest: str | None = None) -> Vocabulary:
     """Return the vocabulary at ``path`` (the empty one for None), cached per process.
 
     Executors call this once per worker process, not once per micro-batch.
+    ``digest`` is the content's SHA-256 (hex) the deployment recorded
+    (``Deployment.vocabulary_digest``; None: not checked): a file that
+    differs between hosts, or was edited since the run began, would make
+    routers and evaluators disagree on each clause's least frequent keyword.
 
     Raises
     ------
     ConfigError
-        If the file is missing or not a vocabulary.
+        If the file is missing or not a vocabulary, or its content is not
+        the one ``digest`` names.
     """
-    return Vocabulary.load(path) if path else Vocabulary()
+    vocabulary = Vocabulary.load(path) if path else Vocabulary()
+    if digest is not None and vocabulary.digest != digest:
+        raise ConfigError(mismatch_text(path, vocabulary.digest, digest))
+    return vocabulary
+
+
+def mismatch_text(path: str | None, digest: str, recorded: str) -> str:
+    """Return the refusal of a vocabulary file whose content's SHA-256 ``digest`` is not the ``recorded`` one."""
+    return (
+        f"vocabulary file {path} is not the one this deployment recorded: its content's SHA-256 is "
+        f"{digest[:16]}..., the recorded one {recorded[:16]}... (the file was edited since, or differs on this "
+        "host); restore that file, or start a new run"
+    )
+
+
+def pin_vocabulary(deployment: Deployment) -> Deployment:
+    """Return ``deployment`` with ``vocabulary_digest`` set to its vocabulary file's content's SHA-256.
+
+    What a driver does before it records the deployment or ships it to its
+    tasks, so that every process loading the file checks it has that
+    content (:func:`load_vocabulary`). A deployment that
+    carries a digest already (a recorded one, resumed) keeps it, and the
+    file is checked against it. The file is read anew (not from the
+    process's cache: it may have changed since); O(file size).
+
+    Raises
+    ------
+    ConfigError
+        If the file cannot be read, is not a vocabulary, or is not the content the digest names.
+    """
+    if deployment.vocabulary is None:
+        return deployment
+    digest = Vocabulary.load(deployment.vocabulary).digest
+    if deployment.vocabulary_digest not in (None, digest):
+        raise ConfigError(mismatch_text(deployment.vocabulary, digest, deployment.vocabulary_digest))
+    return dataclasses.replace(deployment, vocabulary_digest=digest)

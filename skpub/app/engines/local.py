@@ -29,7 +29,7 @@ from skpub.kernel.config import Deployment
 from skpub.kernel.inputs import batches, iter_lines, take_sample
 from skpub.kernel.parts import write_part
 from skpub.kernel.runtime import tune_gc
-from skpub.kernel.text import Vocabulary, load_vocabulary
+from skpub.kernel.text import Vocabulary, load_vocabulary, pin_vocabulary
 from skpub.kernel.transfer import Handoff, TransferPlan
 from skpub.router.dispatch import Router
 from skpub.router.epoch import RoutingEpoch
@@ -233,7 +233,8 @@ def run_local(
     skpub.kernel.errors.CheckpointError
         If a checkpoint folder in ``output_dir`` holds files skpub did not write.
     """
-    vocabulary = load_vocabulary(deployment.vocabulary)
+    deployment = pin_vocabulary(deployment)
+    vocabulary = load_vocabulary(deployment.vocabulary, deployment.vocabulary_digest)
     lines = iter_lines(input_path)
     sample = take_sample(lines, deployment.sample_size)
     run_id = uuid.uuid4().hex

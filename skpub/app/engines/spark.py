@@ -62,7 +62,7 @@ from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import FULL_COLLECTION_SECONDS, FullCollections, tune_gc
 from skpub.kernel.slices import file_sizes
 from skpub.kernel.storage import atomic_write_bytes, atomic_write_text
-from skpub.kernel.text import load_vocabulary
+from skpub.kernel.text import load_vocabulary, pin_vocabulary
 from skpub.kernel.transfer import read_plan, write_plan
 from skpub.kernel.wire import ROUTED_FILE_COLUMNS, ddl
 from skpub.router.epoch import EpochLog, RoutingEpoch
@@ -449,7 +449,7 @@ def _open_checkpoint(
     run_id = uuid.uuid4().hex
     claim_output(output, run_id, overwrite)
     checkpoint.create()
-    vocabulary = load_vocabulary(deployment.vocabulary)
+    vocabulary = load_vocabulary(deployment.vocabulary, deployment.vocabulary_digest)
     table = initial_table(deployment, vocabulary, take_sample(iter_lines(input_path), deployment.sample_size))
     EpochLog(checkpoint.epochs).publish(RoutingEpoch(0, 0, table))
     parts = parse_parallelism(spark)
@@ -518,6 +518,7 @@ def run_spark(
     output = Path(output_dir).absolute()
     if deployment.vocabulary:  # tasks and evaluator hosts read it from other working directories
         deployment = deployment.replace(vocabulary=str(Path(deployment.vocabulary).absolute()))
+    deployment = pin_vocabulary(deployment)  # recorded in the manifest; every task checks the file it reads
     ckpt = Checkpoint(checkpoint or output / CHECKPOINT_DIR)
     check_output(output, overwrite)
     ckpt.check_owned()
@@ -655,13 +656,16 @@ class SparkPlane:
         ckpt = Checkpoint(daemon.data / "spark")
         ckpt.check_owned()
         deployment = daemon.deployment
+        daemon.step = "starting Spark"
         self.spark = spark_session(daemon.master, deployment.evaluators, "skpub-serve")
         try:
+            daemon.step = "opening the Spark checkpoint"
             manifest = _open_daemon_checkpoint(ckpt, deployment, self.spark, sample)
             files = daemon.ingest.files()
             journal = daemon.batches.files()
             trigger = {"processingTime": f"{max(1, round(daemon.limits.trigger * 1000))} milliseconds"}
             tune_gc()
+            daemon.step = "starting the streaming query"
             self.query, self.sink = start_query(
                 self.spark, ckpt, self.output, deployment, manifest, self, files, trigger, journal
             )
@@ -737,7 +741,7 @@ def _open_daemon_checkpoint(  # noqa: ANN001
             )
         return manifest
     ckpt.create()
-    vocabulary = load_vocabulary(deployment.vocabulary)
+    vocabulary = load_vocabulary(deployment.vocabulary, deployment.vocabulary_digest)
     EpochLog(ckpt.epochs).publish(RoutingEpoch(0, 0, initial_table(deployment, vocabulary, sample())))
     manifest = {
         **wanted,

@@ -123,7 +123,7 @@ class ParseTask:
         tune_gc()
         batch_id = _task_batch_id()
         deployment = deployment_from_text(self.deployment_json)
-        vocabulary = load_vocabulary(deployment.vocabulary)
+        vocabulary = load_vocabulary(deployment.vocabulary, deployment.vocabulary_digest)
         epoch = EpochLog(checkpoint.epochs).for_batch(batch_id)
         locator = Locator(deployment, vocabulary, epoch.table)
         for batch in batches:
