@@ -178,6 +178,13 @@ def series(values: list[float | None]) -> str:
     return " ".join("-" if v is None else f"{v:.0f}" for v in values)
 
 
+UNTUNED = (
+    "import sys, skpub.app.daemon as daemon; daemon.tune_gc = lambda: None; "
+    "from skpub.app.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+"""``skpub serve`` with the daemon's collector tuning off: what the local daemon did before 2026-11-27."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=5000.0, help="objects posted per second")
@@ -189,7 +196,12 @@ def main() -> None:
     parser.add_argument("--horizon", type=int, default=None, help="object_id_horizon (default the deployment's)")
     parser.add_argument("--engine", choices=("local", "spark"), default="local")
     parser.add_argument("--segment-bytes", type=int, default=None, help="the daemon's --segment-bytes")
+    parser.add_argument(
+        "--untuned-gc", action="store_true", help="run the daemon with CPython's collector defaults (no tune_gc)"
+    )
     args = parser.parse_args()
+    if args.untuned_gc and args.engine == "spark":
+        parser.error("--untuned-gc is the local daemon's: Spark's driver and tasks tune their own collectors")
 
     with tempfile.TemporaryDirectory() as tmp:
         spec = WorkloadSpec(live=args.live, topk_fraction=0.0, knn_fraction=0.0, window=0, inserts_per_object=0.0)
@@ -204,7 +216,8 @@ def main() -> None:
             dep = dep.replace(object_id_horizon=args.horizon)
         Path(f"{tmp}/dep.json").write_text(json.dumps(dep.to_json()))
         port = free_port()
-        cmd = [sys.executable, "-m", "skpub.app.cli", "serve", "--data", f"{tmp}/data", "--config", f"{tmp}/dep.json",
+        daemon = ["-c", UNTUNED] if args.untuned_gc else ["-m", "skpub.app.cli"]
+        cmd = [sys.executable, *daemon, "serve", "--data", f"{tmp}/data", "--config", f"{tmp}/dep.json",
                "--listen", f"127.0.0.1:{port}", "--engine", args.engine]  # fmt: skip
         if args.segment_bytes is not None:
             cmd += ["--segment-bytes", str(args.segment_bytes)]

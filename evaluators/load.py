@@ -61,7 +61,7 @@ class CellLoad:
         Fine-grid cells per side.
     rectangles : list of CellBox
         The evaluator's partition.
-    gridt_block : int
+    grid_t_block : int
         Cells per side of a grid^t block, the migration unit (the evaluators
         use :func:`skpub.kernel.load.grid_t_block`).
     decay : float
@@ -79,12 +79,12 @@ class CellLoad:
         If ``decay`` is outside (0, 1].
     """
 
-    def __init__(self, size: int, rectangles: list[CellBox], gridt_block: int, decay: float, kept: bool = True) -> None:
+    def __init__(self, size: int, rectangles: list[CellBox], grid_t_block: int, decay: float, kept: bool = True) -> None:
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], not {decay}")
         self.kept = kept
         self.size = size
-        self.gridt_block = gridt_block
+        self.grid_t_block = grid_t_block
         self.decay = decay
         self._scale = 1.0
         self._cells: dict[int, float] = {}
@@ -149,7 +149,7 @@ class CellLoad:
         # float64 even with no cell (bincount of nothing gives integers): the document writes 0.0, as before
         r.columns = np.bincount(xs - x0, weights=raws, minlength=x1 - x0 + 1).astype(np.float64).tolist()
         r.rows = np.bincount(ys - y0, weights=raws, minlength=y1 - y0 + 1).astype(np.float64).tolist()
-        b = self.gridt_block
+        b = self.grid_t_block
         gx0, gy0, width = x0 // b, y0 // b, x1 // b - x0 // b + 1
         keys = (ys // b - gy0) * width + (xs // b - gx0)
         sums, held = np.bincount(keys, weights=raws), np.bincount(keys)
@@ -228,7 +228,7 @@ class CellLoad:
         self._cells[cell] = self._cells.get(cell, 0.0) + raw
         r.columns[cx - r.box[0]] += raw
         r.rows[cy - r.box[1]] += raw
-        key = (i, cx // self.gridt_block, cy // self.gridt_block)
+        key = (i, cx // self.grid_t_block, cy // self.grid_t_block)
         self._block_costs[key] = self._block_costs.get(key, 0.0) + raw
 
     def add_cost(self, cx: int, cy: int, cost: float) -> None:
@@ -320,7 +320,7 @@ class CellLoad:
         widths, heights = rects[:, 2] - rects[:, 0] + 1, rects[:, 3] - rects[:, 1] + 1
         xbase = np.concatenate(([0], np.cumsum(widths)[:-1]))
         ybase = np.concatenate(([0], np.cumsum(heights)[:-1]))
-        b = self.gridt_block
+        b = self.grid_t_block
         gx_first, gy_first = rects[:, 0] // b, rects[:, 1] // b
         gw, gh = rects[:, 2] // b - gx_first + 2, rects[:, 3] // b - gy_first + 2
         gbase = np.concatenate(([0], np.cumsum(gw * gh)[:-1]))
@@ -412,7 +412,7 @@ class CellLoad:
             )
             for r in self._rects
         )
-        b, costs = self.gridt_block, self._block_costs
+        b, costs = self.grid_t_block, self._block_costs
         blocks = []
         for key in sorted(set(costs) | {k for k, v in self._block_queries.items() if v}):
             i, gx, gy = key

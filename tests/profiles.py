@@ -1,6 +1,6 @@
 """Hypothesis profiles: how many examples a property test draws comes from here, not from each test.
 
-Two profiles are registered (``settings.register_profile``):
+Three profiles are registered (``settings.register_profile``):
 
 - ``dev`` (the default): :data:`DEV_EXAMPLES` examples per unit of weight,
   for the fast tier a developer runs before every commit

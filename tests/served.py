@@ -14,6 +14,10 @@ STALL_SECONDS = 300.0
 step every few seconds; docs/benchmarks.md "Restart to ready")."""
 
 
+PROGRESS = ("phase", "starting", "processed", "committed_batch", "run_batch")
+"""The ``/readyz`` fields that move while a daemon makes progress."""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -23,7 +27,7 @@ def free_port() -> int:
 class Served:
     """A ``skpub serve`` subprocess on loopback."""
 
-    def __init__(self, data, config, token="t0ken", engine="local", extra=()):
+    def __init__(self, data, config, token="t0ken", engine="local", extra=(), start_seconds=60.0):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "SKPUB_TOKEN": token}
@@ -33,7 +37,7 @@ class Served:
         with self.errors.open("wb") as err:
             self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
         self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + start_seconds  # until its HTTP API answers
         while True:
             try:
                 if self.http.get("/healthz").status_code == 200:
@@ -41,8 +45,12 @@ class Served:
             except httpx.TransportError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the daemon did not start: {self.errors.read_text()}")
+                raise RuntimeError(f"the daemon did not start: {self.stderr()}")
             time.sleep(0.1)
+
+    def stderr(self) -> str:
+        """The end of the daemon's standard error (Spark's JVM may be writing it: undecodable bytes replaced)."""
+        return self.errors.read_bytes()[-3000:].decode("utf-8", "replace")
 
     def post(self, lines):
         reply = self.http.post("/v1/records", content="".join(line + "\n" for line in lines))
@@ -52,7 +60,7 @@ class Served:
     def wait_ready(self, stall: float = STALL_SECONDS) -> dict:
         """Wait until the daemon has processed everything acknowledged; return its ``/readyz`` body.
 
-        Waits as long as the daemon reports progress (its phase, starting step, processed lines or committed
+        Waits as long as the daemon reports progress (its phase, what it starts, processed lines or committed
         batch move; a restarted Spark daemon on a busy machine takes minutes), and fails once nothing moved for
         ``stall`` seconds, or the process ended.
         """
@@ -62,12 +70,11 @@ class Served:
             body = reply.json()
             if reply.status_code == 200:
                 return body
-            progress = tuple(body.get(key) for key in ("phase", "step", "processed", "committed_batch", "run_batch"))
+            progress = tuple(body.get(key) for key in PROGRESS)
             if progress != last:
                 last, moved = progress, time.monotonic()
-            assert self.proc.poll() is None and body.get("phase") != "failed", self.errors.read_text()[-3000:]
-            errors = self.errors.read_text()[-3000:]
-            assert time.monotonic() - moved < stall, f"no progress for {stall} s: {body}\n{errors}"
+            assert self.proc.poll() is None and body.get("phase") != "failed", self.stderr()
+            assert time.monotonic() - moved < stall, f"no progress for {stall} s: {body}\n{self.stderr()}"
             time.sleep(0.1)
 
     def read(self, name, after=0):

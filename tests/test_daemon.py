@@ -1033,8 +1033,8 @@ def test_readiness_reports_the_phase_and_the_progress_a_client_waits_on(tmp_path
     client = TestClient(create_app(daemon, None))
     reply = client.get("/readyz")
     assert reply.status_code == 503
-    assert reply.json() == {"ready": False, "phase": "starting", "step": "opening", "acknowledged": 0, "processed": 0,
-                            "committed_batch": -1, "run_batch": -1}  # fmt: skip
+    assert reply.json() == {"ready": False, "phase": "starting", "starting": "opening", "acknowledged": 0,
+                            "processed": 0, "committed_batch": -1, "run_batch": -1}  # fmt: skip
     daemon.start()
     daemon.post(lines)
     while not daemon.ready:
@@ -1042,10 +1042,10 @@ def test_readiness_reports_the_phase_and_the_progress_a_client_waits_on(tmp_path
     reply = client.get("/readyz")
     last = daemon.committed_batch
     assert reply.status_code == 200 and last >= 9  # 200 lines in batches of at most 20
-    assert reply.json() == {"ready": True, "phase": "running", "step": None, "acknowledged": 200, "processed": 200,
+    assert reply.json() == {"ready": True, "phase": "running", "starting": None, "acknowledged": 200, "processed": 200,
                             "committed_batch": last, "run_batch": last}  # fmt: skip
     daemon.stop()
-    restarted = Daemon(data, dep, Limits(trigger=0.01))  # no checkpoint since its first batch: the batches replay
+    restarted = Daemon(data, dep, Limits(trigger=0.01))  # no checkpoint was taken: every journaled batch replays
     assert (restarted.phase, restarted.ready, restarted.committed_batch, restarted.run_batch) == (
         "starting",
         False,
@@ -1058,9 +1058,39 @@ def test_readiness_reports_the_phase_and_the_progress_a_client_waits_on(tmp_path
     restarted.post(more)  # processed once the replay is done
     while not restarted.ready:
         seen.add(restarted.run_batch)
+        time.sleep(0.001)
     restarted.stop()
     assert restarted.run_batch == restarted.committed_batch > last
     assert len({b for b in seen if 0 <= b < last}) > 1  # the replay was seen moving
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the data plane's failure
+def test_a_new_spark_daemon_with_nothing_posted_is_ready_and_starts_spark_on_its_first_record(tmp_path, monkeypatch):
+    """A readiness probe must see an idle new daemon ready (else it never gets the record that starts Spark); the
+    first record starts the data plane, and it is not ready until that record is processed."""
+    import skpub.app.engines.spark as spark_engine
+
+    started = []
+
+    class NoSpark:  # the plane the first record starts (no JVM in this test)
+        def __init__(self, daemon, sample):  # noqa: ANN001
+            daemon.starting = "starting Spark"
+            started.append(daemon.starting)
+            raise RuntimeError("no Spark in this test")
+
+    monkeypatch.setattr(spark_engine, "SparkPlane", NoSpark)
+    daemon = Daemon(tmp_path / "data", deployment(evaluators=2, batch_size=10), Limits(trigger=0.01), engine="spark")
+    client = TestClient(create_app(daemon, None))
+    daemon.start()
+    while daemon.phase == "starting":
+        daemon.stopping.wait(0.01)
+    reply = client.get("/readyz")
+    assert reply.status_code == 200 and reply.json()["phase"] == "running" and reply.json()["starting"] is None
+    daemon.post([b'{"type": "object", "id": "o1", "x": 1, "y": 1, "terms": ["a"]}'])
+    while daemon.failure is None:
+        daemon.stopping.wait(0.01)
+    assert started == ["starting Spark"] and not daemon.ready and client.get("/readyz").json()["phase"] == "failed"
+    daemon.stop()
 
 
 def test_a_disk_that_refuses_the_outputs_stalls_the_commit_and_it_is_tried_again(tmp_path, monkeypatch):

@@ -237,6 +237,48 @@ def test_a_host_that_does_not_answer_is_stopped(tmp_path, monkeypatch):
             child.wait()
 
 
+def test_stopping_a_stuck_host_never_removes_the_socket_of_a_successor(tmp_path, monkeypatch):
+    """A successor that took the path while the task waited on a stuck host keeps its socket: the stuck host is
+    killed, and the file is removed only if it is still the socket the task connected to (its inode read before
+    connecting)."""
+    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(host, "_FAILED_START", {})
+    monkeypatch.setattr(host, "_STARTED", [])
+    monkeypatch.setattr(host, "REQUEST_SECONDS", 2.0)
+    (tmp_path / "stuck_host.py").write_text(STUCK_HOST)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    address = host.HostAddress("e7", os.getpid(), "stuck_host")
+    path = address.socket_path
+    successor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with pytest.raises(host.HostError, match="did not answer in time: stopped"), host.exchange(address) as sock:
+            host.send_message(sock, {"op": "apply"})
+            successor.bind(str(path.with_suffix(".next")))
+            successor.listen(1)
+            os.replace(path.with_suffix(".next"), path)  # a successor's socket takes the path meanwhile
+            host.recv_message(sock)
+        [stuck] = host._STARTED
+        assert stuck.wait(timeout=30) == -signal.SIGKILL
+        assert path.exists() and _bound_here(path), "the successor's socket is kept, and it listens"
+    finally:
+        successor.close()
+        for child in host._STARTED:
+            child.kill()
+            child.wait()
+
+
+def _bound_here(path) -> bool:  # noqa: ANN001
+    """Whether a connection to the socket at ``path`` is accepted by a listener (the successor's)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
 def test_only_a_host_is_stopped(tmp_path, monkeypatch):
     """A peer that is not a host of the address (here: this test's process) is never killed, nor its socket removed."""
     monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))

@@ -584,31 +584,48 @@ def test_local_engine_accounts_for_random_lines_exactly_once(noise, batch_size, 
 
 
 @pytest.mark.parametrize("batch_size", [1, 4])
-@pytest.mark.parametrize("fault", ["dropped", "extra"])
-def test_the_exactness_check_catches_a_dropped_or_an_extra_event(tmp_path, batch_size, fault):
-    """The check of the runs above is not blind: a topk/knn event dropped from, or added to, a correct run fails it.
+@pytest.mark.parametrize("fault", ["dropped", "extra", "late event", "late match"])
+def test_the_exactness_check_catches_a_dropped_an_extra_or_a_late_delivery(tmp_path, batch_size, fault):
+    """The check of the runs above is not blind: a correct run's output with one topk/knn event dropped or doubled,
+    or one event or range match moved into the next batch, fails it.
 
-    At batch size 1 the events are compared one by one; otherwise the results at each batch boundary, which an
-    extra event changes as a dropped one does (an extra enter of an object held, or an exit of one not held,
-    fails the fold itself).
+    A dropped or doubled event breaks the fold or the results; a late one leaves every subscription's events in
+    their order and the final results as they were: only the batch-by-batch comparison sees it.
     """
-    lines = [line.encode() for line in ranked_workload(5, n=100)]
+    from skpub.kernel.parts import PART_RE, part_path
+
+    lines = [line.encode() for line in ranked_workload(5, n=100) + random_workload(4, n=200, invalid=False)]
     dep = deployment(evaluators=3, batch_size=batch_size)
     expected = replay(lines, dep)
     out = tmp_path / "out"
     summary = run_local(write_stream(tmp_path / "in.jsonl", lines, "lf"), out, dep, observer(dep))
     assert_run_is_exact(out, summary, lines, dep, expected)  # the run itself is exact
-    events = [
-        (part, i)
-        for part in sorted((out / "deliveries").glob("part-*-m.jsonl"))
+    last = -(-len(lines) // batch_size) - 1
+    wanted = b'"match"' if fault == "late match" else b'"e'  # "event":"enter" or "exit"
+    candidates = [
+        (part, i, int(match["batch"]), match["writer"])
+        for part in sorted((out / "deliveries").glob("part-*.jsonl"))
+        if (match := PART_RE.fullmatch(part.name)) and (not fault.startswith("late") or int(match["batch"]) < last)
         for i, line in enumerate(part.read_bytes().splitlines())
-        if b'"match"' not in line
+        if wanted in line and (fault == "late match" or match["writer"] == "m")
     ]
-    assert len(events) >= 5, "the workload makes topk/knn events"
-    for part, i in random.Random(batch_size).sample(events, 5):
-        original = part.read_bytes()
-        rows = original.splitlines(keepends=True)
-        part.write_bytes(b"".join(rows[:i] + rows[i + 1 :] if fault == "dropped" else rows[: i + 1] + rows[i:]))
+    assert len(candidates) >= 5, "the workload makes range matches and topk/knn events"
+    for part, i, batch, writer in random.Random(batch_size).sample(candidates, 5):
+        later = part_path(out, "deliveries", batch + 1, writer or "")
+        kept = {path: path.read_bytes() if path.exists() else None for path in (part, later)}
+        rows = kept[part].splitlines(keepends=True)
+        if fault == "dropped":
+            part.write_bytes(b"".join(rows[:i] + rows[i + 1 :]))
+        elif fault == "extra":
+            part.write_bytes(b"".join(rows[: i + 1] + rows[i:]))
+        else:
+            part.write_bytes(b"".join(rows[:i] + rows[i + 1 :]))
+            later.write_bytes(rows[i] + (kept[later] or b""))  # first in the next batch: its order kept
         with pytest.raises(AssertionError):
             assert_run_is_exact(out, summary, lines, dep, expected)
-        part.write_bytes(original)
+        for path, content in kept.items():
+            if content is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(content)
+        assert_run_is_exact(out, summary, lines, dep, expected)  # restored

@@ -244,7 +244,7 @@ def test_output_part_names_sort_in_batch_order_and_replace_their_eight_digit_nam
     and a consumer's sort see the batches in order: eight digits broke at batch 100,000,000), writers after a
     batch's one-writer part as before; parts an older skpub wrote with eight digits are read in their place, and a
     batch written again replaces them, so nothing is read twice."""
-    from skpub.kernel.parts import PART_RE, batch_parts, part_path, write_lines, write_part
+    from skpub.kernel.parts import PART_RE, batch_parts, part_path, rename_eight_digit_parts, write_lines, write_part
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
@@ -267,6 +267,11 @@ def test_output_part_names_sort_in_batch_order_and_replace_their_eight_digit_nam
         assert [row["batch"] for row in read_stream(out, "deliveries")] == sorted(batches * 2)
         assert len(batch_parts(out, "deliveries", older)) == 2
         assert not (out / "deliveries" / f"part-{older:08d}-m.jsonl").exists() or len(f"{older:08d}") == 20
+        assert rename_eight_digit_parts(out) == (len(f"{older:08d}") < 20)  # a resume renames the one left
+        names = sorted(p.name for p in (out / "deliveries").iterdir())
+        assert [int(PART_RE.fullmatch(name)["batch"]) for name in names] == sorted(batches * 2)
+        assert [row["batch"] for row in read_stream(out, "deliveries")] == sorted(batches * 2)
+        assert rename_eight_digit_parts(out) == 0
 
 
 @examples(2)

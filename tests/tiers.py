@@ -1,7 +1,8 @@
 """Test tiers: what the fast tier runs before every commit, and what only the whole suite runs.
 
-``pytest -m "not slow"`` is the fast tier (under 3 minutes on 2 cores; the README gives the figures), the
-plain ``pytest`` the whole suite. A test is ``slow`` when it starts its own JVM or ``skpub serve`` process, runs
+``pytest -m "not slow"`` is the fast tier (under 3 minutes on 2 cores; the README gives the figures),
+``pytest --hypothesis-profile=ci`` the whole suite (plain ``pytest`` runs every test with the ``dev`` profile's
+examples). A test is ``slow`` when it starts its own JVM or ``skpub serve`` process, runs
 a batch-size-1 grid or a soak, or takes more than a few seconds; the fast tier keeps at least one case of every
 differential test (every kind, both engines, a router at batch size 1, ``chaos``), so a grid is split with
 :func:`tiered`: the cases named fast run in both tiers, the others in the whole suite only. Nothing leaves the

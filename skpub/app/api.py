@@ -280,7 +280,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
     def readyz() -> JSONResponse:
         """Readiness: the data plane has processed every acknowledged record (503 until then).
 
-        ``phase`` says what the data plane does (``starting``, and then ``step``: what it is starting;
+        ``phase`` says what the data plane does (``starting``, and then ``starting`` names what it starts;
         ``running``, ``failed``), ``committed_batch`` the last micro-batch committed and ``run_batch`` the
         last it ran (a restart replays journaled batches), so a client waits while they move; ``stalled`` says why,
         when the disk refuses the outputs (the commit is tried again every second).
@@ -288,7 +288,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         body = {
             "ready": daemon.ready,
             "phase": daemon.phase,
-            "step": daemon.step if daemon.phase == "starting" else None,
+            "starting": daemon.starting,
             "acknowledged": daemon.ingest.count,
             "processed": daemon.processed,
             "committed_batch": daemon.committed_batch,

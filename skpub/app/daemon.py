@@ -81,7 +81,7 @@ from skpub.kernel.config import (
     recorded_json,
 )
 from skpub.kernel.errors import CheckpointError, ConfigError
-from skpub.kernel.parts import delivery_lines
+from skpub.kernel.parts import delivery_lines, rename_eight_digit_parts
 from skpub.kernel.records import position_index
 from skpub.kernel.runtime import FULL_COLLECTION_SECONDS, CollectorPauses, FullCollections, collector_pauses, tune_gc
 from skpub.kernel.storage import atomic_write_bytes
@@ -257,6 +257,7 @@ class Daemon:
         }
         self.metrics = Metrics()
         self.served = DaemonMetrics(self.metrics, self)
+        rename_eight_digit_parts(self.data / "output")  # parts an older skpub named: name order is batch order
         self._balancer_log = PartRetention(self.data / "output", "balancer", self.limits.retention_bytes)
         self._acks: deque[tuple[int, float]] = deque()  # (end position, acknowledged at) of requests in the backlog
         self._post_lock = threading.Lock()
@@ -270,7 +271,8 @@ class Daemon:
         self._recover()
         self.run_batch = -1  # the last micro-batch the data plane ran in this process (a replayed one included)
         self._started = False  # the data plane runs (local: its checkpoint restored; Spark: its query started)
-        self.step = "opening"  # what the data plane is starting: /readyz reports it while the phase is "starting"
+        self.starting: str | None = "opening"  # what the data plane is starting (None once it runs), for /readyz
+        self._idle = False  # a Spark data plane waiting for its first record: nothing to start it on yet
         self._pipeline: LocalPipeline | None = None
         self._collect = FullCollections(FULL_COLLECTION_SECONDS)
         self._plane = None  # the Spark engine's SparkPlane
@@ -354,19 +356,21 @@ class Daemon:
         """What the data plane is doing, as ``/readyz`` reports it with the counts.
 
         ``starting`` (restoring a checkpoint, or starting Spark and its
-        query: :attr:`step` says which), ``running`` (replaying the batches
+        query: :attr:`starting` says which), ``running`` (replaying the batches
         journaled before a restart, then following the ingest log:
-        :attr:`run_batch` moves) or ``failed``. A client waits while the
-        phase, the step or the counts move, not on a fixed clock.
+        :attr:`run_batch` moves; a new Spark data plane waits there for its
+        first record, and starts Spark on it) or ``failed``. A client waits
+        while the phase, what starts or the counts move, not on a fixed clock.
         """
         if self.failure is not None:
             return "failed"
-        return "running" if self._started else "starting"
+        return "running" if self._started or self._idle else "starting"
 
     @property
     def ready(self) -> bool:
         """Whether the data plane runs and has processed everything acknowledged (and is not stalled or failed)."""
-        return self._started and self.failure is None and self.stalled is None and self.processed == self.ingest.count
+        runs = self._started or self._idle
+        return runs and self.failure is None and self.stalled is None and self.processed == self.ingest.count
 
     @property
     def committed_batch(self) -> int:
@@ -469,11 +473,11 @@ class Daemon:
 
         Outputs the commit log already holds are not appended again.
         """
-        self.step = "restoring the newest checkpoint"
+        self.starting = "restoring the newest checkpoint"
         replay = self._restore_local()
         if self._pipeline is not None:
             tune_gc()  # before any idle collection: what the restore built is frozen
-        self._started = True
+        self._started, self.starting = True, None
         if not self._ends.known(replay) or self._ends.start(replay) < self.ingest.first:
             raise CheckpointError(
                 f"{self.data} holds no readable local checkpoint after batch {replay - 1}, and the ingest log "
@@ -558,13 +562,15 @@ class Daemon:
         """
         from skpub.app.engines.spark import SparkPlane
 
+        self.starting, self._idle = None, True  # ready while nothing is acknowledged: Spark starts on the first record
         while not self._ends.count and not self.stopping.is_set():
             self._cut()
+        self.starting, self._idle = "starting Spark", False
         if not self._ends.count:
             return
         self._check_spark_resume()
-        self._plane = SparkPlane(self, self._first_sample)  # its steps: self.step
-        self._started = True
+        self._plane = SparkPlane(self, self._first_sample)  # it names what it starts in self.starting
+        self._started, self.starting = True, None
         try:
             while not self.stopping.is_set():
                 self._plane.check()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from skpub.app.checkpoint import CHECKPOINT_DIR, checkpoint_foreign_entries
 from skpub.kernel.errors import OutputError
-from skpub.kernel.parts import PART_RE, STREAMS, batch_parts
+from skpub.kernel.parts import PART_RE, STREAMS, batch_parts, rename_eight_digit_parts
 from skpub.kernel.storage import atomic_write_text, entries, own_files
 
 SUCCESS = "_SUCCESS"
@@ -127,9 +127,10 @@ def claim_output(root: str | Path, run_id: str, overwrite: bool, resume: bool = 
     overwrite : bool
         Whether a finished earlier output may be replaced.
     resume : bool
-        Keep the part files (a resumed run completes them); otherwise every
-        part file of an earlier run is removed, so a new run's output is
-        never mixed with an old one's.
+        Keep the part files (a resumed run completes them; those an older
+        skpub named with eight digits take their current names, so name
+        order stays batch order); otherwise every part file of an earlier
+        run is removed, so a new run's output is never mixed with an old one's.
 
     Raises
     ------
@@ -148,6 +149,8 @@ def claim_output(root: str | Path, run_id: str, overwrite: bool, resume: bool = 
                 for part, kind in entries(folder):
                     if kind == "file" and PART_RE.fullmatch(part.name):
                         part.unlink()
+        if resume:
+            rename_eight_digit_parts(root)
         atomic_write_text(root / RUN_MARKER, json.dumps({"format": MARKER_FORMAT, "run_id": run_id}))
     except OSError as exc:
         raise OutputError(f"cannot write output directory {root}: {exc.strerror or exc}") from None

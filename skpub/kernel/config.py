@@ -305,9 +305,10 @@ def deployment_changes(recorded: Any, wanted: Any, path: str = "") -> list[str]:
     if recorded == wanted:
         return []
     if path.rsplit(".", 1)[-1] == "vocabulary_digest":
+        short = [f"{d[:16]}..." if isinstance(d, str) else "none" for d in (recorded, wanted)]
         return [
-            f"{path}: the vocabulary file's content is not the one recorded (SHA-256 recorded "
-            f"{_shown(recorded, 20)}, now {_shown(wanted, 20)}: the file was edited since)"
+            f"{path}: the vocabulary file's content is not the one recorded (SHA-256 recorded {short[0]}, "
+            f"now {short[1]}): give the vocabulary file the run began with"
         ]
     return [f"{path or 'deployment'}: recorded {_shown(recorded)}, now {_shown(wanted)}"]
 

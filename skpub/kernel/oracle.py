@@ -51,15 +51,16 @@ TOLERANCE = 1e-9
 class OracleResult:
     """Deliveries, snapshots and dead letters as the output dictionaries of SEMANTICS section 5.
 
-    ``marks[i]`` is how many deliveries lines ``0..i`` made: the deliveries
-    of lines ``a..b`` (a micro-batch) are ``deliveries[marks[a - 1]:marks[b]]``
-    (``marks[-1]`` read as 0), so a test compares results at batch boundaries.
+    ``delivered_after[i]`` is how many deliveries lines ``0..i`` made: the
+    deliveries of lines ``a..b`` (a micro-batch) are
+    ``deliveries[delivered_after[a - 1]:delivered_after[b]]`` (0 for ``a = 0``),
+    so a test compares results at batch boundaries.
     """
 
     deliveries: list[dict] = field(default_factory=list)
     dead_letters: list[dict] = field(default_factory=list)
     snapshots: list[dict] = field(default_factory=list)
-    marks: list[int] = field(default_factory=list)
+    delivered_after: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -229,7 +230,7 @@ def replay(lines: Iterable[bytes | str], deployment: Deployment) -> OracleResult
     OracleResult
         Deliveries in stream order (per record: range matches, then each
         topk/knn subscription's exits then enters, subscriptions in
-        registration order), with ``marks`` one per line; snapshots in
+        registration order), with ``delivered_after`` one per line; snapshots in
         stream order.
     """
     result = OracleResult()
@@ -246,7 +247,7 @@ def replay(lines: Iterable[bytes | str], deployment: Deployment) -> OracleResult
         rejection = record if isinstance(record, Rejection) else ids.rejection(record)
         if rejection is not None:
             result.dead_letters.append(dead_letter(raw, rejection))
-            result.marks.append(len(result.deliveries))
+            result.delivered_after.append(len(result.deliveries))
             continue
         ids.accept(record)
         if isinstance(record, ObjectRecord):
@@ -274,7 +275,7 @@ def replay(lines: Iterable[bytes | str], deployment: Deployment) -> OracleResult
                 {"snapshot": record.id, "sub": sid, "results": [[oid, v] for oid, v, _ in sub.result]}
                 for sid, sub in active.items()
             )
-        result.marks.append(len(result.deliveries))
+        result.delivered_after.append(len(result.deliveries))
     return result
 
 

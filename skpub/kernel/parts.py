@@ -2,7 +2,8 @@
 
 ``DIR/<stream>/part-<batch>.jsonl`` or ``part-<batch>-<writer>.jsonl``: one
 file per micro-batch and writer (a Spark parse task ``p<n>``, the sequencer
-``s``, an evaluator ``e<n>``, the driver ``d``), written atomically and named
+``s``, an evaluator ``e<n>``, the driver ``d``; the merge ``m`` on both
+engines), written atomically and named
 by batch id, so a replayed batch rewrites exactly the same files (idempotent
 per batch id). The batch id has :data:`PART_DIGITS` digits, so names sort
 in batch order for any 64-bit id (as Kafka names its segments); skpub
@@ -18,13 +19,14 @@ carry no order (SEMANTICS section 5). Who may create or remove them is
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
 import orjson
 
 from skpub.kernel.messages import Delivery
-from skpub.kernel.storage import BATCH, atomic_write_bytes, own_files
+from skpub.kernel.storage import BATCH, atomic_write_bytes, entries, own_files
 
 STREAMS = ("deliveries", "snapshots", "dead_letters", "statistics", "balancer")
 PART_DIGITS = 20
@@ -77,6 +79,39 @@ def batch_parts(root: str | Path, stream: str, batch_id: int) -> list[Path]:
     return [parts[key] for key in sorted(parts, key=lambda key: (key[1] != ".jsonl", key[1]))]  # one writer's first
 
 
+def rename_eight_digit_parts(root: str | Path) -> int:
+    """Give each part of ``root``'s streams that an older skpub named with eight digits its current name.
+
+    What a run resumed across the upgrade does before it writes, so that
+    its directory sorts by name in batch order again. A part whose current
+    name exists already (a batch written again since) is dropped: the
+    current one replaced it. Regular files only, never through a link;
+    idempotent (a resume killed half-way does the rest the next time).
+    Returns how many parts were renamed or dropped; O(parts).
+
+    Raises
+    ------
+    OSError
+        If a folder cannot be listed, or a part renamed or removed.
+    """
+    done = 0
+    for stream in STREAMS:
+        folder = Path(root) / stream
+        if not folder.is_dir() or folder.is_symlink():
+            continue
+        for path, kind in entries(folder):
+            match = PART_RE.fullmatch(path.name)
+            if kind != "file" or match is None or match["temporary"] or len(match["batch"]) == PART_DIGITS:
+                continue
+            current = part_path(root, stream, int(match["batch"]), match["writer"] or "")
+            if current.exists():
+                path.unlink()
+            else:
+                os.replace(path, current)
+            done += 1
+    return done
+
+
 def write_lines(root: str | Path, stream: str, batch_id: int, data: bytes, writer: str = "") -> None:
     """Write ``data`` (complete JSON lines, UTF-8) as one part file atomically; nothing when empty.
 
@@ -117,11 +152,16 @@ def delivery_lines(deliveries: Iterable[Delivery]) -> bytes:
     return b"".join(out)
 
 
-def read_stream(root: str | Path, stream: str) -> list[dict]:
-    """Read every part file of ``stream`` under ``root`` (skpub's names) in batch order, then writer order."""
-    rows = []
+def read_batches(root: str | Path, stream: str) -> dict[int, list[dict]]:
+    """Read every part file of ``stream`` under ``root`` (skpub's names): each batch's rows in writer order."""
+    batches: dict[int, list[dict]] = {}
     parts = _parts((Path(root) / stream).glob("part-*.jsonl"))
     for key in sorted(parts):
         with parts[key].open(encoding="utf-8") as fh:
-            rows.extend(json.loads(line) for line in fh if line.strip())
-    return rows
+            batches.setdefault(key[0], []).extend(json.loads(line) for line in fh if line.strip())
+    return batches
+
+
+def read_stream(root: str | Path, stream: str) -> list[dict]:
+    """Read every part file of ``stream`` under ``root`` (skpub's names) in batch order, then writer order."""
+    return [row for rows in read_batches(root, stream).values() for row in rows]

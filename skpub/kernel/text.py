@@ -259,6 +259,26 @@ def dnf_matches(dnf: DNF, terms: frozenset[str]) -> bool:
     return any(clause <= terms for clause in dnf)
 
 
+def _vocabulary_bytes(path: str | Path) -> bytes:
+    """Return the bytes of the vocabulary file at ``path``, at most :data:`MAX_VOCABULARY_BYTES` of them.
+
+    Raises
+    ------
+    OSError
+        If it cannot be read.
+    ValueError
+        If it is larger (a regular file is refused unread; a device such as
+        ``/dev/zero``, which never ends, is read no further than the bound).
+    """
+    with Path(path).open("rb") as f:
+        if os.fstat(f.fileno()).st_size > MAX_VOCABULARY_BYTES:
+            raise ValueError(f"larger than {MAX_VOCABULARY_BYTES >> 20} MiB (not a vocabulary file?)")
+        data = f.read(MAX_VOCABULARY_BYTES + 1)
+    if len(data) > MAX_VOCABULARY_BYTES:
+        raise ValueError(f"larger than {MAX_VOCABULARY_BYTES >> 20} MiB (not a vocabulary file?)")
+    return data
+
+
 @dataclass(frozen=True)
 class Vocabulary:
     """Document frequencies of terms (SEMANTICS section 3.2).
@@ -292,12 +312,7 @@ class Vocabulary:
             of that shape.
         """
         try:
-            with Path(path).open("rb") as f:
-                if os.fstat(f.fileno()).st_size > MAX_VOCABULARY_BYTES:  # a regular file: refused unread
-                    raise ValueError(f"larger than {MAX_VOCABULARY_BYTES >> 20} MiB (not a vocabulary file?)")
-                data = f.read(MAX_VOCABULARY_BYTES + 1)  # a device or pipe: read no further than the bound
-            if len(data) > MAX_VOCABULARY_BYTES:
-                raise ValueError(f"larger than {MAX_VOCABULARY_BYTES >> 20} MiB (not a vocabulary file?)")
+            data = _vocabulary_bytes(path)
             raw = json.loads(data.decode("utf-8"))
             n = raw["N"]
             if type(n) is not int or not 1 <= n < 2**53:
@@ -382,19 +397,23 @@ def pin_vocabulary(deployment: Deployment) -> Deployment:
 
     What a driver does before it records the deployment or ships it to its
     tasks, so that every process loading the file checks it has that
-    content (:func:`load_vocabulary`). A deployment that
-    carries a digest already (a recorded one, resumed) keeps it, and the
-    file is checked against it. The file is read anew (not from the
-    process's cache: it may have changed since); O(file size).
+    content (:func:`load_vocabulary`, which also says whether it is a
+    vocabulary). A deployment that carries a digest already (a recorded
+    one, resumed) keeps it, and the file is checked against it. The file is
+    read anew (not from the process's cache: it may have changed since) and
+    hashed, not parsed; O(file size).
 
     Raises
     ------
     ConfigError
-        If the file cannot be read, is not a vocabulary, or is not the content the digest names.
+        If the file cannot be read, or is not the content the digest names.
     """
     if deployment.vocabulary is None:
         return deployment
-    digest = Vocabulary.load(deployment.vocabulary).digest
+    try:
+        digest = hashlib.sha256(_vocabulary_bytes(deployment.vocabulary)).hexdigest()
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"vocabulary file {deployment.vocabulary}: {exc}") from exc
     if deployment.vocabulary_digest not in (None, digest):
         raise ConfigError(mismatch_text(deployment.vocabulary, digest, deployment.vocabulary_digest))
     return dataclasses.replace(deployment, vocabulary_digest=digest)

@@ -656,16 +656,15 @@ class SparkPlane:
         ckpt = Checkpoint(daemon.data / "spark")
         ckpt.check_owned()
         deployment = daemon.deployment
-        daemon.step = "starting Spark"
         self.spark = spark_session(daemon.master, deployment.evaluators, "skpub-serve")
         try:
-            daemon.step = "opening the Spark checkpoint"
+            daemon.starting = "opening the Spark checkpoint"
             manifest = _open_daemon_checkpoint(ckpt, deployment, self.spark, sample)
             files = daemon.ingest.files()
             journal = daemon.batches.files()
             trigger = {"processingTime": f"{max(1, round(daemon.limits.trigger * 1000))} milliseconds"}
             tune_gc()
-            daemon.step = "starting the streaming query"
+            daemon.starting = "starting the streaming query"
             self.query, self.sink = start_query(
                 self.spark, ckpt, self.output, deployment, manifest, self, files, trigger, journal
             )
