@@ -10,8 +10,8 @@ from pathlib import Path
 import httpx
 
 STALL_SECONDS = 300.0
-"""A daemon whose readiness reports no progress for this long is stuck (a restarted Spark daemon, idle, reports a
-step every few seconds; docs/benchmarks.md "Restart to ready")."""
+"""A daemon whose readiness reports no progress for this long is stuck (a restarted Spark daemon moves on within
+seconds idle and within half a minute under load 6: docs/benchmarks.md (g), "Restart to ready")."""
 
 
 PROGRESS = ("phase", "starting", "processed", "committed_batch", "run_batch")
