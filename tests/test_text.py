@@ -30,8 +30,10 @@ _UNICODE_TERMS = st.lists(
     st.one_of(
         st.text(max_size=8),
         st.text(alphabet="a\u0301\u0300e\u00e9\u0130\u0131\u00dfK\u212a\ufb01\u1e9e\u0345\u03a3\u0000", max_size=6),
+        # Hangul jamo compose (L V T), a combining mark or a jamo may start a term: never across the separator
+        st.text(alphabet="\u1100\u1161\u11a8\uac00\u0301\u0345\u0308\u00a8\u3131", max_size=5),
     ),
-    max_size=6,
+    max_size=12,
 )
 
 
