@@ -79,7 +79,9 @@ class CellLoad:
         If ``decay`` is outside (0, 1].
     """
 
-    def __init__(self, size: int, rectangles: list[CellBox], grid_t_block: int, decay: float, kept: bool = True) -> None:
+    def __init__(
+        self, size: int, rectangles: list[CellBox], grid_t_block: int, decay: float, kept: bool = True
+    ) -> None:
         if not 0.0 < decay <= 1.0:
             raise ValueError(f"decay must be in (0, 1], not {decay}")
         self.kept = kept

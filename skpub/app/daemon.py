@@ -885,9 +885,13 @@ def _claim(path: Path, deployment: Deployment) -> Deployment:
         recorded = _read_recorded(path)
         changes = deployment_changes(*(orjson.loads(orjson.dumps(d.to_json())) for d in (recorded, deployment)))
         if changes:
+            advice = (  # an edited vocabulary file is not a value to give: only the file it recorded resumes
+                ""
+                if all(c.startswith("vocabulary_digest:") for c in changes)
+                else "; give the recorded values, or start skpub serve without --config to resume with them"
+            )
             raise ConfigError(
-                f"{path.parent} was created with another deployment ({path}): {changes_text(changes)}; "
-                "give the recorded values, or start skpub serve without --config to resume with them"
+                f"{path.parent} was created with another deployment ({path}): {changes_text(changes)}{advice}"
             )
         # A record older than vocabulary digests is read as it was; this process's tasks still check the file.
         return recorded.replace(vocabulary_digest=deployment.vocabulary_digest)
