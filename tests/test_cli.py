@@ -127,6 +127,7 @@ def test_workload_command_writes_stream_and_vocabulary(tmp_path, capsys):
     assert sum(1 for _ in (tmp_path / "stream.jsonl").open()) >= 220
 
 
+@pytest.mark.slow
 def test_default_run_shows_all_three_kinds(tmp_path, capsys):
     """Without --input the GeoNames default runs with its window: range matches and topk/knn events."""
     out = tmp_path / "out"

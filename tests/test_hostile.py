@@ -36,6 +36,7 @@ from skpub.kernel.records import REASONS, DeadLetter, RangeSubscription, parse_l
 from skpub.kernel.text import dnf_matches, parse_expression
 from tests.hostile import ACCEPTED, HOSTILE_LINES, MAX_RECORD_BYTES
 from tests.profiles import TOO_SLOW, examples
+from tests.tiers import grid
 from tests.workloads import SPACE, assert_outputs_equal_oracle, deployment, random_workload, ranked_workload
 
 OUTCOMES = frozenset(REASONS) - {"internal_error"}
@@ -583,8 +584,14 @@ def test_local_engine_accounts_for_random_lines_exactly_once(noise, batch_size, 
         assert_run_is_exact(Path(tmp) / "out", summary, lines, dep, expected)
 
 
-@pytest.mark.parametrize("batch_size", [1, 4])
-@pytest.mark.parametrize("fault", ["dropped", "extra", "late event", "late match"])
+@pytest.mark.parametrize(
+    ("fault", "batch_size"),
+    grid(
+        ["dropped", "extra", "late event", "late match"],
+        [1, 4],
+        fast={("dropped", 1), ("extra", 4), ("late event", 4), ("late match", 4)},
+    ),
+)
 def test_the_exactness_check_catches_a_dropped_an_extra_or_a_late_delivery(tmp_path, batch_size, fault):
     """The check of the runs above is not blind: a correct run's output with one topk/knn event dropped or doubled,
     or one event or range match moved into the next batch, fails it.

@@ -19,7 +19,7 @@ from skpub.kernel.oracle import _ranked
 from skpub.kernel.parts import read_stream
 from skpub.kernel.records import ObjectRecord
 from tests.profiles import examples
-from tests.tiers import case_id, grid
+from tests.tiers import case_id, grid, tiered
 from tests.workloads import assert_outputs_equal_oracle, deployment, ranked_workload, results_from_events, write_lines
 
 WINDOWS = [Window(), Window("count", 30), Window("seconds", 15)]
@@ -216,7 +216,7 @@ def test_both_routers_and_near_tie_chains_equal_the_oracle(tmp_path, router):
     assert_outputs_equal_oracle(run(tmp_path, lines, dep), lines, dep, exact_events=False)
 
 
-@pytest.mark.parametrize(("evaluators", "batch_size"), [(1, 1), (3, 1), (4, 9)])
+@pytest.mark.parametrize(("evaluators", "batch_size"), tiered([(1, 1), (3, 1), (4, 9)], fast={(4, 9)}))
 def test_ids_recurring_after_the_horizon_are_new_objects_in_ranked_results(tmp_path, evaluators, batch_size):
     """Object ids cycle through 8 values with a horizon of 6 and a window of 30: one result can hold several objects
     of one id, told apart by position, in snapshots and (one record per batch) in every event."""
