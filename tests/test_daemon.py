@@ -1027,7 +1027,7 @@ def test_readiness_reports_the_phase_and_the_progress_a_client_waits_on(tmp_path
     ran, so a client waits while they move instead of on a fixed clock: a restart replaying journaled batches
     moves ``run_batch``; it is not ready before its data plane runs, even with nothing to process."""
     lines = [line.encode() for line in random_workload(seed=53, n=200, invalid=False)]
-    dep = deployment(evaluators=2, batch_size=20)
+    dep = deployment(evaluators=2, batch_size=8)
     data = tmp_path / "data"
     daemon = Daemon(data, dep, Limits(trigger=0.01, checkpoint_seconds=3600.0))
     client = TestClient(create_app(daemon, None))
@@ -1041,7 +1041,7 @@ def test_readiness_reports_the_phase_and_the_progress_a_client_waits_on(tmp_path
         daemon.stopping.wait(0.01)
     reply = client.get("/readyz")
     last = daemon.committed_batch
-    assert reply.status_code == 200 and last >= 9  # 200 lines in batches of at most 20
+    assert reply.status_code == 200 and last >= 24  # 200 lines in batches of at most 8: a replay of 25 batches
     assert reply.json() == {"ready": True, "phase": "running", "starting": None, "acknowledged": 200, "processed": 200,
                             "committed_batch": last, "run_batch": last}  # fmt: skip
     daemon.stop()
