@@ -160,3 +160,26 @@ def test_a_run_killed_after_a_transfer_batch_commits_resumes_exactly(tmp_path):
     dep = chaos(deployment(evaluators=3, batch_size=50), seed=4)
     assert_outputs_equal_oracle(out, lines, dep)
     assert operation_log(out) == operation_log(run_local_too(tmp_path, lines, dep))
+
+
+@pytest.mark.slow
+def test_the_drivers_balancer_step_is_counted_once_in_the_stage_cpu(spark, tmp_path, monkeypatch):
+    """On Spark the driver's balancer step is the ``balancer`` stage, not also part of ``sink`` (the summary's
+    serial fraction sums the stages): a step made to spend 0.3 s of CPU a batch shows in the one, not the other."""
+    from skpub.app.engines import spark as spark_engine
+
+    real = spark_engine.Sink._balance
+
+    def slow_balance(self, batch_id, counters, report):  # noqa: ANN001, ANN202
+        start = time.thread_time()
+        while time.thread_time() - start < 0.3:
+            pass
+        return real(self, batch_id, counters, report)
+
+    monkeypatch.setattr(spark_engine.Sink, "_balance", slow_balance)
+    lines = random_workload(seed=61, n=120, invalid=False)
+    _, summary = run(spark, tmp_path, lines, chaos(deployment(evaluators=3, batch_size=40), seed=1))
+    batches = summary.batches
+    assert batches == 3
+    assert summary.stage_cpu["balancer"] >= 0.3 * batches
+    assert summary.stage_cpu["sink"] < 0.3 * batches / 2, summary.stage_cpu

@@ -295,7 +295,11 @@ class Sink:
             state_writes=sum(c["state_cpu_seconds"] for c in counters),
             evaluators=sum(c["cpu_seconds"] for c in counters),
             merge=merge_seconds,
-            sink=sum(c["sink_cpu_seconds"] for c in counters) + time.thread_time() - start - merge_seconds,
+            sink=sum(c["sink_cpu_seconds"] for c in counters)
+            + time.thread_time()
+            - start
+            - merge_seconds
+            - report.stage_cpu["balancer"],  # the driver's balancer step is its own stage, counted once
         )
         self.observer.on_batch(report)
 
