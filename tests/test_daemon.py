@@ -837,26 +837,18 @@ def test_a_recorded_deployment_without_an_added_key_reads_as_the_skpub_before_it
         assert recorded_json(odd) == odd
 
 
-@pytest.mark.parametrize("opener", ["daemon", "run"])
-def test_a_spark_manifest_written_before_an_added_key_resumes_with_the_earlier_behaviour(tmp_path, opener):
-    """The Spark checkpoint's manifest (the daemon's, and ``skpub run --checkpoint``'s) is compared as recorded: a
-    deployment written before ``object_cost`` resumes with 1 (what that run counted), and one with the new default
-    is refused, recorded 1, now 10; no Spark session is needed to resume."""
-    import dataclasses
-
+def spark_manifest(tmp_path, opener: str, recorded: dict):
+    """Write a Spark checkpoint whose manifest records deployment JSON ``recorded``, as the daemon (``opener``
+    ``daemon``) or ``skpub run --checkpoint`` (``run``) writes it; return the manifest and its opener, which
+    resumes it with a deployment (no Spark session is needed to resume)."""
     from skpub.app.checkpoint import Checkpoint
     from skpub.app.engines.spark import MANIFEST_FORMAT, _input_fingerprint, _open_checkpoint, _open_daemon_checkpoint
     from skpub.app.output import claim_output
     from skpub.app.summary import RunObserver, RunSummary
-    from skpub.kernel.errors import CheckpointError
 
-    now = deployment(evaluators=2)
-    old = now.to_json()
-    del old["balancer"]["object_cost"]
-    then = now.replace(balancer=dataclasses.replace(now.balancer, object_cost=1))
     ckpt = Checkpoint(tmp_path / "checkpoint")
     ckpt.create()
-    manifest = {"format": MANIFEST_FORMAT, "deployment": old, "run_id": "r"}
+    manifest = {"format": MANIFEST_FORMAT, "deployment": recorded, "run_id": "r"}
     if opener == "daemon":
         manifest["daemon"] = True
         open_ = lambda dep: _open_daemon_checkpoint(ckpt, dep, None, list)  # noqa: E731
@@ -865,9 +857,26 @@ def test_a_spark_manifest_written_before_an_added_key_resumes_with_the_earlier_b
         source.write_text('{"type": "object", "id": "o", "x": 1, "y": 1, "terms": ["a"]}\n')
         claim_output(out, "r", False)
         manifest |= {"input": _input_fingerprint(source), "output": str(out)}
-        observer = RunObserver(RunSummary("spark", now.router, now.evaluators), stream=None)
+        observer = RunObserver(RunSummary("spark", "agrid", 2), stream=None)
         open_ = lambda dep: _open_checkpoint(ckpt, source, dep, out, None, observer, False)  # noqa: E731
     ckpt.manifest.write_text(json.dumps(manifest))
+    return ckpt, manifest, open_
+
+
+@pytest.mark.parametrize("opener", ["daemon", "run"])
+def test_a_spark_manifest_written_before_an_added_key_resumes_with_the_earlier_behaviour(tmp_path, opener):
+    """The Spark checkpoint's manifest (the daemon's, and ``skpub run --checkpoint``'s) is compared as recorded: a
+    deployment written before ``object_cost`` resumes with 1 (what that run counted), and one with the new default
+    is refused, recorded 1, now 10; no Spark session is needed to resume."""
+    import dataclasses
+
+    from skpub.kernel.errors import CheckpointError
+
+    now = deployment(evaluators=2)
+    old = now.to_json()
+    del old["balancer"]["object_cost"]
+    then = now.replace(balancer=dataclasses.replace(now.balancer, object_cost=1))
+    _, manifest, open_ = spark_manifest(tmp_path, opener, old)
     assert open_(then) == manifest
     with pytest.raises(CheckpointError, match=r"balancer\.object_cost: recorded 1, now 10"):
         open_(now)
@@ -914,9 +923,6 @@ def test_a_spark_manifest_refuses_a_vocabulary_edited_since_and_every_task_check
     """The Spark checkpoint's manifest records the vocabulary's SHA-256 (a manifest without one resumes as
     before), and a task loading the file on any host checks it: an evaluator restored over an edited file, or a
     file that differs on its host, refuses with a sentence instead of choosing other least frequent keywords."""
-    from skpub.app.checkpoint import Checkpoint
-    from skpub.app.engines.spark import MANIFEST_FORMAT, _input_fingerprint, _open_checkpoint, _open_daemon_checkpoint
-    from skpub.app.output import claim_output
     from skpub.evaluators.state import restore_evaluator
     from skpub.kernel.errors import CheckpointError
     from skpub.kernel.text import load_vocabulary, pin_vocabulary
@@ -926,20 +932,7 @@ def test_a_spark_manifest_refuses_a_vocabulary_edited_since_and_every_task_check
     original = words.read_bytes()
     then = pin_vocabulary(deployment(evaluators=2).replace(vocabulary=str(words)))
     assert then.vocabulary_digest == recorded_digest(original)
-    ckpt = Checkpoint(tmp_path / "checkpoint")
-    ckpt.create()
-    manifest = {"format": MANIFEST_FORMAT, "deployment": json.loads(json.dumps(then.to_json())), "run_id": "r"}
-    if opener == "daemon":
-        manifest["daemon"] = True
-        open_ = lambda dep: _open_daemon_checkpoint(ckpt, dep, None, list)  # noqa: E731
-    else:
-        source, out = tmp_path / "in.jsonl", tmp_path / "out"
-        source.write_text('{"type": "object", "id": "o", "x": 1, "y": 1, "terms": ["a"]}\n')
-        claim_output(out, "r", False)
-        manifest |= {"input": _input_fingerprint(source), "output": str(out)}
-        observer = RunObserver(RunSummary("spark", then.router, then.evaluators), stream=None)
-        open_ = lambda dep: _open_checkpoint(ckpt, source, dep, out, None, observer, False)  # noqa: E731
-    ckpt.manifest.write_text(json.dumps(manifest))
+    ckpt, manifest, open_ = spark_manifest(tmp_path, opener, json.loads(json.dumps(then.to_json())))
     assert open_(then) == manifest
     words.write_text('{"N": 100, "df": {"cafe": 2, "jazz": 40}}')
     now = pin_vocabulary(deployment(evaluators=2).replace(vocabulary=str(words)))
