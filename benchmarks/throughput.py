@@ -22,9 +22,12 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+
 from skpub.app.engines.local import run_local
 from skpub.app.summary import RunObserver, RunSummary
-from skpub.evaluators.gi2 import GI2Index
+from skpub.evaluators.gi2 import GI2Index, ObjectBatch
 from skpub.kernel.config import Deployment
 from skpub.kernel.grid import FineGrid
 from skpub.kernel.inputs import iter_lines
@@ -47,14 +50,21 @@ def matching_rate(stream: Path, deployment: Deployment) -> tuple[float, int, int
         if isinstance(record, RangeSubscription):
             index.insert(record, grid.cell_box(record.rect))
         elif isinstance(record, Unsubscribe):
-            index.delete(record.id)
+            index.delete(record.id, record.pos)
         elif isinstance(record, ObjectRecord):
-            objects.append((record, *grid.cell_of(record.x, record.y)))
-    match_one = index.match_one
+            objects.append(record)
+    cells = [grid.cell_of(o.x, o.y) for o in objects]
+    batch = ObjectBatch(
+        np.array([o.pos for o in objects], dtype=np.int64),
+        np.array([o.x for o in objects]),
+        np.array([o.y for o in objects]),
+        np.array([c[0] for c in cells], dtype=np.int64),
+        np.array([c[1] for c in cells], dtype=np.int64),
+        pa.array([list(o.terms) for o in objects], pa.list_(pa.string())),
+    )
     tune_gc()
     start = time.thread_time()
-    for obj, cx, cy in objects:
-        match_one(obj, cx, cy)
+    index.match_batch(batch)
     return len(objects) / (time.thread_time() - start), len(objects), len(index)
 
 

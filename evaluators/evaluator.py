@@ -1,8 +1,9 @@
 """The evaluator core: one evaluator's subscriptions, matching and statistics.
 
 Engine-free: the local engine calls it directly and the Spark stateful
-processor hosts it inside an executor. Records arrive as
-:class:`skpub.kernel.messages.Routed` rows in stream order.
+processor hosts it inside an executor. A micro-batch arrives as one Arrow
+table of routed rows (:data:`~skpub.kernel.wire.ROUTED_SCHEMA`) in stream
+order; objects stay columns (:meth:`Evaluator.apply_rows`).
 
 State is kept per *state block* (:data:`~skpub.evaluators.window.STATE_BLOCK` squared fine cells,
 keyed by the block of the subscription's first cell in this evaluator), so a
@@ -14,16 +15,19 @@ the blocks and rebuilt from them after a restart.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from skpub.evaluators.durable import state_document, state_rows
 from skpub.evaluators.errors import EvaluatorError
-from skpub.evaluators.gi2 import GI2Index
+from skpub.evaluators.gi2 import GI2Index, ObjectBatch
 from skpub.evaluators.load import CellLoad
 from skpub.evaluators.monitor import RankedMonitor
 from skpub.evaluators.stats import CellCostStats
@@ -31,7 +35,7 @@ from skpub.evaluators.window import block_of
 from skpub.kernel.config import Deployment
 from skpub.kernel.grid import CellBox, meets_any, union_boxes
 from skpub.kernel.load import LoadSummary, grid_t_block
-from skpub.kernel.messages import Delivery, Mark, RankedUpdate, Routed
+from skpub.kernel.messages import Delivery, Mark, RankedUpdate
 from skpub.kernel.records import (
     DeadLetter,
     KnnSubscription,
@@ -45,6 +49,7 @@ from skpub.kernel.records import (
 )
 from skpub.kernel.text import Vocabulary, hashed_evaluator
 from skpub.kernel.transfer import Carried, Handoff, Move, TransferPlan
+from skpub.kernel.wire import OBJECT, SUBSCRIBE, from_columns, table_columns
 
 
 @dataclass
@@ -95,47 +100,64 @@ class Evaluator:
         """Number of live subscriptions held (range and ranked)."""
         return len(self.state_block_of) + len(self.monitor)
 
-    def apply_many(self, rows: Iterable[Routed], batch_id: int) -> EvaluatorBatch:
-        """Apply one micro-batch's rows, in stream order.
+    def apply_rows(self, rows: pa.Table, batch_id: int) -> EvaluatorBatch:
+        """Apply one micro-batch's routed rows (:data:`~skpub.kernel.wire.ROUTED_SCHEMA`, stream order).
+
+        ``rows`` are this evaluator's by how the engine split them (its table,
+        its file); their ``evaluator`` column (an index, or a Spark grouping
+        key) is not read.
+
+        Objects stay columns (issue 43, "Evaluators take columns"): the batch's
+        objects are range-matched in one :meth:`GI2Index.match_batch` pass,
+        each against the subscriptions live at its position, and become
+        records only when the ranked monitor needs them (a window to keep,
+        or a window-none top-k/kNN subscription to score). The other rows
+        (subscription changes, marks: few) become records
+        (:func:`~skpub.kernel.wire.from_columns`) and are applied in stream
+        order, with those objects.
 
         Returns
         -------
         EvaluatorBatch
             Deliveries ``(pos, sub, obj)`` in stream order, the batch's cell
-            costs and this evaluator's thread CPU time, seconds.
+            costs and this evaluator's thread CPU time, seconds (the
+            conversion from columns included).
 
-            A row that fails (a bug: not for this evaluator, an unknown record
-            type, an unexpected exception) becomes an ``internal_error`` dead
+            A row that fails (a bug: an unknown record type, an unexpected
+            exception) becomes an ``internal_error`` dead
             letter whose ``line`` names the record (evaluators never see the
-            raw line), and the batch goes on.
+            raw line), and the batch goes on; should matching the objects in
+            bulk fail, each is matched alone, so only those that fail are lost.
         """
         start = time.thread_time()
         out = EvaluatorBatch(self.evaluator_id)
-        deliveries, stats, size, object_cost = out.deliveries, out.stats, self.grid_size, self.object_cost
-        match_one, monitor = self.index.match_one, self.monitor
+        monitor = self.monitor
         refills, refill_scored, fills = monitor.stats.refills, monitor.stats.refill_scored, monitor.stats.fills
         refill_cpu_seconds = monitor.stats.refill_cpu_seconds
-        for row in rows:
+        rows = rows.combine_chunks()
+        kind = rows.column("kind").to_numpy()
+        is_object = kind == OBJECT
+        records = ~is_object
+        if self._monitor_sees_objects(rows, kind):
+            records |= is_object & pc.fill_null(rows.column("window"), True).to_numpy(zero_copy_only=False)
+        objects = rows.filter(pa.array(is_object))
+        scored = np.zeros(objects.num_rows, np.int64)  # the monitor's work per object
+        at = {pos: i for i, pos in enumerate(objects.column("pos").to_pylist())} if records.any() else {}
+        for row in from_columns(table_columns(rows.filter(pa.array(records))), self.evaluator_id):
             record = row.record
             try:
-                if row.evaluator != self.evaluator_id:
-                    raise EvaluatorError(f"row for evaluator {row.evaluator} reached {self.evaluator_id}")
                 monitor.advance(row.accepted, row.watermark)
                 if isinstance(record, ObjectRecord):
-                    cx, cy = row.cells[0], row.cells[1]
-                    matched, examined = match_one(record, cx, cy, row.only)
-                    if row.window:
-                        examined += monitor.add_object(record, row.accepted - 1, block_of(cx, cy))
-                    stats.add(cy * size + cx, cx, cy, object_cost + examined)
-                    if matched:
-                        deliveries.extend((record.pos, sid, record.id) for sid in matched)
+                    scored[at[record.pos]] = monitor.add_object(
+                        record, row.accepted - 1, block_of(row.cells[0], row.cells[1])
+                    )
                 elif isinstance(record, RangeSubscription):
                     self._insert(record, row.cells)
                 elif isinstance(record, TopkSubscription | KnnSubscription):
                     monitor.subscribe(record)
                 elif isinstance(record, Unsubscribe):
                     if not monitor.unsubscribe(record.id, record.pos):
-                        self._delete(record.id)
+                        self._delete(record.id, record.pos)
                 elif isinstance(record, SnapshotMarker | Mark):
                     updates, failed = monitor.mark(record.pos)
                     out.updates.extend(updates)
@@ -145,6 +167,13 @@ class Evaluator:
                     raise EvaluatorError(f"evaluator cannot apply {type(record).__name__}")
             except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
                 out.dead_letters.append(DeadLetter.internal_error(record.pos, _describe(record), exc))
+        if rows.num_rows:
+            monitor.advance(rows.column("accepted")[-1].as_py(), _clock(rows.column("watermark")[-1].as_py()))
+        # after the loop, which indexed the batch's subscriptions: each object meets those live at its position
+        examined = self._match(objects, out) + scored
+        self.index.end_batch()
+        cx, cy = (objects.column(name).to_numpy().astype(np.int64) for name in ("cx0", "cy0"))
+        out.stats.add_many(cx, cy, self.object_cost + examined, self.grid_size)
         out.stats.reevaluations = monitor.stats.refills - refills
         out.stats.reevaluated = monitor.stats.refill_scored - refill_scored
         out.stats.reevaluation_cpu_seconds = monitor.stats.refill_cpu_seconds - refill_cpu_seconds
@@ -152,6 +181,53 @@ class Evaluator:
         self.load.add_costs(out.stats.cells)
         out.cpu_seconds = time.thread_time() - start
         return out
+
+    def _monitor_sees_objects(self, rows: pa.Table, kind: np.ndarray) -> bool:
+        """Whether this batch's objects may change the ranked monitor: a window kept, or a ranked subscription.
+
+        With window none an object is kept only when a top-k/kNN subscription
+        shares a term with it (:meth:`RankedMonitor.add_object`), so none needs
+        to become a record while the monitor holds none and the batch brings none.
+        """
+        if not self.monitor.window_none or len(self.monitor):
+            return True
+        subscribes = kind == SUBSCRIBE
+        specs = rows.filter(pa.array(subscribes)).column("spec")
+        return specs.null_count < np.count_nonzero(subscribes)  # a topk or knn subscribe travels with its spec
+
+    def _match(self, objects: pa.Table, out: EvaluatorBatch) -> np.ndarray:
+        """Range-match ``objects`` (routed object rows), adding deliveries to ``out``; return candidates per row.
+
+        In bulk, or, should that fail, one object at a time (one that fails
+        becomes an ``internal_error`` dead letter, SEMANTICS 1).
+        """
+        n = objects.num_rows
+        if not n:
+            return np.zeros(0, np.int64)
+        try:
+            found = self.index.match_batch(object_batch(objects))
+        except Exception:  # noqa: BLE001 - matched one by one below
+            return self._match_one_by_one(objects, out)
+        ids = objects.column("id").to_pylist()
+        pos = objects.column("pos").to_numpy()
+        rows = found.rows.tolist()
+        out.deliveries.extend(zip(pos[found.rows].tolist(), found.sids, [ids[r] for r in rows], strict=True))
+        return found.examined
+
+    def _match_one_by_one(self, objects: pa.Table, out: EvaluatorBatch) -> np.ndarray:
+        examined = np.zeros(objects.num_rows, np.int64)
+        for r in range(objects.num_rows):
+            one = objects.slice(r, 1)
+            try:
+                found = self.index.match_batch(object_batch(one))
+            except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
+                (routed,) = from_columns(table_columns(one), self.evaluator_id)
+                out.dead_letters.append(DeadLetter.internal_error(routed.record.pos, _describe(routed.record), exc))
+                continue
+            oid, pos = one.column("id")[0].as_py(), one.column("pos")[0].as_py()
+            out.deliveries.extend((pos, sid, oid) for sid in found.sids)
+            examined[r] = found.examined[0]
+        return examined
 
     def _insert(self, sub: RangeSubscription, box: CellBox) -> None:
         self._file(sub, box)
@@ -348,11 +424,11 @@ class Evaluator:
         meets = meets_any(boxes, np.array(list(rectangles), dtype=np.int64).reshape(-1, 4))
         return [sid for sid, met in zip(held, meets.tolist(), strict=True) if not met]
 
-    def _delete(self, sub_id: str) -> None:
+    def _delete(self, sub_id: str, pos: int) -> None:
         if sub_id not in self.state_block_of:
             raise EvaluatorError(f"unsubscribe of {sub_id!r}, which evaluator {self.evaluator_id} does not hold")
         self._unfile(sub_id)
-        self.index.delete(sub_id)
+        self.index.delete(sub_id, pos)
         self.load.remove_subscription(sub_id)
 
     def take_dirty_blocks(self) -> dict[int, bytes | None]:
@@ -400,6 +476,25 @@ class Evaluator:
         except ValueError as exc:
             raise EvaluatorError(str(exc)) from None
         return ev
+
+
+def object_batch(objects: pa.Table) -> ObjectBatch:
+    """Return routed object rows (one chunk each column) as the :class:`~skpub.evaluators.gi2.ObjectBatch` GI^2 reads."""
+    only = objects.column("only").combine_chunks()
+    return ObjectBatch(
+        objects.column("pos").to_numpy(),
+        objects.column("x").to_numpy(),
+        objects.column("y").to_numpy(),
+        objects.column("cx0").to_numpy().astype(np.int64),
+        objects.column("cy0").to_numpy().astype(np.int64),
+        objects.column("terms").combine_chunks(),
+        None if only.null_count == len(only) else only,
+    )
+
+
+def _clock(watermark: float | None) -> float:
+    """The watermark of a row as the monitor takes it: NaN when unset."""
+    return math.nan if watermark is None else watermark
 
 
 def _describe(record: object) -> str:

@@ -1,47 +1,192 @@
-"""GI^2, the Grid-Inverted-Index for boolean range subscriptions (PS2Stream section IV-C).
+"""GI^2, the Grid-Inverted-Index for boolean range subscriptions (PS2Stream section IV-C), as arrays.
 
-The evaluator's cells (blocks of ``index_block x index_block`` fine cells) each hold an
-inverted index ``keyword -> [entries]``. A subscription is appended, in every
-index cell its rectangle ∩ partition overlaps, to the list of the least
-frequent keyword of each of its DNF clauses (so an OR expression has one
-entry per clause). An object looks up only its own index cell and only the
-lists of its own terms, then checks the exact rectangle and expression.
+PS2Stream's structure: the evaluator's cells (blocks of ``index_block x
+index_block`` fine cells) each hold an inverted index ``keyword -> [entries]``.
+A subscription is entered, in every index cell its rectangle ∩ partition
+overlaps, in the list of the least frequent keyword of each of its DNF
+clauses (so an OR expression has one entry per clause keyword). An object
+looks up only its own index cell and only the lists of its own terms, then
+the exact rectangle and expression are checked.
 
-Deletion is lazy (PS2Stream IV-C): an unsubscribed id goes into a set and its
-entries are dropped when a scan meets them; when deleted ids exceed half the
-live ones, the whole index is compacted so memory stays O(live entries).
+Here the lists are flat arrays (issue 43, "GI^2 as arrays"), so a whole
+micro-batch of objects is matched by a fixed number of numpy passes rather
+than a Python step per (object, candidate) pair:
+
+- *Term ids.* Each index numbers the terms of the subscriptions it holds
+  (``term_ids``, dense ints in arrival order). An object's terms are mapped
+  through it by exact string equality once per batch (Arrow dictionary
+  encoding, then one dict lookup per distinct term), so a term id never
+  stands for two strings and no hash collision can change a result. The
+  ids are this index's own: they never leave the process, and a restore
+  numbers the terms anew (DESIGN "Term ids are per index").
+- *Postings.* One ``int64`` key per list entry, ``cell << 32 | term id``
+  (``cell`` the index cell, ``gy * 2**15 + gx``, or :data:`_WIDE`), with the
+  subscription's slot beside it; kept sorted in a main array and a smaller
+  delta array, merged when the delta grows past a fraction of the main one
+  (a log-structured merge, so an insert costs O(its entries) amortized and a
+  batch's inserts one sort). A new subscription and its entries wait in
+  Python lists (:class:`_Pending`) until the next lookup turns them into
+  arrays at once: an insert costs a few list appends.
+- *Subscriptions.* One slot per indexed subscription: rectangle (``float64``),
+  the stream positions it is live between (``born`` its subscribe,
+  ``died`` its unsubscribe), and its clauses as term-id runs.
+- *Matching a batch* (:meth:`GI2Index.match_batch`): the objects' ``(row,
+  term)`` pairs become keys, ``searchsorted`` finds each key's entries, and
+  the candidates (Tornado's ``q_l``) are those live at the object's
+  position; the rectangle test and the clause test (every term of some
+  clause among the object's terms, by a ``searchsorted`` over the sorted
+  ``(row, term)`` keys) run on the candidate arrays. Liveness by position is
+  what lets one pass serve a batch in which subscriptions arrive and leave
+  between objects: a subscription matches the objects after its subscribe
+  and before its unsubscribe, as SEMANTICS section 3 says.
+
+Deletion is lazy (PS2Stream IV-C): an unsubscribed or moved-away slot stays
+until dead slots outnumber live ones (and :data:`COMPACT_MIN_DELETED`); then
+:meth:`GI2Index.compact` drops them, renumbers the slots and the terms, so
+memory stays O(live entries).
 
 A *wide* subscription, one that would need more than ``WIDE_ENTRIES``
 entries (index cells covered x clause keywords), is not copied into each
-cell: it goes to one evaluator-wide inverted list that every object of the
-evaluator consults, so no subscription costs more than ``WIDE_ENTRIES``
+cell: its entries go to the evaluator-wide cell :data:`_WIDE` that every
+object also looks up, so no subscription costs more than ``WIDE_ENTRIES``
 entries however large its rectangle (a whole-space rectangle with 256
 clauses would otherwise write 62,500 x 256). The bound is on entries, not
-cells, so ordinary rectangles with a few keywords stay in their cells and
-objects far from them never examine them.
+cells, so ordinary rectangles with a few keywords stay in their cells.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from skpub.kernel.grid import CellBox
-from skpub.kernel.records import ObjectRecord, RangeSubscription
+from skpub.kernel.records import RangeSubscription
 from skpub.kernel.text import Vocabulary
 
-_ROW = 1 << 20
 COMPACT_MIN_DELETED = 1024
 WIDE_ENTRIES = 65_536
+SIDE = 1 << 15
+"""Index cells per side a cell key can name: a deployment needs ``grid_size // index_block < SIDE``."""
+_WIDE = SIDE * SIDE
+_LOW = (1 << 32) - 1
+_NEVER = np.iinfo(np.int64).max
+_DELTA_MIN = 1 << 16
 
-Entry = tuple
-"""``(sub_id, xmin, ymin, xmax, ymax, dnf, multi_clause)``."""
+
+@dataclass
+class ObjectBatch:
+    """The objects of one micro-batch as the index reads them, row ``i`` one object, in stream order.
+
+    Attributes
+    ----------
+    pos : ndarray, shape (n,), int64
+        Stream positions, ascending.
+    x, y : ndarray, shape (n,), float64
+        Coordinates, space units.
+    cx, cy : ndarray, shape (n,), int64
+        Fine cells.
+    terms : pyarrow list array of strings, length n
+        Normalized terms (repeats allowed).
+    only : pyarrow list array of strings, length n, or None
+        Per row, null (every term) or the terms this evaluator answers for
+        (an object of a text-partitioned rectangle, PS2Stream IV-C).
+    """
+
+    pos: np.ndarray
+    x: np.ndarray
+    y: np.ndarray
+    cx: np.ndarray
+    cy: np.ndarray
+    terms: pa.Array
+    only: pa.Array | None = None
+
+    def __len__(self) -> int:
+        return len(self.pos)
 
 
-def _entry(sub: RangeSubscription) -> Entry:
-    """Return ``sub``'s index entry (:data:`Entry`)."""
-    r = sub.rect
-    return (sub.id, r.xmin, r.ymin, r.xmax, r.ymax, sub.dnf, len(sub.dnf) > 1)
+@dataclass
+class BatchMatches:
+    """What :meth:`GI2Index.match_batch` found.
+
+    ``rows`` (ndarray, int64) and ``sids`` (list of str) are the matches
+    ``(object row, subscription id)``, ordered by row, then id (code-point
+    order, so a replay writes the same bytes); ``examined`` (ndarray, shape
+    (n,), int64) the candidates of each object, ``q_l`` of Tornado
+    equation 1.
+    """
+
+    rows: np.ndarray
+    sids: list[str]
+    examined: np.ndarray
+
+
+@dataclass
+class _Pending:
+    """Subscriptions inserted since the last lookup, as Python lists (slot ``first + i`` is row ``i``)."""
+
+    first: int = 0
+    rects: list = field(default_factory=list)
+    born: list = field(default_factory=list)
+    died: list = field(default_factory=list)
+    trivial: list = field(default_factory=list)
+    clauses: list = field(default_factory=list)  # per slot: its clause count
+    clause_lengths: list = field(default_factory=list)
+    terms: list = field(default_factory=list)
+    keys: list = field(default_factory=list)  # entries of new and widened slots
+    slots: list = field(default_factory=list)
+
+
+class _Grow:
+    """A numpy array that grows geometrically: ``values[:n]`` is the content."""
+
+    def __init__(self, dtype: type, width: int = 0) -> None:
+        self.values = np.empty((16, width) if width else 16, dtype=dtype)
+        self.n = 0
+
+    def extend(self, values: np.ndarray | list) -> None:
+        values = np.asarray(values, dtype=self.values.dtype)
+        end = self.n + len(values)
+        if end > len(self.values):
+            grown = np.empty((max(end, 2 * len(self.values)), *self.values.shape[1:]), dtype=self.values.dtype)
+            grown[: self.n] = self.values[: self.n]
+            self.values = grown
+        self.values[self.n : end] = values
+        self.n = end
+
+    @property
+    def view(self) -> np.ndarray:
+        return self.values[: self.n]
+
+    def replace(self, values: np.ndarray) -> None:
+        self.values, self.n = np.array(values, dtype=self.values.dtype), len(values)
+
+
+def _expand(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(owner, index)``: for each ``i``, every ``index`` in ``range(lo[i], hi[i])`` with ``owner`` ``i``."""
+    lengths = hi - lo
+    owner = np.repeat(np.arange(len(lo)), lengths)
+    starts = np.cumsum(lengths) - lengths
+    return owner, np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(starts - lo, lengths)
+
+
+def _member(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
+    """Return, per element of ``keys``, whether it is in the ascending array ``sorted_keys``."""
+    if not len(sorted_keys):
+        return np.zeros(len(keys), dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    return sorted_keys[at] == keys
+
+
+def _merge(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Merge two key-sorted ``(keys, slots)`` runs (a stable sort of two runs: O(n) in timsort)."""
+    keys = np.concatenate([a[0], b[0]])
+    order = np.argsort(keys, kind="stable")
+    return keys[order], np.concatenate([a[1], b[1]])[order]
 
 
 class GI2Index:
@@ -53,25 +198,53 @@ class GI2Index:
         Fine cells per side of one index cell.
     vocabulary : Vocabulary
         Picks each clause's least frequent keyword.
+
+    Raises
+    ------
+    ValueError
+        From :meth:`insert`, if a box reaches index cell :data:`SIDE` on a side.
     """
 
     def __init__(self, index_block: int, vocabulary: Vocabulary) -> None:
         self.index_block = index_block
         self.vocabulary = vocabulary
-        self.cells: dict[int, dict[str, list[Entry]]] = {}
-        self.wide: dict[str, list[Entry]] = {}
-        self.entry_counts: dict[str, int] = {}
-        self.deleted: set[str] = set()
+        self.term_ids: dict[str, int] = {}
+        self.slot_of: dict[str, int] = {}
+        self.sids: list[str] = []
+        self.dnfs: list = []
+        self.rects = _Grow(np.float64, 4)
+        self.born = _Grow(np.int64)
+        self.died = _Grow(np.int64)
+        self.trivial = _Grow(np.bool_)
+        self.clauses = _Grow(np.int64, 2)  # per slot: first clause, end clause
+        self.clause_terms = _Grow(np.int64, 2)  # per clause: first term, end term (in ``terms``)
+        self.terms = _Grow(np.int64)
+        self.main = (np.empty(0, np.int64), np.empty(0, np.int32))
+        self.delta = (np.empty(0, np.int64), np.empty(0, np.int32))
+        self.pending = _Pending()
+        self.dead = 0
+        self.wide = 0  # entries in the wide cell (some may be dead): when 0, objects skip its lookup
 
     def __len__(self) -> int:
         """Return the number of live subscriptions."""
-        return len(self.entry_counts) - len(self.deleted)
+        return len(self.slot_of)
+
+    # ------------------------------------------------------------------ keys
 
     def _cell_keys(self, box: CellBox) -> list[int]:
-        """Return the keys of the index cells ``box`` (fine cells) meets, row by row."""
+        """Return the keys of the index cells ``box`` (fine cells) meets, row by row.
+
+        Raises
+        ------
+        ValueError
+            If ``box`` reaches index cell :data:`SIDE` on a side.
+        """
         b = self.index_block
-        xs = range(box[0] // b, box[2] // b + 1)
-        return [gy * _ROW + gx for gy in range(box[1] // b, box[3] // b + 1) for gx in xs]
+        x0, y0, x1, y1 = (c // b for c in box)
+        if max(x1, y1) >= SIDE:
+            raise ValueError(f"cell box {box} reaches past {SIDE} index cells a side")
+        xs = range(x0, x1 + 1)
+        return [gy * SIDE + gx for gy in range(y0, y1 + 1) for gx in xs]
 
     def _added_cell_keys(self, old: CellBox, new: CellBox) -> list[int]:
         """Return the keys of the index cells ``new`` meets and ``old`` does not, row by row.
@@ -81,60 +254,70 @@ class GI2Index:
         b = self.index_block
         ox0, oy0, ox1, oy1 = (c // b for c in old)
         nx0, ny0, nx1, ny1 = (c // b for c in new)
+        if max(nx1, ny1) >= SIDE:
+            raise ValueError(f"cell box {new} reaches past {SIDE} index cells a side")
         keys = []
         for gy in range(ny0, ny1 + 1):
             if oy0 <= gy <= oy1:
                 xs = itertools.chain(range(nx0, min(ox0, nx1 + 1)), range(max(ox1 + 1, nx0), nx1 + 1))
             else:
                 xs = range(nx0, nx1 + 1)
-            keys.extend(gy * _ROW + gx for gx in xs)
+            keys.extend(gy * SIDE + gx for gx in xs)
         return keys
 
+    def _term_id(self, term: str) -> int:
+        tid = self.term_ids.get(term)
+        if tid is None:
+            tid = self.term_ids[term] = len(self.term_ids)
+        return tid
+
+    def _is_wide(self, box: CellBox, keywords: frozenset[str]) -> bool:
+        b = self.index_block
+        return (box[2] // b - box[0] // b + 1) * (box[3] // b - box[1] // b + 1) * len(keywords) > WIDE_ENTRIES
+
+    def _enter(self, slot: int, cells: list[int], keywords: frozenset[str]) -> None:
+        """Queue the entries of ``slot`` in the lists of ``keywords`` in index cells ``cells``."""
+        tids = [self._term_id(k) for k in keywords]
+        keys = [cell << 32 | t for cell in cells for t in tids]
+        self.pending.keys.extend(keys)
+        self.pending.slots.extend([slot] * len(keys))
+
+    # ------------------------------------------------------------------ changes
+
     def insert(self, sub: RangeSubscription, box: CellBox) -> None:
-        """Index ``sub`` over the fine-cell box ``box`` (rectangle ∩ partition).
+        """Index ``sub`` over the fine-cell box ``box`` (rectangle ∩ partition), live from ``sub.pos`` on.
 
         Cost O(index cells in box x clauses), at most ``WIDE_ENTRIES``; a
         wider subscription costs O(clauses).
         """
-        entry = _entry(sub)
         keywords = self.vocabulary.summary_keywords(sub.dnf)
-        if self._is_wide(box, keywords):
-            for kw in keywords:
-                self.wide.setdefault(kw, []).append(entry)
-            self.entry_counts[sub.id] = len(keywords)
-            return
-        keys = self._cell_keys(box)
-        self._append(entry, keywords, keys)
-        self.entry_counts[sub.id] = len(keys) * len(keywords)
-
-    def _append(self, entry: Entry, keywords: list[str] | frozenset[str], keys: list[int]) -> None:
-        """Append ``entry`` to the list of every keyword of ``keywords`` in every index cell of ``keys``."""
-        cells = self.cells
-        for key in keys:
-            lists = cells.get(key)
-            if lists is None:
-                lists = cells[key] = {}
-            for kw in keywords:
-                lst = lists.get(kw)
-                if lst is None:
-                    lists[kw] = [entry]
-                else:
-                    lst.append(entry)
-
-    def _is_wide(self, box: CellBox, keywords: list[str] | frozenset[str]) -> bool:
-        b = self.index_block
-        return (box[2] // b - box[0] // b + 1) * (box[3] // b - box[1] // b + 1) * len(keywords) > WIDE_ENTRIES
+        wide = self._is_wide(box, keywords)
+        cells = [_WIDE] if wide else self._cell_keys(box)
+        slot = len(self.sids)
+        self.slot_of[sub.id] = slot
+        self.sids.append(sub.id)
+        self.dnfs.append(sub.dnf)
+        new, r, term_id = self.pending, sub.rect, self._term_id
+        new.rects.append((r.xmin, r.ymin, r.xmax, r.ymax))
+        new.born.append(sub.pos)
+        new.died.append(_NEVER)
+        new.trivial.append(len(sub.dnf) == 1 and len(sub.dnf[0]) == 1)
+        new.clauses.append(len(sub.dnf))
+        for clause in sub.dnf:
+            new.clause_lengths.append(len(clause))
+            new.terms.extend(term_id(t) for t in clause)
+        self.wide += wide
+        self._enter(slot, cells, keywords)
 
     def widen(self, sub: RangeSubscription, old: CellBox, new: CellBox) -> None:
         """Index ``sub``, indexed here over ``old``, over ``new`` (a box containing ``old``), adding entries only.
 
         A take-over carrying part of a subscription the evaluator already
         indexes (a move along its border): the entries of the index cells
-        ``old`` meets stay, those only ``new`` meets are appended, so the
-        lists end as :meth:`remove_many` then :meth:`insert` over ``new``
-        would leave them (in another order). A subscription that becomes
-        wide is indexed again. O(rows of ``new`` + index cells added x
-        clauses).
+        ``old`` meets stay, those only ``new`` meets are added, so the lists
+        end as :meth:`remove_many` then :meth:`insert` over ``new`` would
+        leave them. A subscription that becomes wide is indexed again.
+        O(index cells of ``new`` x clauses).
         """
         keywords = self.vocabulary.summary_keywords(sub.dnf)
         if self._is_wide(new, keywords):
@@ -142,140 +325,243 @@ class GI2Index:
                 self.remove_many([(sub, old)])
                 self.insert(sub, new)
             return
-        added = self._added_cell_keys(old, new)
-        self._append(_entry(sub), keywords, added)
-        self.entry_counts[sub.id] += len(added) * len(keywords)
+        self._enter(self.slot_of[sub.id], self._added_cell_keys(old, new), keywords)
 
     def remove_many(self, items: Iterable[tuple[RangeSubscription, CellBox]]) -> None:
-        """Drop the entries of subscriptions ``items``, each indexed over its box, now.
+        """Drop subscriptions ``items`` (each indexed over its box) now: no object matches them from here on.
 
         For a rebalancing, which may index the same subscription again here
-        later (:meth:`delete` marks an id dead for good, which only an
-        unsubscribe may do). Each inverted list that holds one of them is
-        rebuilt once: O(their entries + the lengths of those lists), where
-        removing them one by one costs each list's length once per
-        subscription in it.
+        later (a new slot then). Their slots are dead until the next
+        compaction. O(1) each.
         """
-        ids: set[str] = set()
-        doomed: set[tuple[int | None, str]] = set()  # (index cell or None for the wide lists, keyword)
-        for sub, box in items:
-            keywords = self.vocabulary.summary_keywords(sub.dnf)
-            keys = (None,) if self._is_wide(box, keywords) else self._cell_keys(box)
-            doomed.update((key, kw) for key in keys for kw in keywords)
-            ids.add(sub.id)
-            self.entry_counts.pop(sub.id, None)
-            self.deleted.discard(sub.id)
-        for key, kw in doomed:
-            lists = self.wide if key is None else self.cells.get(key)
-            lst = lists.get(kw) if lists is not None else None
-            if lst is None:
-                continue
-            kept = [e for e in lst if e[0] not in ids]
-            if kept:
-                lists[kw] = kept
-            else:
-                del lists[kw]
+        for sub, _ in items:
+            slot = self.slot_of.pop(sub.id, None)
+            if slot is not None:
+                self._set_died(slot, -1)  # born >= 0: live between born and died, never
+                self.dead += 1
 
-    def delete(self, sub_id: str) -> None:
-        """Mark ``sub_id`` deleted; its entries go at the next scan or compaction."""
-        if sub_id in self.entry_counts:
-            self.deleted.add(sub_id)
-            if len(self.deleted) > COMPACT_MIN_DELETED and 2 * len(self.deleted) > len(self.entry_counts):
-                self.compact()
+    def delete(self, sub_id: str, pos: int) -> None:
+        """Unsubscribe ``sub_id`` at stream position ``pos``: it matches no object after ``pos``.
+
+        Its entries go at a compaction (:meth:`end_batch`), after the batch's
+        objects before ``pos`` are matched. O(1).
+
+        Raises
+        ------
+        KeyError
+            If ``sub_id`` is not indexed here.
+        """
+        slot = self.slot_of.pop(sub_id)
+        self._set_died(slot, pos)
+        self.dead += 1
+
+    def _set_died(self, slot: int, pos: int) -> None:
+        first = self.pending.first
+        if slot >= first:
+            self.pending.died[slot - first] = pos
+        else:
+            self.died.view[slot] = pos
+
+    def end_batch(self) -> None:
+        """After a batch's objects are matched: compact when dead slots outnumber live ones (and 1,024)."""
+        if self.dead > COMPACT_MIN_DELETED and self.dead > len(self.slot_of):
+            self.compact()
 
     def compact(self) -> None:
-        """Drop every deleted entry now; O(total entries)."""
-        dead = self.deleted
-        for lists in (*self.cells.values(), self.wide):
-            for kw in list(lists):
-                kept = [e for e in lists[kw] if e[0] not in dead]
-                if kept:
-                    lists[kw] = kept
-                else:
-                    del lists[kw]
-        self.cells = {key: lists for key, lists in self.cells.items() if lists}
-        for sub_id in dead:
-            del self.entry_counts[sub_id]
-        self.deleted = set()
+        """Drop every dead slot and its entries, and renumber slots and terms; O(entries + clause terms)."""
+        self._flush()
+        live = self.died.view == _NEVER
+        remap = np.cumsum(live) - 1
+        kept = np.flatnonzero(live)
+        clauses = self.clauses.view[kept]
+        owner, clause = _expand(clauses[:, 0], clauses[:, 1])
+        runs = self.clause_terms.view[clause]
+        _, term_at = _expand(runs[:, 0], runs[:, 1])
+        old_terms = self.terms.view[term_at]
+        used = np.unique(old_terms)
+        names = list(self.term_ids)
+        self.term_ids = {names[t]: i for i, t in enumerate(used.tolist())}
+        lengths = runs[:, 1] - runs[:, 0]
+        ends = np.cumsum(lengths)
+        self.clause_terms.replace(np.stack([ends - lengths, ends], axis=1))
+        self.terms.replace(np.searchsorted(used, old_terms))
+        per_slot = np.bincount(owner, minlength=len(kept))
+        slot_ends = np.cumsum(per_slot)
+        self.clauses.replace(np.stack([slot_ends - per_slot, slot_ends], axis=1))
+        for column in (self.rects, self.born, self.died, self.trivial):
+            column.replace(column.view[kept])
+        self.sids = [self.sids[i] for i in kept.tolist()]
+        self.dnfs = [self.dnfs[i] for i in kept.tolist()]
+        self.slot_of = {sid: i for i, sid in enumerate(self.sids)}
+        keys, slots = _merge(self.main, self.delta)
+        keep = live[slots]
+        keys, slots = keys[keep], remap[slots[keep]].astype(np.int32)
+        # term ids keep their order under the renumbering, so the keys stay sorted
+        keys = (keys & ~_LOW) | np.searchsorted(used, keys & _LOW)
+        self.main, self.delta = (keys, slots), (keys[:0], slots[:0])
+        self.wide = int(np.count_nonzero((keys >> 32) == _WIDE))
+        self.dead = 0
+        self.pending = _Pending(len(self.sids))
 
-    def _purge(self, lists: dict[str, list[Entry]], kw: str) -> None:
-        kept = []
-        counts, dead = self.entry_counts, self.deleted
-        for e in lists[kw]:
-            sid = e[0]
-            if sid in dead:
-                left = counts[sid] - 1
-                if left:
-                    counts[sid] = left
-                else:
-                    del counts[sid]
-                    dead.discard(sid)
-            else:
-                kept.append(e)
-        if kept:
-            lists[kw] = kept
-        else:
-            del lists[kw]
+    def _flush(self) -> None:
+        """Turn the pending subscriptions into slot arrays and their entries into the sorted arrays."""
+        new = self.pending
+        if not new.keys and not new.born:
+            return
+        self.pending = _Pending(len(self.sids))
+        if new.born:
+            self.rects.extend(new.rects)
+            self.born.extend(new.born)
+            self.died.extend(new.died)
+            self.trivial.extend(new.trivial)
+            lengths = np.array(new.clause_lengths, dtype=np.int64)
+            ends = self.terms.n + np.cumsum(lengths)
+            self.clause_terms.extend(np.stack([ends - lengths, ends], axis=1))
+            self.terms.extend(new.terms)
+            counts = np.array(new.clauses, dtype=np.int64)
+            slot_ends = self.clause_terms.n - len(lengths) + np.cumsum(counts)
+            self.clauses.extend(np.stack([slot_ends - counts, slot_ends], axis=1))
+        if new.keys:
+            keys = np.array(new.keys, dtype=np.int64)
+            order = np.argsort(keys, kind="stable")
+            self.delta = _merge(self.delta, (keys[order], np.array(new.slots, dtype=np.int32)[order]))
+            if len(self.delta[0]) > max(_DELTA_MIN, len(self.main[0]) // 4):
+                self.main = _merge(self.main, self.delta)
+                self.delta = (self.delta[0][:0], self.delta[1][:0])
 
-    def match_one(
-        self, obj: ObjectRecord, cx: int, cy: int, only: frozenset[str] | None = None
-    ) -> tuple[list[str], int]:
-        """Return the ids of the subscriptions ``obj`` matches (sorted), and the candidates examined.
+    # ------------------------------------------------------------------ matching
 
-        ``(cx, cy)`` is the object's fine cell. The candidate count is ``q_l``
-        of Tornado equation 1: the subscriptions there (and the wide ones)
-        that share a keyword with the object. Cost O(min(terms, cell keywords)
-        + candidates): the object's terms and the lists' keywords are
-        intersected in C first.
+    def _object_terms(self, terms: pa.Array) -> np.ndarray:
+        """Return the sorted distinct ``row << 32 | term id`` keys of the rows' terms this index knows."""
+        flat = terms.flatten()
+        if not len(flat) or not self.term_ids:
+            return np.empty(0, np.int64)
+        rows = pc.list_parent_indices(terms).to_numpy().astype(np.int64)
+        encoded = pc.dictionary_encode(flat)
+        get = self.term_ids.get
+        ids = np.fromiter((get(t, -1) for t in encoded.dictionary.to_pylist()), np.int64, len(encoded.dictionary))
+        tids = ids[encoded.indices.to_numpy(zero_copy_only=False)]
+        known = tids >= 0
+        return np.unique((rows[known] << 32) | tids[known])
 
-        ``only`` (an object of a text-partitioned rectangle, PS2Stream IV-C):
-        the terms this evaluator answers for. Only their lists are read, and
-        a subscription is returned only when the least key (in code-point
-        order) among the clauses the object satisfies is one of them: the
-        evaluators an object reaches answer for disjoint terms, so exactly
-        one returns each match (DESIGN "Text partitions").
+    def match_batch(self, objects: ObjectBatch) -> BatchMatches:
+        """Return the subscriptions each of ``objects`` matches, and the candidates each examined.
+
+        An object matches a subscription indexed here whose ``born < pos <
+        died``, whose rectangle holds it (boundary included) and one of whose
+        clauses its terms include. The candidates are the entries in the
+        object's index cell (and the wide cell) under its terms, live at its
+        position: ``q_l`` of Tornado equation 1.
+
+        An object with ``only`` (PS2Stream IV-C, text-partitioned): only the
+        lists of those terms are read, and a subscription is returned only
+        when the least keyword (in code-point order) among the clauses the
+        object satisfies is one of them: the evaluators an object reaches
+        answer for disjoint terms, so exactly one returns each match (DESIGN
+        "Text partitions").
+
+        Cost: O(T log E) for T object terms and E entries, plus
+        O(candidates x clause terms) numpy work, plus O(distinct terms +
+        matches) in Python (the ids).
         """
+        n = len(objects)
+        examined = np.zeros(n, np.int64)
+        if not n or not self.sids:
+            return BatchMatches(np.empty(0, np.int64), [], examined)
+        self._flush()
+        held = self._object_terms(objects.terms)
+        query = held
+        restricted = None
+        if objects.only is not None and objects.only.null_count < len(objects.only):
+            restricted = ~objects.only.is_null().to_numpy(zero_copy_only=False)
+            own = self._object_terms(objects.only)
+            query = np.concatenate([held[~restricted[held >> 32]], own[_member(own, held)]])
+        rows = query >> 32
         b = self.index_block
-        matched: list[str] = []
-        lists = self.cells.get((cy // b) * _ROW + cx // b)
-        examined = self._scan(lists, obj, matched, only) if lists else 0
+        cells = (objects.cy[rows] // b) * SIDE + objects.cx[rows] // b
+        keys = (cells << 32) | (query & _LOW)
         if self.wide:
-            examined += self._scan(self.wide, obj, matched, only)
-        if len(matched) > 1:
-            matched.sort()  # keyword lists come in hash order; a replay must write the same bytes
-        return matched, examined
+            keys = np.concatenate([keys, (_WIDE << 32) | (query & _LOW)])
+            rows = np.concatenate([rows, rows])
+        cand_rows, cand_slots = [], []
+        for sorted_keys, slots in (self.main, self.delta):
+            if not len(sorted_keys):
+                continue
+            lo = np.searchsorted(sorted_keys, keys, "left")
+            hi = np.searchsorted(sorted_keys, keys, "right")
+            owner, at = _expand(lo, hi)
+            cand_rows.append(rows[owner])
+            cand_slots.append(slots[at])
+        if not cand_rows:
+            return BatchMatches(np.empty(0, np.int64), [], examined)
+        row = np.concatenate(cand_rows)
+        slot = np.concatenate(cand_slots).astype(np.int64)
+        pos = objects.pos[row]
+        live = (self.born.view[slot] < pos) & (pos < self.died.view[slot])
+        row, slot = row[live], slot[live]
+        examined = np.bincount(row, minlength=n).astype(np.int64)
+        rect = self.rects.view[slot]
+        x, y = objects.x[row], objects.y[row]
+        inside = (rect[:, 0] <= x) & (x <= rect[:, 2]) & (rect[:, 1] <= y) & (y <= rect[:, 3])
+        row, slot = row[inside], slot[inside]
+        hard = np.flatnonzero(~self.trivial.view[slot])
+        if len(hard):
+            ok = np.ones(len(row), dtype=bool)
+            ok[hard] = self._satisfied(row[hard], slot[hard], held)
+            row, slot = row[ok], slot[ok]
+        pairs = np.unique((row << 32) | slot)
+        row, slot = pairs >> 32, pairs & _LOW
+        if restricted is not None:
+            row, slot = self._answered_here(objects, restricted, row, slot)
+        sids = [self.sids[s] for s in slot.tolist()]
+        if len(sids) > 1:
+            order = np.lexsort((np.array(sids, dtype=np.dtypes.StringDType()), row))
+            row = row[order]
+            sids = [sids[i] for i in order.tolist()]
+        return BatchMatches(row, sids, examined)
 
-    def _scan(
-        self, lists: dict[str, list[Entry]], obj: ObjectRecord, matched: list[str], only: frozenset[str] | None
-    ) -> int:
-        """Append to ``matched`` the subscriptions of ``lists`` that ``obj`` matches; return candidates examined."""
-        x, y, terms = obj.x, obj.y, obj.term_set
-        dead = self.deleted
-        seen: set[str] | None = None
-        examined = 0
-        stale: list[str] = []
+    def _satisfied(self, rows: np.ndarray, slots: np.ndarray, held: np.ndarray) -> np.ndarray:
+        """Return, per candidate ``(rows[i], slots[i])``, whether the object's terms include one of its clauses."""
+        clauses = self.clauses.view[slots]
+        pair, clause = _expand(clauses[:, 0], clauses[:, 1])
+        runs = self.clause_terms.view[clause]
+        at_clause, term_at = _expand(runs[:, 0], runs[:, 1])
+        present = _member((rows[pair[at_clause]] << 32) | self.terms.view[term_at], held)
+        whole = np.bincount(at_clause, weights=present, minlength=len(clause)) == runs[:, 1] - runs[:, 0]
+        return np.bincount(pair[whole], minlength=len(rows)) > 0
+
+    def _answered_here(
+        self, objects: ObjectBatch, restricted: np.ndarray, row: np.ndarray, slot: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Keep the matches of restricted rows whose least satisfied clause keyword is one of the row's ``only``.
+
+        A single-clause subscription was found under its one keyword, which
+        is then in ``only``; the others are checked here, in Python (text
+        partitions are few).
+        """
+        check = np.flatnonzero(restricted[row] & (np.diff(self.clauses.view[slot], axis=1)[:, 0] > 1))
+        if not len(check):
+            return row, slot
         least = self.vocabulary.least_frequent
-        for t in lists.keys() & (terms if only is None else only & terms):
-            lst = lists[t]
-            examined += len(lst)
-            for sid, xmin, ymin, xmax, ymax, dnf, multi in lst:
-                if dead and sid in dead:
-                    stale.append(t)
-                    examined -= 1
-                    continue
-                if not (xmin <= x <= xmax and ymin <= y <= ymax):
-                    continue
-                if multi:
-                    if seen is None:
-                        seen = set()
-                    if sid in seen or not any(c <= terms for c in dnf):
-                        continue
-                    seen.add(sid)
-                    if only is not None and min(least(c) for c in dnf if c <= terms) not in only:
-                        continue
-                elif not dnf[0] <= terms:
-                    continue
-                matched.append(sid)
-        for t in set(stale):
-            self._purge(lists, t)
-        return examined
+        keep = np.ones(len(row), dtype=bool)
+        for i in check.tolist():
+            r = int(row[i])
+            terms = frozenset(objects.terms[r].as_py())
+            only = frozenset(objects.only[r].as_py())
+            keep[i] = min(least(c) for c in self.dnfs[slot[i]] if c <= terms) in only
+        return row[keep], slot[keep]
+
+    def postings(self) -> dict[tuple[int | None, str], list[str]]:
+        """Return the live entries as ``{(index cell key or None for the wide cell, keyword): sorted ids}``.
+
+        For tests and inspection; O(entries).
+        """
+        self._flush()
+        keys, slots = _merge(self.main, self.delta)
+        live = self.died.view[slots] == _NEVER
+        names = list(self.term_ids)
+        out: dict[tuple[int | None, str], list[str]] = {}
+        for key, slot in zip(keys[live].tolist(), slots[live].tolist(), strict=True):
+            cell = key >> 32
+            out.setdefault((None if cell == _WIDE else cell, names[key & _LOW]), []).append(self.sids[slot])
+        return {k: sorted(v) for k, v in out.items()}

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields
 
 import pandas as pd
+import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.streaming import StatefulProcessor, StatefulProcessorHandle
 
@@ -57,7 +58,7 @@ from skpub.kernel.parts import delivery_lines, write_lines, write_part
 from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.transfer import read_handoffs, read_plan, write_handoff
-from skpub.kernel.wire import from_columns, read_rows_file, table_columns
+from skpub.kernel.wire import read_rows_file
 
 CONTROL_DDL = "evaluator int, pos bigint, line string, reason string, message string, payload string, updates binary"
 """What an evaluator sends the driver: its internal-error dead letters, and one row whose ``payload`` is
@@ -213,11 +214,11 @@ class EvaluatorProcessor(StatefulProcessor):
                 )
         evaluator = None
         if outcome is None:
-            columns = read_rows(batch)  # first: a bad file fails the task before a rebuild
+            rows = read_rows(batch)  # first: a bad file fails the task before a rebuild
             start = time.thread_time()
             evaluator = self._evaluator(batch.evaluator, batch.version)
             restore = time.thread_time() - start
-            outcome = apply_batch(evaluator, columns, batch, restore)
+            outcome = apply_batch(evaluator, rows, batch, restore)
         start = time.thread_time()
         _save(self.blocks, outcome.blocks)
         _save(self.window, outcome.window)
@@ -347,8 +348,8 @@ class BatchOutcome:
         )
 
 
-def apply_batch(evaluator: Evaluator, columns: dict, batch: BatchInput, restore_seconds: float) -> BatchOutcome:
-    """Apply one micro-batch's rows (columns as :func:`~skpub.kernel.wire.from_columns` reads them) to ``evaluator``.
+def apply_batch(evaluator: Evaluator, rows: pa.Table, batch: BatchInput, restore_seconds: float) -> BatchOutcome:
+    """Apply one micro-batch's routed rows (:data:`~skpub.kernel.wire.ROUTED_SCHEMA`) to ``evaluator``.
 
     Returns its deliveries (part-file bytes) and statistics, which the task
     writes, the state changes and the driver's counters. An evaluator that
@@ -361,7 +362,7 @@ def apply_batch(evaluator: Evaluator, columns: dict, batch: BatchInput, restore_
         evaluator.monitor.generation = batch.generation
     if batch.balancer_dir:
         take_over(evaluator, batch)
-    result = evaluator.apply_many(from_columns(columns, e), batch_id)
+    result = evaluator.apply_rows(rows, batch_id)
     balancer = hand_off(evaluator, batch) if batch.balancer_dir else {}
     start = time.thread_time()
     blocks = evaluator.take_dirty_blocks()
@@ -439,8 +440,8 @@ def hand_off(evaluator: Evaluator, batch: BatchInput) -> dict:
     return out
 
 
-def read_rows(batch: BatchInput) -> dict[str, list]:
-    """Return the batch's routed rows (the file the sequencer task wrote) as columns of Python values.
+def read_rows(batch: BatchInput) -> pa.Table:
+    """Return the batch's routed rows (the file the sequencer task wrote).
 
     Raises
     ------
@@ -451,7 +452,7 @@ def read_rows(batch: BatchInput) -> dict[str, list]:
         table = read_rows_file(batch.rows_path, batch.rows, "routed rows", f"evaluator {batch.evaluator}")
     except ValueError as exc:
         raise EvaluatorError(str(exc)) from None
-    return table_columns(table)
+    return table
 
 
 def host_handler() -> Callable[[socket.socket], None]:

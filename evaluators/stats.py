@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 
 @dataclass
 class CellCostStats:
@@ -49,6 +51,22 @@ class CellCostStats:
         self.rows[cy] = self.rows.get(cy, 0) + cost
         self.columns[cx] = self.columns.get(cx, 0) + cost
         self.overall += cost
+
+    def add_many(self, cx: np.ndarray, cy: np.ndarray, costs: np.ndarray, size: int) -> None:
+        """Account objects received in fine cells ``(cx[i], cy[i])`` costing ``costs[i]`` units each.
+
+        ``cx``, ``cy`` and ``costs``: ndarray, shape (n,), int64; ``size`` the
+        fine grid's cells per side. Equal to :meth:`add` per object, in
+        O(n log n) numpy work and O(distinct cells) in Python.
+        """
+        if not len(costs):
+            return
+        self.objects += len(costs)
+        self.overall += int(costs.sum())
+        for counts, keys in ((self.cells, cy * size + cx), (self.rows, cy), (self.columns, cx)):
+            distinct, at = np.unique(keys, return_inverse=True)
+            for key, cost in zip(distinct.tolist(), np.bincount(at, weights=costs).astype(np.int64).tolist(), strict=True):
+                counts[key] = counts.get(key, 0) + cost
 
     def to_json(self, evaluator: int, batch_id: int, cpu_seconds: float, subscriptions: int) -> dict:
         """Return the statistics line written to ``DIR/statistics`` every batch."""

@@ -33,11 +33,10 @@ import numpy as np
 import pyarrow as pa
 
 from skpub.kernel.config import Deployment
-from skpub.kernel.messages import Routed
 from skpub.kernel.records import DeadLetter, position_index, stream_position
 from skpub.kernel.registry import IdRegistry
 from skpub.kernel.text import Vocabulary
-from skpub.kernel.wire import ROUTED_SCHEMA, SNAPSHOT, SUBSCRIBE, UNSUBSCRIBE, from_columns, table_columns
+from skpub.kernel.wire import ROUTED_SCHEMA, SNAPSHOT, SUBSCRIBE, UNSUBSCRIBE
 from skpub.router.epoch import RoutingEpoch
 from skpub.router.locate import Locator, located_table
 from skpub.router.sequencer import Decisions, Sequencer, evaluator_tables, routed_table
@@ -48,8 +47,7 @@ class RoutedBatch:
     """The routing of one micro-batch: routed rows in stream order, dead letters, counters, CPU seconds per stage.
 
     ``table`` holds one :data:`~skpub.kernel.wire.ROUTED_SCHEMA` row per
-    (record, evaluator); :meth:`rows_for` turns an evaluator's rows into
-    records. ``marks`` are the ``(position, snapshot id)`` where evaluators
+    (record, evaluator); :meth:`rows_for` splits them by evaluator. ``marks`` are the ``(position, snapshot id)`` where evaluators
     report their ranked results, in stream order (:func:`marks`);
     ``controls`` the accepted control records (:func:`accepted_controls`).
     """
@@ -65,10 +63,9 @@ class RoutedBatch:
     marks: list[tuple[int, str]] = field(default_factory=list)
     controls: list[tuple[int, str, str]] = field(default_factory=list)
 
-    def rows_for(self, evaluators: int) -> list[list[Routed]]:
-        """Return each evaluator's routed rows as records, in stream order (``evaluators`` lists)."""
-        tables = evaluator_tables(self.table, range(evaluators))
-        return [from_columns(table_columns(table), e) for e, table in enumerate(tables)]
+    def rows_for(self, evaluators: int) -> list[pa.Table]:
+        """Return each evaluator's routed rows, in stream order (``evaluators`` tables of :data:`ROUTED_SCHEMA`)."""
+        return evaluator_tables(self.table, range(evaluators))
 
 
 def marks(decisions: Decisions, items: pa.Table, end: int) -> list[tuple[int, str]]:

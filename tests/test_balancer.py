@@ -277,6 +277,15 @@ def test_moves_outside_the_source_or_emptying_an_evaluator_are_refused():
     assert new.boxes.tolist() == [[0, 0, 0, 3], [1, 0, 3, 3]]
 
 
+def _object_cells(rows, size: int) -> Counter:
+    """Objects per fine cell (``cy * size + cx``) among routed rows (a ROUTED_SCHEMA table)."""
+    from skpub.kernel.wire import OBJECT
+
+    objects = rows.filter(np.asarray(rows.column("kind")) == OBJECT)
+    cx, cy = (objects.column(name).to_numpy().astype(np.int64) for name in ("cx0", "cy0"))
+    return Counter((cy * size + cx).tolist())
+
+
 @pytest.mark.parametrize("object_cost", [2, 7])
 def test_an_object_costs_object_cost_units_beside_its_candidates(object_cost):
     """Each object adds ``object_cost`` to its cell beside the GI^2 candidates it met: the same stream with cost 1
@@ -285,7 +294,6 @@ def test_an_object_costs_object_cost_units_beside_its_candidates(object_cost):
     added a constant beside it fails)."""
     from skpub.evaluators.evaluator import Evaluator
     from skpub.kernel.config import BalancerConfig
-    from skpub.kernel.records import ObjectRecord
     from skpub.kernel.text import Vocabulary
     from skpub.router.dispatch import Router
     from skpub.router.epoch import RoutingEpoch
@@ -298,11 +306,11 @@ def test_an_object_costs_object_cost_units_beside_its_candidates(object_cost):
         dep = deployment(evaluators=1, batch_size=400).replace(balancer=BalancerConfig(object_cost=cost))
         epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), []))
         (rows,) = Router(dep, Vocabulary()).route_many(lines, 0, epoch).rows_for(1)
-        stats = Evaluator(0, dep, Vocabulary()).apply_many(rows, 0).stats
+        stats = Evaluator(0, dep, Vocabulary()).apply_rows(rows, 0).stats
         assert stats.overall == sum(stats.cells.values())
         cells[cost] = (stats.cells, stats.objects)
     (base, objects), (weighted, _) = cells[1], cells[object_cost]
-    per_cell = Counter(row.cells[1] * dep.grid_size + row.cells[0] for row in rows if type(row.record) is ObjectRecord)
+    per_cell = _object_cells(rows, dep.grid_size)
     assert objects > 50 and sum(per_cell.values()) == objects
     assert weighted == {c: base[c] + (object_cost - 1) * per_cell[c] for c in base}
     # objects with the subscription's keyword, forwarded, but far from its rectangle: no GI^2 candidate
@@ -310,8 +318,8 @@ def test_an_object_costs_object_cost_units_beside_its_candidates(object_cost):
     far += [json.dumps({"type": "object", "id": f"o{i}", "x": 50 + i % 45, "y": 60 + i % 7, "terms": ["a"]})
             for i in range(120)]  # fmt: skip
     (rows,) = Router(dep, Vocabulary()).route_many([line.encode() for line in far], 0, epoch).rows_for(1)
-    stats = Evaluator(0, dep, Vocabulary()).apply_many(rows, 0).stats
-    received = Counter(row.cells[1] * dep.grid_size + row.cells[0] for row in rows if type(row.record) is ObjectRecord)
+    stats = Evaluator(0, dep, Vocabulary()).apply_rows(rows, 0).stats
+    received = _object_cells(rows, dep.grid_size)
     assert stats.objects == sum(received.values()) == 120
     assert stats.cells == {c: object_cost * n for c, n in received.items()}
 
@@ -337,7 +345,7 @@ def test_only_a_balancing_evaluator_counts_subscriptions_in_its_load_statistics(
         queries = []
         for batch, lines in enumerate((subscribe, unsubscribe)):
             (rows,) = router.route_many([line.encode() for line in lines], batch, epoch).rows_for(1)
-            ev.apply_many(rows, batch)
+            ev.apply_rows(rows, batch)
             queries.append(sum(r.queries for r in ev.load.summary(0, batch).rectangles))
         assert tuple(queries) == counted, mode
         assert ev.subscriptions == 4
@@ -536,14 +544,8 @@ def test_a_target_indexes_what_is_carried_over_the_union_with_what_it_holds(held
         f"s{i}": box for i, box in want.items()
     }
 
-    def entries(ev: Evaluator) -> dict:
-        """Ids per index list (cell lists and the wide lists), sorted: the import may order a list otherwise."""
-        lists = [*((k, kw, lst) for k, cell in ev.index.cells.items() for kw, lst in cell.items()),
-                 *((None, kw, lst) for kw, lst in ev.index.wide.items())]  # fmt: skip
-        return {(k, kw): sorted(e[0] for e in lst) for k, kw, lst in lists}
-
-    assert entries(target) == entries(fresh) == entries(restored)
-    assert target.index.entry_counts == fresh.index.entry_counts == restored.index.entry_counts
+    assert target.index.postings() == fresh.index.postings() == restored.index.postings()
+    assert set(target.index.slot_of) == set(fresh.index.slot_of) == set(restored.index.slot_of)
     assert restored.state_block_of == target.state_block_of and restored.blocks == target.blocks
     assert target.load._parts == fresh.load._parts
     got, built = target.load.summary(0, 0), fresh.load.summary(0, 0)

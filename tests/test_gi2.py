@@ -9,6 +9,7 @@ from skpub.kernel.grid import FineGrid
 from skpub.kernel.records import ObjectRecord, RangeSubscription
 from skpub.kernel.text import Vocabulary, dnf_matches, parse_expression
 from tests.profiles import examples
+from tests.workloads import match_one, object_batch
 
 SPACE = Rect(0.0, 0.0, 100.0, 100.0)
 WORDS = ["a", "b", "c", "d"]
@@ -46,23 +47,22 @@ def _check_against_brute_force(seed, block, size):
             live[sub.id] = sub
         elif u < 0.4 and live:
             sid = list(live)[int(rng.integers(len(live)))]
-            index.delete(sid)
+            index.delete(sid, step)
             del live[sid]
+            index.end_batch()
         elif u < 0.45 and live:  # a rebalancing drops several at once
             ids = rng.choice(list(live), size=int(rng.integers(1, len(live) + 1)), replace=False).tolist()
             index.remove_many([(live[sid], grid.cell_box(live[sid].rect)) for sid in ids])
             for sid in ids:
                 del live[sid]
-            kept = {
-                e[0] for lists in (*index.cells.values(), index.wide) for entries in lists.values() for e in entries
-            }
+            kept = {sid for sids in index.postings().values() for sid in sids}
             assert kept.isdisjoint(ids)
         else:
             x, y = rng.uniform(0, 100, 2)
             terms = set(rng.choice(WORDS, size=int(rng.integers(0, 4)), replace=False))
             obj = make_object(step, x, y, terms)
             cx, cy = grid.cell_of(x, y)
-            matched, _ = index.match_one(obj, cx, cy)
+            matched, _ = match_one(index, obj, cx, cy)
             expected = {s.id for s in live.values() if s.rect.contains_point(x, y) and dnf_matches(s.dnf, obj.term_set)}
             assert sorted(matched) == sorted(expected)
     assert len(index) == len(live)
@@ -77,12 +77,12 @@ def test_compaction_frees_deleted_entries(monkeypatch):
         sub = RangeSubscription(i, f"s{i}", Rect(0, 0, 100, 100), parse_expression("a"))
         index.insert(sub, grid.cell_box(sub.rect))
     for i in range(15):
-        index.delete(f"s{i}")
+        index.delete(f"s{i}", 20 + i)
+        index.end_batch()
     assert len(index) == 5
-    assert len(index.deleted) < 15
-    entries = sum(len(lst) for lists in index.cells.values() for lst in lists.values())
-    assert entries < 20 * 100
-    matched, examined = index.match_one(make_object(99, 50, 50, ["a"]), 5, 5)
+    assert index.dead < 15
+    assert len(index.main[0]) + len(index.delta[0]) < 20 * 100
+    matched, examined = match_one(index, make_object(99, 50, 50, ["a"]), 5, 5)
     assert sorted(matched) == [f"s{i}" for i in range(15, 20)]
     assert examined == 5
 
@@ -94,16 +94,17 @@ def test_a_wide_subscription_costs_its_clauses_not_its_cells():
     expr = " OR ".join(f"k{i}" for i in range(256))
     sub = RangeSubscription(0, "wide", Rect(-1.7e308, -1.7e308, 1.7e308, 1.7e308), parse_expression(expr))
     index.insert(sub, grid.cell_box(sub.rect))
-    assert not index.cells and sum(len(lst) for lst in index.wide.values()) == 256
-    assert index.match_one(make_object(1, 99.9, 0.1, ["k17"]), 999, 0) == (["wide"], 1)
-    assert index.match_one(make_object(2, 50, 50, ["other"]), 500, 500) == ([], 0)
-    index.delete("wide")
+    postings = index.postings()
+    assert {cell for cell, _ in postings} == {None} and len(postings) == 256
+    assert match_one(index, make_object(1, 99.9, 0.1, ["k17"]), 999, 0) == (["wide"], 1)
+    assert match_one(index, make_object(2, 50, 50, ["other"]), 500, 500) == ([], 0)
+    index.delete("wide", 3)
     index.compact()
-    assert not index.wide and len(index) == 0
-    ordinary = RangeSubscription(1, "city", Rect(10, 10, 30, 30), parse_expression("a OR b OR c"))
+    assert not index.wide and len(index) == 0 and not index.postings()
+    ordinary = RangeSubscription(4, "city", Rect(10, 10, 30, 30), parse_expression("a OR b OR c"))
     index.insert(ordinary, grid.cell_box(ordinary.rect))
     assert not index.wide, "a rectangle with a few keywords stays in its cells"
-    assert index.match_one(make_object(3, 90, 90, ["a"]), 900, 900) == ([], 0)
+    assert match_one(index, make_object(5, 90, 90, ["a"]), 900, 900) == ([], 0)
 
 
 @examples(0.6)
@@ -125,14 +126,14 @@ def test_removing_several_at_once_leaves_the_index_one_by_one_removal_leaves(see
         for index in indexes:
             for sub in subs:
                 index.insert(sub, grid.cell_box(sub.rect))
-            index.delete("s0")  # a lazily deleted one stays as it was
+            index.delete("s0", 40)  # a lazily deleted one stays as it was
         gone = [subs[i] for i in sorted(rng.choice(np.arange(1, 40), size=int(rng.integers(1, 39)), replace=False))]
         indexes[0].remove_many([(sub, grid.cell_box(sub.rect)) for sub in gone])
         for sub in gone:
             indexes[1].remove_many([(sub, grid.cell_box(sub.rect))])
         one, many = indexes[1], indexes[0]
-        assert many.cells == one.cells and many.wide == one.wide
-        assert many.entry_counts == one.entry_counts and many.deleted == one.deleted == {"s0"}
+        assert many.postings() == one.postings()
+        assert many.slot_of == one.slot_of and "s0" not in many.slot_of and many.dead == one.dead == len(gone) + 1
     finally:
         gi2.WIDE_ENTRIES = default
 
@@ -151,3 +152,79 @@ def test_added_index_cells_are_those_of_the_new_box_the_old_does_not_meet(block,
     index = GI2Index(block, Vocabulary())
     held = set(index._cell_keys(old))
     assert index._added_cell_keys(old, new) == [k for k in index._cell_keys(new) if k not in held]
+
+
+@examples(1.5)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 5), st.sampled_from([2, 16, gi2.WIDE_ENTRIES]), st.booleans())
+def test_one_batch_matches_each_object_against_the_subscriptions_live_at_its_position(seed, block, wide, only):
+    """Subscribes, unsubscribes and objects interleaved, then one ``match_batch``: each object sees what was live.
+
+    The expected matches come from replaying the events in order with plain
+    Python sets; with ``only``, each object's terms are dealt to three
+    "evaluators" and the three answers must add up to the full match set,
+    each match found once (the text-partition rule).
+    """
+    gi2.WIDE_ENTRIES, default = wide, gi2.WIDE_ENTRIES
+    try:
+        rng = np.random.default_rng(seed)
+        grid = FineGrid(SPACE, 30)
+        vocabulary = Vocabulary(10, {"a": 9, "b": 5, "c": 2})
+        index = GI2Index(block, vocabulary)
+        live: dict[str, RangeSubscription] = {}
+        objects, cells, expected = [], [], []
+        for pos in range(120):
+            u = rng.random()
+            if u < 0.25:
+                x0, x1 = sorted(rng.uniform(-10, 110, 2))
+                y0, y1 = sorted(rng.uniform(-10, 110, 2))
+                expr = " OR ".join(
+                    " AND ".join(rng.choice(WORDS, size=int(rng.integers(1, 3)), replace=False))
+                    for _ in range(int(rng.integers(1, 4)))
+                )
+                sub = RangeSubscription(pos, f"s{pos}", Rect(x0, y0, x1, y1), parse_expression(expr))
+                index.insert(sub, grid.cell_box(sub.rect))
+                live[sub.id] = sub
+            elif u < 0.35 and live:
+                sid = sorted(live)[int(rng.integers(len(live)))]
+                index.delete(sid, pos)
+                del live[sid]
+            else:
+                x, y = rng.uniform(0, 100, 2)
+                obj = make_object(pos, x, y, rng.choice(WORDS + ["z"], size=int(rng.integers(0, 5))).tolist())
+                objects.append(obj)
+                cells.append(grid.cell_of(x, y))
+                expected.append(
+                    sorted(
+                        s.id for s in live.values() if s.rect.contains_point(x, y) and dnf_matches(s.dnf, obj.term_set)
+                    )
+                )
+        if not only:
+            found = index.match_batch(object_batch(objects, cells))
+            got = [[] for _ in objects]
+            for r, sid in zip(found.rows.tolist(), found.sids, strict=True):
+                got[r].append(sid)
+            assert got == expected
+        else:
+            deal = [{t: int(rng.integers(3)) for t in o.term_set} for o in objects]
+            got = [[] for _ in objects]
+            for e in range(3):
+                mine = [frozenset(t for t, d in dealt.items() if d == e) for dealt in deal]
+                found = index.match_batch(object_batch(objects, cells, mine))
+                for r, sid in zip(found.rows.tolist(), found.sids, strict=True):
+                    got[r].append(sid)
+            assert [sorted(g) for g in got] == expected
+        index.end_batch()
+        assert len(index) == len(live)
+    finally:
+        gi2.WIDE_ENTRIES = default
+
+
+def test_terms_the_index_has_never_seen_match_nothing_and_cost_nothing():
+    """An object whose terms no subscription uses examines no candidate, in its cell or the wide one."""
+    grid = FineGrid(SPACE, 10)
+    index = GI2Index(2, Vocabulary())
+    sub = RangeSubscription(0, "s", Rect(0, 0, 100, 100), parse_expression("a AND b"))
+    index.insert(sub, grid.cell_box(sub.rect))
+    assert match_one(index, make_object(1, 5, 5, ["a", "x"]), 0, 0) == ([], 1)  # "a" is the keyword
+    assert match_one(index, make_object(2, 5, 5, ["x", "y"]), 0, 0) == ([], 0)
+    assert match_one(index, make_object(3, 5, 5, ["b", "a", "a"]), 0, 0) == (["s"], 1)

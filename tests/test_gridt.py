@@ -24,6 +24,7 @@ from skpub.router.sample import KeyedSample, parse_sample
 from skpub.router.summary import TextualSummaries
 from skpub.router.textpart import text_partitioning
 from tests.profiles import examples
+from tests.workloads import match_one
 
 WORDS = ["a", "ab", "b", "é", "ÿ", "Ā", "日本", "𝄞"]  # multi-byte and beyond the BMP: Arrow sorts UTF-8 bytes
 SPACE = Rect(0, 0, 100, 100)
@@ -100,7 +101,7 @@ def test_every_matching_pair_reaches_a_common_evaluator_and_exactly_one_delivers
         obj = ObjectRecord(1000 + j, f"o{j}", x, y, tuple(sorted(terms)), terms)
         cx, cy = cells[j]
         for e, only in rows[j].items():
-            matched, _ = indexes[e].match_one(obj, cx, cy, only)
+            matched, _ = match_one(indexes[e], obj, cx, cy, only)
             delivered += [(s, obj.id) for s in matched]
     expected = [
         (s.id, f"o{j}")

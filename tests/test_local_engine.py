@@ -76,7 +76,8 @@ def test_wire_format_round_trips_routed_rows():
     epoch = RoutingEpoch(0, 0, initial_table(dep, vocabulary, lines))
     routed = Router(dep, vocabulary).route_many([line.encode() for line in lines], 4, epoch)
     keys = [101, 202, 303]
-    for e, mine in enumerate(routed.rows_for(3)):
+    for e, table in enumerate(routed.rows_for(3)):
+        mine = from_columns(table_columns(table), e)
         assert mine and all(row.evaluator == e for row in mine)
         cols = to_columns(mine, keys)
         assert to_columns(mine)["evaluator"] == [e] * len(mine)

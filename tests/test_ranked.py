@@ -18,6 +18,7 @@ from skpub.kernel.messages import RankedUpdate
 from skpub.kernel.oracle import _ranked
 from skpub.kernel.parts import read_stream
 from skpub.kernel.records import ObjectRecord
+from skpub.kernel.wire import from_columns, table_columns
 from tests.profiles import examples
 from tests.tiers import case_id, grid, tiered
 from tests.workloads import assert_outputs_equal_oracle, deployment, ranked_workload, results_from_events, write_lines
@@ -276,7 +277,8 @@ def test_the_sequencer_stamps_the_stream_clock():
     ]
     epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), []))
     routed = Router(dep, Vocabulary()).route_many(lines, 0, epoch)
-    rows = [r for mine in routed.rows_for(2) for r in mine if isinstance(r.record, ObjectRecord)]
+    rows = [r for e, mine in enumerate(routed.rows_for(2)) for r in from_columns(table_columns(mine), e)]
+    rows = [r for r in rows if isinstance(r.record, ObjectRecord)]
     rows.sort(key=lambda r: r.record.pos)
     assert [r.record.id for r in rows] == ["a", "b", "c", "d"]
     assert [r.record.ts for r in rows] == [0.0, 5.0, 2.0, 5.0]
@@ -330,7 +332,7 @@ def test_restored_monitors_and_rebuilt_merges_equal_the_oracle(window, skyband):
     encoded = [line.encode() for line in lines]
     for batch_id, start in enumerate(range(0, len(encoded), dep.batch_size)):
         routed = router.route_many(encoded[start : start + dep.batch_size], batch_id, epoch)
-        results = [ev.apply_many(rows, batch_id) for ev, rows in zip(evaluators, routed.rows_for(3), strict=True)]
+        results = [ev.apply_rows(rows, batch_id) for ev, rows in zip(evaluators, routed.rows_for(3), strict=True)]
         batch_events, batch_snapshots = merge.apply(routed.marks, (u for r in results for u in r.updates))
         events += batch_events
         snapshots += batch_snapshots
@@ -384,7 +386,7 @@ def test_an_evaluator_that_saves_nothing_keeps_only_its_window():
     for batch_id, start in enumerate(range(0, len(encoded), 50)):
         routed = router.route_many(encoded[start : start + 50], batch_id, epoch)
         for ev, rows in zip(evaluators, routed.rows_for(2), strict=True):
-            ev.apply_many(rows, batch_id)
+            ev.apply_rows(rows, batch_id)
     for ev in evaluators:
         assert len(ev.monitor.store) <= 20
         assert ev.monitor.store.arrived == [] and ev.monitor.store.emptied == set()

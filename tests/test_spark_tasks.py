@@ -158,7 +158,7 @@ def test_an_evaluator_refuses_a_routed_file_that_is_missing_or_not_of_the_counte
     def batch(rows, rows_path=str(path)):
         return BatchInput("run", 1, 2, 1, "g", "{}", 0, rows_path, rows)
 
-    assert read_rows(batch(3)) == {"pos": [4, 8, 15]}
+    assert read_rows(batch(3)).to_pydict() == {"pos": [4, 8, 15]}
     with pytest.raises(EvaluatorError, match="holds 3 routed rows, not 4"):
         read_rows(batch(4))
     with pytest.raises(EvaluatorError, match="cannot be read"):

@@ -12,7 +12,9 @@ import json
 from collections import Counter
 
 import numpy as np
+import pyarrow as pa
 
+from skpub.evaluators.gi2 import ObjectBatch
 from skpub.kernel.config import BalancerConfig, Deployment, Window
 from skpub.kernel.geometry import Rect
 
@@ -408,3 +410,22 @@ def assert_batches_equal_oracle(out, lines: list, batch_size: int, expected, rec
         engine.apply(events)
         oracle.apply(wanted)
         assert engine.results() == oracle.results(), where
+
+
+def object_batch(objects, cells, only=None):
+    """The :class:`ObjectBatch` of ``objects`` (records) in fine cells ``cells``; ``only`` per object or None."""
+    return ObjectBatch(
+        np.array([o.pos for o in objects], dtype=np.int64),
+        np.array([o.x for o in objects], dtype=np.float64),
+        np.array([o.y for o in objects], dtype=np.float64),
+        np.array([c[0] for c in cells], dtype=np.int64),
+        np.array([c[1] for c in cells], dtype=np.int64),
+        pa.array([list(o.terms) for o in objects], pa.list_(pa.string())),
+        None if only is None else pa.array([None if t is None else sorted(t) for t in only], pa.list_(pa.string())),
+    )
+
+
+def match_one(index, obj, cx, cy, only=None):
+    """Match one object: its matched ids (sorted) and candidates examined."""
+    found = index.match_batch(object_batch([obj], [(cx, cy)], None if only is None else [only]))
+    return found.sids, int(found.examined[0])

@@ -100,6 +100,11 @@ _ARROW_TYPES = {
 }
 
 
+def routed_rows_table(rows: Sequence[Routed]) -> pa.Table:
+    """Return routed rows as the :data:`ROUTED_SCHEMA` table an evaluator applies (tests and benchmarks build rows)."""
+    return pa.table(to_columns(rows), schema=ROUTED_SCHEMA)
+
+
 def ddl(columns: Sequence[tuple[str, str]]) -> str:
     """Return the Spark DDL schema string of ``columns``."""
     return ", ".join(f"{name} {kind}" for name, kind in columns)

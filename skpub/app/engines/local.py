@@ -155,8 +155,10 @@ class LocalPipeline:
             report.stage_cpu["balancer"] = time.thread_time() - balance_start
         epoch = self.epoch
         routed = self.router.route_many(batch, batch_id, epoch)
-        per_evaluator = routed.rows_for(len(evaluators))
-        results = [ev.apply_many(rows, batch_id) for ev, rows in zip(evaluators, per_evaluator, strict=True)]
+        split = time.thread_time()
+        per_evaluator = routed.rows_for(len(evaluators))  # the Spark sequencer task's files, one per evaluator
+        split = time.thread_time() - split
+        results = [ev.apply_rows(rows, batch_id) for ev, rows in zip(evaluators, per_evaluator, strict=True)]
         merge_start, unproven = time.thread_time(), self.merge.unproven
         events, snapshots = self.merge.apply(routed.marks, (u for r in results for u in r.updates))
         merge_seconds = time.thread_time() - merge_start
@@ -186,7 +188,7 @@ class LocalPipeline:
         )
         report.stage_cpu.update(
             parse=routed.parse_cpu_seconds,
-            sequencer=routed.sequencer_cpu_seconds,
+            sequencer=routed.sequencer_cpu_seconds + split,
             evaluators=sum(r.cpu_seconds for r in results),
             merge=merge_seconds,
             sink=time.thread_time() - sink_start,
