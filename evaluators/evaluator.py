@@ -20,12 +20,13 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from skpub.evaluators.durable import state_document, state_rows
+from skpub.evaluators.durable import state_document_of, state_rows
 from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.gi2 import GI2Index, ObjectBatch
 from skpub.evaluators.load import CellLoad
@@ -86,7 +87,7 @@ class Evaluator:
         self.grid_size = deployment.grid_size
         self.monitor = RankedMonitor(evaluator_id, deployment, vocabulary, durable)
         self.index = GI2Index(deployment.index_block, vocabulary)
-        self.blocks: dict[int, dict[str, tuple[RangeSubscription, CellBox]]] = {}
+        self.blocks: dict[int, dict[str, bytes]] = {}  # state block -> id -> its range_row as JSON
         self.state_block_of: dict[str, int] = {}
         self.dirty: set[int] = set()
         self.load = CellLoad(
@@ -235,29 +236,36 @@ class Evaluator:
         self.load.add_subscription(sub.id, box)
 
     def _file(self, sub: RangeSubscription, box: CellBox) -> None:
-        """Keep ``sub`` over ``box`` in the state block of ``box``, marked dirty for the state store."""
+        """Keep ``sub`` over ``box`` in the state block of ``box`` (as its JSON row), marked dirty for the state store.
+
+        The block keeps the row's bytes, not the record: about 150 bytes
+        where the record with its clause sets took about 1 KB (issue 43,
+        item 6); the record is decoded again only to move or restore it.
+        """
         key = self.state_block_of[sub.id] = state_block(box)
-        self.blocks.setdefault(key, {})[sub.id] = (sub, box)
+        # msgspec: orjson.dumps allocates about 4 KB for any result, which a kept row would hold for its lifetime
+        self.blocks.setdefault(key, {})[sub.id] = msgspec.json.encode(range_row(sub, box))
         self.dirty.add(key)
 
     def _box_of(self, sub_id: str) -> CellBox:
         """Return the cell box held subscription ``sub_id`` is indexed over here."""
-        return self.blocks[self.state_block_of[sub_id]][sub_id][1]
+        return self.index.box_of(sub_id)
 
-    def _unfile(self, sub_id: str) -> tuple[RangeSubscription, CellBox]:
-        """Take held subscription ``sub_id`` out of its state block (marked dirty); return it and its box."""
+    def _record(self, sub_id: str) -> RangeSubscription:
+        """Return held subscription ``sub_id`` decoded from its state block; O(its row)."""
+        return range_from_row(orjson.loads(self.blocks[self.state_block_of[sub_id]][sub_id]))[0]
+
+    def _unfile(self, sub_id: str) -> None:
+        """Take held subscription ``sub_id`` out of its state block (marked dirty)."""
         key = self.state_block_of.pop(sub_id)
         block = self.blocks[key]
-        held = block.pop(sub_id)
+        del block[sub_id]
         if not block:
             del self.blocks[key]
         self.dirty.add(key)
-        return held
 
-    def _drop_many(self, ids: Iterable[str]) -> list[tuple[RangeSubscription, CellBox]]:
-        """Remove range subscriptions ``ids`` now, their index entries in one pass (:meth:`GI2Index.remove_many`).
-
-        An id named twice is removed once; the list returned holds each once.
+    def _drop_many(self, ids: Iterable[str]) -> None:
+        """Remove range subscriptions ``ids`` now (an id named twice once), their index entries in one pass.
 
         Raises
         ------
@@ -268,12 +276,10 @@ class Evaluator:
         missing = [sid for sid in ids if sid not in self.state_block_of]
         if missing:
             raise KeyError(missing[0])
-        dropped = []
         for sub_id in ids:
-            dropped.append(self._unfile(sub_id))
+            self._unfile(sub_id)
             self.load.remove_subscription(sub_id)
-        self.index.remove_many(dropped)
-        return dropped
+        self.index.remove_many(ids)
 
     def set_partition(self, rectangles: list[CellBox]) -> None:
         """Take the rectangles of this evaluator's partition (for its load statistics; routing decides the rest)."""
@@ -296,23 +302,23 @@ class Evaluator:
         What a move of cells carries to its target (Tornado 4.4's cell
         transfer), in subscription order. The subscriptions stay here:
         :meth:`take_over` drops those left with no cell of this evaluator.
-        One sort of the ``s`` subscriptions held, O(s log s), then O(s) numpy
-        work per box and O(parts) to clip.
+        One sort of the ``s`` subscriptions held (GI^2's boxes, by
+        subscribe position), O(s log s), then O(s) numpy work per box and a
+        decode of each part's row from its state block.
         """
-        held = [item for block in self.blocks.values() for item in block.values()]
-        held.sort(key=lambda item: item[0].pos)
-        boxes = np.array([b for _, b in held], dtype=np.int64).reshape(-1, 4)
+        sids, positions, boxes = self.index.held()
+        order = np.argsort(positions, kind="stable")
+        boxes = boxes[order]
         out = []
         for x0, y0, x1, y1 in moved:
-            over = np.flatnonzero(
-                (boxes[:, 0] <= x1) & (boxes[:, 2] >= x0) & (boxes[:, 1] <= y1) & (boxes[:, 3] >= y0)
-            ).tolist()
-            out.append(
-                [
-                    (sub, (max(b[0], x0), max(b[1], y0), min(b[2], x1), min(b[3], y1)))
-                    for sub, b in (held[i] for i in over)
-                ]
-            )
+            over = order[
+                np.flatnonzero((boxes[:, 0] <= x1) & (boxes[:, 2] >= x0) & (boxes[:, 1] <= y1) & (boxes[:, 3] >= y0))
+            ]
+            parts = []
+            for i in over.tolist():
+                b = self._box_of(sids[i])
+                parts.append((self._record(sids[i]), (max(b[0], x0), max(b[1], y0), min(b[2], x1), min(b[3], y1))))
+            out.append(parts)
         return out
 
     def hand_off(self, plan: TransferPlan) -> Handoff | None:
@@ -458,15 +464,15 @@ class Evaluator:
             If a block is not a state block of :data:`skpub.evaluators.durable.FORMAT`, or ``load`` is damaged.
         """
         ev = cls(evaluator_id, deployment, vocabulary, durable)
-        for key, data in blocks.items():
-            block = decode_block(data)
-            ev.blocks[key] = block
-            for sid, (sub, box) in block.items():
-                ev.state_block_of[sid] = key
+        parts = {}
+        for data in blocks.values():
+            for sid, (sub, box) in decode_block(data).items():
+                ev._file(sub, box)
                 ev.index.insert(sub, box)
+                parts[sid] = box
+        ev.dirty = set()
         if not ev.load.kept:  # no statistics kept (a load document written by an older skpub is not read)
             return ev
-        parts = {sid: box for block in ev.blocks.values() for sid, (_, box) in block.items()}
         if load is None:
             for sid, box in parts.items():
                 ev.load.add_subscription(sid, box)
@@ -502,12 +508,12 @@ def _describe(record: object) -> str:
     return orjson.dumps({"record": type(record).__name__, "id": getattr(record, "id", None)}).decode()
 
 
-def encode_block(block: Mapping[str, tuple[RangeSubscription, CellBox]]) -> bytes:
-    """Serialize one state block as a versioned JSON document of :func:`~skpub.kernel.records.range_row` rows.
+def encode_block(block: Mapping[str, bytes]) -> bytes:
+    """Serialize one state block (id -> :func:`~skpub.kernel.records.range_row` JSON) as a versioned JSON document.
 
     Never pickle: state must not execute on load.
     """
-    return state_document([range_row(sub, box) for sub, box in block.values()], "subscriptions")
+    return state_document_of(list(block.values()), "subscriptions")
 
 
 def decode_block(data: bytes) -> dict[str, tuple[RangeSubscription, CellBox]]:

@@ -25,11 +25,14 @@ than a Python step per (object, candidate) pair:
   delta array, merged when the delta grows past a fraction of the main one
   (a log-structured merge, so an insert costs O(its entries) amortized and a
   batch's inserts one sort). A new subscription and its entries wait in
-  Python lists (:class:`_Pending`) until the next lookup turns them into
-  arrays at once: an insert costs a few list appends.
+  Python lists (:class:`_Pending`) until the next lookup, or until they
+  hold 16,384 entries, turns them into arrays at once: an insert costs a
+  few list appends.
 - *Subscriptions.* One slot per indexed subscription: rectangle (``float64``),
-  the stream positions it is live between (``born`` its subscribe,
-  ``died`` its unsubscribe), and its clauses as term-id runs.
+  the cell box it is indexed over (``int32``), the stream positions it is
+  live between (``born`` its subscribe, ``died`` its unsubscribe), and its
+  clauses as term-id runs with each clause's keyword. No Python record is
+  kept: a live subscription costs its id and a few dozen array bytes.
 - *Matching a batch* (:meth:`GI2Index.match_batch`): the objects' ``(row,
   term)`` pairs become keys, ``searchsorted`` finds each key's entries, and
   the candidates (Tornado's ``q_l``) are those live at the object's
@@ -76,6 +79,9 @@ _WIDE = SIDE * SIDE
 _LOW = (1 << 32) - 1
 _NEVER = np.iinfo(np.int64).max
 _DELTA_MIN = 1 << 16
+_PENDING_MAX = 1 << 14
+"""Most entries kept in Python lists before they become arrays (a Python int in a list takes ~36 bytes, an entry
+in the arrays 12)."""
 
 
 @dataclass
@@ -131,11 +137,13 @@ class _Pending:
 
     first: int = 0
     rects: list = field(default_factory=list)
+    boxes: list = field(default_factory=list)
     born: list = field(default_factory=list)
     died: list = field(default_factory=list)
     trivial: list = field(default_factory=list)
     clauses: list = field(default_factory=list)  # per slot: its clause count
     clause_lengths: list = field(default_factory=list)
+    clause_keys: list = field(default_factory=list)
     terms: list = field(default_factory=list)
     keys: list = field(default_factory=list)  # entries of new and widened slots
     slots: list = field(default_factory=list)
@@ -211,13 +219,14 @@ class GI2Index:
         self.term_ids: dict[str, int] = {}
         self.slot_of: dict[str, int] = {}
         self.sids: list[str] = []
-        self.dnfs: list = []
         self.rects = _Grow(np.float64, 4)
+        self.boxes = _Grow(np.int32, 4)
         self.born = _Grow(np.int64)
         self.died = _Grow(np.int64)
         self.trivial = _Grow(np.bool_)
         self.clauses = _Grow(np.int64, 2)  # per slot: first clause, end clause
         self.clause_terms = _Grow(np.int64, 2)  # per clause: first term, end term (in ``terms``)
+        self.clause_keys = _Grow(np.int64)  # per clause: its keyword's term id
         self.terms = _Grow(np.int64)
         self.main = (np.empty(0, np.int64), np.empty(0, np.int32))
         self.delta = (np.empty(0, np.int64), np.empty(0, np.int32))
@@ -281,6 +290,8 @@ class GI2Index:
         keys = [cell << 32 | t for cell in cells for t in tids]
         self.pending.keys.extend(keys)
         self.pending.slots.extend([slot] * len(keys))
+        if len(self.pending.keys) > _PENDING_MAX:
+            self._flush()
 
     # ------------------------------------------------------------------ changes
 
@@ -296,15 +307,17 @@ class GI2Index:
         slot = len(self.sids)
         self.slot_of[sub.id] = slot
         self.sids.append(sub.id)
-        self.dnfs.append(sub.dnf)
         new, r, term_id = self.pending, sub.rect, self._term_id
         new.rects.append((r.xmin, r.ymin, r.xmax, r.ymax))
+        new.boxes.append(box)
         new.born.append(sub.pos)
         new.died.append(_NEVER)
         new.trivial.append(len(sub.dnf) == 1 and len(sub.dnf[0]) == 1)
         new.clauses.append(len(sub.dnf))
+        least = self.vocabulary.least_frequent
         for clause in sub.dnf:
             new.clause_lengths.append(len(clause))
+            new.clause_keys.append(term_id(least(clause)))
             new.terms.extend(term_id(t) for t in clause)
         self.wide += wide
         self._enter(slot, cells, keywords)
@@ -322,22 +335,47 @@ class GI2Index:
         keywords = self.vocabulary.summary_keywords(sub.dnf)
         if self._is_wide(new, keywords):
             if not self._is_wide(old, keywords):  # a wide one stays wide: ``new`` contains ``old``
-                self.remove_many([(sub, old)])
+                self.remove_many([sub.id])
                 self.insert(sub, new)
+            else:
+                self._set(self.boxes, "boxes", self.slot_of[sub.id], new)
             return
-        self._enter(self.slot_of[sub.id], self._added_cell_keys(old, new), keywords)
+        slot = self.slot_of[sub.id]
+        self._enter(slot, self._added_cell_keys(old, new), keywords)
+        self._set(self.boxes, "boxes", slot, new)
 
-    def remove_many(self, items: Iterable[tuple[RangeSubscription, CellBox]]) -> None:
-        """Drop subscriptions ``items`` (each indexed over its box) now: no object matches them from here on.
+    def box_of(self, sub_id: str) -> CellBox:
+        """Return the cell box live subscription ``sub_id`` is indexed over.
+
+        Raises
+        ------
+        KeyError
+            If ``sub_id`` is not live here.
+        """
+        slot, first = self.slot_of[sub_id], self.pending.first
+        box = self.pending.boxes[slot - first] if slot >= first else self.boxes.view[slot].tolist()
+        return tuple(box)
+
+    def held(self) -> tuple[list[str], np.ndarray, np.ndarray]:
+        """Return the live subscriptions' ids, subscribe positions (int64) and cell boxes (shape (n, 4), int64).
+
+        In slot order; O(slots).
+        """
+        self._flush()
+        live = np.flatnonzero(self.died.view == _NEVER)
+        return [self.sids[i] for i in live.tolist()], self.born.view[live], self.boxes.view[live].astype(np.int64)
+
+    def remove_many(self, ids: Iterable[str]) -> None:
+        """Drop subscriptions ``ids`` now (those not live here are skipped): no object matches them from here on.
 
         For a rebalancing, which may index the same subscription again here
         later (a new slot then). Their slots are dead until the next
         compaction. O(1) each.
         """
-        for sub, _ in items:
-            slot = self.slot_of.pop(sub.id, None)
+        for sid in ids:
+            slot = self.slot_of.pop(sid, None)
             if slot is not None:
-                self._set_died(slot, -1)  # born >= 0: live between born and died, never
+                self._set(self.died, "died", slot, -1)  # born >= 0: live between born and died, never
                 self.dead += 1
 
     def delete(self, sub_id: str, pos: int) -> None:
@@ -352,15 +390,16 @@ class GI2Index:
             If ``sub_id`` is not indexed here.
         """
         slot = self.slot_of.pop(sub_id)
-        self._set_died(slot, pos)
+        self._set(self.died, "died", slot, pos)
         self.dead += 1
 
-    def _set_died(self, slot: int, pos: int) -> None:
+    def _set(self, column: _Grow, name: str, slot: int, value: object) -> None:
+        """Set ``slot``'s value in ``column`` (the pending list ``name`` while the slot is pending)."""
         first = self.pending.first
         if slot >= first:
-            self.pending.died[slot - first] = pos
+            getattr(self.pending, name)[slot - first] = value
         else:
-            self.died.view[slot] = pos
+            column.view[slot] = value
 
     def end_batch(self) -> None:
         """After a batch's objects are matched: compact when dead slots outnumber live ones (and 1,024)."""
@@ -384,14 +423,14 @@ class GI2Index:
         lengths = runs[:, 1] - runs[:, 0]
         ends = np.cumsum(lengths)
         self.clause_terms.replace(np.stack([ends - lengths, ends], axis=1))
+        self.clause_keys.replace(np.searchsorted(used, self.clause_keys.view[clause]))
         self.terms.replace(np.searchsorted(used, old_terms))
         per_slot = np.bincount(owner, minlength=len(kept))
         slot_ends = np.cumsum(per_slot)
         self.clauses.replace(np.stack([slot_ends - per_slot, slot_ends], axis=1))
-        for column in (self.rects, self.born, self.died, self.trivial):
+        for column in (self.rects, self.boxes, self.born, self.died, self.trivial):
             column.replace(column.view[kept])
         self.sids = [self.sids[i] for i in kept.tolist()]
-        self.dnfs = [self.dnfs[i] for i in kept.tolist()]
         self.slot_of = {sid: i for i, sid in enumerate(self.sids)}
         keys, slots = _merge(self.main, self.delta)
         keep = live[slots]
@@ -411,12 +450,14 @@ class GI2Index:
         self.pending = _Pending(len(self.sids))
         if new.born:
             self.rects.extend(new.rects)
+            self.boxes.extend(new.boxes)
             self.born.extend(new.born)
             self.died.extend(new.died)
             self.trivial.extend(new.trivial)
             lengths = np.array(new.clause_lengths, dtype=np.int64)
             ends = self.terms.n + np.cumsum(lengths)
             self.clause_terms.extend(np.stack([ends - lengths, ends], axis=1))
+            self.clause_keys.extend(new.clause_keys)
             self.terms.extend(new.terms)
             counts = np.array(new.clauses, dtype=np.int64)
             slot_ends = self.clause_terms.n - len(lengths) + np.cumsum(counts)
@@ -512,7 +553,7 @@ class GI2Index:
         pairs = np.unique((row << 32) | slot)
         row, slot = pairs >> 32, pairs & _LOW
         if restricted is not None:
-            row, slot = self._answered_here(objects, restricted, row, slot)
+            row, slot = self._answered_here(objects, restricted, row, slot, held)
         sids = [self.sids[s] for s in slot.tolist()]
         if len(sids) > 1:
             order = np.lexsort((np.array(sids, dtype=np.dtypes.StringDType()), row))
@@ -531,24 +572,29 @@ class GI2Index:
         return np.bincount(pair[whole], minlength=len(rows)) > 0
 
     def _answered_here(
-        self, objects: ObjectBatch, restricted: np.ndarray, row: np.ndarray, slot: np.ndarray
+        self, objects: ObjectBatch, restricted: np.ndarray, row: np.ndarray, slot: np.ndarray, held: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """Keep the matches of restricted rows whose least satisfied clause keyword is one of the row's ``only``.
 
         A single-clause subscription was found under its one keyword, which
-        is then in ``only``; the others are checked here, in Python (text
-        partitions are few).
+        is then in ``only``; the others are checked here: each clause the
+        object satisfies, by term ids, then the least keyword of those in
+        code-point order, in Python (text partitions are few).
         """
         check = np.flatnonzero(restricted[row] & (np.diff(self.clauses.view[slot], axis=1)[:, 0] > 1))
         if not len(check):
             return row, slot
-        least = self.vocabulary.least_frequent
+        names = list(self.term_ids)
+        terms, clause_terms, keys = self.terms.view, self.clause_terms.view, self.clause_keys.view
         keep = np.ones(len(row), dtype=bool)
         for i in check.tolist():
-            r = int(row[i])
-            terms = frozenset(objects.terms[r].as_py())
-            only = frozenset(objects.only[r].as_py())
-            keep[i] = min(least(c) for c in self.dnfs[slot[i]] if c <= terms) in only
+            r, (c0, c1) = int(row[i]), self.clauses.view[slot[i]].tolist()
+            satisfied = [
+                names[keys[c]]
+                for c in range(c0, c1)
+                if _member((r << 32) | terms[clause_terms[c, 0] : clause_terms[c, 1]], held).all()
+            ]
+            keep[i] = min(satisfied) in frozenset(objects.only[r].as_py())
         return row[keep], slot[keep]
 
     def postings(self) -> dict[tuple[int | None, str], list[str]]:

@@ -540,9 +540,7 @@ def test_a_target_indexes_what_is_carried_over_the_union_with_what_it_holds(held
             fresh._insert(subs[i], box)
     finally:
         gi2.WIDE_ENTRIES, window.STATE_BLOCK = default, state_block
-    assert {sid: target.blocks[key][sid][1] for sid, key in target.state_block_of.items()} == {
-        f"s{i}": box for i, box in want.items()
-    }
+    assert {sid: target.index.box_of(sid) for sid in target.state_block_of} == {f"s{i}": box for i, box in want.items()}
 
     assert target.index.postings() == fresh.index.postings() == restored.index.postings()
     assert set(target.index.slot_of) == set(fresh.index.slot_of) == set(restored.index.slot_of)

@@ -52,7 +52,7 @@ def _check_against_brute_force(seed, block, size):
             index.end_batch()
         elif u < 0.45 and live:  # a rebalancing drops several at once
             ids = rng.choice(list(live), size=int(rng.integers(1, len(live) + 1)), replace=False).tolist()
-            index.remove_many([(live[sid], grid.cell_box(live[sid].rect)) for sid in ids])
+            index.remove_many(ids)
             for sid in ids:
                 del live[sid]
             kept = {sid for sids in index.postings().values() for sid in sids}
@@ -128,9 +128,9 @@ def test_removing_several_at_once_leaves_the_index_one_by_one_removal_leaves(see
                 index.insert(sub, grid.cell_box(sub.rect))
             index.delete("s0", 40)  # a lazily deleted one stays as it was
         gone = [subs[i] for i in sorted(rng.choice(np.arange(1, 40), size=int(rng.integers(1, 39)), replace=False))]
-        indexes[0].remove_many([(sub, grid.cell_box(sub.rect)) for sub in gone])
+        indexes[0].remove_many([sub.id for sub in gone])
         for sub in gone:
-            indexes[1].remove_many([(sub, grid.cell_box(sub.rect))])
+            indexes[1].remove_many([sub.id])
         one, many = indexes[1], indexes[0]
         assert many.postings() == one.postings()
         assert many.slot_of == one.slot_of and "s0" not in many.slot_of and many.dead == one.dead == len(gone) + 1

@@ -11,6 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -685,3 +686,26 @@ def test_only_the_temporaries_a_killed_spark_left_in_its_logs_are_removed(tmp_pa
         path.write_text("x")
     assert sorted(ckpt.drop_interrupted_writes()) == sorted(f"{p.parent.name}/{p.name}" for p in dropped)
     assert all(p.exists() for p in kept) and not any(p.exists() for p in dropped)
+
+
+_ids = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=12)
+
+
+@examples(1)
+@given(st.lists(st.tuples(_ids, st.lists(st.lists(_ids, min_size=1, max_size=3), min_size=1, max_size=3)), max_size=6))
+def test_a_state_block_of_kept_rows_reads_back_as_the_document_of_its_records(subs):
+    """Blocks keep each subscription as its encoded row and join them: the same document, read back the same."""
+    from skpub.evaluators.durable import state_document, state_rows
+    from skpub.kernel.geometry import Rect
+    from skpub.kernel.records import RangeSubscription, range_row
+
+    records = {}
+    for pos, (sid, clauses) in enumerate(subs):
+        sub = RangeSubscription(pos, sid, Rect(0, -1.5, 2, 1e300), tuple(frozenset(c) for c in clauses))
+        records[sid] = (sub, (pos, 0, pos + 1, 2))
+    rows = [range_row(sub, box) for sub, box in records.values()]
+    kept = {sid: msgspec.json.encode(range_row(sub, box)) for sid, (sub, box) in records.items()}
+    assert state_rows(encode_block(kept), "subscriptions") == state_rows(
+        state_document(rows, "subscriptions"), "subscriptions"
+    )
+    assert decode_block(encode_block(kept)) == records

@@ -95,7 +95,9 @@ def range_row(sub: RangeSubscription, box: tuple[int, int, int, int]) -> list:
 
     The row is ``[id, pos, [xmin, ymin, xmax, ymax], [[clause terms], ...], [cx0, cy0, cx1, cy1]]``.
     """
-    return [sub.id, sub.pos, sub.rect.as_list(), [sorted(clause) for clause in sub.dnf], list(box)]
+    r = sub.rect  # floats always, so a row decoded and encoded again is the same bytes
+    return [sub.id, sub.pos, [float(r.xmin), float(r.ymin), float(r.xmax), float(r.ymax)],
+            [sorted(clause) for clause in sub.dnf], list(box)]  # fmt: skip
 
 
 def range_from_row(row: list) -> tuple[RangeSubscription, tuple[int, int, int, int]]:
