@@ -23,7 +23,7 @@ from skpub.kernel.geometry import Rect
 from skpub.kernel.grid import FineGrid
 from skpub.kernel.objects import ObjectColumns, decode_objects
 from skpub.kernel.records import ObjectRecord, parse_line
-from skpub.kernel.text import normalize_each
+from skpub.kernel.text import normalize_array, normalize_each
 from tests.profiles import examples
 from tests.workloads import SPACE
 
@@ -150,9 +150,11 @@ def test_columns_round_trip_records_and_concat_keeps_stream_order():
 @examples(5)
 @given(st.lists(TERMS, max_size=40))
 @example(["ǅ", "Σ", "ß", "", "ﬁ", "e\u0301", "\u0301", "İ"])
-def test_normalize_each_equals_term_by_term_normalization(terms):
+def test_normalize_each_and_normalize_array_equal_term_by_term_normalization(terms):
     nfkc = unicodedata.normalize
-    assert normalize_each(terms) == [nfkc("NFKC", nfkc("NFKC", t).casefold()) for t in terms]
+    expected = [nfkc("NFKC", nfkc("NFKC", t).casefold()) for t in terms]
+    assert normalize_each(terms) == expected
+    assert normalize_array(terms).to_pylist() == expected
 
 
 def test_normalize_each_refuses_what_is_not_a_string():

@@ -41,10 +41,11 @@ from typing import Annotated, Literal
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from skpub.kernel.geometry import Rect
 from skpub.kernel.records import ObjectRecord
-from skpub.kernel.text import normalize_each
+from skpub.kernel.text import normalize_array
 
 
 class _ObjectLine(msgspec.Struct, forbid_unknown_fields=True):
@@ -239,12 +240,14 @@ def decode_objects(
 
 
 def _normalized_terms(lists: list[list[str]]) -> pa.LargeListArray:
-    """Normalize every object's terms in one pass (:func:`normalize_each`), dropping empty ones per object."""
-    flat = normalize_each([t for terms in lists for t in terms])
+    """Normalize every object's terms in one pass (:func:`normalize_array`), dropping empty ones per object."""
+    flat = normalize_array([t for terms in lists for t in terms])
     counts = np.fromiter(map(len, lists), np.int64, len(lists))
-    if "" in flat:
-        parents = np.repeat(np.arange(len(lists)), counts)
-        keep = np.fromiter((t != "" for t in flat), bool, len(flat))
-        flat = [t for t in flat if t]
-        counts = np.bincount(parents[keep], minlength=len(lists))
-    return _list_array(flat, counts)
+    empty = pc.equal(pc.binary_length(flat), 0)
+    if empty.true_count:
+        keep = ~empty.to_numpy(zero_copy_only=False)
+        flat = flat.filter(pa.array(keep))
+        counts = np.bincount(np.repeat(np.arange(len(lists)), counts)[keep], minlength=len(lists))
+    offsets = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return pa.LargeListArray.from_arrays(pa.array(offsets), flat)

@@ -24,6 +24,10 @@ from itertools import product
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from skpub.kernel.errors import ConfigError, ExpressionError
 
 if TYPE_CHECKING:
@@ -47,6 +51,11 @@ MAX_VOCABULARY_BYTES = 256 << 20
 """Largest vocabulary file read, bytes (GeoNames' is a few MiB); a larger one is refused, not read to its end."""
 
 
+def _normalize(term: str) -> str:
+    """NFKC, casefold, NFKC (SEMANTICS section 2), unmemoized."""
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", term).casefold())
+
+
 def normalize_term(term: str) -> str:
     """Normalize one term: NFKC, then casefold, then NFKC again (SEMANTICS section 2).
 
@@ -60,7 +69,7 @@ def normalize_term(term: str) -> str:
     """
     norm = _NORMALIZED.get(term)
     if norm is None:
-        norm = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", term).casefold())
+        norm = _normalize(term)
         if len(term) <= MAX_CACHED_TERM_LENGTH and len(norm) <= MAX_CACHED_TERM_LENGTH:
             if len(_NORMALIZED) >= MAX_CACHED_TERMS:
                 _NORMALIZED.clear()
@@ -107,6 +116,32 @@ def normalize_each(terms: list[str]) -> list[str]:
         return joined.lower().split(_SEPARATOR)
     cache = _NORMALIZED
     return [term.lower() if term.isascii() else cache.get(term) or normalize_term(term) for term in terms]
+
+
+def normalize_array(terms: list[str]) -> pa.LargeStringArray:
+    """Return the normalization of every element of ``terms`` as an Arrow array, aligned with it (empty kept).
+
+    The same result as :func:`normalize_each`, for a whole micro-batch's
+    object terms: ASCII terms are lowered in Arrow (``ascii_lower``, which on
+    ASCII is what NFKC, casefold, NFKC give), only the others are normalized
+    one by one, without the memo of :func:`normalize_term`: a batch of
+    GeoNames names holds more distinct non-ASCII terms than the memo keeps,
+    and a miss costs about 4x a plain normalization (0.5 against 0.13 us).
+    O(total characters) in C plus O(non-ASCII terms) in Python.
+
+    Raises
+    ------
+    pyarrow.ArrowInvalid, pyarrow.ArrowTypeError
+        If an element is not a string.
+    """
+    array = pa.array(terms, pa.large_string())
+    ascii = pc.string_is_ascii(array)
+    lowered = pc.ascii_lower(array)
+    if ascii.false_count == 0:
+        return lowered
+    others = np.flatnonzero(~ascii.to_numpy(zero_copy_only=False)).tolist()
+    normalized = pa.array([_normalize(terms[i]) for i in others], pa.large_string())
+    return pc.replace_with_mask(lowered, pc.invert(ascii), normalized)
 
 
 def parse_expression(expr: str) -> DNF:
