@@ -265,6 +265,11 @@ def _drift_run(stream, dep, out: str, args, phase_count: int) -> dict:
         "slow": sum(slowest_evaluator_seconds(r) for r in reports),
         "decide": sum(decision_seconds(r) for r in reports),
         "steps": sum(sum(r.evaluator_balancer_cpu.values()) for r in reports),
+        # every evaluator's CPU, its hand-offs and take-overs included: what the balancer costs the cluster
+        "evaluator_cpu": sum(evaluator_seconds(r) for r in reports),
+        # in cost units (Tornado Eq. 1): per batch the busiest evaluator's cost, and all evaluators' cost
+        "cost_parallel": sum(max(r.evaluator_cost.values(), default=0) for r in reports),
+        "cost_total": sum(sum(r.evaluator_cost.values()) for r in reports),
     }
     # the most a balancer could gain: each batch's evaluator CPU spread evenly, moving nothing, for free
     even = [parallel_seconds(r, u) - slowest_evaluator_seconds(r) + evaluator_seconds(r) / n
@@ -319,6 +324,7 @@ def part_drift(args) -> None:
                 burst_regions=args.burst_regions,
                 max_side=args.max_side,
                 inserts_per_object=args.inserts_per_object,
+                shift_at=args.shift_at,
             )
             stream, vocabulary = write_workload(spec, f"{tmp}/workload-{scale}")
             base: Deployment = deployment_from_json(deployment_of(spec)).replace(
@@ -362,6 +368,15 @@ def part_drift(args) -> None:
                 print(f"      of which parse {stage['parse']:.2f} s, sequencer {stage['sequencer']:.2f} s, slowest"
                       f" evaluators {stage['slow']:.2f} s (their balancer steps {stage['steps']:.2f} s),"
                       f" decisions {stage['decide']:.2f} s")  # fmt: skip
+            cpu = {mode: statistics.median(r["evaluator_cpu"] for r in runs[mode]) for mode in runs}
+            print(f"{scale:>5} evaluator CPU, every evaluator with its balancer steps: off {cpu['off']:.2f} s,"
+                  f" adaptive {cpu['adaptive']:.2f} s ({cpu['adaptive'] / cpu['off']:.2f}x)")  # fmt: skip
+            off_run, adaptive_run = runs["off"][0], runs["adaptive"][0]  # cost units: the same in every run
+            perfect = off_run["cost_total"] / base.evaluators
+            print(f"{scale:>5} parallel cost (the busiest evaluator's, summed): off {off_run['cost_parallel']:,.0f},"
+                  f" adaptive {adaptive_run['cost_parallel']:,.0f}, perfect balance of off's total {perfect:,.0f};"
+                  f" adaptive {adaptive_run['cost_parallel'] / perfect:.2f}x the bound,"
+                  f" {off_run['cost_parallel'] / adaptive_run['cost_parallel']:.2f}x below off")  # fmt: skip
             bound = [statistics.median(r["bound"][u] for r in runs["off"]) for u in (0, 1)]
             ratios = [o["parallel"] / a["parallel"] for o, a in zip(runs["off"], runs["adaptive"], strict=True)]
             gain = medians["off"]["parallel"] / medians["adaptive"]["parallel"]
@@ -447,6 +462,8 @@ def main() -> None:
         help="the drift runs' cost units of an object beside its candidates (default: the deployment's)",
     )
     parser.add_argument("--drift-rounds", type=int, default=3, help="runs per mode of the drift part, alternating")
+    parser.add_argument("--shift-at", type=float, default=0.0,
+                        help="the drift stream shifts once, after this share of its objects (Tornado 5.4)")  # fmt: skip
     parser.add_argument("--global-period", type=int, default=None,
                         help="batches between global adjustment checks, 0: never")  # fmt: skip
     args = parser.parse_args()

@@ -130,9 +130,10 @@ class CellLoad:
         for j, r in enumerate(rects):  # the rectangle of every cell with cost, O(cells x rectangles) in numpy
             x0, y0, x1, y1 = r.box
             where[(xs >= x0) & (xs <= x1) & (ys >= y0) & (ys <= y1)] = j
-        self._rect_memo = dict(zip(ids.tolist(), where.tolist(), strict=True))
         kept = where >= 0
-        self._cells = dict(zip(ids[kept].tolist(), raws[kept].tolist(), strict=True))
+        self._rect_memo = dict(zip(ids[kept].tolist(), where[kept].tolist(), strict=True))
+        if not kept.all():  # most take-overs keep every cell: the dict stays as it is then
+            self._cells = dict(zip(ids[kept].tolist(), raws[kept].tolist(), strict=True))
         for j in fresh:
             mine = where == j
             self._sum_cells(j, xs[mine], ys[mine], raws[mine])

@@ -30,6 +30,12 @@ of the room the shrunk world leaves, anticlockwise from the south-west, and
 round again), one phase per equal share of the objects; subscriptions are shrunk with the
 phase in which they are registered, so they follow the hot spot.
 
+A *shift* (``shift_at`` in (0, 1), Tornado 5.4's condensed data, issue 43):
+the stream is normal for the first ``shift_at`` share of the objects, then
+shrunk to ``drift_scale`` of the space's sides in the south-west corner and
+static there; subscriptions registered after the shift follow it. One
+move of the hot spot, after which a balancer must catch up once and stay.
+
 A *keyword burst* (``burst_regions`` > 0, PS2Stream VI-D's switching
 regions): the space is cut into 10 x 10 regions and, in each of the
 ``drift_phases`` phases, a seeded ``burst_regions`` share of them bursts: a
@@ -80,6 +86,7 @@ class WorkloadSpec:
     drift_phases: int = 4
     burst_regions: float = 0.0
     burst_side_scale: float = 1.0
+    shift_at: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.burst_regions <= 1:
@@ -88,6 +95,8 @@ class WorkloadSpec:
             raise ValueError("burst_side_scale must be in (0, 1]")
         if not 0 < self.drift_scale <= 1 or self.drift_phases < 1:
             raise ValueError("drift_scale must be in (0, 1] and drift_phases >= 1")
+        if not 0 <= self.shift_at < 1:
+            raise ValueError("shift_at must be in [0, 1)")
         if self.live < 0 or not 0 < self.keyword_percentile <= 100:
             raise ValueError("live must be >= 0 and keyword_percentile in (0, 100]")
         if not 0 < self.min_side <= self.max_side <= 1:
@@ -264,12 +273,13 @@ def generate(spec: WorkloadSpec) -> Iterator[str]:
     due: dict[int, list[str]] = {}
     inserted = 0
     per_phase = -(-len(order) // spec.drift_phases) if len(order) else 1
-    phase = drift(spec, 0)
+    shift = int(spec.shift_at * len(order)) if spec.shift_at else None
+    phase = (1.0, 0.0, 0.0) if shift is not None else drift(spec, 0)
 
     def insert() -> Iterator[str]:
         nonlocal inserted
         sub = sampler.sample()
-        if spec.drift_scale < 1:
+        if phase[0] < 1:
             sub = _shrink(sub, *phase)
         lifetime = max(1, int(round(rng.normal(spec.live, 0.2 * spec.live)))) if spec.live else 1
         due.setdefault(inserted + lifetime, []).append(sub["id"])
@@ -282,7 +292,10 @@ def generate(spec: WorkloadSpec) -> Iterator[str]:
         yield from insert()
     for i, idx in enumerate(order):
         p = places[idx]
-        phase = drift(spec, i // per_phase)
+        if shift is None:
+            phase = drift(spec, i // per_phase)
+        elif i == shift:
+            phase = drift(spec, 0)
         if i % per_phase == 0:
             sampler.bursting = bursting(spec, i // per_phase)
         s, cx, cy = phase

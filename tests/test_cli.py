@@ -141,3 +141,23 @@ def test_default_run_shows_all_three_kinds(tmp_path, capsys):
     assert any("score" in d for d in deliveries) and any("dist" in d for d in deliveries)
     results = results_from_events([d for d in deliveries if d["event"] != "match"])
     assert results and all(sum(objs.values()) <= 20 for objs in results.values())
+
+
+def test_a_shift_workload_is_normal_then_condensed_in_one_corner_and_stays():
+    """Objects before ``shift_at`` spread over the space; after it, all lie in the south-west 0.4 x 0.4 corner, and so
+    do the subscriptions registered after it (fails if the shift moved on, or never came)."""
+    from skpub.sims.geonames import SPACE
+
+    spec = WorkloadSpec(objects=2000, live=50, drift_scale=0.4, shift_at=0.5, topk_fraction=0, knn_fraction=0)
+    docs = [json.loads(line) for line in generate(spec)]
+    objects = [d for d in docs if d["type"] == "object"]
+    corner = (SPACE.xmin, SPACE.ymin, SPACE.xmin + 0.4 * SPACE.width, SPACE.ymin + 0.4 * SPACE.height)
+
+    def inside(x, y):
+        return corner[0] - 1e-9 <= x <= corner[2] + 1e-9 and corner[1] - 1e-9 <= y <= corner[3] + 1e-9
+
+    assert all(inside(o["x"], o["y"]) for o in objects[1000:])
+    assert sum(inside(o["x"], o["y"]) for o in objects[:1000]) < 900
+    first_after = next(i for i, d in enumerate(docs) if d is objects[1000])
+    late = [d for d in docs[first_after:] if d["type"] == "subscribe"]
+    assert late and all(inside(*d["rect"][:2]) and inside(*d["rect"][2:]) for d in late)

@@ -37,7 +37,7 @@ TINY = {
 
 def test_every_shipped_scenario_parses_and_names_its_strategies():
     names = shipped_scenarios()
-    assert {"uniform", "drift", "burst", "q1", "q2", "q3"} <= set(names)
+    assert {"uniform", "drift", "burst", "shift", "q1", "q2", "q3"} <= set(names)
     for name in names:
         scenario = load_scenario(name)
         assert scenario.name == name and scenario.title

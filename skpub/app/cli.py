@@ -50,6 +50,12 @@ def _workload_args(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="a keyword burst: this share of 10 x 10 regions takes frequent keywords, new ones each phase (default 0)",
     )
+    parser.add_argument(
+        "--shift-at",
+        type=float,
+        default=0.0,
+        help="a shift: after this share of the objects the stream is condensed to --drift-scale and stays (default 0)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,6 +161,7 @@ def _spec(args: argparse.Namespace):
         seed=args.seed, live=args.live, objects=args.objects, keyword_percentile=args.keyword_percentile,
         topk_fraction=args.topk_fraction, knn_fraction=args.knn_fraction, window=args.window,
         drift_scale=args.drift_scale, drift_phases=args.drift_phases, burst_regions=args.burst_regions,
+        shift_at=args.shift_at,
     )  # fmt: skip
 
 
