@@ -23,12 +23,15 @@ plans exactly as its first attempt and publishes the same epoch.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 
 from skpub.balancer.operation import apply_moves
 from skpub.balancer.policy import decide
 from skpub.kernel.config import BalancerConfig
 from skpub.kernel.load import LoadSummary
+from skpub.kernel.parts import write_part
 from skpub.kernel.transfer import TransferPlan
 from skpub.router.agrid import AGrid
 from skpub.router.epoch import RoutingEpoch
@@ -85,6 +88,46 @@ def plan_after(
     decisions = tuple({**op.to_json(), "summary_bytes": summary_bytes} for op in operations)
     plan = TransferPlan(batch, epoch.number + 1, moves, rectangles, decisions)
     return plan, RoutingEpoch(epoch.number + 1, batch + 2, AGrid(epoch.table.grid, after))
+
+
+def balancer_step(
+    root: Path,
+    settings: BalancerConfig,
+    batch: int,
+    epoch: RoutingEpoch | None,
+    plan: TransferPlan | None,
+    handoffs: Sequence[dict],
+    summaries: Sequence[LoadSummary],
+    counts: Counter,
+) -> tuple[TransferPlan, RoutingEpoch] | None:
+    """The balancer's step after micro-batch ``batch``, on both engines: log a transfer, or decide.
+
+    When ``batch`` is ``plan``'s transfer batch (its sources handed off:
+    ``handoffs`` are their :meth:`~skpub.kernel.transfer.Handoff.counters`),
+    its lines (:func:`transfer_lines`) go to ``root/balancer/part-<batch>.jsonl``
+    and ``counts`` (the batch report's ``balancer``) take one per operation
+    and the subscription parts carried; nothing is decided while a transfer
+    is in flight (``epoch`` may then be None). Otherwise the decision of
+    :func:`plan_after` over ``summaries`` under ``epoch`` (the one that
+    routed ``batch``) is returned, for the engine to keep (and save) as it
+    does.
+
+    Raises
+    ------
+    RoutingError
+        As :func:`plan_after`.
+    ValueError
+        If there is no plan and no ``epoch``.
+    """
+    if plan is not None:
+        lines = transfer_lines(plan, handoffs)
+        write_part(root, "balancer", batch, lines)
+        for line in lines:
+            counts.update({line["operation"]: 1, "subscriptions": line["subscription_parts_moved"]})
+        return None
+    if epoch is None:
+        raise ValueError(f"a decision after batch {batch} needs the epoch that routed it")
+    return plan_after(settings, epoch, summaries, batch)
 
 
 def transfer_lines(plan: TransferPlan, counters: Sequence[dict]) -> list[dict]:

@@ -179,7 +179,7 @@ def series(values: list[float | None]) -> str:
 
 
 UNTUNED = (
-    "import sys, skpub.app.daemon as daemon; daemon.tune_gc = lambda: None; "
+    "import sys, skpub.app.engines.local_plane as plane; plane.tune_gc = lambda: None; "
     "from skpub.app.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 """``skpub serve`` with the daemon's collector tuning off: what the local daemon did before 2026-11-27."""

@@ -269,24 +269,26 @@ def test_the_logs_keep_what_a_restart_needs_and_a_restart_after_their_segments_w
     lines = random_workload(seed=71, n=900) + ranked_workload(seed=72, n=300)
     dep = deployment(evaluators=3, batch_size=25)
     limits = Limits(checkpoint_seconds=0.0, trigger=0.01, segment_bytes=1000, compact_commits=4)
-    import skpub.app.daemon
+    import skpub.app.engines.local_plane
 
     tuned = []  # the collector tuned as `skpub run` does, once the pipeline exists
-    monkeypatch.setattr(skpub.app.daemon, "tune_gc", lambda: tuned.append(first._pipeline is not None))
+    monkeypatch.setattr(
+        skpub.app.engines.local_plane, "tune_gc", lambda: tuned.append(first._plane.pipeline is not None)
+    )
     first = Daemon(tmp_path / "data", dep, limits)
     first.start()
     for start in range(0, 700, 50):
         first.post([line.encode() for line in lines[start : start + 50]])
     while not first.ready:
         first.stopping.wait(0.01)
-    assert tuned and all(tuned) and first._collect.last > -math.inf  # and collected in full
+    assert tuned and all(tuned) and first._plane.collect.last > -math.inf  # and collected in full
     gone = first.ingest.first
     oldest = min(local_checkpoint.checkpoints(tmp_path / "data" / "checkpoints"))
-    assert 0 < gone <= first._ends.start(oldest + 1)  # released, and nothing a restart needs
+    assert 0 < gone <= first.ends.start(oldest + 1)  # released, and nothing a restart needs
     definitions = dict(first._state.definitions)
     released = [sid for sid, line in definitions.items() if lines.index(line.decode()) < gone]
     assert released and all(json.loads(first.definition(sid))["id"] == sid for sid in released)
-    assert first.batches.first > 0 and first.commits.first > 0 and first._ends.first > 0
+    assert first.batches.first > 0 and first.commits.first > 0 and first.ends.first > 0
     assert list((tmp_path / "data").glob("commits-*.base"))
     first.stop()
     gone = first.ingest.first  # a checkpoint between the reads above and the stop may have released more
@@ -329,12 +331,12 @@ def test_the_spark_source_reads_each_journaled_batch_from_its_ingest_segment_acr
         assert end["batch"] == offset["batch"] + 1
         pieces = [Slice.from_json(p.value) for p in reader.partitions(offset, end)]
         seen.append(b"".join(line + b"\n" for piece in pieces for line in slice_lines(ingest, piece, entries=True)))
-        if end["batch"] == daemon._ends.count // 2:  # old segments go: the source goes on from where it is
+        if end["batch"] == daemon.ends.count // 2:  # old segments go: the source goes on from where it is
             daemon.batches.release(end["batch"])
-            daemon.ingest.release(daemon._ends.end(end["batch"] - 1))
+            daemon.ingest.release(daemon.ends.end(end["batch"] - 1))
             assert not journal[0].exists() and not ingest[0].exists()
         offset = end
-    assert len(seen) == daemon._ends.count
+    assert len(seen) == daemon.ends.count
     assert b"".join(seen) == b"".join(line.encode() + b"\n" for line in lines)
     with pytest.raises(ValueError, match="no longer keeps batch 0"):  # a Spark checkpoint older than the journal
         reader.latestOffset(reader.initialOffset(), reader.getDefaultReadLimit())
@@ -722,7 +724,7 @@ def test_a_spark_checkpoint_older_than_what_the_logs_keep_is_refused_with_the_re
     assert daemon.batches.first > 3
     with pytest.raises(CheckpointError, match="resumes at batch 3"):
         daemon._check_spark_resume()
-    (spark.query / "commits" / str(daemon._ends.count - 1)).write_text("v1")  # up to date: resumes
+    (spark.query / "commits" / str(daemon.ends.count - 1)).write_text("v1")  # up to date: resumes
     daemon._check_spark_resume()
 
 
@@ -1006,7 +1008,7 @@ def test_a_restarted_local_daemon_resumes_from_its_checkpoint_not_from_the_start
     again.post([line.encode() for line in lines[300:]])
     while not again.ready:
         again.stopping.wait(0.01)
-    assert committed == 300 and steps and min(steps) == again._ends.count - len(steps)  # only new batches ran
+    assert committed == 300 and steps and min(steps) == again.ends.count - len(steps)  # only new batches ran
     deliveries = [orjson.loads(x) for x in again.read_committed("deliveries", 0, 10**6)]
     again.stop()
     monkeypatch.undo()
@@ -1123,11 +1125,11 @@ def test_a_local_daemon_collects_in_full_after_its_batches_and_while_idle_and_ex
     """A full collection never runs inside a batch's wall time (from its start to the observation the batch
     histogram takes at its commit), runs after batches and while no record waits, and the collections per
     generation are in the daemon's metrics."""
-    import skpub.app.daemon as daemon_module
+    import skpub.app.engines.local_plane as plane_module
     from skpub.kernel import runtime
 
     runtime.tune_gc()  # as any run before in this process did: its one collection before freezing is not timed
-    monkeypatch.setattr(daemon_module, "FULL_COLLECTION_SECONDS", 0.0)  # every call collects,
+    monkeypatch.setattr(plane_module, "FULL_COLLECTION_SECONDS", 0.0)  # every call collects,
     monkeypatch.setattr(runtime, "STRETCH", 0.0)  # however long the last one took
     timing = {"open": False, "started": 0.0, "observed": 0}
     calls = []  # (inside a batch's wall time, batches observed)
@@ -1140,7 +1142,7 @@ def test_a_local_daemon_collects_in_full_after_its_batches_and_while_idle_and_ex
         timing.update(open=False, observed=timing["observed"] + 1)
 
     real_collect, real_observe = gc.collect, Daemon._observe
-    monkeypatch.setattr(Daemon, "_batch_started", property(lambda d: timing["started"], set_started), raising=False)
+    monkeypatch.setattr(Daemon, "batch_started", property(lambda d: timing["started"], set_started), raising=False)
     monkeypatch.setattr(Daemon, "_observe", observe)
 
     def collect(*args):  # noqa: ANN002, ANN202
@@ -1156,10 +1158,10 @@ def test_a_local_daemon_collects_in_full_after_its_batches_and_while_idle_and_ex
         daemon.post([line.encode() for line in random_workload(seed=3, n=90)])
         deadline = time.monotonic() + 120
         while daemon.failure is None and time.monotonic() < deadline:  # until every batch journaled has run
-            if daemon.ready and timing["observed"] == daemon._ends.count:
+            if daemon.ready and timing["observed"] == daemon.ends.count:
                 break
             daemon.stopping.wait(0.01)
-        assert daemon.failure is None and daemon.ready and timing["observed"] == daemon._ends.count
+        assert daemon.failure is None and daemon.ready and timing["observed"] == daemon.ends.count
         batches, seen = timing["observed"], len(calls)
         deadline = time.monotonic() + 60
         while len(calls) < seen + 3 and time.monotonic() < deadline:

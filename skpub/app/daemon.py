@@ -39,8 +39,8 @@ Results are a deterministic function of the lines, the batch boundaries,
 the deployment and the initial sample (the first batch's lines; DESIGN
 "Exactly once across kill -9"), so a batch that runs again produces the same outputs in the
 same order. A restart reads the commit log; the local engine restores its
-newest checkpoint and replays the journaled batches after it through the
-:class:`~skpub.app.engines.local.LocalPipeline`, the Spark engine resumes
+newest checkpoint and replays the journaled batches after it
+(:class:`~skpub.app.engines.local_plane.LocalPlane`), the Spark engine resumes
 its query from its checkpoint, and either way a batch's outputs are
 appended only when the commit log does not hold the batch yet, and then
 only what the logs lack (a commit cut short by ``kill -9``): a consumer's
@@ -58,6 +58,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 from prometheus_client import Counter, Gauge, GCCollector, Histogram, ProcessCollector
@@ -67,8 +68,7 @@ from prometheus_client.registry import Collector
 from skpub.app.checkpoint import Checkpoint
 from skpub.app.commits import LOGS, Base, Commit, commit_controls, read_base, write_base
 from skpub.app.engines import local_checkpoint
-from skpub.app.engines.local import LocalPipeline
-from skpub.app.engines.sink import complete_report, unique_letters
+from skpub.app.engines.local_plane import CHECKPOINTS, LocalPlane
 from skpub.app.journal import LineLog, SegmentedLog, segment_path
 from skpub.app.metrics import Metrics
 from skpub.app.output import PartRetention
@@ -81,14 +81,14 @@ from skpub.kernel.config import (
     recorded_json,
 )
 from skpub.kernel.errors import CheckpointError, ConfigError
-from skpub.kernel.parts import delivery_lines, rename_eight_digit_parts
+from skpub.kernel.parts import rename_eight_digit_parts
 from skpub.kernel.records import position_index
-from skpub.kernel.runtime import FULL_COLLECTION_SECONDS, CollectorPauses, FullCollections, collector_pauses, tune_gc
+from skpub.kernel.runtime import CollectorPauses, collector_pauses
 from skpub.kernel.storage import atomic_write_bytes
 from skpub.kernel.text import load_vocabulary, pin_vocabulary
 
-CHECKPOINTS = "checkpoints"
-"""The data directory's folder of local-engine checkpoints (:mod:`skpub.app.engines.local_checkpoint`)."""
+if TYPE_CHECKING:
+    from skpub.app.engines.spark import SparkPlane
 
 COMPACT_RATIO = 4
 """The commit log is compacted again once it holds 1 / COMPACT_RATIO as many commits after its base as the base
@@ -210,7 +210,8 @@ class Daemon:
     deployment : Deployment
         Must equal the one the directory was created with.
     engine : str
-        ``"local"`` (the data plane in this process, :class:`LocalPipeline`)
+        ``"local"`` (the data plane in this process,
+        :class:`~skpub.app.engines.local_plane.LocalPlane`)
         or ``"spark"`` (a streaming query over the ingest log,
         :class:`~skpub.app.engines.spark.SparkPlane`).
     master : str
@@ -267,16 +268,14 @@ class Daemon:
         self._state = Base(Commit(-1, 0, dict.fromkeys(LOGS, 0)))  # what the commits so far add up to
         self._based = -1  # the batch of the newest commit log base
         self._pinned = False  # definitions of an earlier skpub's commits point into the ingest log: keep it whole
-        self._ends = BatchEnds()
+        self.ends = BatchEnds()
         self._recover()
         self.run_batch = -1  # the last micro-batch the data plane ran in this process (a replayed one included)
         self._started = False  # the data plane runs (local: its checkpoint restored; Spark: its query started)
         self.starting: str | None = "opening"  # what the data plane is starting (None once it runs), for /readyz
         self._idle = False  # a Spark data plane waiting for its first record: nothing to start it on yet
-        self._pipeline: LocalPipeline | None = None
-        self._collect = FullCollections(FULL_COLLECTION_SECONDS)
-        self._plane = None  # the Spark engine's SparkPlane
-        self._batch_started = self._checkpointed_at = time.monotonic()
+        self._plane: LocalPlane | SparkPlane | None = None  # the data plane, once it starts
+        self.batch_started = time.monotonic()  # when the batch in flight (or the last one) started
         self._thread = threading.Thread(target=self._run, name="skpub-data-plane", daemon=True)
 
     @property
@@ -296,12 +295,12 @@ class Daemon:
         CheckpointError
             If the logs do not follow each other (entries removed that a base does not cover, or damaged).
         """
-        self._ends = BatchEnds(self.batches.first)
+        self.ends = BatchEnds(self.batches.first)
         for i, raw in enumerate(self.batches.read(self.batches.first, self.batches.count), start=self.batches.first):
             entry = orjson.loads(raw)
             if int(entry["batch"]) != i:
                 raise CheckpointError(f"the batch journal's entry {i} names batch {entry['batch']}")
-            self._ends.append(int(entry["end"]))
+            self.ends.append(int(entry["end"]))
         base = read_base(self.data)
         if base is not None:
             self._state, self._based = base, base.commit.batch
@@ -406,7 +405,7 @@ class Daemon:
 
     def result(self, sid: str) -> list | None:
         """Return ranked subscription ``sid``'s current result, ``[[object id, score or dist], ...]``, or None."""
-        merge = self._pipeline.merge if self._pipeline is not None else self._plane.merge if self._plane else None
+        merge = self._plane.merge if self._plane is not None else None
         merged = merge.subscriptions.get(sid) if merge is not None else None
         return None if merged is None else [[oid, value] for oid, value, _ in merged.result]
 
@@ -443,15 +442,15 @@ class Daemon:
         Spark source reads it from that one file), so a batch at a segment's
         end may be short; its boundaries are journaled like any other's.
         """
-        start = self._ends.start(self._ends.count)
+        start = self.ends.start(self.ends.count)
         if not self.ingest.wait(start, self.limits.trigger):
             return None
         if self.ingest.count - start < self.deployment.batch_size:
             time.sleep(self.limits.trigger)
         end = min(self.ingest.count, start + self.deployment.batch_size, self.ingest.segment_end(start))
         segment, byte = self.ingest.end_position(end)
-        with self._ends.lock:  # Spark may run the batch once journaled: it must find its end
-            batch_id = self._ends.count
+        with self.ends.lock:  # Spark may run the batch once journaled: it must find its end
+            batch_id = self.ends.count
             entry = orjson.dumps({"batch": batch_id, "end": end, "segment": segment, "byte": byte})
             refused = False
             while True:
@@ -465,7 +464,7 @@ class Daemon:
                         raise
             if refused:
                 self.stalled = None
-            self._ends.append(end)
+            self.ends.append(end)
         return batch_id
 
     def _run_local(self) -> None:
@@ -474,85 +473,22 @@ class Daemon:
         Outputs the commit log already holds are not appended again.
         """
         self.starting = "restoring the newest checkpoint"
-        replay = self._restore_local()
-        if self._pipeline is not None:
-            tune_gc()  # before any idle collection: what the restore built is frozen
+        plane = self._plane = LocalPlane(self)
+        replay = plane.restore()
         self._started, self.starting = True, None
-        if not self._ends.known(replay) or self._ends.start(replay) < self.ingest.first:
+        if not self.ends.known(replay) or self.ends.start(replay) < self.ingest.first:
             raise CheckpointError(
                 f"{self.data} holds no readable local checkpoint after batch {replay - 1}, and the ingest log "
                 f"before {self.ingest.first} is no longer kept (was it run with --engine spark?)"
             )
-        for batch_id in range(replay, self._ends.count):
-            self._step_local(batch_id)
+        for batch_id in range(replay, self.ends.count):
+            plane.step(batch_id)
         while not self.stopping.is_set():
             batch_id = self._cut()
             if batch_id is not None:
-                self._step_local(batch_id)
-            elif self._pipeline is not None:
-                self._collect()  # idle: the HTTP threads' cycles too
-
-    def _restore_local(self) -> int:
-        """Load the newest readable checkpoint of a committed batch; return the first batch to replay after it.
-
-        An unreadable checkpoint is reported and the one before is tried
-        (the first batch, with none).
-        """
-        saved = local_checkpoint.checkpoints(self.data / CHECKPOINTS)
-        for batch_id in sorted((b for b in saved if b <= self._committed.batch), reverse=True):
-            try:
-                self._pipeline, _ = local_checkpoint.load(
-                    saved[batch_id], self.data / "output", self.deployment, self.vocabulary
-                )
-            except CheckpointError as exc:
-                print(f"[skpub] {exc}; trying an older checkpoint", file=sys.stderr, flush=True)
-                continue
-            return batch_id + 1
-        return 0
-
-    def _checkpoint_local(self, batch_id: int) -> None:
-        """Checkpoint the pipeline after committed batch ``batch_id`` when it is due."""
-        now = time.monotonic()
-        if now - self._checkpointed_at < self.limits.checkpoint_seconds:
-            return
-        if batch_id == self._committed.batch:
-            local_checkpoint.save(self._pipeline, self.data / CHECKPOINTS, batch_id)
-            self._checkpointed_at = now
-
-    def _step_local(self, batch_id: int) -> None:
-        """Run micro-batch ``batch_id`` on the local pipeline, under the engines' collector settings.
-
-        :func:`~skpub.kernel.runtime.tune_gc` once the pipeline exists, as
-        ``skpub run`` (the young generation rescans the live subscriptions
-        and window far less often), with timed full collections
-        (:class:`~skpub.kernel.runtime.FullCollections`, after the batch and
-        when idle, so the batch's wall time does not hold one) for the
-        cycles that reach the oldest generation.
-        """
-        self._batch_started = time.monotonic()
-        start = self._ends.start(batch_id)
-        lines = self.ingest.read(start, self._ends.end(batch_id) - start)
-        if self._pipeline is None:
-            sample = lines[: self.deployment.sample_size]
-            self._pipeline = LocalPipeline.new(self.data / "output", self.deployment, self.vocabulary, sample)
-        tune_gc()
-        self.metrics.observe_batch(self._pipeline.step(batch_id, lines, self._local_sink), self.deployment.evaluators)
-        self._checkpoint_local(batch_id)
-        self._collect()
-
-    def _local_sink(self, batch_id, deliveries, dead_letters, statistics, report: BatchReport, events, snapshots):  # noqa: ANN001
-        """Commit a local pipeline batch's outputs (:meth:`commit`) and complete its report (the pipeline's sink)."""
-        matches = [line for part in deliveries for line in delivery_lines(part).split(b"\n")[:-1]]
-        dead = unique_letters(dead_letters)
-        self.commit(
-            report,
-            {
-                "deliveries": [*matches, *(orjson.dumps(e) for e in events)],
-                "dead_letters": [orjson.dumps(d.to_json()) for d in dead],
-                "snapshots": [orjson.dumps(s) for s in snapshots],
-            },
-        )
-        return complete_report(report, len(matches) + len(events), dead, statistics)
+                plane.step(batch_id)
+            else:
+                plane.idle()
 
     def _run_spark(self) -> None:
         """Start the streaming query over the journal, then cut batches, one in flight at a time, until stopped.
@@ -563,10 +499,10 @@ class Daemon:
         from skpub.app.engines.spark import SparkPlane
 
         self.starting, self._idle = None, True  # ready while nothing is acknowledged: Spark starts on the first record
-        while not self._ends.count and not self.stopping.is_set():
+        while not self.ends.count and not self.stopping.is_set():
             self._cut()
         self.starting, self._idle = "starting Spark", False
-        if not self._ends.count:
+        if not self.ends.count:
             return
         self._check_spark_resume()
         self._plane = SparkPlane(self, self._first_sample)  # it names what it starts in self.starting
@@ -574,12 +510,12 @@ class Daemon:
         try:
             while not self.stopping.is_set():
                 self._plane.check()
-                if self.processed < self._ends.start(self._ends.count):
+                if self.processed < self.ends.start(self.ends.count):
                     self._plane.wait(self.limits.trigger)
                     continue
                 self._cut()
             deadline = time.monotonic() + 60.0
-            while self.processed < self._ends.start(self._ends.count) and time.monotonic() < deadline:
+            while self.processed < self.ends.start(self.ends.count) and time.monotonic() < deadline:
                 self._plane.check()
                 self._plane.wait(self.limits.trigger)
         finally:
@@ -593,13 +529,13 @@ class Daemon:
         CheckpointError
             If the ingest log no longer keeps them (the directory was run on the local engine before).
         """
-        if self.ingest.first > 0 or not self._ends.known(0):
+        if self.ingest.first > 0 or not self.ends.known(0):
             raise CheckpointError(
                 f"{self.data / 'spark'} holds no Spark checkpoint, and the first batch is no longer kept (the ingest "
-                f"log keeps lines from {self.ingest.first}, the journal batches from {self._ends.first}; was it run "
+                f"log keeps lines from {self.ingest.first}, the journal batches from {self.ends.first}; was it run "
                 "with --engine local?)"
             )
-        return self.ingest.read(0, min(self._ends.end(0), self.deployment.sample_size))
+        return self.ingest.read(0, min(self.ends.end(0), self.deployment.sample_size))
 
     def _check_spark_resume(self) -> None:
         """Refuse a Spark checkpoint that would resume at a batch the journal or the ingest log no longer keeps.
@@ -613,8 +549,8 @@ class Daemon:
         if ckpt.read_manifest() is None:  # a new checkpoint starts at the first batch: _first_sample checks
             return
         resume = ckpt.newest("commits") + 1
-        kept = self._ends.known(resume) and resume >= self.batches.first
-        if not kept or (resume < self._ends.count and self._ends.start(resume) < self.ingest.first):
+        kept = self.ends.known(resume) and resume >= self.batches.first
+        if not kept or (resume < self.ends.count and self.ends.start(resume) < self.ingest.first):
             raise CheckpointError(
                 f"the Spark checkpoint {ckpt.root} resumes at batch {resume}, which the batch journal (from batch "
                 f"{self.batches.first}) or the ingest log (from line {self.ingest.first}) no longer keeps "
@@ -656,7 +592,7 @@ class Daemon:
         self.run_batch = max(self.run_batch, batch_id)
         if batch_id <= last.batch:
             return
-        start, end = self._ends.start(batch_id), self._ends.end(batch_id)
+        start, end = self.ends.start(batch_id), self.ends.end(batch_id)
         if batch_id != last.batch + 1 or report.records != end - start:
             raise CheckpointError(
                 f"micro-batch {batch_id} ({report.records} records) is not the journaled batch after {last.batch} "
@@ -705,10 +641,10 @@ class Daemon:
             for log in self.logs.values():
                 log.retain()
             replay = self._replay_from()
-            self._ends.forget(replay - 1)
+            self.ends.forget(replay - 1)
             self.batches.release(replay - 1)
             if not self._pinned:
-                self.ingest.release(self._ends.start(replay))
+                self.ingest.release(self.ends.start(replay))
         except OSError as exc:  # what is not removed now is removed after a later batch
             print(f"[skpub] removing old log segments failed: {exc}", file=sys.stderr, flush=True)
         try:
@@ -736,8 +672,8 @@ class Daemon:
     def _observe(self, deliveries: list[bytes]) -> None:
         """Count a committed batch: its wall time, its requests' ingest-to-delivery latency, its delivery lines."""
         now = time.monotonic()
-        self.served.batch_seconds.observe(now - self._batch_started)
-        self._batch_started = now
+        self.served.batch_seconds.observe(now - self.batch_started)
+        self.batch_started = now
         while self._acks and self._acks[0][0] <= self.processed:
             self.served.latency.observe(now - self._acks.popleft()[1])
         for event in ("match", "enter", "exit"):  # a quote inside an id is escaped: this is the field
@@ -757,18 +693,18 @@ class BatchEnds:
     def __init__(self, first: int = 0) -> None:
         self.lock = threading.RLock()
         self.first = first
-        self._ends: list[int] = []
+        self.ends: list[int] = []
 
     @property
     def count(self) -> int:
         """Batches journaled (the next batch's id)."""
         with self.lock:
-            return self.first + len(self._ends)
+            return self.first + len(self.ends)
 
     def append(self, end: int) -> None:
         """Journal the next batch, which ends before ingest index ``end``."""
         with self.lock:
-            self._ends.append(end)
+            self.ends.append(end)
 
     def end(self, batch_id: int) -> int:
         """Return the ingest index after batch ``batch_id``'s last line.
@@ -779,9 +715,9 @@ class BatchEnds:
             If the batch is forgotten or not journaled.
         """
         with self.lock:
-            if not self.first <= batch_id < self.first + len(self._ends):
+            if not self.first <= batch_id < self.first + len(self.ends):
                 raise IndexError(f"batch {batch_id} is not among the journaled batches from {self.first} on")
-            return self._ends[batch_id - self.first]
+            return self.ends[batch_id - self.first]
 
     def known(self, batch_id: int) -> bool:
         """Return whether batch ``batch_id`` can run again: it is journaled and its start is not forgotten."""
@@ -797,7 +733,7 @@ class BatchEnds:
         with self.lock:
             drop = min(before, self.count - 1) - self.first
             if drop > 0:
-                del self._ends[:drop]
+                del self.ends[:drop]
                 self.first += drop
 
 

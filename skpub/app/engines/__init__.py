@@ -11,6 +11,8 @@ Both run the same cores: the parallel stage of routing (:mod:`skpub.router.locat
   fills in.
 - :mod:`skpub.app.engines.local_checkpoint`: checkpoints of the local pipeline, so a daemon restart resumes from
   the newest one.
+- :mod:`skpub.app.engines.local_plane`: the daemon's local data plane (``LocalPlane``, beside ``SparkPlane``): the
+  pipeline over the daemon's logs, its commits and checkpoints.
 - :mod:`skpub.app.engines.spark`: the Spark engine: the Structured Streaming query, its driver-side
   ``foreachBatch`` sink (counters, merge, balancer) and the daemon's ``SparkPlane``.
 - :mod:`skpub.app.engines.source`: the Spark engine's streaming source (``skpub_lines``): the input files, or the

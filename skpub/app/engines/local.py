@@ -22,12 +22,11 @@ from skpub.app.checkpoint import CHECKPOINT_DIR, Checkpoint
 from skpub.app.engines.sink import write_batch
 from skpub.app.output import claim_output, mark_success
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
-from skpub.balancer.transfer import plan_after, transfer_lines
+from skpub.balancer.transfer import balancer_step
 from skpub.evaluators.evaluator import Evaluator
 from skpub.evaluators.merge import RankedMerge
 from skpub.kernel.config import Deployment
 from skpub.kernel.inputs import batches, iter_lines, take_sample
-from skpub.kernel.parts import write_part
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.text import Vocabulary, load_vocabulary, pin_vocabulary
 from skpub.kernel.transfer import Handoff, TransferPlan
@@ -80,30 +79,22 @@ class Balancing:
         """After micro-batch ``batch_id``: hand off when it is a plan's transfer batch, else decide.
 
         A hand-off goes through its JSON document, as on Spark, so both
-        engines carry the same bytes and floats; its line goes to
-        ``root/balancer/part-<batch>.jsonl``.
+        engines carry the same bytes and floats; the rest is
+        :func:`~skpub.balancer.transfer.balancer_step`, as on Spark.
         """
-        summaries = []
+        summaries, counters = [], []
         for e, ev in enumerate(evaluators):
             start = time.thread_time()
             summaries.append(ev.load_summary(batch_id))
+            handoff_start = time.thread_time()
+            handoff = ev.hand_off(self.plan) if self.plan is not None else None
+            if handoff is not None:
+                data = handoff.encode()
+                self.handoffs.append(Handoff.decode(data))
+                counters.append(handoff.counters(len(data), time.thread_time() - handoff_start))
             _charge(report, e, start)
-        if self.plan is not None:
-            counters = []
-            for e, ev in enumerate(evaluators):
-                start = time.thread_time()
-                handoff = ev.hand_off(self.plan)
-                if handoff is not None:
-                    data = handoff.encode()
-                    self.handoffs.append(Handoff.decode(data))
-                    counters.append(handoff.counters(len(data), time.thread_time() - start))
-                _charge(report, e, start)
-            lines = transfer_lines(self.plan, counters)
-            write_part(self.root, "balancer", batch_id, lines)
-            for line in lines:
-                report.balancer.update({line["operation"]: 1, "subscriptions": line["subscription_parts_moved"]})
-            return
-        decided = plan_after(self.deployment.balancer, epoch, summaries, batch_id)
+        settings = self.deployment.balancer
+        decided = balancer_step(self.root, settings, batch_id, epoch, self.plan, counters, summaries, report.balancer)
         if decided is not None:
             self.plan, self.epoch = decided
 

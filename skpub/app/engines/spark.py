@@ -51,7 +51,7 @@ from skpub.app.engines.spark_tasks import PARSE_REPORT_COLUMNS, PART_BYTES, Pars
 from skpub.app.journal import SegmentFiles
 from skpub.app.output import check_output, claim_output, inspect_output, mark_success
 from skpub.app.summary import BatchReport, RunObserver, RunSummary
-from skpub.balancer.transfer import plan_after, transfer_lines
+from skpub.balancer.transfer import balancer_step
 from skpub.evaluators.merge import RankedMerge, apply_changes, decode_updates, results_json, take_changes
 from skpub.kernel.config import Deployment, changes_text, deployment_changes, recorded_json
 from skpub.kernel.errors import CheckpointError, EngineError, InputError, JavaNotFoundError
@@ -322,23 +322,18 @@ class Sink:
             plan = read_plan(directory, batch_id - 1)
         except ValueError as exc:
             raise CheckpointError(str(exc)) from None
-        if plan is not None:
-            lines = transfer_lines(
-                plan, sorted((c["handoff"] for c in counters if "handoff" in c), key=lambda h: h["source"])
-            )
-            write_part(self.output, "balancer", batch_id, lines)
-            for line in lines:
-                report.balancer.update({line["operation"]: 1, "subscriptions": line["subscription_parts_moved"]})
-            return
+        handoffs = sorted((c["handoff"] for c in counters if "handoff" in c), key=lambda h: h["source"])
         summaries = [
             LoadSummary.from_json(c["load"]) for c in sorted(counters, key=lambda c: c["evaluator"]) if "load" in c
         ]
-        if [s.evaluator for s in summaries] != list(range(self.deployment.evaluators)):
+        if plan is None and [s.evaluator for s in summaries] != list(range(self.deployment.evaluators)):
             raise CheckpointError(
                 f"micro-batch {batch_id} lacks load summaries: got {[s.evaluator for s in summaries]}"
             )
         epochs = EpochLog(self.checkpoint.epochs)
-        decided = plan_after(self.deployment.balancer, epochs.for_batch(batch_id), summaries, batch_id)
+        epoch = epochs.for_batch(batch_id) if plan is None else None
+        settings = self.deployment.balancer
+        decided = balancer_step(self.output, settings, batch_id, epoch, plan, handoffs, summaries, report.balancer)
         if decided is not None:
             epochs.check_order(decided[1])  # before the plan: a plan never waits for an epoch that cannot come
             write_plan(directory, decided[0])
