@@ -36,7 +36,7 @@ from skpub.evaluators.window import block_of
 from skpub.kernel.config import Deployment
 from skpub.kernel.grid import CellBox, meets_any, union_boxes
 from skpub.kernel.load import LoadSummary, grid_t_block
-from skpub.kernel.messages import Delivery, Mark, RankedUpdate
+from skpub.kernel.messages import Deliveries, Mark, RankedUpdate
 from skpub.kernel.records import (
     DeadLetter,
     KnnSubscription,
@@ -58,7 +58,7 @@ class EvaluatorBatch:
     """What one evaluator emitted for one micro-batch."""
 
     evaluator: int
-    deliveries: list[Delivery] = field(default_factory=list)
+    deliveries: Deliveries = field(default_factory=Deliveries.empty)
     updates: list[RankedUpdate] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     stats: CellCostStats = field(default_factory=CellCostStats)
@@ -209,14 +209,14 @@ class Evaluator:
             found = self.index.match_batch(object_batch(objects))
         except Exception:  # noqa: BLE001 - matched one by one below
             return self._match_one_by_one(objects, out)
-        ids = objects.column("id").to_pylist()
-        pos = objects.column("pos").to_numpy()
-        rows = found.rows.tolist()
-        out.deliveries.extend(zip(pos[found.rows].tolist(), found.sids, [ids[r] for r in rows], strict=True))
+        taken = pa.array(found.rows, pa.int64())
+        ids = objects.column("id").combine_chunks()
+        out.deliveries = Deliveries(objects.column("pos").to_numpy()[found.rows], found.sids, ids.take(taken))
         return found.examined
 
     def _match_one_by_one(self, objects: pa.Table, out: EvaluatorBatch) -> np.ndarray:
         examined = np.zeros(objects.num_rows, np.int64)
+        found_parts = []
         for r in range(objects.num_rows):
             one = objects.slice(r, 1)
             try:
@@ -226,8 +226,9 @@ class Evaluator:
                 out.dead_letters.append(DeadLetter.internal_error(routed.record.pos, _describe(routed.record), exc))
                 continue
             oid, pos = one.column("id")[0].as_py(), one.column("pos")[0].as_py()
-            out.deliveries.extend((pos, sid, oid) for sid in found.sids)
+            found_parts.append(Deliveries.of([(pos, sid, oid) for sid in found.sids.to_pylist()]))
             examined[r] = found.examined[0]
+        out.deliveries = Deliveries.concat(found_parts)
         return examined
 
     def _insert(self, sub: RangeSubscription, box: CellBox) -> None:

@@ -79,6 +79,7 @@ _WIDE = SIDE * SIDE
 _LOW = (1 << 32) - 1
 _NEVER = np.iinfo(np.int64).max
 _DELTA_MIN = 1 << 16
+_NO_IDS = pa.array([], pa.string()).dictionary_encode()
 _PENDING_MAX = 1 << 14
 """Most entries kept in Python lists before they become arrays (a Python int in a list takes ~36 bytes, an entry
 in the arrays 12)."""
@@ -119,15 +120,17 @@ class ObjectBatch:
 class BatchMatches:
     """What :meth:`GI2Index.match_batch` found.
 
-    ``rows`` (ndarray, int64) and ``sids`` (list of str) are the matches
-    ``(object row, subscription id)``, ordered by row, then id (code-point
-    order, so a replay writes the same bytes); ``examined`` (ndarray, shape
-    (n,), int64) the candidates of each object, ``q_l`` of Tornado
-    equation 1.
+    ``rows`` (ndarray, int64) and ``sids`` (a dictionary-encoded Arrow
+    string array: each distinct id once) are the matches ``(object row,
+    subscription id)``, ordered by row, then by the
+    subscription's subscribe position (a canonical order: the same after a
+    restore, a move or a compaction, so a replay writes the same bytes);
+    ``examined`` (ndarray, shape (n,), int64) the candidates of each object,
+    ``q_l`` of Tornado equation 1.
     """
 
     rows: np.ndarray
-    sids: list[str]
+    sids: pa.DictionaryArray
     examined: np.ndarray
 
 
@@ -508,7 +511,7 @@ class GI2Index:
         n = len(objects)
         examined = np.zeros(n, np.int64)
         if not n or not self.sids:
-            return BatchMatches(np.empty(0, np.int64), [], examined)
+            return BatchMatches(np.empty(0, np.int64), _NO_IDS, examined)
         self._flush()
         held = self._object_terms(objects.terms)
         query = held
@@ -534,7 +537,7 @@ class GI2Index:
             cand_rows.append(rows[owner])
             cand_slots.append(slots[at])
         if not cand_rows:
-            return BatchMatches(np.empty(0, np.int64), [], examined)
+            return BatchMatches(np.empty(0, np.int64), _NO_IDS, examined)
         row = np.concatenate(cand_rows)
         slot = np.concatenate(cand_slots).astype(np.int64)
         pos = objects.pos[row]
@@ -550,16 +553,18 @@ class GI2Index:
             ok = np.ones(len(row), dtype=bool)
             ok[hard] = self._satisfied(row[hard], slot[hard], held)
             row, slot = row[ok], slot[ok]
-        pairs = np.unique((row << 32) | slot)
-        row, slot = pairs >> 32, pairs & _LOW
+        # by object, then subscribe position: one id per position, the same order after any restore or move
+        order = np.lexsort((self.born.view[slot], row))
+        row, slot = row[order], slot[order]
+        repeated = np.zeros(len(row), dtype=bool)  # a multi-clause subscription met under several keywords
+        repeated[1:] = (row[1:] == row[:-1]) & (slot[1:] == slot[:-1])
+        if repeated.any():
+            row, slot = row[~repeated], slot[~repeated]
         if restricted is not None:
             row, slot = self._answered_here(objects, restricted, row, slot, held)
-        sids = [self.sids[s] for s in slot.tolist()]
-        if len(sids) > 1:
-            order = np.lexsort((np.array(sids, dtype=np.dtypes.StringDType()), row))
-            row = row[order]
-            sids = [sids[i] for i in order.tolist()]
-        return BatchMatches(row, sids, examined)
+        distinct, at = np.unique(slot, return_inverse=True)
+        names = pa.array([self.sids[s] for s in distinct.tolist()], pa.string())
+        return BatchMatches(row, pa.DictionaryArray.from_arrays(pa.array(at, pa.int32()), names), examined)
 
     def _satisfied(self, rows: np.ndarray, slots: np.ndarray, held: np.ndarray) -> np.ndarray:
         """Return, per candidate ``(rows[i], slots[i])``, whether the object's terms include one of its clauses."""

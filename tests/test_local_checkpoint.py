@@ -17,7 +17,7 @@ def capture(outputs):
 
     def sink(batch_id, deliveries, dead_letters, statistics, report, events, snapshots):
         letters = sorted((d.pos, d.line, d.reason) for d in dead_letters)
-        outputs.append((batch_id, [list(part) for part in deliveries], letters, events, snapshots))
+        outputs.append((batch_id, [part.rows() for part in deliveries], letters, events, snapshots))
         return complete_report(report, sum(map(len, deliveries)) + len(events), dead_letters, statistics)
 
     return sink

@@ -1,5 +1,10 @@
+import json
+
+import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from skpub.app.engines.local import run_local
 from skpub.app.summary import RunObserver, RunSummary
@@ -13,6 +18,7 @@ from skpub.router.dispatch import Router
 from skpub.router.epoch import RoutingEpoch
 from skpub.router.initial import initial_table
 from skpub.router.state import decode_journal, decode_registry, encode_journal, encode_registry
+from tests.profiles import examples
 from tests.tiers import grid
 from tests.workloads import canonical, deployment, letters, object_ids, random_workload, write_lines
 
@@ -120,3 +126,27 @@ def test_registry_journal_replays_to_the_same_router_state():
         assert base.objects.ages(ids).tolist() == journaled.registry.objects.ages(ids).tolist()
         assert len(base.objects) == len(journaled.registry.objects)
         assert rebuilt.sequencer.summaries.counts == journaled.sequencer.summaries.counts
+
+
+_ids = st.text(st.characters(exclude_categories=("Cs",)), max_size=8)
+
+
+@examples(1)
+@given(st.lists(st.tuples(st.integers(0, 2**62), _ids, _ids), max_size=30), st.integers(0, 3))
+def test_delivery_lines_are_one_json_line_per_match_in_order(rows, cut):
+    """Plain, dictionary-encoded and sliced id columns: each line reads back as its match (ids with quotes,
+    backslashes, control and non-BMP characters), in order, and nothing else is written."""
+    from skpub.kernel.messages import Deliveries
+    from skpub.kernel.parts import delivery_lines
+
+    expected = [{"sub": s, "obj": o, "event": "match"} for _, s, o in rows[cut:]]
+    plain = Deliveries.of(rows)
+    sliced = Deliveries(plain.pos[cut:], plain.sub.slice(cut), plain.obj.slice(cut))
+    encoded = Deliveries(sliced.pos, sliced.sub.dictionary_encode(), sliced.obj.dictionary_encode())
+    for deliveries in (sliced, encoded, Deliveries.concat([sliced, Deliveries.empty()])):
+        data = delivery_lines(deliveries)
+        assert data.endswith(b"\n") or not rows[cut:]
+        assert [json.loads(line) for line in data.splitlines()] == expected
+    assert (
+        delivery_lines(Deliveries(np.empty(0, np.int64), pa.array([], pa.string()), pa.array([], pa.string()))) == b""
+    )

@@ -428,4 +428,4 @@ def object_batch(objects, cells, only=None):
 def match_one(index, obj, cx, cy, only=None):
     """Match one object: its matched ids (sorted) and candidates examined."""
     found = index.match_batch(object_batch([obj], [(cx, cy)], None if only is None else [only]))
-    return found.sids, int(found.examined[0])
+    return found.sids.to_pylist(), int(found.examined[0])

@@ -7,13 +7,73 @@ They live in the kernel so that :mod:`skpub.router` and
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
 
 from skpub.kernel.grid import CellBox
 from skpub.kernel.records import DeadLetter, Record
 
 Delivery = tuple[int, str, str]
 """``(object position, subscription id, object id)``: one range match."""
+
+
+@dataclass
+class Deliveries:
+    """One evaluator's range matches of a micro-batch as columns, row ``i`` one match, in stream order.
+
+    Attributes
+    ----------
+    pos : ndarray, shape (n,), int64
+        The object's stream position.
+    sub, obj : pyarrow string arrays (plain or dictionary-encoded), length n
+        Subscription and object ids. A batch's matches repeat few ids (a
+        dense batch holds millions of matches of some 10^5 subscriptions),
+        so they travel dictionary-encoded where they are made, and each id
+        is JSON-encoded once (:func:`skpub.kernel.parts.delivery_lines`).
+    """
+
+    pos: np.ndarray
+    sub: pa.Array
+    obj: pa.Array
+
+    def __len__(self) -> int:
+        return len(self.pos)
+
+    @classmethod
+    def empty(cls) -> Deliveries:
+        """Return no matches."""
+        return cls(np.empty(0, np.int64), pa.array([], pa.string()), pa.array([], pa.string()))
+
+    @classmethod
+    def of(cls, rows: Sequence[Delivery]) -> Deliveries:
+        """Return ``(pos, sub, obj)`` tuples as columns (tests and the one-by-one fallback)."""
+        return cls(
+            np.array([r[0] for r in rows], dtype=np.int64),
+            pa.array([r[1] for r in rows], pa.string()),
+            pa.array([r[2] for r in rows], pa.string()),
+        )
+
+    @classmethod
+    def concat(cls, parts: Sequence[Deliveries]) -> Deliveries:
+        """Return the matches of ``parts`` one after the other."""
+        if not parts:
+            return cls.empty()
+
+        def plain(array: pa.Array) -> pa.Array:
+            return array.cast(pa.string()) if pa.types.is_dictionary(array.type) else array
+
+        return cls(
+            np.concatenate([p.pos for p in parts]),
+            pa.concat_arrays([plain(p.sub) for p in parts]),
+            pa.concat_arrays([plain(p.obj) for p in parts]),
+        )
+
+    def rows(self) -> list[Delivery]:
+        """Return the matches as ``(pos, sub, obj)`` tuples; O(n) Python objects, for tests."""
+        return list(zip(self.pos.tolist(), self.sub.to_pylist(), self.obj.to_pylist(), strict=True))
 
 
 @dataclass(slots=True)

@@ -23,9 +23,12 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from skpub.kernel.messages import Delivery
+from skpub.kernel.messages import Deliveries
 from skpub.kernel.storage import BATCH, atomic_write_bytes, entries, own_files
 
 STREAMS = ("deliveries", "snapshots", "dead_letters", "statistics", "balancer")
@@ -33,7 +36,6 @@ PART_DIGITS = 20
 """Digits of the batch id in a part file's name: every 64-bit id, zero-padded."""
 PART_RE = own_files(rf"part-(?P<batch>\d{{{PART_DIGITS}}}|{BATCH})(?:-(?P<writer>[a-z]\d{{0,4}}))?\.jsonl")
 """A part file's name (or its temporary name): ``batch`` and ``writer`` (None for a stream's one writer)."""
-_MATCH_LINE = b'{"sub":%b,"obj":%b,"event":"match"}\n'
 
 
 def part_path(root: str | Path, stream: str, batch_id: int, writer: str = "") -> Path:
@@ -132,24 +134,33 @@ def write_part(root: str | Path, stream: str, batch_id: int, rows: Iterable[dict
     return len(lines)
 
 
-def delivery_lines(deliveries: Iterable[Delivery]) -> bytes:
-    """Encode range matches ``(pos, sub, obj)`` as delivery lines ``{"sub", "obj", "event": "match"}``.
+def delivery_lines(deliveries: Deliveries) -> bytes:
+    """Encode range matches as delivery lines ``{"sub":..,"obj":..,"event":"match"}``, one per match, in order.
 
-    Each distinct id is JSON-encoded once (orjson), so a dense batch costs one
-    bytes formatting per delivery. O(deliveries); the order is kept.
+    Each distinct id is JSON-encoded once (orjson, in Python), then the
+    lines are joined in Arrow (``binary_join_element_wise``): O(deliveries)
+    in C plus O(distinct ids) in Python.
     """
-    encoded: dict[str, bytes] = {}
-    dumps = orjson.dumps
-    out = []
-    for _, sub, obj in deliveries:
-        s = encoded.get(sub)
-        if s is None:
-            s = encoded[sub] = dumps(sub)
-        o = encoded.get(obj)
-        if o is None:
-            o = encoded[obj] = dumps(obj)
-        out.append(_MATCH_LINE % (s, o))
-    return b"".join(out)
+    if not len(deliveries):
+        return b""
+    lines = pc.binary_join_element_wise(
+        _MATCH_PARTS[0], _json_strings(deliveries.sub), _MATCH_PARTS[1], _json_strings(deliveries.obj),
+        _MATCH_PARTS[2], _EMPTY,
+    )  # fmt: skip
+    _, offsets, data = lines.buffers()
+    bounds = np.frombuffer(offsets, dtype=np.int64)[lines.offset : lines.offset + len(lines) + 1]
+    return data.to_pybytes()[bounds[0] : bounds[-1]]
+
+
+_MATCH_PARTS = tuple(pa.scalar(part, pa.large_binary()) for part in (b'{"sub":', b',"obj":', b',"event":"match"}\n'))
+_EMPTY = pa.scalar(b"", pa.large_binary())
+
+
+def _json_strings(ids: pa.Array) -> pa.LargeBinaryArray:
+    """Return each string of ``ids`` (plain or dictionary-encoded) as its JSON text, each distinct one encoded once."""
+    encoded = ids if pa.types.is_dictionary(ids.type) else pc.dictionary_encode(ids)
+    texts = pa.array([orjson.dumps(s) for s in encoded.dictionary.to_pylist()], pa.large_binary())
+    return texts.take(encoded.indices)
 
 
 def read_batches(root: str | Path, stream: str) -> dict[int, list[dict]]:

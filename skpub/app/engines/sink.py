@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from skpub.app.summary import BatchReport
-from skpub.kernel.messages import Delivery
+from skpub.kernel.messages import Deliveries
 from skpub.kernel.parts import delivery_lines, write_lines, write_part
 from skpub.kernel.records import DeadLetter
 
@@ -31,7 +31,7 @@ def unique_letters(dead_letters: Iterable[DeadLetter]) -> list[DeadLetter]:
 def write_batch(
     root: str | Path,
     batch_id: int,
-    deliveries: Iterable[list[Delivery]],
+    deliveries: Iterable[Deliveries],
     dead_letters: Iterable[DeadLetter],
     statistics: list[dict],
     report: BatchReport,
@@ -42,8 +42,8 @@ def write_batch(
 
     Parameters
     ----------
-    deliveries : iterable of lists of (pos, sub, obj)
-        Per-evaluator deliveries, written as they come.
+    deliveries : iterable of Deliveries
+        Per-evaluator range matches, written as they come.
     dead_letters : iterable of DeadLetter
         Written one per position.
     statistics : list of dict
