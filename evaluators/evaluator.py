@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, KeysView, Mapping
 from dataclasses import dataclass, field
 
 import msgspec
@@ -88,7 +88,6 @@ class Evaluator:
         self.monitor = RankedMonitor(evaluator_id, deployment, vocabulary, durable)
         self.index = GI2Index(deployment.index_block, vocabulary)
         self.blocks: dict[int, dict[str, bytes]] = {}  # state block -> id -> its range_row as JSON
-        self.state_block_of: dict[str, int] = {}
         self.dirty: set[int] = set()
         self.load = CellLoad(
             deployment.grid_size, [], grid_t_block(deployment.grid_size), deployment.balancer.decay,
@@ -99,7 +98,11 @@ class Evaluator:
     @property
     def subscriptions(self) -> int:
         """Number of live subscriptions held (range and ranked)."""
-        return len(self.state_block_of) + len(self.monitor)
+        return len(self.index) + len(self.monitor)
+
+    def range_ids(self) -> KeysView[str]:
+        """The ids of the range subscriptions held (a live view; one per subscription, whatever its parts)."""
+        return self.index.slot_of.keys()
 
     def apply_rows(self, rows: pa.Table, batch_id: int) -> EvaluatorBatch:
         """Apply one micro-batch's routed rows (:data:`~skpub.kernel.wire.ROUTED_SCHEMA`, stream order).
@@ -243,7 +246,7 @@ class Evaluator:
         where the record with its clause sets took about 1 KB (issue 43,
         item 6); the record is decoded again only to move or restore it.
         """
-        key = self.state_block_of[sub.id] = state_block(box)
+        key = state_block(box)
         # msgspec: orjson.dumps allocates about 4 KB for any result, which a kept row would hold for its lifetime
         self.blocks.setdefault(key, {})[sub.id] = msgspec.json.encode(range_row(sub, box))
         self.dirty.add(key)
@@ -254,11 +257,11 @@ class Evaluator:
 
     def _record(self, sub_id: str) -> RangeSubscription:
         """Return held subscription ``sub_id`` decoded from its state block; O(its row)."""
-        return range_from_row(orjson.loads(self.blocks[self.state_block_of[sub_id]][sub_id]))[0]
+        return range_from_row(orjson.loads(self.blocks[state_block(self._box_of(sub_id))][sub_id]))[0]
 
     def _unfile(self, sub_id: str) -> None:
-        """Take held subscription ``sub_id`` out of its state block (marked dirty)."""
-        key = self.state_block_of.pop(sub_id)
+        """Take held subscription ``sub_id`` out of its state block (marked dirty); before GI^2 forgets its box."""
+        key = state_block(self._box_of(sub_id))
         block = self.blocks[key]
         del block[sub_id]
         if not block:
@@ -274,7 +277,7 @@ class Evaluator:
             If one of ``ids`` is not held here; nothing is removed then.
         """
         ids = list(dict.fromkeys(ids))
-        missing = [sid for sid in ids if sid not in self.state_block_of]
+        missing = [sid for sid in ids if sid not in self.index]
         if missing:
             raise KeyError(missing[0])
         for sub_id in ids:
@@ -410,7 +413,7 @@ class Evaluator:
                 box = union_boxes(boxes[sub.id][1], box)
             boxes[sub.id] = (sub, box)
         for sid, (sub, box) in boxes.items():
-            if sid not in self.state_block_of:
+            if sid not in self.index:
                 self._insert(sub, box)
                 continue
             old = self._box_of(sid)
@@ -426,13 +429,13 @@ class Evaluator:
 
         O(ids x rectangles) box tests in numpy (:func:`~skpub.kernel.grid.meets_any`).
         """
-        held = [sid for sid in ids if sid in self.state_block_of]
+        held = [sid for sid in ids if sid in self.index]
         boxes = np.array([self._box_of(sid) for sid in held], dtype=np.int64).reshape(-1, 4)
         meets = meets_any(boxes, np.array(list(rectangles), dtype=np.int64).reshape(-1, 4))
         return [sid for sid, met in zip(held, meets.tolist(), strict=True) if not met]
 
     def _delete(self, sub_id: str, pos: int) -> None:
-        if sub_id not in self.state_block_of:
+        if sub_id not in self.index:
             raise EvaluatorError(f"unsubscribe of {sub_id!r}, which evaluator {self.evaluator_id} does not hold")
         self._unfile(sub_id)
         self.index.delete(sub_id, pos)

@@ -241,6 +241,10 @@ class GI2Index:
         """Return the number of live subscriptions."""
         return len(self.slot_of)
 
+    def __contains__(self, sub_id: str) -> bool:
+        """Whether subscription ``sub_id`` is live here."""
+        return sub_id in self.slot_of
+
     # ------------------------------------------------------------------ keys
 
     def _cell_keys(self, box: CellBox) -> list[int]:

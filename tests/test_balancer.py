@@ -540,11 +540,11 @@ def test_a_target_indexes_what_is_carried_over_the_union_with_what_it_holds(held
             fresh._insert(subs[i], box)
     finally:
         gi2.WIDE_ENTRIES, window.STATE_BLOCK = default, state_block
-    assert {sid: target.index.box_of(sid) for sid in target.state_block_of} == {f"s{i}": box for i, box in want.items()}
+    assert {sid: target.index.box_of(sid) for sid in target.range_ids()} == {f"s{i}": box for i, box in want.items()}
 
     assert target.index.postings() == fresh.index.postings() == restored.index.postings()
     assert set(target.index.slot_of) == set(fresh.index.slot_of) == set(restored.index.slot_of)
-    assert restored.state_block_of == target.state_block_of and restored.blocks == target.blocks
+    assert set(restored.range_ids()) == set(target.range_ids()) and restored.blocks == target.blocks
     assert target.load._parts == fresh.load._parts
     got, built = target.load.summary(0, 0), fresh.load.summary(0, 0)
     assert [b.queries for b in got.blocks] == [b.queries for b in built.blocks]

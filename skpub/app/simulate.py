@@ -333,8 +333,8 @@ def _figures(report: BatchReport, pipeline: LocalPipeline, routing_units: int) -
     evaluators = len(pipeline.evaluators)
     costs = report.costs_per_evaluator(evaluators)
     total = sum(costs)
-    parts = sum(len(ev.state_block_of) for ev in pipeline.evaluators)
-    distinct = len(set().union(*(ev.state_block_of.keys() for ev in pipeline.evaluators)))
+    parts = sum(len(ev.range_ids()) for ev in pipeline.evaluators)
+    distinct = len(set().union(*(ev.range_ids() for ev in pipeline.evaluators)))
     operations = sum(n for k, n in report.balancer.items() if k not in ("subscriptions", "placements"))
     return BatchFigures(
         batch=report.batch_id,
