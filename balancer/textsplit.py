@@ -17,7 +17,7 @@ are two kinds of :class:`~skpub.kernel.transfer.Move`:
   hands ``w_l`` the subscriptions over the rectangle with a key that ``w_l``
   now answers for, and keeps all of its own: a copy whose keys all went to
   ``w_l`` delivers nothing more at ``w_o`` (GI^2's restricted match,
-  :meth:`~skpub.evaluators.gi2.GI2Index.match_one`), so nothing is dropped.
+  :meth:`~skpub.evaluators.gi2.GI2Index.match_many`), so nothing is dropped.
   The estimate: half of the rectangle's decayed cost and subscriptions move.
 - ``text_merge``: an evaluator leaves a text-partitioned rectangle, its
   terms to another of the rectangle's evaluators: a rectangle of two becomes

@@ -100,7 +100,7 @@ def balancer_step(
     summaries: Sequence[LoadSummary],
     counts: Counter,
 ) -> tuple[TransferPlan, RoutingEpoch] | None:
-    """The balancer's step after micro-batch ``batch``, on both engines: log a transfer, or decide.
+    """Take the balancer's step after micro-batch ``batch``, on both engines: log a transfer, or decide.
 
     When ``batch`` is ``plan``'s transfer batch (its sources handed off:
     ``handoffs`` are their :meth:`~skpub.kernel.transfer.Handoff.counters`),

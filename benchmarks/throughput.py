@@ -64,7 +64,7 @@ def matching_rate(stream: Path, deployment: Deployment) -> tuple[float, int, int
     )
     tune_gc()
     start = time.thread_time()
-    index.match_batch(batch)
+    index.match_many(batch)
     return len(objects) / (time.thread_time() - start), len(objects), len(index)
 
 

@@ -38,7 +38,7 @@ S = 50
 def _cpu(ev: Evaluator, rows: list[Routed]) -> float:
     table = routed_rows_table(rows)
     start = time.thread_time()
-    ev.apply_rows(table, 0)
+    ev.apply_many(table, 0)
     return time.thread_time() - start
 
 
@@ -60,7 +60,7 @@ def measure() -> dict[str, float]:
         Routed(0, RangeSubscription(i, f"f{i}", Rect(0.1, 0.1, 0.2, 0.2), (frozenset({"k"}),)), (0, 0, 0, 0))
         for i in range(S)
     ]
-    ev2.apply_rows(routed_rows_table(far), 0)
+    ev2.apply_many(routed_rows_table(far), 0)
     near = [
         Routed(0, ObjectRecord(S + i, f"n{i}", 0.5, 0.5, ("k",), frozenset({"k"})), (0, 0, 0, 0), i + 1)
         for i in range(N)

@@ -23,8 +23,9 @@ def state_document(rows: list, key: str) -> bytes:
 def state_document_of(rows: list[bytes], key: str) -> bytes:
     """Return ``{"format": FORMAT, key: rows}`` as JSON bytes, each row given as its JSON already.
 
-    What :func:`state_document` gives for the decoded rows (same keys, same
-    order), without decoding them. ``key`` must need no JSON escaping.
+    The same JSON value as :func:`state_document` of the decoded rows
+    (not always the same bytes: encoders spell some floats differently),
+    without decoding them. ``key`` must need no JSON escaping.
     """
     return b'{"format":%d,"%s":[%s]}' % (FORMAT, key.encode(), b",".join(rows))
 

@@ -3,7 +3,7 @@
 Engine-free: the local engine calls it directly and the Spark stateful
 processor hosts it inside an executor. A micro-batch arrives as one Arrow
 table of routed rows (:data:`~skpub.kernel.wire.ROUTED_SCHEMA`) in stream
-order; objects stay columns (:meth:`Evaluator.apply_rows`).
+order; objects stay columns (:meth:`Evaluator.apply_many`).
 
 State is kept per *state block* (:data:`~skpub.evaluators.window.STATE_BLOCK` squared fine cells,
 keyed by the block of the subscription's first cell in this evaluator), so a
@@ -15,9 +15,11 @@ the blocks and rebuilt from them after a restart.
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 import time
-from collections.abc import Iterable, KeysView, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import msgspec
@@ -100,11 +102,14 @@ class Evaluator:
         """Number of live subscriptions held (range and ranked)."""
         return len(self.index) + len(self.monitor)
 
-    def range_ids(self) -> KeysView[str]:
-        """The ids of the range subscriptions held (a live view; one per subscription, whatever its parts)."""
-        return self.index.slot_of.keys()
+    def range_ids(self) -> list[str]:
+        """Return the ids of the range subscriptions held (one per subscription, whatever its parts).
 
-    def apply_rows(self, rows: pa.Table, batch_id: int) -> EvaluatorBatch:
+        O(subscriptions): a copy, which a compaction leaves as it is.
+        """
+        return list(self.index.slot_of)
+
+    def apply_many(self, rows: pa.Table, batch_id: int) -> EvaluatorBatch:
         """Apply one micro-batch's routed rows (:data:`~skpub.kernel.wire.ROUTED_SCHEMA`, stream order).
 
         ``rows`` are this evaluator's by how the engine split them (its table,
@@ -112,7 +117,7 @@ class Evaluator:
         key) is not read.
 
         Objects stay columns (issue 43, "Evaluators take columns"): the batch's
-        objects are range-matched in one :meth:`GI2Index.match_batch` pass,
+        objects are range-matched in one :meth:`GI2Index.match_many` pass,
         each against the subscriptions live at its position, and become
         records only when the ranked monitor needs them (a window to keep,
         or a window-none top-k/kNN subscription to score). The other rows
@@ -145,23 +150,30 @@ class Evaluator:
         if self._monitor_sees_objects(rows, kind):
             records |= is_object & pc.fill_null(rows.column("window"), True).to_numpy(zero_copy_only=False)
         objects = rows.filter(pa.array(is_object))
-        scored = np.zeros(objects.num_rows, np.int64)  # the monitor's work per object
-        at = {pos: i for i, pos in enumerate(objects.column("pos").to_pylist())} if records.any() else {}
-        for row in from_columns(table_columns(rows.filter(pa.array(records))), self.evaluator_id):
+        routed = from_columns(table_columns(rows.filter(pa.array(records))), self.evaluator_id)
+        # 1. range subscription changes: they only set the positions their subscriptions are live between
+        ranked_rows = [row for row in routed if not self._apply_range(row.record, row.cells, out)]
+        # 2. every object against the subscriptions live at its position (in bulk; should that fail, one by one)
+        deliveries, examined, lost = self._match(objects, out)
+        # 3. the ranked monitor, in stream order, without the objects that failed above or fail here
+        scored = np.zeros(objects.num_rows, np.int64)
+        at = {pos: i for i, pos in enumerate(objects.column("pos").to_pylist())} if ranked_rows else {}
+        for row in ranked_rows:
             record = row.record
+            if type(record) is ObjectRecord and record.pos in lost:
+                continue
             try:
                 monitor.advance(row.accepted, row.watermark)
-                if isinstance(record, ObjectRecord):
+                if type(record) is ObjectRecord:
                     scored[at[record.pos]] = monitor.add_object(
                         record, row.accepted - 1, block_of(row.cells[0], row.cells[1])
                     )
-                elif isinstance(record, RangeSubscription):
-                    self._insert(record, row.cells)
                 elif isinstance(record, TopkSubscription | KnnSubscription):
                     monitor.subscribe(record)
                 elif isinstance(record, Unsubscribe):
                     if not monitor.unsubscribe(record.id, record.pos):
-                        self._delete(record.id, record.pos)
+                        raise EvaluatorError(f"unsubscribe of {record.id!r}, which evaluator {self.evaluator_id} "
+                                             "does not hold")  # fmt: skip
                 elif isinstance(record, SnapshotMarker | Mark):
                     updates, failed = monitor.mark(record.pos)
                     out.updates.extend(updates)
@@ -171,13 +183,19 @@ class Evaluator:
                     raise EvaluatorError(f"evaluator cannot apply {type(record).__name__}")
             except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
                 out.dead_letters.append(DeadLetter.internal_error(record.pos, _describe(record), exc))
+                if type(record) is ObjectRecord:
+                    lost.add(record.pos)
+                    monitor.withdraw([record.pos])  # should the window have kept it before the failure
         if rows.num_rows:
-            monitor.advance(rows.column("accepted")[-1].as_py(), _clock(rows.column("watermark")[-1].as_py()))
-        # after the loop, which indexed the batch's subscriptions: each object meets those live at its position
-        examined = self._match(objects, out) + scored
-        self.index.end_batch()
-        cx, cy = (objects.column(name).to_numpy().astype(np.int64) for name in ("cx0", "cy0"))
-        out.stats.add_many(cx, cy, self.object_cost + examined, self.grid_size)
+            self._advance_to_end(rows, out)
+        kept = ~np.isin(objects.column("pos").to_numpy(), list(lost)) if lost else slice(None)
+        out.deliveries = deliveries.without(lost) if lost else deliveries
+        try:
+            self.index.end_batch()
+        except Exception as exc:  # noqa: BLE001 - a compaction is all or nothing: the next batch tries it again
+            print(f"skpub: evaluator {self.evaluator_id} postponed GI^2's compaction: {exc!r}", file=sys.stderr)
+        cx, cy = (objects.column(name).to_numpy().astype(np.int64)[kept] for name in ("cx0", "cy0"))
+        out.stats.add_many(cx, cy, self.object_cost + (examined + scored)[kept], self.grid_size)
         out.stats.reevaluations = monitor.stats.refills - refills
         out.stats.reevaluated = monitor.stats.refill_scored - refill_scored
         out.stats.reevaluation_cpu_seconds = monitor.stats.refill_cpu_seconds - refill_cpu_seconds
@@ -185,6 +203,36 @@ class Evaluator:
         self.load.add_costs(out.stats.cells)
         out.cpu_seconds = time.thread_time() - start
         return out
+
+    def _apply_range(self, record: object, cells: CellBox | None, out: EvaluatorBatch) -> bool:
+        """Apply ``record`` if it is a range subscribe or an unsubscribe of one held here; return whether it was.
+
+        One that fails becomes an ``internal_error`` dead letter (and counts as applied).
+        """
+        if type(record) is RangeSubscription:
+            change = functools.partial(self._insert, record, cells)
+        elif type(record) is Unsubscribe and record.id in self.index:
+            change = functools.partial(self._delete, record.id, record.pos)
+        else:
+            return False
+        try:
+            change()
+        except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
+            out.dead_letters.append(DeadLetter.internal_error(record.pos, _describe(record), exc))
+        return True
+
+    def _advance_to_end(self, rows: pa.Table, out: EvaluatorBatch) -> None:
+        """Move the monitor's clock to the batch's last row (objects skipped above move it too, SEMANTICS 4).
+
+        Should that fail, the last row becomes an ``internal_error`` dead
+        letter (the next batch's first row moves the clock again).
+        """
+        last = rows.slice(rows.num_rows - 1)
+        try:
+            self.monitor.advance(last.column("accepted")[0].as_py(), _clock(last.column("watermark")[0].as_py()))
+        except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
+            (routed,) = from_columns(table_columns(last), self.evaluator_id)
+            out.dead_letters.append(DeadLetter.internal_error(routed.record.pos, _describe(routed.record), exc))
 
     def _monitor_sees_objects(self, rows: pa.Table, kind: np.ndarray) -> bool:
         """Whether this batch's objects may change the ranked monitor: a window kept, or a ranked subscription.
@@ -199,44 +247,45 @@ class Evaluator:
         specs = rows.filter(pa.array(subscribes)).column("spec")
         return specs.null_count < np.count_nonzero(subscribes)  # a topk or knn subscribe travels with its spec
 
-    def _match(self, objects: pa.Table, out: EvaluatorBatch) -> np.ndarray:
-        """Range-match ``objects`` (routed object rows), adding deliveries to ``out``; return candidates per row.
+    def _match(self, objects: pa.Table, out: EvaluatorBatch) -> tuple[Deliveries, np.ndarray, set[int]]:
+        """Range-match ``objects`` (routed object rows); return their matches, candidates per row, and lost positions.
 
-        In bulk, or, should that fail, one object at a time (one that fails
-        becomes an ``internal_error`` dead letter, SEMANTICS 1).
+        In bulk, or, should that fail, one object at a time: one that fails
+        becomes an ``internal_error`` dead letter in ``out`` and its position
+        is returned, so it is kept nowhere else (SEMANTICS 1).
         """
         n = objects.num_rows
         if not n:
-            return np.zeros(0, np.int64)
+            return Deliveries.empty(), np.zeros(0, np.int64), set()
         try:
-            found = self.index.match_batch(object_batch(objects))
+            found = self.index.match_many(object_batch(objects))
         except Exception:  # noqa: BLE001 - matched one by one below
             return self._match_one_by_one(objects, out)
         taken = pa.array(found.rows, pa.int64())
         ids = objects.column("id").combine_chunks()
-        out.deliveries = Deliveries(objects.column("pos").to_numpy()[found.rows], found.sids, ids.take(taken))
-        return found.examined
+        deliveries = Deliveries(objects.column("pos").to_numpy()[found.rows], found.sids, ids.take(taken))
+        return deliveries, found.examined, set()
 
-    def _match_one_by_one(self, objects: pa.Table, out: EvaluatorBatch) -> np.ndarray:
+    def _match_one_by_one(self, objects: pa.Table, out: EvaluatorBatch) -> tuple[Deliveries, np.ndarray, set[int]]:
         examined = np.zeros(objects.num_rows, np.int64)
-        found_parts = []
+        parts, lost = [], set()
         for r in range(objects.num_rows):
             one = objects.slice(r, 1)
             try:
-                found = self.index.match_batch(object_batch(one))
+                found = self.index.match_many(object_batch(one))
             except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
                 (routed,) = from_columns(table_columns(one), self.evaluator_id)
                 out.dead_letters.append(DeadLetter.internal_error(routed.record.pos, _describe(routed.record), exc))
+                lost.add(routed.record.pos)
                 continue
             oid, pos = one.column("id")[0].as_py(), one.column("pos")[0].as_py()
-            found_parts.append(Deliveries.of([(pos, sid, oid) for sid in found.sids.to_pylist()]))
+            parts.append(Deliveries.of([(pos, sid, oid) for sid in found.sids.to_pylist()]))
             examined[r] = found.examined[0]
-        out.deliveries = Deliveries.concat(found_parts)
-        return examined
+        return Deliveries.concat(parts), examined, lost
 
     def _insert(self, sub: RangeSubscription, box: CellBox) -> None:
+        self.index.insert(sub, box)  # first: one it refuses is filed nowhere
         self._file(sub, box)
-        self.index.insert(sub, box)
         self.load.add_subscription(sub.id, box)
 
     def _file(self, sub: RangeSubscription, box: CellBox) -> None:
@@ -489,7 +538,7 @@ class Evaluator:
 
 
 def object_batch(objects: pa.Table) -> ObjectBatch:
-    """Return routed object rows (one chunk each column) as the :class:`~skpub.evaluators.gi2.ObjectBatch` GI^2 reads."""
+    """Return routed object rows as the :class:`~skpub.evaluators.gi2.ObjectBatch` GI^2 reads."""
     only = objects.column("only").combine_chunks()
     return ObjectBatch(
         objects.column("pos").to_numpy(),
@@ -503,7 +552,7 @@ def object_batch(objects: pa.Table) -> ObjectBatch:
 
 
 def _clock(watermark: float | None) -> float:
-    """The watermark of a row as the monitor takes it: NaN when unset."""
+    """Return the watermark of a row as the monitor takes it: NaN when unset."""
     return math.nan if watermark is None else watermark
 
 

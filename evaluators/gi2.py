@@ -33,7 +33,7 @@ than a Python step per (object, candidate) pair:
   live between (``born`` its subscribe, ``died`` its unsubscribe), and its
   clauses as term-id runs with each clause's keyword. No Python record is
   kept: a live subscription costs its id and a few dozen array bytes.
-- *Matching a batch* (:meth:`GI2Index.match_batch`): the objects' ``(row,
+- *Matching a batch* (:meth:`GI2Index.match_many`): the objects' ``(row,
   term)`` pairs become keys, ``searchsorted`` finds each key's entries, and
   the candidates (Tornado's ``q_l``) are those live at the object's
   position; the rectangle test and the clause test (every term of some
@@ -67,19 +67,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from skpub.kernel.config import INDEX_SIDE
 from skpub.kernel.grid import CellBox
 from skpub.kernel.records import RangeSubscription
 from skpub.kernel.text import Vocabulary
 
 COMPACT_MIN_DELETED = 1024
 WIDE_ENTRIES = 65_536
-SIDE = 1 << 15
-"""Index cells per side a cell key can name: a deployment needs ``grid_size // index_block < SIDE``."""
+SIDE = INDEX_SIDE
+"""Index cells per side a cell key can name (a deployment checks ``grid_size // index_block < SIDE``)."""
 _WIDE = SIDE * SIDE
 _LOW = (1 << 32) - 1
 _NEVER = np.iinfo(np.int64).max
 _DELTA_MIN = 1 << 16
 _NO_IDS = pa.array([], pa.string()).dictionary_encode()
+CHUNK_OBJECTS = 1 << 14
+"""Objects matched at once by :meth:`GI2Index.match_many` (their candidates are arrays)."""
+EXPANSION = 1 << 22
+"""Most (candidate, clause term) pairs a clause test expands at once."""
 _PENDING_MAX = 1 << 14
 """Most entries kept in Python lists before they become arrays (a Python int in a list takes ~36 bytes, an entry
 in the arrays 12)."""
@@ -115,10 +120,18 @@ class ObjectBatch:
     def __len__(self) -> int:
         return len(self.pos)
 
+    def slice(self, start: int, stop: int) -> ObjectBatch:
+        """Return rows ``start`` to ``stop`` (views, no copy)."""
+        only = None if self.only is None else self.only.slice(start, stop - start)
+        return ObjectBatch(
+            self.pos[start:stop], self.x[start:stop], self.y[start:stop], self.cx[start:stop], self.cy[start:stop],
+            self.terms.slice(start, stop - start), only,
+        )  # fmt: skip
+
 
 @dataclass
 class BatchMatches:
-    """What :meth:`GI2Index.match_batch` found.
+    """What :meth:`GI2Index.match_many` found.
 
     ``rows`` (ndarray, int64) and ``sids`` (a dictionary-encoded Arrow
     string array: each distinct id once) are the matches ``(object row,
@@ -235,7 +248,7 @@ class GI2Index:
         self.delta = (np.empty(0, np.int64), np.empty(0, np.int32))
         self.pending = _Pending()
         self.dead = 0
-        self.wide = 0  # entries in the wide cell (some may be dead): when 0, objects skip its lookup
+        self.wide = 0  # nonzero when the wide cell may hold entries (some dead): otherwise objects skip its lookup
 
     def __len__(self) -> int:
         """Return the number of live subscriptions."""
@@ -414,36 +427,41 @@ class GI2Index:
             self.compact()
 
     def compact(self) -> None:
-        """Drop every dead slot and its entries, and renumber slots and terms; O(entries + clause terms)."""
+        """Drop every dead slot and its entries, and renumber slots and terms; O(entries + clause terms).
+
+        All or nothing: the new arrays are built first, then swapped in.
+        """
         self._flush()
         live = self.died.view == _NEVER
         remap = np.cumsum(live) - 1
         kept = np.flatnonzero(live)
-        clauses = self.clauses.view[kept]
-        owner, clause = _expand(clauses[:, 0], clauses[:, 1])
+        owner, clause = _expand(self.clauses.view[kept, 0], self.clauses.view[kept, 1])
         runs = self.clause_terms.view[clause]
         _, term_at = _expand(runs[:, 0], runs[:, 1])
         old_terms = self.terms.view[term_at]
         used = np.unique(old_terms)
         names = list(self.term_ids)
-        self.term_ids = {names[t]: i for i, t in enumerate(used.tolist())}
         lengths = runs[:, 1] - runs[:, 0]
         ends = np.cumsum(lengths)
-        self.clause_terms.replace(np.stack([ends - lengths, ends], axis=1))
-        self.clause_keys.replace(np.searchsorted(used, self.clause_keys.view[clause]))
-        self.terms.replace(np.searchsorted(used, old_terms))
         per_slot = np.bincount(owner, minlength=len(kept))
         slot_ends = np.cumsum(per_slot)
-        self.clauses.replace(np.stack([slot_ends - per_slot, slot_ends], axis=1))
-        for column in (self.rects, self.boxes, self.born, self.died, self.trivial):
-            column.replace(column.view[kept])
-        self.sids = [self.sids[i] for i in kept.tolist()]
-        self.slot_of = {sid: i for i, sid in enumerate(self.sids)}
         keys, slots = _merge(self.main, self.delta)
         keep = live[slots]
         keys, slots = keys[keep], remap[slots[keep]].astype(np.int32)
-        # term ids keep their order under the renumbering, so the keys stay sorted
-        keys = (keys & ~_LOW) | np.searchsorted(used, keys & _LOW)
+        keys = (keys & ~_LOW) | np.searchsorted(used, keys & _LOW)  # term ids keep their order: keys stay sorted
+        columns = [(c, c.view[kept]) for c in (self.rects, self.boxes, self.born, self.died, self.trivial)]
+        sids = [self.sids[i] for i in kept.tolist()]
+        replaced = [
+            (self.clause_terms, np.stack([ends - lengths, ends], axis=1)),
+            (self.clause_keys, np.searchsorted(used, self.clause_keys.view[clause])),
+            (self.terms, np.searchsorted(used, old_terms)),
+            (self.clauses, np.stack([slot_ends - per_slot, slot_ends], axis=1)),
+            *columns,
+        ]
+        term_ids = {names[t]: i for i, t in enumerate(used.tolist())}
+        for column, values in replaced:
+            column.replace(values)
+        self.term_ids, self.sids, self.slot_of = term_ids, sids, {sid: i for i, sid in enumerate(sids)}
         self.main, self.delta = (keys, slots), (keys[:0], slots[:0])
         self.wide = int(np.count_nonzero((keys >> 32) == _WIDE))
         self.dead = 0
@@ -454,7 +472,6 @@ class GI2Index:
         new = self.pending
         if not new.keys and not new.born:
             return
-        self.pending = _Pending(len(self.sids))
         if new.born:
             self.rects.extend(new.rects)
             self.boxes.extend(new.boxes)
@@ -476,6 +493,7 @@ class GI2Index:
             if len(self.delta[0]) > max(_DELTA_MIN, len(self.main[0]) // 4):
                 self.main = _merge(self.main, self.delta)
                 self.delta = (self.delta[0][:0], self.delta[1][:0])
+        self.pending = _Pending(len(self.sids))  # last: a failure above leaves the pending lists to retry
 
     # ------------------------------------------------------------------ matching
 
@@ -492,7 +510,7 @@ class GI2Index:
         known = tids >= 0
         return np.unique((rows[known] << 32) | tids[known])
 
-    def match_batch(self, objects: ObjectBatch) -> BatchMatches:
+    def match_many(self, objects: ObjectBatch) -> BatchMatches:
         """Return the subscriptions each of ``objects`` matches, and the candidates each examined.
 
         An object matches a subscription indexed here whose ``born < pos <
@@ -517,6 +535,21 @@ class GI2Index:
         if not n or not self.sids:
             return BatchMatches(np.empty(0, np.int64), _NO_IDS, examined)
         self._flush()
+        rows, slots = [], []
+        for first in range(0, n, CHUNK_OBJECTS):  # bounds the candidate arrays, whatever the batch size
+            part = objects.slice(first, min(n, first + CHUNK_OBJECTS))
+            row, slot, examined[first : first + len(part)] = self._match_chunk(part)
+            rows.append(row + first)
+            slots.append(slot)
+        row, slot = np.concatenate(rows), np.concatenate(slots)
+        distinct, at = np.unique(slot, return_inverse=True)
+        names = pa.array([self.sids[s] for s in distinct.tolist()], pa.string())
+        return BatchMatches(row, pa.DictionaryArray.from_arrays(pa.array(at, pa.int32()), names), examined)
+
+    def _match_chunk(self, objects: ObjectBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`match_many` over at most :data:`CHUNK_OBJECTS` objects: matched rows and slots, and candidates."""
+        n = len(objects)
+        empty = np.empty(0, np.int64)
         held = self._object_terms(objects.terms)
         query = held
         restricted = None
@@ -541,7 +574,7 @@ class GI2Index:
             cand_rows.append(rows[owner])
             cand_slots.append(slots[at])
         if not cand_rows:
-            return BatchMatches(np.empty(0, np.int64), _NO_IDS, examined)
+            return empty, empty, np.zeros(n, np.int64)
         row = np.concatenate(cand_rows)
         slot = np.concatenate(cand_slots).astype(np.int64)
         pos = objects.pos[row]
@@ -566,12 +599,26 @@ class GI2Index:
             row, slot = row[~repeated], slot[~repeated]
         if restricted is not None:
             row, slot = self._answered_here(objects, restricted, row, slot, held)
-        distinct, at = np.unique(slot, return_inverse=True)
-        names = pa.array([self.sids[s] for s in distinct.tolist()], pa.string())
-        return BatchMatches(row, pa.DictionaryArray.from_arrays(pa.array(at, pa.int32()), names), examined)
+        return row, slot, examined
 
     def _satisfied(self, rows: np.ndarray, slots: np.ndarray, held: np.ndarray) -> np.ndarray:
-        """Return, per candidate ``(rows[i], slots[i])``, whether the object's terms include one of its clauses."""
+        """Return, per candidate ``(rows[i], slots[i])``, whether the object's terms include one of its clauses.
+
+        In pieces of at most :data:`EXPANSION` (candidate, clause term) pairs
+        (a subscription may hold 16,384 terms), so memory stays bounded.
+        """
+        clauses = self.clauses.view[slots]
+        terms = self.clause_terms.view[clauses[:, 1] - 1, 1] - self.clause_terms.view[clauses[:, 0], 0]
+        ends = np.cumsum(terms)
+        if not len(ends) or ends[-1] <= EXPANSION:
+            return self._satisfied_piece(rows, slots, held)
+        cuts = [0, *np.searchsorted(ends, np.arange(EXPANSION, ends[-1], EXPANSION), "right").tolist(), len(rows)]
+        pieces = [
+            self._satisfied_piece(rows[a:b], slots[a:b], held) for a, b in zip(cuts, cuts[1:], strict=False) if b > a
+        ]
+        return np.concatenate(pieces)
+
+    def _satisfied_piece(self, rows: np.ndarray, slots: np.ndarray, held: np.ndarray) -> np.ndarray:
         clauses = self.clauses.view[slots]
         pair, clause = _expand(clauses[:, 0], clauses[:, 1])
         runs = self.clause_terms.view[clause]
@@ -596,6 +643,7 @@ class GI2Index:
         names = list(self.term_ids)
         terms, clause_terms, keys = self.terms.view, self.clause_terms.view, self.clause_keys.view
         keep = np.ones(len(row), dtype=bool)
+        only_sets: dict[int, frozenset[str]] = {}
         for i in check.tolist():
             r, (c0, c1) = int(row[i]), self.clauses.view[slot[i]].tolist()
             satisfied = [
@@ -603,7 +651,10 @@ class GI2Index:
                 for c in range(c0, c1)
                 if _member((r << 32) | terms[clause_terms[c, 0] : clause_terms[c, 1]], held).all()
             ]
-            keep[i] = min(satisfied) in frozenset(objects.only[r].as_py())
+            only = only_sets.get(r)
+            if only is None:
+                only = only_sets[r] = frozenset(objects.only[r].as_py())
+            keep[i] = min(satisfied) in only
         return row[keep], slot[keep]
 
     def postings(self) -> dict[tuple[int | None, str], list[str]]:

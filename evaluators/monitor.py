@@ -289,6 +289,11 @@ class RankedMonitor:
         if self.window_none:
             self._prune_before_oldest()
 
+    def withdraw(self, positions: list[int]) -> None:
+        """Forget the objects at ``positions``, kept before their rows failed (their lines became dead letters)."""
+        for obj in self.store.discard(positions):
+            self._forget(obj.pos)
+
     def _prune_before_oldest(self) -> None:
         """Window none: forget objects older than every active subscription (none can see them)."""
         oldest = min((h.handler.sub.pos for h in self.subscriptions.values()), default=None)

@@ -362,7 +362,7 @@ def apply_batch(evaluator: Evaluator, rows: pa.Table, batch: BatchInput, restore
         evaluator.monitor.generation = batch.generation
     if batch.balancer_dir:
         take_over(evaluator, batch)
-    result = evaluator.apply_rows(rows, batch_id)
+    result = evaluator.apply_many(rows, batch_id)
     balancer = hand_off(evaluator, batch) if batch.balancer_dir else {}
     start = time.thread_time()
     blocks = evaluator.take_dirty_blocks()

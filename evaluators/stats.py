@@ -65,7 +65,8 @@ class CellCostStats:
         self.overall += int(costs.sum())
         for counts, keys in ((self.cells, cy * size + cx), (self.rows, cy), (self.columns, cx)):
             distinct, at = np.unique(keys, return_inverse=True)
-            for key, cost in zip(distinct.tolist(), np.bincount(at, weights=costs).astype(np.int64).tolist(), strict=True):
+            sums = np.bincount(at, weights=costs).astype(np.int64)
+            for key, cost in zip(distinct.tolist(), sums.tolist(), strict=True):
                 counts[key] = counts.get(key, 0) + cost
 
     def to_json(self, evaluator: int, batch_id: int, cpu_seconds: float, subscriptions: int) -> dict:

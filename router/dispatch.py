@@ -47,8 +47,9 @@ class RoutedBatch:
     """The routing of one micro-batch: routed rows in stream order, dead letters, counters, CPU seconds per stage.
 
     ``table`` holds one :data:`~skpub.kernel.wire.ROUTED_SCHEMA` row per
-    (record, evaluator); :meth:`rows_for` splits them by evaluator. ``marks`` are the ``(position, snapshot id)`` where evaluators
-    report their ranked results, in stream order (:func:`marks`);
+    (record, evaluator); :meth:`rows_for` splits them by evaluator.
+    ``marks`` are the ``(position, snapshot id)`` where evaluators report
+    their ranked results, in stream order (:func:`marks`);
     ``controls`` the accepted control records (:func:`accepted_controls`).
     """
 

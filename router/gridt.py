@@ -19,7 +19,7 @@ Routing through a text-partitioned rectangle (PS2Stream IV-C; DESIGN
   there (:func:`route_objects`), with the set of those terms: the evaluator
   delivers a subscription the object matches only when the least key among
   the clauses it satisfies is one of them (GI^2's restricted match,
-  :meth:`skpub.evaluators.gi2.GI2Index.match_one`), so a (subscription,
+  :meth:`skpub.evaluators.gi2.GI2Index.match_many`), so a (subscription,
   object) pair is delivered once wherever the subscription's clauses went;
 - the rectangle's *primary* evaluator, its first, also receives every object
   there that a window store needs (DESIGN "Top-k and kNN": ranked work counts

@@ -306,7 +306,7 @@ def test_an_object_costs_object_cost_units_beside_its_candidates(object_cost):
         dep = deployment(evaluators=1, batch_size=400).replace(balancer=BalancerConfig(object_cost=cost))
         epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), []))
         (rows,) = Router(dep, Vocabulary()).route_many(lines, 0, epoch).rows_for(1)
-        stats = Evaluator(0, dep, Vocabulary()).apply_rows(rows, 0).stats
+        stats = Evaluator(0, dep, Vocabulary()).apply_many(rows, 0).stats
         assert stats.overall == sum(stats.cells.values())
         cells[cost] = (stats.cells, stats.objects)
     (base, objects), (weighted, _) = cells[1], cells[object_cost]
@@ -318,7 +318,7 @@ def test_an_object_costs_object_cost_units_beside_its_candidates(object_cost):
     far += [json.dumps({"type": "object", "id": f"o{i}", "x": 50 + i % 45, "y": 60 + i % 7, "terms": ["a"]})
             for i in range(120)]  # fmt: skip
     (rows,) = Router(dep, Vocabulary()).route_many([line.encode() for line in far], 0, epoch).rows_for(1)
-    stats = Evaluator(0, dep, Vocabulary()).apply_rows(rows, 0).stats
+    stats = Evaluator(0, dep, Vocabulary()).apply_many(rows, 0).stats
     received = _object_cells(rows, dep.grid_size)
     assert stats.objects == sum(received.values()) == 120
     assert stats.cells == {c: object_cost * n for c, n in received.items()}
@@ -345,7 +345,7 @@ def test_only_a_balancing_evaluator_counts_subscriptions_in_its_load_statistics(
         queries = []
         for batch, lines in enumerate((subscribe, unsubscribe)):
             (rows,) = router.route_many([line.encode() for line in lines], batch, epoch).rows_for(1)
-            ev.apply_rows(rows, batch)
+            ev.apply_many(rows, batch)
             queries.append(sum(r.queries for r in ev.load.summary(0, batch).rectangles))
         assert tuple(queries) == counted, mode
         assert ev.subscriptions == 4

@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -154,50 +155,49 @@ def test_added_index_cells_are_those_of_the_new_box_the_old_does_not_meet(block,
     assert index._added_cell_keys(old, new) == [k for k in index._cell_keys(new) if k not in held]
 
 
-@examples(1.5)
-@given(st.integers(0, 2**32 - 1), st.integers(1, 5), st.sampled_from([2, 16, gi2.WIDE_ENTRIES]), st.booleans())
-def test_one_batch_matches_each_object_against_the_subscriptions_live_at_its_position(seed, block, wide, only):
-    """Subscribes, unsubscribes and objects interleaved, then one ``match_batch``: each object sees what was live.
+SMALL = {"COMPACT_MIN_DELETED": 2, "_DELTA_MIN": 4, "_PENDING_MAX": 8, "CHUNK_OBJECTS": 3, "EXPANSION": 5}
+"""GI^2's thresholds made tiny, so a short test crosses every one of them: compaction with term renumbering, the
+delta's merge into the main array, a flush in the middle of inserts, matching in chunks, clause tests in pieces."""
 
-    The expected matches come from replaying the events in order with plain
-    Python sets; with ``only``, each object's terms are dealt to three
-    "evaluators" and the three answers must add up to the full match set,
-    each match found once (the text-partition rule).
+
+@examples(2)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.integers(1, 5),
+    st.sampled_from([2, 16, gi2.WIDE_ENTRIES]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_batches_match_each_object_against_the_subscriptions_live_at_its_position(seed, block, wide, only, small):
+    """Subscribes, unsubscribes and objects interleaved, matched a batch at a time: each object sees what was live.
+
+    Between batches, a rebalancing may drop subscriptions (``remove_many``)
+    and the index compacts. The expected matches come from replaying the
+    events in order with plain Python sets, in subscribe-position order;
+    with ``only``, each object's terms are dealt to three "evaluators" and
+    the three answers must add up to the full match set, each match found
+    once (the text-partition rule). With ``small``, GI^2's thresholds are
+    tiny (:data:`SMALL`).
     """
-    gi2.WIDE_ENTRIES, default = wide, gi2.WIDE_ENTRIES
+    saved = {name: getattr(gi2, name) for name in (*SMALL, "WIDE_ENTRIES")}
+    for name, value in {**(SMALL if small else {}), "WIDE_ENTRIES": wide}.items():
+        setattr(gi2, name, value)
     try:
-        rng = np.random.default_rng(seed)
-        grid = FineGrid(SPACE, 30)
-        vocabulary = Vocabulary(10, {"a": 9, "b": 5, "c": 2})
-        index = GI2Index(block, vocabulary)
-        live: dict[str, RangeSubscription] = {}
-        objects, cells, expected = [], [], []
-        for pos in range(120):
-            u = rng.random()
-            if u < 0.25:
-                x0, x1 = sorted(rng.uniform(-10, 110, 2))
-                y0, y1 = sorted(rng.uniform(-10, 110, 2))
-                expr = " OR ".join(
-                    " AND ".join(rng.choice(WORDS, size=int(rng.integers(1, 3)), replace=False))
-                    for _ in range(int(rng.integers(1, 4)))
-                )
-                sub = RangeSubscription(pos, f"s{pos}", Rect(x0, y0, x1, y1), parse_expression(expr))
-                index.insert(sub, grid.cell_box(sub.rect))
-                live[sub.id] = sub
-            elif u < 0.35 and live:
-                sid = sorted(live)[int(rng.integers(len(live)))]
-                index.delete(sid, pos)
-                del live[sid]
-            else:
-                x, y = rng.uniform(0, 100, 2)
-                obj = make_object(pos, x, y, rng.choice(WORDS + ["z"], size=int(rng.integers(0, 5))).tolist())
-                objects.append(obj)
-                cells.append(grid.cell_of(x, y))
-                expected.append(  # in subscribe-position order, as GI^2 returns them
-                    [s.id for s in live.values() if s.rect.contains_point(x, y) and dnf_matches(s.dnf, obj.term_set)]
-                )
+        _check_batches(np.random.default_rng(seed), block, only)
+    finally:
+        for name, value in saved.items():
+            setattr(gi2, name, value)
+
+
+def _check_batches(rng, block, only):
+    grid = FineGrid(SPACE, 30)
+    index = GI2Index(block, Vocabulary(10, {"a": 9, "b": 5, "c": 2}))
+    live: dict[str, RangeSubscription] = {}
+    objects, cells, expected = [], [], []
+
+    def close_batch():
         if not only:
-            found = index.match_batch(object_batch(objects, cells))
+            found = index.match_many(object_batch(objects, cells))
             got = [[] for _ in objects]
             for r, sid in zip(found.rows.tolist(), found.sids.to_pylist(), strict=True):
                 got[r].append(sid)
@@ -207,14 +207,61 @@ def test_one_batch_matches_each_object_against_the_subscriptions_live_at_its_pos
             got = [[] for _ in objects]
             for e in range(3):
                 mine = [frozenset(t for t, d in dealt.items() if d == e) for dealt in deal]
-                found = index.match_batch(object_batch(objects, cells, mine))
+                found = index.match_many(object_batch(objects, cells, mine))
                 for r, sid in zip(found.rows.tolist(), found.sids.to_pylist(), strict=True):
                     got[r].append(sid)
             assert [sorted(g) for g in got] == [sorted(e) for e in expected]
         index.end_batch()
-        assert len(index) == len(live)
-    finally:
-        gi2.WIDE_ENTRIES = default
+        objects.clear(), cells.clear(), expected.clear()
+        if live and rng.random() < 0.3:  # a rebalancing between batches
+            gone = [sid for sid in live if rng.random() < 0.3]
+            index.remove_many(gone)
+            for sid in gone:
+                del live[sid]
+
+    for pos in range(160):
+        u = rng.random()
+        if u < 0.25:
+            x0, x1 = sorted(rng.uniform(-10, 110, 2))
+            y0, y1 = sorted(rng.uniform(-10, 110, 2))
+            expr = " OR ".join(
+                " AND ".join(rng.choice(WORDS, size=int(rng.integers(1, 3)), replace=False))
+                for _ in range(int(rng.integers(1, 4)))
+            )
+            sub = RangeSubscription(pos, f"s{pos}", Rect(x0, y0, x1, y1), parse_expression(expr))
+            index.insert(sub, grid.cell_box(sub.rect))
+            live[sub.id] = sub
+        elif u < 0.35 and live:
+            sid = sorted(live)[int(rng.integers(len(live)))]
+            index.delete(sid, pos)
+            del live[sid]
+        elif u < 0.4:
+            close_batch()
+        else:
+            x, y = rng.uniform(0, 100, 2)
+            obj = make_object(pos, x, y, rng.choice(WORDS + ["z"], size=int(rng.integers(0, 5))).tolist())
+            objects.append(obj)
+            cells.append(grid.cell_of(x, y))
+            expected.append(  # in subscribe-position order, as GI^2 returns them
+                [s.id for s in live.values() if s.rect.contains_point(x, y) and dnf_matches(s.dnf, obj.term_set)]
+            )
+    close_batch()
+    assert len(index) == len(live)
+    live_postings = {sid for sids in index.postings().values() for sid in sids}
+    assert live_postings == set(live) or not live
+
+
+def test_a_deployment_whose_index_cells_gi2_cannot_name_is_refused(monkeypatch):
+    """2**15 index cells a side or more do not fit GI^2's keys: refused with a sentence, not a wrong match (on a
+    machine whose memory would hold the grid)."""
+    from skpub.kernel import config
+    from skpub.kernel.config import Deployment
+    from skpub.kernel.errors import ConfigError
+
+    monkeypatch.setattr(config, "physical_memory", lambda: 1 << 50)
+    Deployment(grid_size=40_000, index_block=2)
+    with pytest.raises(ConfigError, match="GI\\^2 index cells a side"):
+        Deployment(grid_size=40_000, index_block=1)
 
 
 def test_terms_the_index_has_never_seen_match_nothing_and_cost_nothing():

@@ -332,7 +332,7 @@ def test_restored_monitors_and_rebuilt_merges_equal_the_oracle(window, skyband):
     encoded = [line.encode() for line in lines]
     for batch_id, start in enumerate(range(0, len(encoded), dep.batch_size)):
         routed = router.route_many(encoded[start : start + dep.batch_size], batch_id, epoch)
-        results = [ev.apply_rows(rows, batch_id) for ev, rows in zip(evaluators, routed.rows_for(3), strict=True)]
+        results = [ev.apply_many(rows, batch_id) for ev, rows in zip(evaluators, routed.rows_for(3), strict=True)]
         batch_events, batch_snapshots = merge.apply(routed.marks, (u for r in results for u in r.updates))
         events += batch_events
         snapshots += batch_snapshots
@@ -386,7 +386,7 @@ def test_an_evaluator_that_saves_nothing_keeps_only_its_window():
     for batch_id, start in enumerate(range(0, len(encoded), 50)):
         routed = router.route_many(encoded[start : start + 50], batch_id, epoch)
         for ev, rows in zip(evaluators, routed.rows_for(2), strict=True):
-            ev.apply_rows(rows, batch_id)
+            ev.apply_many(rows, batch_id)
     for ev in evaluators:
         assert len(ev.monitor.store) <= 20
         assert ev.monitor.store.arrived == [] and ev.monitor.store.emptied == set()

@@ -33,7 +33,7 @@ from skpub.kernel.records import stream_position
 from skpub.kernel.registry import IdRegistry
 from skpub.router.state import decode_journal, decode_registry, encode_registry
 from tests.profiles import examples
-from tests.workloads import canonical, deployment, letters, random_workload, write_lines
+from tests.workloads import canonical, deployment, letters, random_workload, ranked_workload, write_lines
 
 
 def observer(dep):
@@ -355,6 +355,52 @@ def test_unwritable_default_workload_location_is_a_sentence(tmp_path, capsys):
 # --------------------------------------------------------------------------- a record cannot stop a run
 
 
+@pytest.mark.parametrize("where", ["monitor", "match"])
+def test_an_object_that_fails_in_its_evaluator_is_a_dead_letter_and_nothing_else(tmp_path, monkeypatch, where):
+    """An object whose window step (``monitor``) or lone range match (``match``) fails becomes one
+    ``internal_error`` dead letter and is delivered to no subscription, range or ranked: the range matches are the
+    oracle's less the victims', and no ranked result ever names a victim (fails if the object is still matched or
+    kept in the window after its line became a dead letter)."""
+    from skpub.evaluators.monitor import RankedMonitor
+    from skpub.kernel.config import Window
+
+    lines = ranked_workload(seed=6, n=300)
+    dep = deployment(evaluators=3, batch_size=25).replace(window=Window("count", 60))
+    expected = replay(lines, dep).deliveries
+    ranked = {d["obj"] for d in expected if d["event"] == "enter"}
+    victims = sorted({d["obj"] for d in expected if d["event"] == "match"} & ranked)  # in both kinds of result
+    assert victims
+    if where == "monitor":
+        real = RankedMonitor.add_object
+
+        def add_object(self, record, number, block):
+            if record.id in victims:
+                raise ValueError(f"injected failure on {record.id}")
+            return real(self, record, number, block)
+
+        monkeypatch.setattr(RankedMonitor, "add_object", add_object)
+    else:
+        ids = [json.loads(line).get("id") for line in lines]
+        doomed = {stream_position(i // 25, i % 25) for i, oid in enumerate(ids) if oid in victims}
+        real_match = GI2Index.match_many
+
+        def match_many(self, objects):
+            if doomed & set(objects.pos.tolist()):
+                raise ValueError("injected failure")
+            return real_match(self, objects)
+
+        monkeypatch.setattr(GI2Index, "match_many", match_many)
+    out, _ = local(tmp_path, lines, dep)
+    internal = read_stream(out, "dead_letters")
+    assert sorted(json.loads(d["line"])["id"] for d in internal) == sorted(victims)
+    deliveries = read_stream(out, "deliveries")
+    got = [d for d in deliveries if d["event"] == "match"]
+    assert canonical(got) == canonical([d for d in expected if d["event"] == "match" and d["obj"] not in victims])
+    entered = {d["obj"] for d in deliveries if d["event"] == "enter"}
+    in_results = {r[0] for s in read_stream(out, "snapshots") for r in s["results"]}
+    assert len(entered) > 20 and not (entered | in_results) & set(victims)
+
+
 def test_an_evaluator_failure_on_one_object_becomes_internal_error(tmp_path, monkeypatch):
     """Inject a failure for chosen objects inside GI^2; every other record's output is untouched."""
     lines = random_workload(seed=6, n=300, invalid=False)
@@ -363,14 +409,14 @@ def test_an_evaluator_failure_on_one_object_becomes_internal_error(tmp_path, mon
     victims = list(dict.fromkeys(d["obj"] for d in expected))[:2]
     ids = [json.loads(line).get("id") for line in lines]
     doomed = {stream_position(i // 25, i % 25) for i, oid in enumerate(ids) if oid in victims}
-    real = GI2Index.match_batch
+    real = GI2Index.match_many
 
-    def match_batch(self, objects):
+    def match_many(self, objects):
         if doomed & set(objects.pos.tolist()):  # a batch holding a victim fails, then the victim alone
             raise ValueError("injected failure")
         return real(self, objects)
 
-    monkeypatch.setattr(GI2Index, "match_batch", match_batch)
+    monkeypatch.setattr(GI2Index, "match_many", match_many)
     out, summary = local(tmp_path, lines, dep)
     internal = read_stream(out, "dead_letters")
     assert sorted(json.loads(d["line"])["id"] for d in internal) == sorted(victims)

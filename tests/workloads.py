@@ -426,6 +426,6 @@ def object_batch(objects, cells, only=None):
 
 
 def match_one(index, obj, cx, cy, only=None):
-    """Match one object: its matched ids (sorted) and candidates examined."""
-    found = index.match_batch(object_batch([obj], [(cx, cy)], None if only is None else [only]))
+    """Match one object: its matched ids (in subscribe-position order) and candidates examined."""
+    found = index.match_many(object_batch([obj], [(cx, cy)], None if only is None else [only]))
     return found.sids.to_pylist(), int(found.examined[0])

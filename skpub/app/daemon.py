@@ -693,18 +693,18 @@ class BatchEnds:
     def __init__(self, first: int = 0) -> None:
         self.lock = threading.RLock()
         self.first = first
-        self.ends: list[int] = []
+        self._ends: list[int] = []
 
     @property
     def count(self) -> int:
         """Batches journaled (the next batch's id)."""
         with self.lock:
-            return self.first + len(self.ends)
+            return self.first + len(self._ends)
 
     def append(self, end: int) -> None:
         """Journal the next batch, which ends before ingest index ``end``."""
         with self.lock:
-            self.ends.append(end)
+            self._ends.append(end)
 
     def end(self, batch_id: int) -> int:
         """Return the ingest index after batch ``batch_id``'s last line.
@@ -715,9 +715,9 @@ class BatchEnds:
             If the batch is forgotten or not journaled.
         """
         with self.lock:
-            if not self.first <= batch_id < self.first + len(self.ends):
+            if not self.first <= batch_id < self.first + len(self._ends):
                 raise IndexError(f"batch {batch_id} is not among the journaled batches from {self.first} on")
-            return self.ends[batch_id - self.first]
+            return self._ends[batch_id - self.first]
 
     def known(self, batch_id: int) -> bool:
         """Return whether batch ``batch_id`` can run again: it is journaled and its start is not forgotten."""
@@ -733,7 +733,7 @@ class BatchEnds:
         with self.lock:
             drop = min(before, self.count - 1) - self.first
             if drop > 0:
-                del self.ends[:drop]
+                del self._ends[:drop]
                 self.first += drop
 
 

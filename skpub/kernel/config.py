@@ -43,6 +43,8 @@ INTEGER_LIMITS = {
 }  # fmt: skip
 """Upper bounds of integer fields, beside the memory estimate: records held in memory at once, and evaluators (whose
 per-batch overhead, not memory, makes thousands of them useless)."""
+INDEX_SIDE = 1 << 15
+"""Most GI^2 index cells per side (``grid_size // index_block`` below it): a cell is 30 bits of an index key."""
 GRID_BYTES_PER_CELL = 48
 EVALUATOR_BYTES = 64 * 1024
 
@@ -258,6 +260,12 @@ class Deployment:
                 f"{self.object_id_horizon} need about {need / 2**30:.1f} GiB for routing tables and the object-id "
                 f"horizon alone, more than half of this machine's {have / 2**30:.1f} GiB; "
                 "choose a smaller grid_size, fewer evaluators or a smaller object_id_horizon"
+            )
+        side = self.grid_size // self.index_block
+        if side >= INDEX_SIDE:
+            raise ConfigError(
+                f"grid_size={self.grid_size} and index_block={self.index_block} make {side:,} GI^2 index cells a"
+                f" side, more than its {INDEX_SIDE - 1:,}; choose a larger index_block"
             )
 
     def memory_estimate(self) -> int:

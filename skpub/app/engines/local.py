@@ -149,7 +149,7 @@ class LocalPipeline:
         split = time.thread_time()
         per_evaluator = routed.rows_for(len(evaluators))  # the Spark sequencer task's files, one per evaluator
         split = time.thread_time() - split
-        results = [ev.apply_rows(rows, batch_id) for ev, rows in zip(evaluators, per_evaluator, strict=True)]
+        results = [ev.apply_many(rows, batch_id) for ev, rows in zip(evaluators, per_evaluator, strict=True)]
         merge_start, unproven = time.thread_time(), self.merge.unproven
         events, snapshots = self.merge.apply(routed.marks, (u for r in results for u in r.updates))
         merge_seconds = time.thread_time() - merge_start
