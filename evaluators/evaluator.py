@@ -284,9 +284,17 @@ class Evaluator:
         return Deliveries.concat(parts), examined, lost
 
     def _insert(self, sub: RangeSubscription, box: CellBox) -> None:
+        """Index, file and count ``sub`` over ``box``; should a step fail, undo the others and raise."""
         self.index.insert(sub, box)  # first: one it refuses is filed nowhere
-        self._file(sub, box)
-        self.load.add_subscription(sub.id, box)
+        try:
+            self._file(sub, box)
+            self.load.add_subscription(sub.id, box)
+        except BaseException:
+            block = self.blocks.get(state_block(box), {})
+            if block.pop(sub.id, None) is not None and not block:
+                del self.blocks[state_block(box)]
+            self.index.remove_many([sub.id])
+            raise
 
     def _file(self, sub: RangeSubscription, box: CellBox) -> None:
         """Keep ``sub`` over ``box`` in the state block of ``box`` (as its JSON row), marked dirty for the state store.

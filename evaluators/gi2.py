@@ -468,10 +468,27 @@ class GI2Index:
         self.pending = _Pending(len(self.sids))
 
     def _flush(self) -> None:
-        """Turn the pending subscriptions into slot arrays and their entries into the sorted arrays."""
+        """Turn the pending subscriptions into slot arrays and their entries into the sorted arrays.
+
+        All or nothing: should a step fail (memory), every array is set back
+        to its length before, and the pending lists stay for the next try.
+        """
         new = self.pending
         if not new.keys and not new.born:
             return
+        columns = (self.rects, self.boxes, self.born, self.died, self.trivial, self.clause_terms, self.clause_keys,
+                   self.terms, self.clauses)  # fmt: skip
+        lengths_before, sorted_before = [c.n for c in columns], (self.main, self.delta)
+        try:
+            self._flush_pending(new)
+        except BaseException:
+            for column, n in zip(columns, lengths_before, strict=True):
+                column.n = n
+            self.main, self.delta = sorted_before
+            raise
+        self.pending = _Pending(len(self.sids))
+
+    def _flush_pending(self, new: _Pending) -> None:
         if new.born:
             self.rects.extend(new.rects)
             self.boxes.extend(new.boxes)
@@ -493,7 +510,6 @@ class GI2Index:
             if len(self.delta[0]) > max(_DELTA_MIN, len(self.main[0]) // 4):
                 self.main = _merge(self.main, self.delta)
                 self.delta = (self.delta[0][:0], self.delta[1][:0])
-        self.pending = _Pending(len(self.sids))  # last: a failure above leaves the pending lists to retry
 
     # ------------------------------------------------------------------ matching
 

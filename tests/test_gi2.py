@@ -260,6 +260,9 @@ def test_a_deployment_whose_index_cells_gi2_cannot_name_is_refused(monkeypatch):
 
     monkeypatch.setattr(config, "physical_memory", lambda: 1 << 50)
     Deployment(grid_size=40_000, index_block=2)
+    Deployment(grid_size=32_768, index_block=1)  # index cells 0 .. 32,767: they fit
+    with pytest.raises(ConfigError, match="32,769 GI\\^2 index cells a side"):
+        Deployment(grid_size=32_769, index_block=1)
     with pytest.raises(ConfigError, match="GI\\^2 index cells a side"):
         Deployment(grid_size=40_000, index_block=1)
 
@@ -273,3 +276,27 @@ def test_terms_the_index_has_never_seen_match_nothing_and_cost_nothing():
     assert match_one(index, make_object(1, 5, 5, ["a", "x"]), 0, 0) == ([], 1)  # "a" is the keyword
     assert match_one(index, make_object(2, 5, 5, ["x", "y"]), 0, 0) == ([], 0)
     assert match_one(index, make_object(3, 5, 5, ["b", "a", "a"]), 0, 0) == (["s"], 1)
+
+
+def test_a_flush_that_fails_leaves_the_index_as_it_was_and_is_tried_again(monkeypatch):
+    """A failure while pending subscriptions become arrays (memory) sets every array back; the next lookup
+    flushes them once, and matching is right (fails if a retry appended the slots twice)."""
+    grid = FineGrid(SPACE, 10)
+    index = GI2Index(2, Vocabulary())
+    subs = [RangeSubscription(i, f"s{i}", Rect(0, 0, 100, 100), parse_expression("a OR b")) for i in range(5)]
+    for sub in subs[:2]:
+        index.insert(sub, grid.cell_box(sub.rect))
+    index._flush()
+    for sub in subs[2:]:
+        index.insert(sub, grid.cell_box(sub.rect))
+    before = [(c.n, c.view.copy()) for c in (index.rects, index.born, index.clauses, index.terms)]
+    real = gi2._merge
+    monkeypatch.setattr(gi2, "_merge", lambda a, b: (_ for _ in ()).throw(MemoryError("injected")))
+    with pytest.raises(MemoryError):
+        index._flush()
+    assert [(c.n, c.view.tolist()) for c in (index.rects, index.born, index.clauses, index.terms)] == [
+        (n, v.tolist()) for n, v in before
+    ]
+    monkeypatch.setattr(gi2, "_merge", real)
+    assert match_one(index, make_object(9, 5, 5, ["b"]), 0, 0) == ([s.id for s in subs], 5)
+    assert index.born.n == 5 and len(index.main[0]) + len(index.delta[0]) == 5 * 25 * 2  # 25 index cells, 2 keys

@@ -401,6 +401,31 @@ def test_an_object_that_fails_in_its_evaluator_is_a_dead_letter_and_nothing_else
     assert len(entered) > 20 and not (entered | in_results) & set(victims)
 
 
+def test_a_subscription_that_fails_to_be_counted_is_a_dead_letter_and_never_matches(tmp_path, monkeypatch):
+    """A range subscribe whose load-statistics step fails is undone everywhere: one dead letter, no match of it,
+    and its unsubscribe is a dead letter too (fails if GI^2 kept it after the failure: it would still deliver)."""
+    from skpub.evaluators.load import CellLoad
+    from skpub.kernel.config import BalancerConfig
+
+    lines = random_workload(seed=6, n=300, invalid=False)
+    dep = deployment(evaluators=3, batch_size=25).replace(balancer=BalancerConfig(mode="adaptive"))
+    expected = replay(lines, dep).deliveries
+    victim = next(d["sub"] for d in expected if d["event"] == "match")
+    real = CellLoad.add_subscription
+
+    def add_subscription(self, sid, box):
+        if sid == victim:
+            raise ValueError("injected failure")
+        return real(self, sid, box)
+
+    monkeypatch.setattr(CellLoad, "add_subscription", add_subscription)
+    out, _ = local(tmp_path, lines, dep)
+    letters = read_stream(out, "dead_letters")
+    assert letters and {json.loads(d["line"])["id"] for d in letters} == {victim}
+    kept = [d for d in expected if d["event"] == "match" and d["sub"] != victim]
+    assert canonical(read_stream(out, "deliveries")) == canonical(kept)
+
+
 def test_an_evaluator_failure_on_one_object_becomes_internal_error(tmp_path, monkeypatch):
     """Inject a failure for chosen objects inside GI^2; every other record's output is untouched."""
     lines = random_workload(seed=6, n=300, invalid=False)

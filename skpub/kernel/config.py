@@ -44,7 +44,7 @@ INTEGER_LIMITS = {
 """Upper bounds of integer fields, beside the memory estimate: records held in memory at once, and evaluators (whose
 per-batch overhead, not memory, makes thousands of them useless)."""
 INDEX_SIDE = 1 << 15
-"""Most GI^2 index cells per side (``grid_size // index_block`` below it): a cell is 30 bits of an index key."""
+"""Most GI^2 index cells per side (``ceil(grid_size / index_block)``): a cell is 30 bits of a posting code."""
 GRID_BYTES_PER_CELL = 48
 EVALUATOR_BYTES = 64 * 1024
 
@@ -261,11 +261,11 @@ class Deployment:
                 f"horizon alone, more than half of this machine's {have / 2**30:.1f} GiB; "
                 "choose a smaller grid_size, fewer evaluators or a smaller object_id_horizon"
             )
-        side = self.grid_size // self.index_block
-        if side >= INDEX_SIDE:
+        side = (self.grid_size - 1) // self.index_block + 1  # index cells a side: 0 .. side - 1
+        if side > INDEX_SIDE:
             raise ConfigError(
                 f"grid_size={self.grid_size} and index_block={self.index_block} make {side:,} GI^2 index cells a"
-                f" side, more than its {INDEX_SIDE - 1:,}; choose a larger index_block"
+                f" side, more than its {INDEX_SIDE:,}; choose a larger index_block"
             )
 
     def memory_estimate(self) -> int:
