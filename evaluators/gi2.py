@@ -566,13 +566,13 @@ class GI2Index:
         """:meth:`match_many` over at most :data:`CHUNK_OBJECTS` objects: matched rows and slots, and candidates."""
         n = len(objects)
         empty = np.empty(0, np.int64)
-        held = self._object_terms(objects.terms)
-        query = held
+        carried = self._object_terms(objects.terms)  # the (row, term id) codes of the terms the objects carry
+        query = carried
         restricted = None
         if objects.only is not None and objects.only.null_count < len(objects.only):
             restricted = ~objects.only.is_null().to_numpy(zero_copy_only=False)
             own = self._object_terms(objects.only)
-            query = np.concatenate([held[~restricted[held >> 32]], own[_member(own, held)]])
+            query = np.concatenate([carried[~restricted[carried >> 32]], own[_member(own, carried)]])
         rows = query >> 32
         b = self.index_block
         cells = (objects.cy[rows] // b) * SIDE + objects.cx[rows] // b
@@ -604,7 +604,7 @@ class GI2Index:
         hard = np.flatnonzero(~self.trivial.view[slot])
         if len(hard):
             ok = np.ones(len(row), dtype=bool)
-            ok[hard] = self._satisfied(row[hard], slot[hard], held)
+            ok[hard] = self._satisfied(row[hard], slot[hard], carried)
             row, slot = row[ok], slot[ok]
         # by object, then subscribe position: one id per position, the same order after any restore or move
         order = np.lexsort((self.born.view[slot], row))
@@ -614,10 +614,10 @@ class GI2Index:
         if repeated.any():
             row, slot = row[~repeated], slot[~repeated]
         if restricted is not None:
-            row, slot = self._answered_here(objects, restricted, row, slot, held)
+            row, slot = self._answered_here(objects, restricted, row, slot, carried)
         return row, slot, examined
 
-    def _satisfied(self, rows: np.ndarray, slots: np.ndarray, held: np.ndarray) -> np.ndarray:
+    def _satisfied(self, rows: np.ndarray, slots: np.ndarray, carried: np.ndarray) -> np.ndarray:
         """Return, per candidate ``(rows[i], slots[i])``, whether the object's terms include one of its clauses.
 
         In pieces of at most :data:`EXPANSION` (candidate, clause term) pairs
@@ -627,24 +627,24 @@ class GI2Index:
         terms = self.clause_terms.view[clauses[:, 1] - 1, 1] - self.clause_terms.view[clauses[:, 0], 0]
         ends = np.cumsum(terms)
         if not len(ends) or ends[-1] <= EXPANSION:
-            return self._satisfied_piece(rows, slots, held)
+            return self._satisfied_piece(rows, slots, carried)
         cuts = [0, *np.searchsorted(ends, np.arange(EXPANSION, ends[-1], EXPANSION), "right").tolist(), len(rows)]
         pieces = [
-            self._satisfied_piece(rows[a:b], slots[a:b], held) for a, b in zip(cuts, cuts[1:], strict=False) if b > a
+            self._satisfied_piece(rows[a:b], slots[a:b], carried) for a, b in zip(cuts, cuts[1:], strict=False) if b > a
         ]
         return np.concatenate(pieces)
 
-    def _satisfied_piece(self, rows: np.ndarray, slots: np.ndarray, held: np.ndarray) -> np.ndarray:
+    def _satisfied_piece(self, rows: np.ndarray, slots: np.ndarray, carried: np.ndarray) -> np.ndarray:
         clauses = self.clauses.view[slots]
         pair, clause = _expand(clauses[:, 0], clauses[:, 1])
         runs = self.clause_terms.view[clause]
         at_clause, term_at = _expand(runs[:, 0], runs[:, 1])
-        present = _member((rows[pair[at_clause]] << 32) | self.terms.view[term_at], held)
+        present = _member((rows[pair[at_clause]] << 32) | self.terms.view[term_at], carried)
         whole = np.bincount(at_clause, weights=present, minlength=len(clause)) == runs[:, 1] - runs[:, 0]
         return np.bincount(pair[whole], minlength=len(rows)) > 0
 
     def _answered_here(
-        self, objects: ObjectBatch, restricted: np.ndarray, row: np.ndarray, slot: np.ndarray, held: np.ndarray
+        self, objects: ObjectBatch, restricted: np.ndarray, row: np.ndarray, slot: np.ndarray, carried: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         """Keep the matches of restricted rows whose least satisfied clause keyword is one of the row's ``only``.
 
@@ -665,7 +665,7 @@ class GI2Index:
             satisfied = [
                 names[keys[c]]
                 for c in range(c0, c1)
-                if _member((r << 32) | terms[clause_terms[c, 0] : clause_terms[c, 1]], held).all()
+                if _member((r << 32) | terms[clause_terms[c, 0] : clause_terms[c, 1]], carried).all()
             ]
             only = only_sets.get(r)
             if only is None:

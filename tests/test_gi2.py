@@ -16,6 +16,25 @@ SPACE = Rect(0.0, 0.0, 100.0, 100.0)
 WORDS = ["a", "b", "c", "d"]
 
 
+def random_subscription(rng, pos, mixed):
+    """A range subscription ``s<pos>`` with a random rectangle (partly outside the space) over :data:`WORDS`.
+
+    Its expression is 1-3 words joined by OR or by AND, or (``mixed``) 1-3
+    AND-clauses of 1-2 words joined by OR.
+    """
+    x0, x1 = sorted(rng.uniform(-10, 110, 2))
+    y0, y1 = sorted(rng.uniform(-10, 110, 2))
+    if mixed:
+        expr = " OR ".join(
+            " AND ".join(rng.choice(WORDS, size=int(rng.integers(1, 3)), replace=False))
+            for _ in range(int(rng.integers(1, 4)))
+        )
+    else:
+        words = list(rng.choice(WORDS, size=int(rng.integers(1, 4)), replace=False))
+        expr = " OR ".join(words) if rng.random() < 0.5 else " AND ".join(words)
+    return RangeSubscription(pos, f"s{pos}", Rect(x0, y0, x1, y1), parse_expression(expr))
+
+
 def make_object(i, x, y, terms):
     return ObjectRecord(i, f"o{i}", x, y, tuple(terms), frozenset(terms))
 
@@ -39,11 +58,7 @@ def _check_against_brute_force(seed, block, size):
     for step in range(200):
         u = rng.random()
         if u < 0.3:
-            x0, x1 = sorted(rng.uniform(-10, 110, 2))
-            y0, y1 = sorted(rng.uniform(-10, 110, 2))
-            words = list(rng.choice(WORDS, size=int(rng.integers(1, 4)), replace=False))
-            expr = " OR ".join(words) if rng.random() < 0.5 else " AND ".join(words)
-            sub = RangeSubscription(step, f"s{step}", Rect(x0, y0, x1, y1), parse_expression(expr))
+            sub = random_subscription(rng, step, mixed=False)
             index.insert(sub, grid.cell_box(sub.rect))
             live[sub.id] = sub
         elif u < 0.4 and live:
@@ -117,13 +132,7 @@ def test_removing_several_at_once_leaves_the_index_one_by_one_removal_leaves(see
         rng = np.random.default_rng(seed)
         grid = FineGrid(SPACE, 20)
         indexes = [GI2Index(3, Vocabulary(10, {"a": 9, "b": 5})) for _ in range(2)]
-        subs = []
-        for i in range(40):
-            x0, x1 = sorted(rng.uniform(-10, 110, 2))
-            y0, y1 = sorted(rng.uniform(-10, 110, 2))
-            words = list(rng.choice(WORDS, size=int(rng.integers(1, 4)), replace=False))
-            expr = " OR ".join(words) if rng.random() < 0.5 else " AND ".join(words)
-            subs.append(RangeSubscription(i, f"s{i}", Rect(x0, y0, x1, y1), parse_expression(expr)))
+        subs = [random_subscription(rng, i, mixed=False) for i in range(40)]
         for index in indexes:
             for sub in subs:
                 index.insert(sub, grid.cell_box(sub.rect))
@@ -222,13 +231,7 @@ def _check_batches(rng, block, only):
     for pos in range(160):
         u = rng.random()
         if u < 0.25:
-            x0, x1 = sorted(rng.uniform(-10, 110, 2))
-            y0, y1 = sorted(rng.uniform(-10, 110, 2))
-            expr = " OR ".join(
-                " AND ".join(rng.choice(WORDS, size=int(rng.integers(1, 3)), replace=False))
-                for _ in range(int(rng.integers(1, 4)))
-            )
-            sub = RangeSubscription(pos, f"s{pos}", Rect(x0, y0, x1, y1), parse_expression(expr))
+            sub = random_subscription(rng, pos, mixed=True)
             index.insert(sub, grid.cell_box(sub.rect))
             live[sub.id] = sub
         elif u < 0.35 and live:

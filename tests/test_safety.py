@@ -355,6 +355,20 @@ def test_unwritable_default_workload_location_is_a_sentence(tmp_path, capsys):
 # --------------------------------------------------------------------------- a record cannot stop a run
 
 
+def fail_matching(monkeypatch, lines, victims, batch_size):
+    """Make ``GI2Index.match_many`` fail for any batch holding an object of ``victims``: in bulk, then alone."""
+    ids = [json.loads(line).get("id") for line in lines]
+    doomed = {stream_position(i // batch_size, i % batch_size) for i, oid in enumerate(ids) if oid in victims}
+    real = GI2Index.match_many
+
+    def match_many(self, objects):
+        if doomed & set(objects.pos.tolist()):
+            raise ValueError("injected failure")
+        return real(self, objects)
+
+    monkeypatch.setattr(GI2Index, "match_many", match_many)
+
+
 @pytest.mark.parametrize("where", ["monitor", "match"])
 def test_an_object_that_fails_in_its_evaluator_is_a_dead_letter_and_nothing_else(tmp_path, monkeypatch, where):
     """An object whose window step (``monitor``) or lone range match (``match``) fails becomes one
@@ -380,16 +394,7 @@ def test_an_object_that_fails_in_its_evaluator_is_a_dead_letter_and_nothing_else
 
         monkeypatch.setattr(RankedMonitor, "add_object", add_object)
     else:
-        ids = [json.loads(line).get("id") for line in lines]
-        doomed = {stream_position(i // 25, i % 25) for i, oid in enumerate(ids) if oid in victims}
-        real_match = GI2Index.match_many
-
-        def match_many(self, objects):
-            if doomed & set(objects.pos.tolist()):
-                raise ValueError("injected failure")
-            return real_match(self, objects)
-
-        monkeypatch.setattr(GI2Index, "match_many", match_many)
+        fail_matching(monkeypatch, lines, victims, batch_size=25)
     out, _ = local(tmp_path, lines, dep)
     internal = read_stream(out, "dead_letters")
     assert sorted(json.loads(d["line"])["id"] for d in internal) == sorted(victims)
@@ -432,16 +437,7 @@ def test_an_evaluator_failure_on_one_object_becomes_internal_error(tmp_path, mon
     dep = deployment(evaluators=3, batch_size=25)
     expected = replay(lines, dep).deliveries
     victims = list(dict.fromkeys(d["obj"] for d in expected))[:2]
-    ids = [json.loads(line).get("id") for line in lines]
-    doomed = {stream_position(i // 25, i % 25) for i, oid in enumerate(ids) if oid in victims}
-    real = GI2Index.match_many
-
-    def match_many(self, objects):
-        if doomed & set(objects.pos.tolist()):  # a batch holding a victim fails, then the victim alone
-            raise ValueError("injected failure")
-        return real(self, objects)
-
-    monkeypatch.setattr(GI2Index, "match_many", match_many)
+    fail_matching(monkeypatch, lines, victims, batch_size=25)
     out, summary = local(tmp_path, lines, dep)
     internal = read_stream(out, "dead_letters")
     assert sorted(json.loads(d["line"])["id"] for d in internal) == sorted(victims)
