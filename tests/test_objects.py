@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from skpub.kernel.geometry import Rect
 from skpub.kernel.grid import FineGrid
-from skpub.kernel.objects import ObjectColumns, decode_objects
+from skpub.kernel.objects import ObjectColumns, _arrow_lane, _msgspec_lane, decode_objects
 from skpub.kernel.records import ObjectRecord, parse_line
 from skpub.kernel.text import normalize_array, normalize_each
 from tests.profiles import examples
@@ -108,6 +108,38 @@ def check_against_parse_line(lines: list[bytes], first_pos: int = 0) -> int:
 @example([b'{"type": "object", "id": "a", "x": 1, "y": 2, "terms": ["", "\\u00ad", "B"]}'], 0)
 def test_bulk_decoded_objects_equal_parse_line(lines, first_pos):
     check_against_parse_line(lines, first_pos)
+
+
+@examples(15)
+@given(st.lists(object_lines(), min_size=1, max_size=8), st.sampled_from([_arrow_lane, _msgspec_lane]))
+@example([b'{"type": "object", "id": "a", "x": NaN, "y": 2, "terms": []}'], _arrow_lane)
+@example([b'{"type": "object", "id": "a", "x": 1, "y": 2, "terms": [], "ts": Infinity}'], _arrow_lane)
+@example([b'{"type": "object", "id": "a", "x": 1, "y": 2, "terms": ["a", null]}'], _arrow_lane)
+@example([b'{"type": "object", "id": "a", "x": 1, "y": 2}'], _arrow_lane)
+@example([b'{"type": "object", "id": "a", "x": 1, "y": 2, "terms": []}{"type": "object"}'], _arrow_lane)
+@example([b'{"type": "object", "id": "a", "x": 1, "y": 2, "terms": []}\n{"type": "object", "id": "b"}'], _arrow_lane)
+@example([b'{"type": "object", "id": "a", "x": 1, "y": 2, "terms": ["\xed\xa0\x80"]}'], _arrow_lane)
+@example([b'{"type": "object", "id": "a", "x": 1, "y": 2, "terms": [], "ts": null}'], _arrow_lane)
+def test_each_lane_alone_takes_only_what_parse_line_accepts(lines, lane):
+    """Each lane of the decoder decides on its own; neither may rely on the other to catch a line."""
+    taken, rest = lane(lines, list(range(len(lines))))
+    assert sorted(taken.lines.tolist() + rest) == list(range(len(lines)))
+    columns, outside = taken.columns(0, SPACE)
+    inside = [i for i in taken.lines.tolist() if i not in outside]
+    for i, record in zip(inside, columns.records(range(len(columns))), strict=True):
+        expected = parse_line(lines[i], i, SPACE, MAX)
+        assert type(expected) is ObjectRecord, (lines[i], expected)
+        assert record == expected, lines[i]
+
+
+def test_the_arrow_lane_takes_a_clean_chunk_and_leaves_only_its_bad_rows():
+    good = b'{"type": "object", "id": "o%d", "x": 1, "y": 2, "terms": ["Caf\\u00e9"], "ts": %d}'
+    lines = [good % (i, i) for i in range(5)]
+    lines[2] = b'{"type": "object", "id": "", "x": 1, "y": 2, "terms": []}'
+    taken, rest = _arrow_lane(lines, list(range(5)))
+    assert taken.lines.tolist() == [0, 1, 3, 4] and rest == [2]
+    lines[3] = b'{"type": "object", "id": "o3", "x": 1, "y": 2, "terms": [], "other": 1}'
+    assert _arrow_lane(lines, list(range(5)))[1] == [0, 1, 2, 3, 4]  # the reader refuses the chunk whole
 
 
 def test_the_common_shapes_take_the_fast_lane():

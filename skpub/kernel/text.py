@@ -24,7 +24,6 @@ from itertools import product
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -118,30 +117,34 @@ def normalize_each(terms: list[str]) -> list[str]:
     return [term.lower() if term.isascii() else cache.get(term) or normalize_term(term) for term in terms]
 
 
-def normalize_array(terms: list[str]) -> pa.LargeStringArray:
+def normalize_array(terms: Sequence[str] | pa.Array) -> pa.LargeStringArray:
     """Return the normalization of every element of ``terms`` as an Arrow array, aligned with it (empty kept).
 
     The same result as :func:`normalize_each`, for a whole micro-batch's
-    object terms: ASCII terms are lowered in Arrow (``ascii_lower``, which on
-    ASCII is what NFKC, casefold, NFKC give), only the others are normalized
-    one by one, without the memo of :func:`normalize_term`: a batch of
-    GeoNames names holds more distinct non-ASCII terms than the memo keeps,
-    and a miss costs about 4x a plain normalization (0.5 against 0.13 us).
-    O(total characters) in C plus O(non-ASCII terms) in Python.
+    object terms (a list of str, or an Arrow string array): ASCII terms are
+    lowered in Arrow (``ascii_lower``, which on ASCII is what NFKC,
+    casefold, NFKC give); each distinct other term is normalized once, in
+    Python, without the memo of :func:`normalize_term` (a batch of GeoNames
+    names holds more distinct non-ASCII terms than the memo keeps, and a miss
+    costs about 4x a plain normalization: 0.5 against 0.13 us). O(total
+    characters) in C plus O(distinct non-ASCII terms) in Python.
 
     Raises
     ------
     pyarrow.ArrowInvalid, pyarrow.ArrowTypeError
-        If an element is not a string.
+        If an element is not a string (or is null).
     """
-    array = pa.array(terms, pa.large_string())
+    array = terms.cast(pa.large_string()) if isinstance(terms, pa.Array) else pa.array(terms, pa.large_string())
+    if array.null_count:
+        raise pa.ArrowInvalid("a term is null")
     ascii = pc.string_is_ascii(array)
     lowered = pc.ascii_lower(array)
     if ascii.false_count == 0:
         return lowered
-    others = np.flatnonzero(~ascii.to_numpy(zero_copy_only=False)).tolist()
-    normalized = pa.array([_normalize(terms[i]) for i in others], pa.large_string())
-    return pc.replace_with_mask(lowered, pc.invert(ascii), normalized)
+    others = array.filter(pc.invert(ascii))
+    distinct = pc.unique(others)
+    normalized = pa.array([_normalize(term) for term in distinct.to_pylist()], pa.large_string())
+    return pc.replace_with_mask(lowered, pc.invert(ascii), normalized.take(pc.index_in(others, distinct)))
 
 
 def parse_expression(expr: str) -> DNF:
