@@ -17,7 +17,8 @@ import hmac
 import math
 import time
 import uuid
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Literal
 
 import anyio
 import orjson
@@ -26,6 +27,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from skpub.app.admission import Refusal
 from skpub.app.daemon import Daemon, Gone
 from skpub.kernel.inputs import BOM
 
@@ -52,12 +54,26 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
     def authorized(request: Request) -> None:
         if expected is None:
             return
-        given = request.headers.get("authorization", "").encode("utf-8", "replace")
-        if not hmac.compare_digest(given, expected):
+        given = request.headers.get("authorization")
+        if given is None:
             raise HTTPException(401, "a bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+        if not hmac.compare_digest(given.encode("utf-8", "replace"), expected):
+            raise HTTPException(
+                401, "the bearer token is wrong", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'}
+            )
 
     guarded = [Depends(authorized)]
     served = daemon.served
+
+    @app.exception_handler(Refusal)
+    async def refused(_request: Request, exc: Refusal) -> JSONResponse:
+        """Answer a refused subscription request: its status, the SEMANTICS reason code and a message."""
+        return JSONResponse({"detail": exc.message, "reason": exc.reason}, status_code=exc.status)
+
+    @app.exception_handler(OffsetOutOfRange)
+    async def out_of_range(_request: Request, exc: OffsetOutOfRange) -> JSONResponse:
+        """Answer a read past the end: 416 with the offset of the last committed entry (``end``)."""
+        return JSONResponse({"detail": str(exc), "end": exc.end}, status_code=416)
 
     @app.exception_handler(Gone)
     async def gone(_request: Request, exc: Gone) -> JSONResponse:
@@ -74,17 +90,21 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         served.request_seconds.labels(route=path).observe(time.monotonic() - start)
         return response
 
-    def accept(lines: list[bytes]) -> JSONResponse:
+    def accept(count: int, post: Callable[[], tuple[int, int] | None]) -> JSONResponse:
+        """Append ``count`` lines with ``post()`` once the daemon can take them; 202, or 200 if nothing changes."""
         if daemon.stopping.is_set():
             raise HTTPException(503, "the daemon is shutting down")
         if daemon.failure is not None:
             raise HTTPException(503, f"the data plane stopped: {daemon.failure!r}")
-        if daemon.backlog + len(lines) > limits.max_backlog:
+        if daemon.backlog + count > limits.max_backlog:
             raise HTTPException(429, "the ingest backlog is full; retry later", headers={"Retry-After": "1"})
         try:
-            first, end = daemon.post(lines)
+            positions = post()
         except OSError as exc:
             raise HTTPException(507, f"the ingest log refused the write: {exc.strerror}") from None
+        if positions is None:
+            return JSONResponse({"accepted": 0, "first": None, "last": None}, status_code=200)
+        first, end = positions
         some = end > first
         body = {"accepted": end - first, "first": first if some else None, "last": end - 1 if some else None}
         return JSONResponse(body, status_code=202)
@@ -102,11 +122,20 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
             body += chunk
             if len(body) > limits.max_body_bytes:
                 raise HTTPException(413, f"the body is over {limits.max_body_bytes} bytes")
-        return accept(split_lines(bytes(body)))
+        lines = split_lines(bytes(body))
+        return accept(len(lines), lambda: daemon.post(lines))
 
     @app.put("/v1/subscriptions/{sid}", dependencies=guarded, status_code=202)
     async def put_subscription(sid: str, request: Request) -> JSONResponse:
-        """Subscribe ``sid``: the body is the subscribe record's fields (``kind``, ``rect``, ``keywords``, ...)."""
+        """Subscribe ``sid``: the body is the subscribe record's fields (``kind``, ``rect``, ``keywords``, ...).
+
+        Checked before it is acknowledged (SEMANTICS section 7): 202 with its
+        position; 200 and nothing appended when ``sid`` is live with this very
+        definition (a retried request); 400 if the body is not a JSON object;
+        422 with the SEMANTICS ``reason`` for an invalid definition; 409
+        ``duplicate_id`` for an id live with another definition or used
+        before.
+        """
         check_id(sid)
         raw = await request.body()
         if len(raw) > limits.max_body_bytes:
@@ -114,12 +143,15 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         try:
             fields = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
-            raise HTTPException(400, f"the body is not JSON: {exc}") from None
+            raise Refusal(400, "malformed_json", f"the body is not JSON: {exc}") from None
         if not isinstance(fields, dict):
-            raise HTTPException(400, "the body is a JSON object of the subscribe record's fields")
-        fields.pop("type", None)
-        fields.pop("id", None)
-        return accept([orjson.dumps({"type": "subscribe", "id": sid, **fields})])
+            raise Refusal(400, "malformed_json", "the body is a JSON object of the subscribe record's fields")
+        if fields.pop("type", "subscribe") != "subscribe":
+            raise Refusal(422, "wrong_field", 'the body\'s "type", if given, is "subscribe"')
+        if fields.pop("id", sid) != sid:
+            raise Refusal(422, "wrong_field", 'the body\'s "id", if given, is the id in the path')
+        line = orjson.dumps({"type": "subscribe", "id": sid, **fields})
+        return accept(1, lambda: daemon.post_subscribe(sid, line))
 
     @app.get("/v1/subscriptions/{sid}", dependencies=guarded)
     def get_subscription(sid: str) -> Response:
@@ -137,11 +169,28 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         tail = b',"result":%s' % orjson.dumps(daemon.result(sid) or []) if ranked else b""
         return Response(b'{"subscription":%s%s}' % (line, tail), media_type="application/json")
 
+    @app.get("/v1/subscriptions", dependencies=guarded)
+    async def list_subscriptions(
+        after: Annotated[str | None, Query(min_length=1, max_length=limits.max_id)] = None,
+        limit: Annotated[int, Query(ge=1, le=limits.max_limit)] = 100,
+        kind: Annotated[Literal["range", "topk", "knn"] | None, Query()] = None,
+    ) -> Response:
+        """List the live subscriptions in id order, ``limit`` at a time (of ``kind`` only, if given).
+
+        ``{"subscriptions": [record, ...], "next": id}``: pass ``next`` as
+        ``after`` for the next page; ``next`` is null at the end. As of the
+        last batch the data plane committed.
+        """
+        scan = limit * 16
+        lines, following = await anyio.to_thread.run_sync(daemon.definitions_after, after, limit, kind, scan)
+        body = b'{"subscriptions":[%s],"next":%s}' % (b",".join(lines), orjson.dumps(following))
+        return Response(body, media_type="application/json")
+
     @app.delete("/v1/subscriptions/{sid}", dependencies=guarded, status_code=202)
     def delete_subscription(sid: str) -> JSONResponse:
-        """Unsubscribe ``sid``."""
+        """Unsubscribe ``sid``: 202 with its position, or 404 ``unknown_id`` when it is not live (nor will be)."""
         check_id(sid)
-        return accept([orjson.dumps({"type": "unsubscribe", "id": sid})])
+        return accept(1, lambda: daemon.post_unsubscribe(sid))
 
     def check_id(sid: str) -> None:
         if not sid or len(sid) > limits.max_id:
@@ -168,6 +217,17 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
                     break
         return entries, after + scanned
 
+    def beyond_end(name: str, after: int) -> None:
+        """Refuse an offset past the last committed entry: 416 with the current ``end`` (Kafka's OFFSET_OUT_OF_RANGE).
+
+        Offsets are never reused, so a consumer holding one the log has not
+        reached has the wrong log or a wrong offset, and would otherwise wait
+        in silence for entries that come under other offsets.
+        """
+        end = daemon.committed(name)
+        if after > end:
+            raise OffsetOutOfRange(name, end)
+
     def reader(name: str):  # noqa: ANN202 - a route factory
         async def route(
             after: Annotated[int, Query(ge=0, le=2**62)] = 0,
@@ -177,6 +237,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         ) -> Response:
             if not math.isfinite(wait):
                 raise HTTPException(422, "wait is a finite number of seconds")
+            beyond_end(name, after)
             await arrived(name, after, wait)
             entries, following = await anyio.to_thread.run_sync(entries_after, name, after, limit, subscription)
             body = b'{"%s":[%s],"next":%d}' % (name.encode(), b",".join(entries), following)
@@ -202,6 +263,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
                 start = int(last_event_id)
             if start < daemon.earliest(name):
                 raise Gone(name, daemon.earliest(name))
+            beyond_end(name, start)
 
             async def events():  # noqa: ANN202 - an async generator
                 position = start
@@ -253,7 +315,8 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         if not isinstance(sid, str):
             raise HTTPException(400, "a snapshot id is a string")
         check_id(sid)
-        reply = accept([orjson.dumps({"type": "snapshot", "id": sid})])
+        line = orjson.dumps({"type": "snapshot", "id": sid})
+        reply = accept(1, lambda: daemon.post([line]))
         return JSONResponse({"id": sid, "position": orjson.loads(reply.body)["first"]}, status_code=202)
 
     @app.get("/v1/snapshots/{sid}", dependencies=guarded)
@@ -313,3 +376,11 @@ def split_lines(body: bytes) -> list[bytes]:
     lines = body.split(b"\n")
     last = lines.pop()  # after the last newline: a record only when not empty, its \r kept (no \n follows it)
     return [line[:-1] if line.endswith(b"\r") else line for line in lines] + ([last] if last else [])
+
+
+class OffsetOutOfRange(Exception):  # noqa: N818 - named as Kafka names the answer
+    """A read from an offset past the last committed entry of log ``name`` (whose last offset is ``end``)."""
+
+    def __init__(self, name: str, end: int) -> None:
+        super().__init__(f"offset past the end of {name}: its last committed offset is {end}")
+        self.end = end

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
+from sortedcontainers import SortedDict
 
 from skpub.kernel.errors import CheckpointError
 from skpub.kernel.records import position_index
@@ -30,9 +31,10 @@ from skpub.kernel.storage import atomic_write_bytes
 LOGS = ("deliveries", "dead_letters", "snapshots")
 """The output logs a client reads, by the name of their route."""
 
-BASE_FORMAT = 1
-BASE_HEADER = b'{"skpub_commit_base":1,'
-"""How every base skpub writes starts (:meth:`Base.lines`' first line)."""
+BASE_FORMAT = 2
+"""Version 2 adds the retired subscription ids; a version 1 base (an earlier skpub's) is read as having none."""
+BASE_HEADERS = (b'{"skpub_commit_base":1,', b'{"skpub_commit_base":2,')
+"""How every base skpub writes starts (:meth:`Base.lines`' first line), by version."""
 BASE_NAME = re.compile(r"commits-(\d{12}|[1-9]\d{12,})\.base", re.ASCII)
 
 
@@ -115,13 +117,18 @@ class Base:
     """What the commit log's entries up to ``commit.batch`` add up to (module docstring).
 
     ``definitions``: live subscription id -> its accepted subscribe record's
-    line; ``snapshots``: taken snapshot id -> (first entry, entries) of its
-    lines in the snapshot log.
+    line, in id order (``GET /v1/subscriptions`` pages through it);
+    ``retired``: the ids of subscriptions accepted and since unsubscribed
+    (never reusable, SEMANTICS section 1; a data directory of an earlier
+    skpub knows only those retired after its last version 1 base);
+    ``snapshots``: taken snapshot id -> (first entry, entries) of its lines
+    in the snapshot log.
     """
 
     commit: Commit
-    definitions: dict[str, bytes] = field(default_factory=dict)
+    definitions: SortedDict = field(default_factory=SortedDict)
     snapshots: dict[str, tuple[int, int]] = field(default_factory=dict)
+    retired: set[str] = field(default_factory=set)
 
     def account(self, commit: Commit, ingest_line: Callable[[int], bytes]) -> bool:
         """Add the next commit's accepted controls; return whether a definition was read from the ingest log.
@@ -138,6 +145,7 @@ class Base:
                 self.definitions[sid] = ingest_line(at)
             elif kind == "unsubscribe":
                 self.definitions.pop(sid, None)
+                self.retired.add(sid)
             else:
                 self.snapshots[sid] = (at, count)
         self.commit = commit
@@ -149,6 +157,8 @@ class Base:
         yield orjson.dumps({"skpub_commit_base": BASE_FORMAT, "commit": orjson.loads(commit.to_json())})
         for sid, line in self.definitions.items():
             yield orjson.dumps({"subscribe": sid, "line": line.decode("utf-8", "replace")})
+        for sid in self.retired:
+            yield orjson.dumps({"retired": sid})
         for sid, (first, count) in self.snapshots.items():
             yield orjson.dumps({"snapshot": sid, "first": first, "count": count})
 
@@ -163,13 +173,15 @@ class Base:
         """
         try:
             header = orjson.loads(next(lines))
-            if header.get("skpub_commit_base") != BASE_FORMAT:
+            if header.get("skpub_commit_base") not in (1, BASE_FORMAT):
                 raise CheckpointError("not a commit log base of this skpub")
             base = cls(Commit.from_json(orjson.dumps(header["commit"])))
             for raw in lines:
                 doc = orjson.loads(raw)
                 if "subscribe" in doc:
                     base.definitions[str(doc["subscribe"])] = str(doc["line"]).encode()
+                elif "retired" in doc:
+                    base.retired.add(str(doc["retired"]))
                 else:
                     base.snapshots[str(doc["snapshot"])] = (int(doc["first"]), int(doc["count"]))
             return base
@@ -194,7 +206,7 @@ def _is_base(path: Path) -> bool:
     """Return whether ``path`` starts as a base skpub writes (a file of another origin is never removed)."""
     try:
         with path.open("rb") as fh:
-            return fh.read(len(BASE_HEADER)) == BASE_HEADER
+            return fh.read(len(BASE_HEADERS[0])) in BASE_HEADERS
     except OSError:
         return False
 

@@ -50,6 +50,7 @@ offsets stay valid, with no gap and no duplicate.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import os
 import sys
 import threading
@@ -65,6 +66,7 @@ from prometheus_client import Counter, Gauge, GCCollector, Histogram, ProcessCol
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from skpub.app.admission import LIVE, RETIRED, UNKNOWN, Admission
 from skpub.app.checkpoint import Checkpoint
 from skpub.app.commits import LOGS, Base, Commit, commit_controls, read_base, write_base
 from skpub.app.engines import local_checkpoint
@@ -262,6 +264,7 @@ class Daemon:
         self._balancer_log = PartRetention(self.data / "output", "balancer", self.limits.retention_bytes)
         self._acks: deque[tuple[int, float]] = deque()  # (end position, acknowledged at) of requests in the backlog
         self._post_lock = threading.Lock()
+        self._state_lock = threading.Lock()
         self.stopping = threading.Event()
         self.failure: BaseException | None = None
         self.stalled: str | None = None  # why the last commit is being retried
@@ -270,6 +273,9 @@ class Daemon:
         self._pinned = False  # definitions of an earlier skpub's commits point into the ingest log: keep it whole
         self.ends = BatchEnds()
         self._recover()
+        space, max_bytes = self.deployment.space, self.deployment.max_record_bytes
+        self.admission = Admission(space, max_bytes, self._standing, lambda: self.processed)
+        self.admission.appended(self.ingest.read(self.processed, self.backlog), self.processed)
         self.run_batch = -1  # the last micro-batch the data plane ran in this process (a replayed one included)
         self._started = False  # the data plane runs (local: its checkpoint restored; Spark: its query started)
         self.starting: str | None = "opening"  # what the data plane is starting (None once it runs), for /readyz
@@ -345,10 +351,50 @@ class Daemon:
     def post(self, lines: list[bytes]) -> tuple[int, int]:
         """Append ``lines`` to the ingest log durably; return the first position and the one after the last."""
         with self._post_lock:  # acknowledgements queue in position order
-            first, end = self.ingest.append(lines)
-            self._acks.append((end, time.monotonic()))
+            return self._acknowledge(lines)
+
+    def post_subscribe(self, sid: str, line: bytes) -> tuple[int, int] | None:
+        """Append subscribe record ``line`` of id ``sid`` if the data plane will accept it (SEMANTICS section 7).
+
+        Returns the positions as :meth:`post` does, or None when ``sid`` is
+        live (or will be) with this very definition: nothing is appended.
+
+        Raises
+        ------
+        Refusal
+            For an invalid definition, or an id live with another one or used before.
+        """
+        with self._post_lock:  # the check and the append it allows are one step
+            if self.admission.check_subscribe(sid, line) is None:
+                return None
+            return self._acknowledge([line])
+
+    def post_unsubscribe(self, sid: str) -> tuple[int, int]:
+        """Append an unsubscribe of ``sid`` if it is live (or will be); positions as :meth:`post` returns them.
+
+        Raises
+        ------
+        Refusal
+            404 ``unknown_id`` when ``sid`` is not live.
+        """
+        with self._post_lock:
+            self.admission.check_unsubscribe(sid)
+            return self._acknowledge([orjson.dumps({"type": "unsubscribe", "id": sid})])
+
+    def _acknowledge(self, lines: list[bytes]) -> tuple[int, int]:
+        """Append ``lines`` durably and project them for :attr:`admission` (under the ingest lock)."""
+        first, end = self.ingest.append(lines)
+        self._acks.append((end, time.monotonic()))
+        self.admission.appended(lines, first)
         self.served.ingested.inc(end - first)
         return first, end
+
+    def _standing(self, sid: str) -> tuple[str, bytes | None]:
+        """Return what ``sid`` is as of the last commit, for :attr:`admission`."""
+        line = self._state.definitions.get(sid)
+        if line is not None:
+            return LIVE, line
+        return (RETIRED, None) if sid in self._state.retired else (UNKNOWN, None)
 
     @property
     def phase(self) -> str:
@@ -402,6 +448,32 @@ class Daemon:
     def definition(self, sid: str) -> bytes | None:
         """Return live subscription ``sid``'s accepted subscribe record, or None."""
         return self._state.definitions.get(sid)
+
+    def definitions_after(
+        self, after: str | None, limit: int, kind: str | None, scan: int
+    ) -> tuple[list[bytes], str | None]:
+        """Return up to ``limit`` live definitions after id ``after`` in id order, and the id to continue after.
+
+        Only those of ``kind`` if given; at most ``scan`` definitions are
+        looked at per call, so a rare kind costs a bounded call, and the
+        continuation id (None once the end is reached) then points past what
+        was looked at. As of the last batch the data plane committed.
+        O(log live + scan).
+        """
+        with self._state_lock:
+            held = self._state.definitions
+            ids = held.irange(minimum=after, inclusive=(False, True)) if after is not None else iter(held.keys())
+            looked = [(sid, held[sid]) for sid in itertools.islice(ids, scan)]
+        out: list[bytes] = []
+        last = None
+        for sid, line in looked:
+            last = sid
+            if kind is None or orjson.loads(line).get("kind") == kind:
+                out.append(line)
+                if len(out) == limit:
+                    break
+        more = len(out) == limit or len(looked) == scan
+        return out, (last if more else None)
 
     def result(self, sid: str) -> list | None:
         """Return ranked subscription ``sid``'s current result, ``[[object id, score or dist], ...]``, or None."""
@@ -612,7 +684,8 @@ class Daemon:
                 if self.stopping.wait(self.limits.retry_seconds):
                     raise
         self.stalled = None
-        self._state.account(commit, self._ingest_line)
+        with self._state_lock:  # a listing reads the definitions from a request thread
+            self._state.account(commit, self._ingest_line)
         self._release()
         self._observe(produced["deliveries"])
 
