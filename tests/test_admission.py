@@ -198,3 +198,15 @@ def test_a_commit_base_keeps_the_retired_ids_and_an_earlier_skpubs_base_reads_wi
     assert Base.from_lines(iter([line for line in older if b'"retired"' not in line])).retired == set()
     with pytest.raises(CheckpointError):
         Base.from_lines(iter([older[0].replace(b":1", b":3", 1)]))
+
+
+def test_the_document_lists_every_refusal_and_the_token_and_docs_are_served(idle):
+    document = idle.get("/v1/openapi.json").json()
+    assert document["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    put = document["paths"]["/v1/subscriptions/{sid}"]["put"]
+    assert {"200", "202", "400", "401", "409", "413", "422", "429", "503"} <= set(put["responses"])
+    assert put["requestBody"]["content"]["application/json"]["schema"]["discriminator"]["propertyName"] == "kind"
+    assert {"410", "416"} <= set(document["paths"]["/v1/deliveries"]["get"]["responses"])
+    assert "404" in document["paths"]["/v1/subscriptions/{sid}"]["delete"]["responses"]
+    assert idle.get("/docs").status_code == 200
+    assert idle.get("/v1/deliveries", params={"wait": "nan"}, headers=AUTH).status_code == 422

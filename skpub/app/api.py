@@ -1,20 +1,25 @@
 """The daemon's HTTP API (``/v1``), built with FastAPI; its OpenAPI document is generated from this code.
 
 Routes (DESIGN "The daemon"): ``POST /v1/records`` (JSON lines, acknowledged
-once fsync'd), ``PUT``/``DELETE /v1/subscriptions/{id}``, ``GET
-/v1/deliveries``, ``GET /v1/dead_letters`` and ``GET /v1/snapshots``
-(long-polled reads by offset), ``GET /healthz``, ``GET /readyz``, ``GET
-/metrics``, and ``GET /v1/openapi.json``.
+once fsync'd), ``PUT``/``DELETE /v1/subscriptions/{id}`` (checked before
+they are acknowledged: :mod:`skpub.app.admission`), ``GET
+/v1/subscriptions[/{id}]``, ``GET /v1/deliveries``, ``GET
+/v1/dead_letters`` and ``GET /v1/snapshots`` (long-polled reads by offset,
+and their ``/stream`` as Server-Sent Events), ``POST /v1/snapshots``,
+``GET /healthz``, ``GET /readyz``, ``GET /metrics``, ``GET
+/v1/openapi.json`` and ``GET /docs``. Bodies are the typed models of
+:mod:`skpub.app.schemas`, which generate the document; every refusal is
+listed there with its status.
 
 Security: every route but ``/healthz`` wants ``Authorization: Bearer
 <token>`` when the daemon has a token, compared in constant time
-(:func:`hmac.compare_digest`). Nothing a client sends becomes a path or code:
-ids are bounded strings that only ever go inside a JSON record.
+(:func:`hmac.compare_digest`); a missing and a wrong token get different
+messages. Nothing a client sends becomes a path or code: ids are bounded
+strings that only ever go inside a JSON record.
 """
 
 import asyncio
 import hmac
-import math
 import time
 import uuid
 from collections.abc import Callable
@@ -24,11 +29,28 @@ import anyio
 import orjson
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.security import HTTPBearer
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import TypeAdapter
 
 from skpub.app.admission import Refusal
 from skpub.app.daemon import Daemon, Gone
+from skpub.app.schemas import (
+    PAGES,
+    Accepted,
+    Definition,
+    GoneBody,
+    Health,
+    OutOfRange,
+    Readiness,
+    Refused,
+    SnapshotBody,
+    SnapshotTaken,
+    SubscriptionPage,
+    SubscriptionView,
+    problems,
+)
 from skpub.kernel.inputs import BOM
 
 POLL_SECONDS = 0.02
@@ -36,6 +58,16 @@ POLL_SECONDS = 0.02
 
 HEARTBEAT_SECONDS = 15.0
 """Most seconds a stream stays silent: then it sends an SSE comment."""
+
+
+DEFINITION = TypeAdapter(Definition).json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
+"""The subscribe body's JSON schema: documentation only (the data plane's parser decides, SEMANTICS section 7)."""
+DEFINITION_MODELS = DEFINITION.pop("$defs")
+
+SNAPSHOT_REQUEST = {"type": "object", "properties": {"id": {"type": "string"}}, "description": "Or no body"}
+
+bearer = HTTPBearer(auto_error=False, description="The daemon's token (``--token-file`` or ``$SKPUB_TOKEN``)")
+"""The security scheme in the OpenAPI document; :func:`create_app` checks the header itself."""
 
 
 def create_app(daemon: Daemon, token: str | None) -> FastAPI:
@@ -46,12 +78,21 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         version="1",
         description="Spatial-keyword publish/subscribe routing daemon",
         openapi_url="/v1/openapi.json",
-        docs_url=None,
+        docs_url="/docs",
         redoc_url=None,
     )
     expected = f"Bearer {token}".encode() if token else None
+    generate = app.openapi
 
-    def authorized(request: Request) -> None:
+    def openapi() -> dict:
+        """Return the generated document with the subscribe body's models among its components."""
+        document = generate()
+        document.setdefault("components", {}).setdefault("schemas", {}).update(DEFINITION_MODELS)
+        return document
+
+    app.openapi = openapi
+
+    def authorized(request: Request, _scheme: Annotated[object, Depends(bearer)] = None) -> None:
         if expected is None:
             return
         given = request.headers.get("authorization")
@@ -63,6 +104,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
             )
 
     guarded = [Depends(authorized)]
+    writes = problems(401, 413, 429, 503, 507)
     served = daemon.served
 
     @app.exception_handler(Refusal)
@@ -109,7 +151,16 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         body = {"accepted": end - first, "first": first if some else None, "last": end - 1 if some else None}
         return JSONResponse(body, status_code=202)
 
-    @app.post("/v1/records", dependencies=guarded, status_code=202)
+    @app.post(
+        "/v1/records",
+        dependencies=guarded,
+        status_code=202,
+        response_model=Accepted,
+        responses=writes,
+        openapi_extra={
+            "requestBody": {"required": True, "content": {"application/x-ndjson": {"schema": {"type": "string"}}}}
+        },
+    )
     async def post_records(request: Request) -> JSONResponse:
         """Append JSON lines (SEMANTICS 2 records) to the ingest log; reply once they are durable.
 
@@ -125,7 +176,20 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         lines = split_lines(bytes(body))
         return accept(len(lines), lambda: daemon.post(lines))
 
-    @app.put("/v1/subscriptions/{sid}", dependencies=guarded, status_code=202)
+    @app.put(
+        "/v1/subscriptions/{sid}",
+        dependencies=guarded,
+        status_code=202,
+        response_model=Accepted,
+        responses={
+            **writes,
+            200: {"model": Accepted, "description": "Identical to the live definition: nothing appended"},
+            400: {"model": Refused, "description": "The body is not a JSON object (malformed_json)"},
+            409: {"model": Refused, "description": "The id is live with another definition, or was used before"},
+            422: {"model": Refused, "description": "An invalid definition, with its SEMANTICS reason"},
+        },
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": DEFINITION}}}},
+    )
     async def put_subscription(sid: str, request: Request) -> JSONResponse:
         """Subscribe ``sid``: the body is the subscribe record's fields (``kind``, ``rect``, ``keywords``, ...).
 
@@ -153,7 +217,13 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         line = orjson.dumps({"type": "subscribe", "id": sid, **fields})
         return accept(1, lambda: daemon.post_subscribe(sid, line))
 
-    @app.get("/v1/subscriptions/{sid}", dependencies=guarded)
+    @app.get(
+        "/v1/subscriptions/{sid}",
+        dependencies=guarded,
+        response_model=SubscriptionView,
+        response_model_exclude_none=True,
+        responses=problems(400, 401, 404),
+    )
     def get_subscription(sid: str) -> Response:
         """Return a live subscription's definition and, for topk and knn, its current result; 404 if not live.
 
@@ -169,7 +239,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         tail = b',"result":%s' % orjson.dumps(daemon.result(sid) or []) if ranked else b""
         return Response(b'{"subscription":%s%s}' % (line, tail), media_type="application/json")
 
-    @app.get("/v1/subscriptions", dependencies=guarded)
+    @app.get("/v1/subscriptions", dependencies=guarded, response_model=SubscriptionPage, responses=problems(401))
     async def list_subscriptions(
         after: Annotated[str | None, Query(min_length=1, max_length=limits.max_id)] = None,
         limit: Annotated[int, Query(ge=1, le=limits.max_limit)] = 100,
@@ -186,7 +256,13 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         body = b'{"subscriptions":[%s],"next":%s}' % (b",".join(lines), orjson.dumps(following))
         return Response(body, media_type="application/json")
 
-    @app.delete("/v1/subscriptions/{sid}", dependencies=guarded, status_code=202)
+    @app.delete(
+        "/v1/subscriptions/{sid}",
+        dependencies=guarded,
+        status_code=202,
+        response_model=Accepted,
+        responses={**writes, **problems(400), 404: {"model": Refused, "description": "Not live (unknown_id)"}},
+    )
     def delete_subscription(sid: str) -> JSONResponse:
         """Unsubscribe ``sid``: 202 with its position, or 404 ``unknown_id`` when it is not live (nor will be)."""
         check_id(sid)
@@ -232,11 +308,9 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         async def route(
             after: Annotated[int, Query(ge=0, le=2**62)] = 0,
             limit: Annotated[int, Query(ge=1, le=limits.max_limit)] = 1000,
-            wait: Annotated[float, Query(ge=0, le=limits.max_wait)] = 0.0,
+            wait: Annotated[float, Query(ge=0, le=limits.max_wait, allow_inf_nan=False)] = 0.0,
             subscription: Annotated[str | None, Query(max_length=limits.max_id)] = None,
         ) -> Response:
-            if not math.isfinite(wait):
-                raise HTTPException(422, "wait is a finite number of seconds")
             beyond_end(name, after)
             await arrived(name, after, wait)
             entries, following = await anyio.to_thread.run_sync(entries_after, name, after, limit, subscription)
@@ -291,11 +365,35 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         )
         return route
 
+    reads = {
+        **problems(401),
+        410: {"model": GoneBody, "description": "Older than retention"},
+        416: {"model": OutOfRange, "description": "Past the end"},
+    }
     for name in ("deliveries", "dead_letters", "snapshots"):
-        app.get(f"/v1/{name}/stream", dependencies=guarded, name=f"{name}_stream")(streamer(name))
-        app.get(f"/v1/{name}", dependencies=guarded, name=name)(reader(name))
+        app.get(
+            f"/v1/{name}/stream",
+            dependencies=guarded,
+            name=f"{name}_stream",
+            response_class=StreamingResponse,
+            responses={
+                **reads,
+                **problems(400),
+                200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}, "description": "Events"},
+            },
+        )(streamer(name))
+        app.get(f"/v1/{name}", dependencies=guarded, name=name, response_model=PAGES[name], responses=reads)(
+            reader(name)
+        )
 
-    @app.post("/v1/snapshots", dependencies=guarded, status_code=202)
+    @app.post(
+        "/v1/snapshots",
+        dependencies=guarded,
+        status_code=202,
+        response_model=SnapshotTaken,
+        responses={**writes, **problems(400)},
+        openapi_extra={"requestBody": {"content": {"application/json": {"schema": SNAPSHOT_REQUEST}}}},
+    )
     async def post_snapshot(request: Request) -> JSONResponse:
         """Take a snapshot (SEMANTICS 5) when the stream reaches it: the body ``{"id": ...}`` or none (an id is made).
 
@@ -319,7 +417,9 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         reply = accept(1, lambda: daemon.post([line]))
         return JSONResponse({"id": sid, "position": orjson.loads(reply.body)["first"]}, status_code=202)
 
-    @app.get("/v1/snapshots/{sid}", dependencies=guarded)
+    @app.get(
+        "/v1/snapshots/{sid}", dependencies=guarded, response_model=SnapshotBody, responses=problems(400, 401, 404)
+    )
     async def get_snapshot(sid: str) -> Response:
         """Return the snapshot's lines (an empty list when no topk/knn subscription was active); 404 until taken.
 
@@ -334,12 +434,18 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         lines = await anyio.to_thread.run_sync(daemon.read_committed, "snapshots", first, count)
         return Response(b'{"lines":[%s]}' % b",".join(lines), media_type="application/json")
 
-    @app.get("/healthz")
+    @app.get("/healthz", response_model=Health)
     def healthz() -> dict:
         """Liveness (no token): the process answers."""
         return {"status": "ok"}
 
-    @app.get("/readyz", dependencies=guarded)
+    @app.get(
+        "/readyz",
+        dependencies=guarded,
+        response_model=Readiness,
+        response_model_exclude_none=True,
+        responses={**problems(401), 503: {"model": Readiness, "description": "Not ready (yet)"}},
+    )
     def readyz() -> JSONResponse:
         """Readiness: the data plane has processed every acknowledged record (503 until then).
 
@@ -361,7 +467,12 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
             body["stalled"] = daemon.stalled
         return JSONResponse(body, status_code=200 if daemon.ready else 503)
 
-    @app.get("/metrics", dependencies=guarded)
+    @app.get(
+        "/metrics",
+        dependencies=guarded,
+        response_class=PlainTextResponse,
+        responses={**problems(401), 200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    )
     def metrics() -> PlainTextResponse:
         """Prometheus metrics of the data plane."""
         return PlainTextResponse(generate_latest(daemon.metrics.registry), media_type=CONTENT_TYPE_LATEST)
