@@ -27,8 +27,8 @@ def free_port() -> int:
 class Served:
     """A ``skpub serve`` subprocess on loopback."""
 
-    def __init__(self, data, config, token="t0ken", engine="local", extra=(), start_seconds=60.0):
-        self.port = free_port()
+    def __init__(self, data, config, token="t0ken", engine="local", extra=(), start_seconds=60.0, port=None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "SKPUB_TOKEN": token}
         cmd = [sys.executable, "-m", "skpub.app.cli", "serve", "--data", str(data), "--config", str(config),

@@ -3,6 +3,8 @@
 ``skpub run`` runs a stream through an engine and writes the output layout of
 SEMANTICS section 5; with no ``--input`` it generates and runs the GeoNames
 default workload. ``skpub workload geonames`` writes a replayable workload.
+``skpub serve`` runs the daemon; ``publish``, ``subscribe``, ``unsubscribe``,
+``subscriptions`` and ``follow`` talk to a running one (:mod:`skpub.app.remote`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from skpub.app.metrics import Metrics
 from skpub.app.output import WORKLOAD_DIR, check_output
+from skpub.app.remote import VERBS, add_verbs, run_verb
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.config import BALANCER_MODES, ROUTERS, Window, load_deployment
 from skpub.kernel.errors import ConfigError, SkpubError
@@ -145,6 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument(
         "--repeat", type=int, default=1, help="runs per strategy; each batch takes their median time (default 1)"
     )
+
+    add_verbs(sub)
 
     workload = sub.add_parser("workload", help="write a replayable workload")
     wsub = workload.add_subparsers(dest="workload", required=True)
@@ -293,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(args)
         if args.command == "simulate":
             return _simulate(args, argv)
+        if args.command in VERBS:
+            return run_verb(args)
         from skpub.sims.geonames import write_workload
 
         stream, vocabulary = write_workload(_spec(args), args.output)

@@ -1,0 +1,112 @@
+"""The CLI verbs that talk to a running daemon (``publish``, ``subscribe``, ``follow``, ...).
+
+The verbs are ``publish``, ``subscribe``, ``unsubscribe``, ``subscriptions``
+and ``follow``. Each is a thin shell over :class:`skpub.client.Client`: ``--url`` (default
+``$SKPUB_URL`` or ``http://127.0.0.1:8750``) and ``--token-file`` (default
+``$SKPUB_TOKEN``) say which daemon; answers are printed as JSON, one per
+line, on standard output; a refusal is printed on standard error with its
+status and SEMANTICS reason, and the exit status is 1; a daemon that does
+not answer within ``--retry-seconds`` (10) is an error, status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+
+import httpx
+
+from skpub.app.serve import load_token
+from skpub.client import LOGS, Client, Refused
+from skpub.kernel.errors import ConfigError
+
+VERBS = ("publish", "subscribe", "unsubscribe", "subscriptions", "follow")
+
+
+def add_verbs(sub: argparse._SubParsersAction) -> None:
+    """Add the daemon verbs to the ``skpub`` command's subparsers."""
+
+    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
+        parser = sub.add_parser(name, help=help_text)
+        parser.add_argument("--url", help="the daemon's URL (default $SKPUB_URL or http://127.0.0.1:8750)")
+        parser.add_argument("--token-file", help="file holding the bearer token (default $SKPUB_TOKEN)")
+        parser.add_argument(
+            "--retry-seconds", type=float, default=10.0, help="retry an unreachable daemon this long (default 10)"
+        )
+        return parser
+
+    publish = verb("publish", "append JSON-lines records to a running daemon")
+    publish.add_argument("file", help="JSON-lines file, or - for standard input")
+    subscribe = verb("subscribe", "subscribe an id on a running daemon")
+    subscribe.add_argument("id", help="subscription id")
+    subscribe.add_argument(
+        "definition", help='the definition as JSON ({"kind": "range", "rect": [...], "keywords": [...]}) or @FILE'
+    )
+    unsubscribe = verb("unsubscribe", "unsubscribe an id on a running daemon")
+    unsubscribe.add_argument("id", help="subscription id")
+    listing = verb("subscriptions", "list a running daemon's live subscriptions in id order")
+    listing.add_argument("--kind", choices=("range", "topk", "knn"), help="only this kind")
+    follow = verb("follow", "print a running daemon's deliveries (or other log) as they come, resuming by itself")
+    follow.add_argument("--after", type=int, help="start after this offset (default: the cursor's, else 0)")
+    follow.add_argument("--log", choices=LOGS, default="deliveries", help="which log (default deliveries)")
+    follow.add_argument("--subscription", help="only this subscription's lines")
+    follow.add_argument("--cursor", help="file keeping the last offset printed, to resume from")
+    follow.add_argument("--sse", action="store_true", help="read the Server-Sent Events stream, not long polls")
+    follow.add_argument("--count", type=int, help="stop after this many lines")
+    follow.add_argument("--idle-stop", action="store_true", help="stop when a long poll brings nothing")
+
+
+def run_verb(args: argparse.Namespace) -> int:
+    """Run daemon verb ``args.command``; return the exit status (1 for a refusal).
+
+    Raises
+    ------
+    ConfigError
+        For a bad token file or definition argument.
+    """
+    with Client(args.url, token=load_token(args.token_file), retry_seconds=args.retry_seconds) as client:
+        try:
+            for answer in _answers(client, args):
+                print(json.dumps(answer, ensure_ascii=False), flush=True)
+        except Refused as refused:
+            print(f"skpub: refused: {refused}", file=sys.stderr)
+            return 1
+        except httpx.TransportError as exc:
+            print(f"skpub: error: no answer from the daemon at {client.http.base_url}: {exc}", file=sys.stderr)
+            return 2
+    return 0
+
+
+def _answers(client: Client, args: argparse.Namespace) -> Iterator[dict]:
+    if args.command == "publish":
+        source = sys.stdin.buffer if args.file == "-" else Path(args.file).open("rb")  # noqa: SIM115 - closed below
+        try:
+            yield client.publish(line.rstrip(b"\r\n") for line in source)
+        finally:
+            if source is not sys.stdin.buffer:
+                source.close()
+    elif args.command == "subscribe":
+        yield client.subscribe(args.id, _definition(args.definition))
+    elif args.command == "unsubscribe":
+        yield client.unsubscribe(args.id)
+    elif args.command == "subscriptions":
+        yield from client.subscriptions(kind=args.kind)
+    else:
+        lines = client.follow(args.after, args.log, args.subscription, args.cursor, args.sse, idle_stop=args.idle_stop)
+        yield from islice(lines, args.count) if args.count is not None else lines
+
+
+def _definition(text: str) -> dict:
+    """Return the definition given as JSON text or ``@FILE``."""
+    raw = Path(text[1:]).read_text("utf-8") if text.startswith("@") else text
+    try:
+        definition = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"the definition is not JSON: {exc}") from None
+    if not isinstance(definition, dict):
+        raise ConfigError('the definition is a JSON object: {"kind": ..., ...}')
+    return definition

@@ -1,0 +1,337 @@
+"""A Python client of the skpub daemon (``skpub serve``), synchronous, over httpx.
+
+>>> from skpub.client import Client
+>>> with Client("http://127.0.0.1:8750", token="...") as skpub:             # doctest: +SKIP
+...     skpub.subscribe("s1", {"kind": "range", "rect": [0, 0, 5, 5], "keywords": ["cafe"]})
+...     skpub.publish(['{"type":"object","id":"o1","x":1,"y":1,"terms":["cafe"]}'])
+...     for delivery in skpub.follow(after=0):
+...         print(delivery)
+
+What it does for its user:
+
+- **publish** splits lines into request bodies of at most ``body_bytes``
+  and waits out a full backlog (429: it honours ``Retry-After``);
+- **subscribe / unsubscribe** raise :class:`Refused` with the daemon's
+  status, SEMANTICS reason code and message (SEMANTICS section 7); a repeated
+  identical subscribe is not an error;
+- **follow** yields the lines of an output log from an offset on, by long
+  poll or Server-Sent Events, and resumes by itself after a restart of the
+  daemon or a dropped connection (from the last offset it yielded, which it
+  can also keep in a file: ``cursor``). Delivery is at least once across a
+  crash of the *client*: a line may come again after it, never skipped.
+
+Transient failures (connection errors, 429, 503 while a daemon restarts)
+are retried with exponential backoff and jitter (stamina). The client
+imports nothing else of skpub: a consumer installs it with the package and
+talks HTTP only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import stamina
+from httpx_sse import connect_sse
+
+DEFAULT_URL = "http://127.0.0.1:8750"
+BODY_BYTES = 4 << 20
+"""Most bytes per ``POST /v1/records`` body (the daemon's default limit is 16 MiB)."""
+
+LOGS = ("deliveries", "dead_letters", "snapshots")
+
+
+class Refused(Exception):  # noqa: N818 - the daemon's answer, not a client failure
+    """The daemon refused a request: its HTTP ``status``, the SEMANTICS ``reason`` (if any) and its ``detail``."""
+
+    def __init__(self, status: int, detail: str, reason: str | None = None, body: dict | None = None) -> None:
+        super().__init__(f"{status} {reason + ': ' if reason else ''}{detail}")
+        self.status, self.detail, self.reason, self.body = status, detail, reason, body or {}
+
+
+class _Busy(Exception):  # noqa: N818 - retried, never raised to the caller while attempts remain
+    """A transient answer (429, 503): retried after ``wait`` seconds (``Retry-After``) or with backoff."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(f"{response.status_code}: {response.text[:200]}")
+        self.response = response
+        retry_after = response.headers.get("retry-after", "")
+        self.wait = float(retry_after) if retry_after.isdigit() else None
+
+
+def _backoff(exc: Exception) -> bool | float:
+    """Stamina's hook: retry transport errors and busy answers; a ``Retry-After`` gives the wait."""
+    if isinstance(exc, _Busy):
+        return exc.wait if exc.wait is not None else True
+    return isinstance(exc, httpx.TransportError)
+
+
+class Client:
+    """A connection to one daemon.
+
+    Parameters
+    ----------
+    url : str
+        The daemon's base URL (default ``$SKPUB_URL`` or ``http://127.0.0.1:8750``).
+    token : str, optional
+        The bearer token (default ``$SKPUB_TOKEN``; none: no header).
+    timeout : float
+        Seconds per request (a long poll adds its wait).
+    retry_seconds : float
+        Longest time a call keeps retrying transient failures before it raises.
+    transport : httpx.BaseTransport, optional
+        For tests (an ASGI app in process, say).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        timeout: float = 30.0,
+        retry_seconds: float = 120.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        token = token if token is not None else os.environ.get("SKPUB_TOKEN")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        base = url or os.environ.get("SKPUB_URL") or DEFAULT_URL
+        self.http = httpx.Client(base_url=base, headers=headers, timeout=timeout, transport=transport)
+        self.retry_seconds = retry_seconds
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # --- requests -----------------------------------------------------------------------------------------
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Send a request, retrying transient failures; return a 2xx response.
+
+        Raises
+        ------
+        Refused
+            For any other answer (after retries, a 429 or 503 too).
+        httpx.TransportError
+            If the daemon stays unreachable for ``retry_seconds``.
+        """
+        try:
+            for attempt in stamina.retry_context(on=_backoff, attempts=None, timeout=self.retry_seconds):
+                with attempt:
+                    response = self.http.request(method, path, **kwargs)
+                    if response.status_code in (429, 503):
+                        raise _Busy(response)
+        except _Busy as busy:
+            response = busy.response
+        if response.is_success:
+            return response
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"detail": response.text[:500]}
+        detail = body.get("detail") if isinstance(body, dict) else None
+        reason = body.get("reason") if isinstance(body, dict) else None
+        raise Refused(response.status_code, str(detail or response.reason_phrase), reason, body)
+
+    def publish(self, lines: Iterable[str | bytes | dict], body_bytes: int = BODY_BYTES) -> dict:
+        """Append records (JSON-lines text, bytes, or dicts) to the daemon's ingest log, in order.
+
+        Returns ``{"accepted": n, "first": position, "last": position}``
+        over all the bodies sent (positions are ingest positions; null when
+        none). Each body is durable when its request returns.
+
+        Raises
+        ------
+        Refused
+            If a body is refused (413: one line longer than the daemon's limit).
+        """
+        total, first, last = 0, None, None
+        for body in _bodies(lines, body_bytes):
+            reply = self._request("POST", "/v1/records", content=body).json()
+            total += reply["accepted"]
+            first = reply["first"] if first is None else first
+            last = reply["last"] if reply["last"] is not None else last
+        return {"accepted": total, "first": first, "last": last}
+
+    def subscribe(self, sid: str, definition: dict) -> dict:
+        """Subscribe ``sid`` with ``definition`` (``kind`` and its fields); return the daemon's answer.
+
+        ``{"accepted": 1, ...}`` when appended, ``{"accepted": 0, ...}`` when
+        ``sid`` is live with this very definition.
+
+        Raises
+        ------
+        Refused
+            422 with the reason for an invalid definition; 409 for an id live
+            with another definition or used before.
+        """
+        return self._request("PUT", f"/v1/subscriptions/{_quoted(sid)}", json=definition).json()
+
+    def unsubscribe(self, sid: str) -> dict:
+        """Unsubscribe ``sid``.
+
+        Raises
+        ------
+        Refused
+            404 ``unknown_id`` when it is not live.
+        """
+        return self._request("DELETE", f"/v1/subscriptions/{_quoted(sid)}").json()
+
+    def get(self, sid: str) -> dict | None:
+        """Return ``{"subscription": record, "result": [...]}`` of live subscription ``sid``, or None."""
+        try:
+            return self._request("GET", f"/v1/subscriptions/{_quoted(sid)}").json()
+        except Refused as refused:
+            if refused.status == 404:
+                return None
+            raise
+
+    def subscriptions(self, kind: str | None = None, page: int = 1000) -> Iterator[dict]:
+        """Yield the live subscriptions' records in id order, ``page`` per request (of ``kind`` only, if given)."""
+        after = None
+        while True:
+            params: dict[str, Any] = {"limit": page}
+            if kind is not None:
+                params["kind"] = kind
+            if after is not None:
+                params["after"] = after
+            reply = self._request("GET", "/v1/subscriptions", params=params).json()
+            yield from reply["subscriptions"]
+            after = reply["next"]
+            if after is None:
+                return
+
+    def snapshot(self, sid: str | None = None) -> dict:
+        """Take a snapshot when the stream reaches it; return ``{"id", "position"}`` (an id is made if none)."""
+        return self._request("POST", "/v1/snapshots", json={"id": sid} if sid is not None else {}).json()
+
+    def snapshot_lines(self, sid: str) -> list[dict] | None:
+        """Return snapshot ``sid``'s lines, or None while it is not taken."""
+        try:
+            return self._request("GET", f"/v1/snapshots/{_quoted(sid)}").json()["lines"]
+        except Refused as refused:
+            if refused.status == 404:
+                return None
+            raise
+
+    # --- following a log -----------------------------------------------------------------------------------
+    def follow(
+        self,
+        after: int | None = None,
+        log: str = "deliveries",
+        subscription: str | None = None,
+        cursor: str | Path | None = None,
+        sse: bool = False,
+        wait: float = 20.0,
+        idle_stop: bool = False,
+    ) -> Iterator[dict]:
+        """Yield the lines of output log ``log`` after offset ``after``, each with its ``offset``, forever.
+
+        Parameters
+        ----------
+        after : int, optional
+            Start after this offset (default: the offset in ``cursor``, else 0).
+        log : str
+            ``deliveries``, ``dead_letters`` or ``snapshots``.
+        subscription : str, optional
+            Only this subscription's lines.
+        cursor : path, optional
+            A file keeping the offset of the last line handled: a line counts
+            as handled when the caller asks for the next one, and the file is
+            then replaced atomically. A restarted consumer resumes after it,
+            so the line it was handling when it stopped comes again (at
+            least once).
+        sse : bool
+            Read the Server-Sent Events stream instead of long polls.
+        wait : float
+            Seconds a long poll waits for a new line.
+        idle_stop : bool
+            Stop at the first long poll (or stream) that brings nothing
+            (for scripts and tests; needs ``sse=False``).
+
+        A restart of the daemon or a dropped connection is retried with
+        backoff from the last offset yielded. Raises :class:`Refused` for a
+        410 (the offset is older than retention: ``body["earliest"]``) or a
+        416 (past the end: ``body["end"]``).
+        """
+        if log not in LOGS:
+            raise ValueError(f"log is one of {LOGS}, not {log!r}")
+        position = after if after is not None else _read_cursor(cursor)
+        params: dict[str, Any] = {} if subscription is None else {"subscription": subscription}
+        while True:
+            got = 0
+            for line in (self._events if sse else self._poll)(log, position, params, wait):
+                yield line
+                got += 1
+                position = line["offset"]
+                if cursor is not None:
+                    _write_cursor(cursor, position)
+            if idle_stop and got == 0:
+                return
+
+    def _poll(self, log: str, after: int, params: dict, wait: float) -> Iterator[dict]:
+        """One long poll: the lines after ``after`` (none if the wait ends first)."""
+        query = {**params, "after": after, "wait": wait}
+        reply = self._request("GET", f"/v1/{log}", params=query, timeout=self.http.timeout.read + wait)
+        yield from reply.json()[log]
+
+    def _events(self, log: str, after: int, params: dict, _wait: float) -> Iterator[dict]:
+        """Yield the Server-Sent Events of ``log`` from ``after`` until the stream ends or the connection drops."""
+        try:
+            with connect_sse(self.http, "GET", f"/v1/{log}/stream", params={**params, "after": after}) as source:
+                if not source.response.is_success:
+                    source.response.read()
+                    self._request("GET", f"/v1/{log}", params={**params, "after": after})  # raises its refusal
+                for event in source.iter_sse():
+                    yield json.loads(event.data)
+        except httpx.TransportError:  # the daemon went: wait (with backoff) until it answers, then reconnect
+            self._request("GET", "/healthz")
+
+
+def _bodies(lines: Iterable[str | bytes | dict], body_bytes: int) -> Iterator[bytes]:
+    """Group ``lines`` into request bodies of at most ``body_bytes`` (a longer line goes alone)."""
+    body: list[bytes] = []
+    size = 0
+    for line in lines:
+        raw = json.dumps(line).encode() if isinstance(line, dict) else line.encode() if isinstance(line, str) else line
+        raw = raw.rstrip(b"\n") + b"\n"
+        if body and size + len(raw) > body_bytes:
+            yield b"".join(body)
+            body, size = [], 0
+        body.append(raw)
+        size += len(raw)
+    if body:
+        yield b"".join(body)
+
+
+def _quoted(sid: str) -> str:
+    """Return ``sid`` as one URL path segment."""
+    return quote(sid, safe="")
+
+
+def _read_cursor(cursor: str | Path | None) -> int:
+    if cursor is None:
+        return 0
+    try:
+        return int(Path(cursor).read_text().strip() or 0)
+    except FileNotFoundError:
+        return 0
+
+
+def _write_cursor(cursor: str | Path, offset: int) -> None:
+    """Replace the cursor file's content with ``offset`` atomically (a crash leaves the old or the new)."""
+    path = Path(cursor)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
+        tmp.write(f"{offset}\n")
+        tmp.flush()
+        os.fsync(tmp.fileno())
+    os.replace(tmp.name, path)
