@@ -9,6 +9,7 @@ spellings included), and across a restart.
 
 from __future__ import annotations
 
+import io
 import json
 import random
 
@@ -19,6 +20,7 @@ from fastapi.testclient import TestClient
 from skpub.app.api import create_app
 from skpub.app.commits import LOGS, Base, Commit
 from skpub.app.daemon import Daemon, Limits
+from skpub.app.serve import json_log
 from skpub.kernel.errors import CheckpointError
 from tests.workloads import deployment
 
@@ -210,3 +212,21 @@ def test_the_document_lists_every_refusal_and_the_token_and_docs_are_served(idle
     assert "404" in document["paths"]["/v1/subscriptions/{sid}"]["delete"]["responses"]
     assert idle.get("/docs").status_code == 200
     assert idle.get("/v1/deliveries", params={"wait": "nan"}, headers=AUTH).status_code == 422
+
+
+def test_the_daemon_logs_a_json_line_per_batch_and_per_refused_request(tmp_path):
+    stream = io.StringIO()
+    daemon = open_daemon(tmp_path / "data", start=True)
+    with json_log(stream):
+        client = TestClient(create_app(daemon, None))
+        client.put("/v1/subscriptions/s1", json=RANGE)
+        client.put("/v1/subscriptions/s1", json={**RANGE, "rect": [0, 0, 1, 1]})
+        client.delete("/v1/subscriptions/nobody")
+        settle(daemon)
+        daemon.stop()
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    refused = [(e["status"], e["reason"], e["route"]) for e in lines if e["event"] == "refused"]
+    assert refused == [(409, "duplicate_id", "/v1/subscriptions/{sid}"), (404, "unknown_id", "/v1/subscriptions/{sid}")]
+    batches = [e for e in lines if e["event"] == "batch"]
+    assert batches and batches[-1]["processed"] == 1 and sum(e["records"] for e in batches) == 1
+    assert all(e["ts"].endswith("+00:00") and e["level"] in ("info", "warning") for e in lines)

@@ -1137,8 +1137,8 @@ def test_a_local_daemon_collects_in_full_after_its_batches_and_while_idle_and_ex
     def set_started(daemon, value):  # noqa: ANN001, ANN202
         timing.update(open=True, started=value)
 
-    def observe(daemon, deliveries):  # noqa: ANN001, ANN202
-        real_observe(daemon, deliveries)
+    def observe(daemon, report, produced):  # noqa: ANN001, ANN202
+        real_observe(daemon, report, produced)
         timing.update(open=False, observed=timing["observed"] + 1)
 
     real_collect, real_observe = gc.collect, Daemon._observe

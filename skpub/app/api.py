@@ -35,7 +35,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import TypeAdapter
 
 from skpub.app.admission import Refusal
-from skpub.app.daemon import Daemon, Gone
+from skpub.app.daemon import LOG, Daemon, Gone
 from skpub.app.schemas import (
     PAGES,
     Accepted,
@@ -108,8 +108,9 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
     served = daemon.served
 
     @app.exception_handler(Refusal)
-    async def refused(_request: Request, exc: Refusal) -> JSONResponse:
+    async def refused(request: Request, exc: Refusal) -> JSONResponse:
         """Answer a refused subscription request: its status, the SEMANTICS reason code and a message."""
+        request.state.reason = exc.reason
         return JSONResponse({"detail": exc.message, "reason": exc.reason}, status_code=exc.status)
 
     @app.exception_handler(OffsetOutOfRange)
@@ -128,8 +129,13 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         response = await call_next(request)
         route = request.scope.get("route")
         path = route.path if route is not None else "other"
-        served.requests.labels(route=path, method=request.method, status=str(response.status_code)).inc()
+        status = response.status_code
+        served.requests.labels(route=path, method=request.method, status=str(status)).inc()
         served.request_seconds.labels(route=path).observe(time.monotonic() - start)
+        if status >= 400:  # one structured line per refused request
+            fields = {"method": request.method, "route": path, "status": status}
+            fields["reason"] = getattr(request.state, "reason", None)
+            LOG.warning("refused", extra={"fields": fields})
         return response
 
     def accept(count: int, post: Callable[[], tuple[int, int] | None]) -> JSONResponse:

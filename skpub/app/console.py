@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
 from skpub.app.output import ENGINE_LOG
 from skpub.app.summary import RunObserver
@@ -38,19 +39,38 @@ def engine_log(output: Path, observer: RunObserver) -> Iterator[Path]:
     """
     output.mkdir(parents=True, exist_ok=True)
     path = output / ENGINE_LOG
+    with lines_to_file(path, "skpub run") as terminal:
+        progress = observer.stream
+        if _is_terminal_fd(progress):
+            observer.stream = terminal
+        try:
+            yield path
+        finally:
+            observer.stream = progress
+
+
+@contextmanager
+def lines_to_file(path: Path, header: str) -> Iterator[TextIO]:
+    """Point fds 1 and 2 at the file ``path`` (appended to, after a header line) for the block.
+
+    Yields a text stream to what fd 2 was (the terminal), for skpub's own
+    lines; the descriptors are restored when the block ends.
+
+    Raises
+    ------
+    OSError
+        If the file cannot be opened (the descriptors are left as they were).
+    """
     log = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.write(log, f"==== skpub run, {time.strftime('%Y-%m-%d %H:%M:%S %Z')} ====\n".encode())
+    os.write(log, f"==== {header}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')} ====\n".encode())
     sys.stdout.flush()
     sys.stderr.flush()
     saved = (os.dup(1), os.dup(2))
     terminal = os.fdopen(os.dup(saved[1]), "w", buffering=1, encoding="utf-8", errors="backslashreplace")
-    progress = observer.stream
-    if _is_terminal_fd(progress):
-        observer.stream = terminal
     os.dup2(log, 1)
     os.dup2(log, 2)
     try:
-        yield path
+        yield terminal
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -58,7 +78,6 @@ def engine_log(output: Path, observer: RunObserver) -> Iterator[Path]:
         os.dup2(saved[1], 2)
         for fd in (*saved, log):
             os.close(fd)
-        observer.stream = progress
         terminal.close()
 
 

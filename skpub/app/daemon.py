@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import fcntl
 import itertools
+import logging
 import os
 import sys
 import threading
@@ -91,6 +92,10 @@ from skpub.kernel.text import load_vocabulary, pin_vocabulary
 
 if TYPE_CHECKING:
     from skpub.app.engines.spark import SparkPlane
+
+LOG = logging.getLogger("skpub.daemon")
+"""The daemon's log: one structured line per committed micro-batch (``batch``) and per refused request
+(``refused``); ``skpub serve`` writes it as JSON lines on standard error (:class:`skpub.app.serve.JsonLines`)."""
 
 COMPACT_RATIO = 4
 """The commit log is compacted again once it holds 1 / COMPACT_RATIO as many commits after its base as the base
@@ -505,6 +510,7 @@ class Daemon:
                 self._run_local()
         except BaseException as exc:  # noqa: BLE001 - the thread must report, /readyz turns false
             self.failure = exc
+            LOG.error("failed", exc_info=exc, extra={"fields": {"committed_batch": self.committed_batch}})
             raise
 
     def _cut(self) -> int | None:
@@ -687,7 +693,7 @@ class Daemon:
         with self._state_lock:  # a listing reads the definitions from a request thread
             self._state.account(commit, self._ingest_line)
         self._release()
-        self._observe(produced["deliveries"])
+        self._observe(report, produced)
 
     def _release(self) -> None:
         """Compact the commit log when due; drop what no restart can need from the ingest log and the journal.
@@ -742,11 +748,31 @@ class Daemon:
                 log.append([_with_offset(line, first + i + 1) for i, line in enumerate(entries)])
         self.commits.append([commit.to_json()])
 
-    def _observe(self, deliveries: list[bytes]) -> None:
-        """Count a committed batch: its wall time, its requests' ingest-to-delivery latency, its delivery lines."""
+    def _observe(self, report: BatchReport, produced: dict[str, list[bytes]]) -> None:
+        """Count a committed batch (its wall time, its requests' ingest-to-delivery latency, its delivery lines).
+
+        Also logs one structured line (:data:`LOG`, event ``batch``).
+        """
+        deliveries = produced["deliveries"]
         now = time.monotonic()
-        self.served.batch_seconds.observe(now - self.batch_started)
+        seconds = now - self.batch_started
+        self.served.batch_seconds.observe(seconds)
         self.batch_started = now
+        LOG.info(
+            "batch",
+            extra={
+                "fields": {
+                    "batch": report.batch_id,
+                    "records": report.records,
+                    "objects": report.objects,
+                    "deliveries": len(deliveries),
+                    "dead_letters": len(produced["dead_letters"]),
+                    "seconds": round(seconds, 6),
+                    "processed": self.processed,
+                    "backlog": self.backlog,
+                }
+            },
+        )
         while self._acks and self._acks[0][0] <= self.processed:
             self.served.latency.observe(now - self._acks.popleft()[1])
         for event in ("match", "enter", "exit"):  # a quote inside an id is escaped: this is the field

@@ -4,18 +4,31 @@ SIGTERM or SIGINT: uvicorn stops accepting connections and finishes the
 requests in flight, then the data plane finishes its batch in flight and the
 process exits 0. Restarted on the same data directory, it resumes (DESIGN
 "The daemon").
+
+The daemon logs JSON lines on standard error (:class:`JsonLines`): ``serving``
+at start, one ``batch`` line per committed micro-batch, one ``refused`` line
+per refused request. On the Spark engine, the JVM's and its workers' own
+lines go to ``DATA/_engine.log``, as ``skpub run``'s go to its output's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import os
 import signal
 import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TextIO
 
-from skpub.app.daemon import Daemon, Limits
+import orjson
+
+from skpub.app.console import lines_to_file
+from skpub.app.daemon import LOG, Daemon, Limits
+from skpub.app.output import ENGINE_LOG
 from skpub.kernel.config import Deployment
 from skpub.kernel.errors import ConfigError
 
@@ -82,10 +95,6 @@ def serve(
     JavaNotFoundError
         If ``engine`` is ``"spark"`` and no Java runtime is available.
     """
-    import uvicorn
-
-    from skpub.app.api import create_app
-
     host, port = parse_listen(listen)
     if engine == "spark":
         from skpub.app.engines.spark import require_java
@@ -93,14 +102,29 @@ def serve(
         require_java()
     if token is None and not ipaddress.ip_address(host).is_loopback:
         raise ConfigError(f"--listen {listen}: a non-loopback address needs a token (--token-file or ${TOKEN_ENV})")
-    daemon = Daemon(data, deployment, limits or Limits(), engine, master)
+    daemon = Daemon(data, deployment, limits or Limits(), engine, master)  # refusals reach the terminal
+    with contextlib.ExitStack() as stack:
+        terminal = sys.stderr
+        if engine == "spark":  # Spark's JVM and workers inherit fds 1 and 2: their lines go to a file
+            terminal = stack.enter_context(lines_to_file(Path(data) / ENGINE_LOG, "skpub serve"))
+        stack.enter_context(json_log(terminal))
+        return _serve(daemon, listen, token, host, port)
+
+
+def _serve(daemon: Daemon, listen: str, token: str | None, host: str, port: int) -> int:
+    """Run uvicorn over ``daemon``'s API until a shutdown signal (:func:`serve`)."""
+    import uvicorn
+
+    from skpub.app.api import create_app
+
     app = create_app(daemon, token)
+    data, engine, evaluators = daemon.data, daemon.engine, daemon.deployment.evaluators
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):  # noqa: ANN001, ANN202 - FastAPI's lifespan protocol
         daemon.start()
-        print(f"[skpub] serving {Path(data)} on http://{listen} ({engine} engine, {deployment.evaluators} evaluators)",
-              file=sys.stderr, flush=True)  # fmt: skip
+        fields = {"data": str(data), "url": f"http://{listen}", "engine": engine, "evaluators": evaluators}
+        LOG.info("serving", extra={"fields": fields})
         yield
         daemon.stop()
 
@@ -133,3 +157,31 @@ def _server_class():  # noqa: ANN202 - uvicorn is imported when serving only
             super().handle_exit(sig, frame)
 
     return Server
+
+
+class JsonLines(logging.Formatter):
+    """Format a log record as one JSON line: ``ts`` (UTC, ISO 8601), ``level``, ``event`` and its ``fields``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """Return the record as one JSON object on one line."""
+        stamp = datetime.fromtimestamp(record.created, tz=UTC).isoformat(timespec="milliseconds")
+        line = {"ts": stamp, "level": record.levelname.lower(), "event": record.getMessage()}
+        line.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            line["error"] = self.formatException(record.exc_info)
+        return orjson.dumps(line, default=str).decode()
+
+
+@contextlib.contextmanager
+def json_log(stream: TextIO) -> Iterator[None]:
+    """Write the daemon's log (:data:`skpub.app.daemon.LOG`) to ``stream`` as JSON lines for the block."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonLines())
+    LOG.addHandler(handler)
+    level = LOG.level
+    LOG.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        LOG.removeHandler(handler)
+        LOG.setLevel(level)
