@@ -1,7 +1,9 @@
+import io
 import json
 
 import pytest
 
+from skpub.app import progress
 from skpub.app.cli import main
 from skpub.kernel.oracle import replay
 from skpub.kernel.parts import read_stream
@@ -21,7 +23,9 @@ def test_run_local_writes_outputs_and_prints_summary(tmp_path, capsys):
     assert code == 0
     assert "uniform router, 3 evaluators" in captured.out
     assert "objects/s" in captured.out and "dead letters" in captured.out
-    assert "[skpub] batch" in captured.err
+    assert "[skpub] batch 0: 64 records" in captured.err  # the first batch's line, warm-up done
+    assert "[skpub] done: " in captured.err and "100% of" in captured.err
+    assert f"outputs           {tmp_path / 'out'}/" in captured.out
     expected = replay(lines, deployment(evaluators=3, batch_size=64))
     assert canonical(read_stream(tmp_path / "out", "deliveries")) == canonical(expected.deliveries)
 
@@ -161,3 +165,38 @@ def test_a_shift_workload_is_normal_then_condensed_in_one_corner_and_stays():
     first_after = next(i for i, d in enumerate(docs) if d is objects[1000])
     late = [d for d in docs[first_after:] if d["type"] == "subscribe"]
     assert late and all(inside(*d["rect"][:2]) and inside(*d["rect"][2:]) for d in late)
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_a_live_bar_on_a_terminal_and_sparse_plain_lines_elsewhere(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock[0])
+    plain = io.StringIO()
+    display = progress.ProgressDisplay(plain, total=1000, every_seconds=5)
+    for second in range(12):
+        clock[0] = float(second)
+        display.update(second * 50, f"batch {second}", "figures")
+    display.update(1000, "done", "all", force=True)
+    lines = plain.getvalue().splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "[skpub] batch 0",
+        "[skpub] batch 5",
+        "[skpub] batch 10",
+        "[skpub] done",
+    ]
+    assert lines[1].endswith("25% of 1.0 kB, ETA 15 s") and lines[-1].endswith("100% of 1.0 kB")
+    assert not display.live
+    unknown = io.StringIO()
+    progress.ProgressDisplay(unknown, total=None).update(5, "batch 0", "figures", force=True)
+    assert unknown.getvalue() == "[skpub] batch 0: figures\n"  # standard input: no share, no ETA
+    screen = Terminal()
+    live = progress.ProgressDisplay(screen, total=3, unit=progress.RUNS)
+    assert live.live
+    live.update(2, "drift", "adaptive")
+    live.note("a note")
+    live.close()
+    assert "drift" in screen.getvalue() and "2/3" in screen.getvalue() and "[skpub] a note" in screen.getvalue()

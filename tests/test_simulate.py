@@ -85,7 +85,7 @@ def test_a_strategy_the_deployment_refuses_stops_simulate_before_any_run(tmp_pat
     )
     seen = []
     with pytest.raises(ConfigError, match="1021 x 1 ranges"):  # 1021 is prime: one row on a 1000-cell side
-        simulate([scenario], tmp_path / "work", seen.append)
+        simulate([scenario], tmp_path / "work", lambda done, text: seen.append(text))
     assert seen == [] and not (tmp_path / "work").exists()
 
 

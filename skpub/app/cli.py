@@ -20,7 +20,7 @@ from skpub.app.remote import VERBS, add_verbs, run_verb
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.config import BALANCER_MODES, ROUTERS, Window, load_deployment
 from skpub.kernel.errors import ConfigError, SkpubError
-from skpub.kernel.inputs import skipped_entries
+from skpub.kernel.inputs import input_size, skipped_entries
 
 
 def _workload_args(parser: argparse.ArgumentParser) -> None:
@@ -209,7 +209,9 @@ def _run(args: argparse.Namespace) -> int:
     summary = RunSummary(args.engine, deployment.router, deployment.evaluators)
     summary.balancer_mode = deployment.balancer.mode
     summary.skipped_inputs = skipped_entries(input_path)
-    observer = RunObserver(summary, metrics, stream=None if args.quiet else sys.stderr)
+    summary.output = str(output)
+    total = input_size(input_path)
+    observer = RunObserver(summary, metrics, stream=None if args.quiet else sys.stderr, total_bytes=total)
     if summary.skipped_inputs:
         observer.note(f"input: skipping {len(summary.skipped_inputs)} entries that are not *.jsonl files")
     if args.engine == "local":
@@ -257,7 +259,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _simulate(args: argparse.Namespace, argv: list[str]) -> int:
     from skpub.app.report import WORKLOAD, claim_report_dir, write_report
-    from skpub.app.simulate import load_scenario, override, print_progress, recommend, shipped_scenarios, simulate
+    from skpub.app.simulate import load_scenario, override, progress_display, recommend, shipped_scenarios, simulate
     from skpub.sims.geonames import SPACE
 
     scenarios = [
@@ -278,8 +280,12 @@ def _simulate(args: argparse.Namespace, argv: list[str]) -> int:
         raise ConfigError("--repeat must be 1 to 9")
     root = claim_report_dir(Path(args.output), args.overwrite)
     runs = sum(len(s.strategies()) for s in scenarios)
-    print_progress(f"{len(scenarios)} scenario(s), {runs} runs, report in {root}")
-    outcome = simulate(scenarios, root / WORKLOAD, print_progress, args.repeat)
+    display, progress = progress_display(runs)
+    display.note(f"simulate: {len(scenarios)} scenario(s), {runs} runs, report in {root}")
+    try:
+        outcome = simulate(scenarios, root / WORKLOAD, progress, args.repeat)
+    finally:
+        display.close()
     page = write_report(root, outcome, "skpub " + " ".join(argv), SPACE)
     for scenario, results in outcome:
         print(f"{scenario.name}: {recommend(results).reason}")

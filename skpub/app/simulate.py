@@ -41,11 +41,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import TextIO
 
 import msgspec
 
 from skpub.app.engines.local import LocalPipeline
 from skpub.app.engines.sink import complete_report, unique_letters
+from skpub.app.progress import RUNS, ProgressDisplay
 from skpub.app.summary import BatchReport, parallel_seconds, routing_unit_seconds
 from skpub.kernel.config import (
     BALANCER_MODES,
@@ -481,14 +483,15 @@ def median_run(runs: Sequence[RunResult]) -> RunResult:
 def simulate(
     scenarios: Sequence[Scenario],
     workdir: Path,
-    progress: Callable[[str], None] = lambda text: None,
+    progress: Callable[[int, str], None] = lambda done, text: None,
     repeat: int = 1,
 ) -> list[tuple[Scenario, list[RunResult]]]:
     """Run every strategy of every scenario ``repeat`` times; return the results in scenario and strategy order.
 
     The workloads are written under ``workdir/<scenario>/`` (reused when
-    their spec did not change). ``progress`` receives one line per run and
-    a line every 5 s within a long run. With ``repeat`` > 1 each strategy's
+    their spec did not change). ``progress(done, text)`` receives the runs
+    done and what happens: one line per run, and the batch a long run is at
+    every 5 s. With ``repeat`` > 1 each strategy's
     batches take the median parallel seconds of its runs (:func:`median_run`),
     which steadies the comparison of strategies within a few percent.
 
@@ -505,23 +508,24 @@ def simulate(
     done = 0
     out = []
     for scenario in scenarios:
-        progress(f"{scenario.name}: writing the workload")
+        progress(done, f"{scenario.name}: writing the workload")
         stream, vocabulary = write_workload(scenario.workload, workdir / scenario.name)
         results = []
         for strategy in scenario.strategies():
-            done += 1
-            head = f"[{done}/{runs}] {scenario.name} · {strategy.label}"
+            head = f"[{done + 1}/{runs}] {scenario.name} · {strategy.label}"
             last = [time.perf_counter()]
 
-            def tick(figures: BatchFigures, head: str = head, last: list[float] = last) -> None:
+            def tick(figures: BatchFigures, head: str = head, last: list[float] = last, done: int = done) -> None:
                 if time.perf_counter() - last[0] >= 5:
                     last[0] = time.perf_counter()
-                    progress(f"{head}: batch {figures.batch}")
+                    progress(done, f"{head}: batch {figures.batch}")
 
             result = median_run([run_strategy(scenario, stream, vocabulary, strategy, tick) for _ in range(repeat)])
+            done += 1
             progress(
+                done,
                 f"{head}: {len(result.batches)} batches in {result.wall_seconds:.1f} s, "
-                f"{result.throughput:,.0f} objects/simulated s, imbalance {result.imbalance:.2f}"
+                f"{result.throughput:,.0f} objects/simulated s, imbalance {result.imbalance:.2f}",
             )
             results.append(result)
         out.append((scenario, results))
@@ -548,6 +552,15 @@ def figures_json(result: RunResult) -> dict:
     }
 
 
-def print_progress(text: str) -> None:
-    """Write one progress line to standard error."""
-    print(f"[skpub] simulate {text}", file=sys.stderr, flush=True)
+def progress_display(runs: int, stream: TextIO = sys.stderr) -> tuple[ProgressDisplay, Callable[[int, str], None]]:
+    """Return a display of ``runs`` runs on ``stream`` and the ``progress(done, text)`` callback that feeds it.
+
+    A live bar of runs done (with the ETA) on a terminal; elsewhere one line
+    per call, since each call is news (a run done, or a long run's batch).
+    """
+    display = ProgressDisplay(stream, runs, RUNS, every_seconds=0.0)
+
+    def progress(done: int, text: str) -> None:
+        display.update(done, "simulate", text)
+
+    return display, progress

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from skpub.app.metrics import Metrics
+from skpub.app.progress import BYTES, ProgressDisplay
 from skpub.kernel.load import imbalance
 
 STAGES = ("parse", "sequencer", "evaluators", "merge", "sink")
@@ -25,6 +26,8 @@ class BatchReport:
 
     batch_id: int
     records: int = 0
+    input_bytes: int = 0
+    """Bytes of input the batch's records took (each with one newline): the progress of ``skpub run``."""
     objects: int = 0
     forwarded: int = 0
     deliveries: int = 0
@@ -194,6 +197,7 @@ class RunSummary:
     evaluators: int
     batches: int = 0
     records: int = 0
+    input_bytes: int = 0
     objects: int = 0
     forwarded: int = 0
     deliveries: int = 0
@@ -212,6 +216,8 @@ class RunSummary:
     balancer_mode: str = "off"
     balance: BalanceRecord = field(default_factory=BalanceRecord)
     log_file: str | None = None
+    output: str | None = None
+    """The output directory (SEMANTICS 5), named at the end of the summary."""
 
     @property
     def objects_per_second(self) -> float:
@@ -284,6 +290,8 @@ class RunSummary:
                 done, of = self.hosts[hosted], self.hosts[total]
                 why = "" if done == of else " (the others by their task: hosts off, or see the engine log)"
                 lines.append(f"  {label:<17} {done} of {of} {what}{why}")
+        if self.output:
+            lines.append(f"  outputs           {self.output}/ (deliveries/, dead_letters/, snapshots/, statistics/)")
         if self.log_file:
             lines.append(f"  engine log        {self.log_file}")
         if self.skipped_inputs:
@@ -304,30 +312,39 @@ class RunObserver:
         metrics: Metrics | None = None,
         stream: TextIO | None = sys.stderr,
         every_seconds: float = 5.0,
+        total_bytes: int | None = None,
     ) -> None:
         self.summary = summary
         self.metrics = metrics
         self.stream = stream
         self.every_seconds = every_seconds
+        self.total_bytes = total_bytes
         self.started = self._last_batch = time.perf_counter()
-        self._last_print = float("-inf")
+        self._display: ProgressDisplay | None = None
         summary.evaluator_cost = [0] * summary.evaluators
         summary.evaluator_cpu = [0.0] * summary.evaluators
 
     def note(self, text: str) -> None:
         """Print one progress line about the run's setup (nothing when quiet)."""
-        if self.stream:
+        if self._display is not None:
+            self._display.note(text)
+        elif self.stream:
             print(f"[skpub] {text}", file=self.stream, flush=True)
 
     def start(self) -> None:
-        """Restart the run clock: throughput counts from here (after setup)."""
+        """Restart the run clock: throughput counts from here (after setup); show the progress from here."""
         self.started = self._last_batch = time.perf_counter()
+        if self.stream and self._display is None:
+            self._display = ProgressDisplay(self.stream, self.total_bytes, BYTES, self.every_seconds)
+            first = "first micro-batch (Spark warm-up)" if self.summary.engine == "spark" else "first micro-batch"
+            self._display.update(0, first, "started", force=not self._display.live)
 
     def on_batch(self, report: BatchReport) -> None:
         """Account one micro-batch; print a progress line at most every ``every_seconds``."""
         s = self.summary
         s.batches += 1
         s.records += report.records
+        s.input_bytes += report.input_bytes
         s.objects += report.objects
         s.forwarded += report.forwarded
         s.deliveries += report.deliveries
@@ -350,17 +367,22 @@ class RunObserver:
         s.seconds = now - self.started
         if self.metrics:
             self.metrics.observe_batch(report, s.evaluators)
-        if self.stream and now - self._last_print >= self.every_seconds:
-            self._last_print = now
-            print(
-                f"[skpub] batch {report.batch_id}: {s.records} records, {s.objects} objects "
-                f"({s.objects_per_second:,.0f}/s), {s.deliveries} deliveries, "
-                f"{sum(s.dead_letters.values())} dead letters",
-                file=self.stream,
-                flush=True,
-            )
+        if self._display is not None:
+            self._display.update(s.input_bytes, f"batch {report.batch_id}", self._figures(), force=s.batches == 1)
 
     def finish(self) -> RunSummary:
-        """Close the run and return its summary."""
+        """Close the run (and its progress display) and return its summary."""
         self.summary.seconds = time.perf_counter() - self.started
+        if self._display is not None:
+            self._display.update(self.summary.input_bytes, "done", self._figures(), force=True)
+            self._display.close()
+            self._display = None
         return self.summary
+
+    def _figures(self) -> str:
+        """Return the progress figures: records, objects/s, deliveries, dead letters."""
+        s = self.summary
+        return (
+            f"{s.records:,} records · {s.objects_per_second:,.0f} objects/s · {s.deliveries:,} deliveries"
+            f" · {sum(s.dead_letters.values()):,} dead letters"
+        )

@@ -49,6 +49,22 @@ def input_files(path: str | Path) -> list[Path]:
     return files
 
 
+def input_size(path: str | Path) -> int | None:
+    """Return the bytes of the input's files, or None for standard input or what is not a regular file (a pipe).
+
+    Raises
+    ------
+    InputError
+        As :func:`input_files`.
+    """
+    if str(path) == STDIN:
+        return None
+    files = input_files(path)
+    if not all(f.is_file() for f in files):
+        return None
+    return sum(f.stat().st_size for f in files)
+
+
 def skipped_entries(path: str | Path) -> list[str]:
     r"""Return the names in an input directory that are not read (not ``*.jsonl``), sorted; [] for a file.
 

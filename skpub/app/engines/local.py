@@ -139,7 +139,7 @@ class LocalPipeline:
         line (SEMANTICS 1).
         """
         evaluators, balancing = self.evaluators, self.balancing
-        report = BatchReport(batch_id, records=len(batch))
+        report = BatchReport(batch_id, records=len(batch), input_bytes=sum(map(len, batch)) + len(batch))
         if balancing is not None:
             balance_start = time.thread_time()
             self.epoch = balancing.start(batch_id, self.epoch, evaluators, self.router, report)

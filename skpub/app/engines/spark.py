@@ -261,6 +261,7 @@ class Sink:
         report = BatchReport(
             batch_id,
             records=routing["records"],
+            input_bytes=routing.get("bytes", 0),
             objects=routing["objects"],
             forwarded=routing["forwarded"],
             deliveries=sum(c["deliveries"] for c in counters) + len(events),

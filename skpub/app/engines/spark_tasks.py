@@ -142,6 +142,7 @@ class ParseTask:
                     "part": part,
                     "first": first,
                     "lines": len(lines),
+                    "bytes": sum(map(len, lines)) + len(lines),
                     "dead_letters": Counter(d.reason for d in letters),
                     "cpu_seconds": time.thread_time() - start,
                     "path": str(rows_file),
@@ -286,6 +287,7 @@ class SequencerTask:
             dead.update(r["dead_letters"])
         report = {
             "records": sum(r["lines"] for r in reports),
+            "bytes": sum(r.get("bytes", 0) for r in reports),
             "objects": decisions.objects,
             "forwarded": decisions.forwarded,
             "dead_letters": dead,
