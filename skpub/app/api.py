@@ -40,6 +40,7 @@ from skpub.app.schemas import (
     PAGES,
     Accepted,
     Definition,
+    Deleted,
     GoneBody,
     Health,
     OutOfRange,
@@ -49,8 +50,11 @@ from skpub.app.schemas import (
     SnapshotTaken,
     SubscriptionPage,
     SubscriptionView,
+    TargetList,
+    TargetView,
     problems,
 )
+from skpub.app.targets import TargetError, TargetSpec
 from skpub.kernel.inputs import BOM
 
 POLL_SECONDS = 0.02
@@ -63,6 +67,26 @@ HEARTBEAT_SECONDS = 15.0
 DEFINITION = TypeAdapter(Definition).json_schema(by_alias=True, ref_template="#/components/schemas/{model}")
 """The subscribe body's JSON schema: documentation only (the data plane's parser decides, SEMANTICS section 7)."""
 DEFINITION_MODELS = DEFINITION.pop("$defs")
+
+TARGET = {
+    "type": "object",
+    "required": ["kind", "url"],
+    "properties": {
+        "kind": {"enum": ["webhook"]},
+        "url": {"type": "string", "format": "uri"},
+        "subscriptions": {
+            "oneOf": [
+                {"const": "*"},
+                {"type": "array", "items": {"type": "string"}},
+                {"type": "object", "properties": {"prefix": {"type": "string"}}, "required": ["prefix"]},
+            ]
+        },
+        "secret_file": {"type": "string"},
+        "timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": 300},
+        "batch": {"type": "integer", "minimum": 1, "maximum": 10000},
+    },
+}
+"""A target definition's JSON schema: documentation only (:meth:`TargetSpec.from_json` decides)."""
 
 SNAPSHOT_REQUEST = {"type": "object", "properties": {"id": {"type": "string"}}, "description": "Or no body"}
 
@@ -439,6 +463,59 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         first, count = taken
         lines = await anyio.to_thread.run_sync(daemon.read_committed, "snapshots", first, count)
         return Response(b'{"lines":[%s]}' % b",".join(lines), media_type="application/json")
+
+    @app.put(
+        "/v1/targets/{name}",
+        dependencies=guarded,
+        status_code=201,
+        response_model=TargetView,
+        responses={
+            **problems(400, 401, 413),
+            200: {"model": TargetView, "description": "Redefined (its cursor kept), or unchanged"},
+            422: {"model": Refused, "description": "A definition that cannot be used (bad_target)"},
+        },
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": TARGET}}}},
+    )
+    async def put_target(name: str, request: Request) -> JSONResponse:
+        """Define a delivery target (SEMANTICS section 7): 201 when new, 200 when redefined or unchanged.
+
+        The body: ``{"kind": "webhook", "url": ..., "subscriptions": "*" | [ids] | {"prefix": ...},
+        "secret_file": ..., "timeout": 10, "batch": 500}``. A new target gets the deliveries committed from
+        now on; a redefined one keeps its cursor.
+        """
+        raw = await request.body()
+        if len(raw) > limits.max_body_bytes:
+            raise HTTPException(413, f"the body is over {limits.max_body_bytes} bytes")
+        try:
+            doc = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise Refusal(400, "malformed_json", f"the body is not JSON: {exc}") from None
+        try:
+            spec = TargetSpec.from_json(name, doc)
+        except TargetError as exc:
+            raise Refusal(422, "bad_target", str(exc)) from None
+        new = daemon.targets.put(spec)
+        return JSONResponse(daemon.targets.status(name), status_code=201 if new else 200)
+
+    @app.get("/v1/targets", dependencies=guarded, response_model=TargetList, responses=problems(401))
+    def list_targets() -> dict:
+        """List the targets with their cursor, lag, state (``running`` or ``paused``) and last error."""
+        return {"targets": [daemon.targets.status(name) for name in sorted(daemon.targets.targets)]}
+
+    @app.get("/v1/targets/{name}", dependencies=guarded, response_model=TargetView, responses=problems(401, 404))
+    def get_target(name: str) -> dict:
+        """Return a target's definition, cursor, lag (committed deliveries after it), state and last error."""
+        status = daemon.targets.status(name)
+        if status is None:
+            raise HTTPException(404, f"no target {name!r}")
+        return status
+
+    @app.delete("/v1/targets/{name}", dependencies=guarded, response_model=Deleted, responses=problems(401, 404))
+    def delete_target(name: str) -> dict:
+        """Remove a target (its cursor goes with it)."""
+        if not daemon.targets.delete(name):
+            raise HTTPException(404, f"no target {name!r}")
+        return {"deleted": name}
 
     @app.get("/healthz", response_model=Health)
     def healthz() -> dict:

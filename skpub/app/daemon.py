@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 from prometheus_client import Counter, Gauge, GCCollector, Histogram, ProcessCollector
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from skpub.app.admission import LIVE, RETIRED, UNKNOWN, Admission
@@ -76,6 +76,7 @@ from skpub.app.journal import LineLog, SegmentedLog, segment_path
 from skpub.app.metrics import Metrics
 from skpub.app.output import PartRetention
 from skpub.app.summary import BatchReport
+from skpub.app.targets import Targets, TargetStatus
 from skpub.kernel.config import (
     Deployment,
     changes_text,
@@ -278,6 +279,15 @@ class Daemon:
         self._pinned = False  # definitions of an earlier skpub's commits point into the ingest log: keep it whole
         self.ends = BatchEnds()
         self._recover()
+        self.targets = Targets(
+            self.data / "targets",
+            read=lambda after, limit: self.read_committed("deliveries", after, limit),
+            committed=lambda: self.committed("deliveries"),
+            earliest=lambda: self.earliest("deliveries"),
+            gone=Gone,
+            on_change=_target_changed,
+        )
+        self.metrics.registry.register(_TargetCollector(self.targets))
         space, max_bytes = self.deployment.space, self.deployment.max_record_bytes
         self.admission = Admission(space, max_bytes, self._standing, lambda: self.processed)
         self.admission.appended(self.ingest.read(self.processed, self.backlog), self.processed)
@@ -488,14 +498,16 @@ class Daemon:
 
     # --- the data plane ----------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the data plane thread: catch up with the journaled batches, then follow the ingest log."""
+        """Start the data plane thread (journaled batches first, then the ingest log) and the targets' threads."""
         self._thread.start()
+        self.targets.start()
 
     def stop(self, timeout: float = 60.0) -> None:
         """Finish the batch in flight and stop the data plane."""
         self.stopping.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        self.targets.stop()
         for log in (self.ingest, self.batches, self.commits, *self.logs.values()):
             log.close()
         if self._lock_fd >= 0:
@@ -778,6 +790,40 @@ class Daemon:
         for event in ("match", "enter", "exit"):  # a quote inside an id is escaped: this is the field
             field_bytes = b'"event":"%s"' % event.encode()
             self.served.delivered.labels(event=event).inc(sum(field_bytes in line for line in deliveries))
+
+
+class _TargetCollector(Collector):
+    """Each target's counts and state at scrape time (``skpub_target_*{target}``)."""
+
+    def __init__(self, targets: Targets) -> None:
+        self.targets = targets
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        by = ["target"]
+        families = {
+            "delivered": CounterMetricFamily("skpub_target_delivered", "Delivery lines a target took", labels=by),
+            "failed": CounterMetricFamily("skpub_target_failures", "Sends a target did not take", labels=by),
+            "behind_retention": CounterMetricFamily(
+                "skpub_target_behind_retention", "Delivery lines retention removed before a target took them", labels=by
+            ),
+            "lag": GaugeMetricFamily("skpub_target_lag", "Committed delivery lines after a target's cursor", labels=by),
+            "paused": GaugeMetricFamily("skpub_target_paused", "1 while a target is paused (failing)", labels=by),
+        }
+        for name in list(self.targets.targets):
+            status = self.targets.status(name)
+            if status is None:
+                continue
+            for key in ("delivered", "failed", "behind_retention", "lag"):
+                families[key].add_metric([name], status[key])
+            families["paused"].add_metric([name], 1.0 if status["state"] == "paused" else 0.0)
+        yield from families.values()
+
+
+def _target_changed(name: str, status: TargetStatus, event: str | None) -> None:
+    """Log a target's events (``paused``, ``resumed``, ``behind_retention``) as structured lines."""
+    if event is not None:
+        fields = {"target": name, "change": event, "cursor": status.cursor, "last_error": status.last_error}
+        (LOG.warning if event != "resumed" else LOG.info)("target", extra={"fields": fields})
 
 
 class BatchEnds:

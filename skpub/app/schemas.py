@@ -180,6 +180,31 @@ class SnapshotBody(BaseModel):
     lines: list[SnapshotLine]
 
 
+class TargetView(BaseModel):
+    """A delivery target: its definition, cursor (last offset handled), lag, state and counts."""
+
+    target: dict[str, Any]
+    cursor: int
+    lag: int
+    state: Literal["running", "paused"]
+    delivered: int
+    failed: int
+    behind_retention: int
+    last_error: str | None
+
+
+class TargetList(BaseModel):
+    """Every target, by name."""
+
+    targets: list[TargetView]
+
+
+class Deleted(BaseModel):
+    """What was removed."""
+
+    deleted: str
+
+
 class Health(BaseModel):
     """The process answers."""
 

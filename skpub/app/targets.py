@@ -1,0 +1,372 @@
+"""Delivery targets: the daemon pushes deliveries where consumers live (SEMANTICS section 7).
+
+A *target* is a named destination with the subscriptions that feed it,
+defined by ``PUT /v1/targets/{name}`` and kept in ``DATA/targets/``. Each
+has a *cursor*: the offset of the last delivery line it has handled (sent,
+or not selected). One thread per target reads the committed delivery log
+after its cursor (the log is the backlog: nothing is queued in memory, so a
+target that fails costs the data plane and the other targets nothing), sends
+the lines its subscriptions select, and only then moves and fsyncs its
+cursor. So delivery is at least once (a crash between a send and the cursor
+write sends those lines again, with their offsets), and in offset order: a
+batch is resent whole until it is taken, never overtaken by a later one.
+
+A target that keeps failing is retried with exponential backoff and jitter
+(stamina, at most ``MAX_WAIT_SECONDS`` apart); after ``PAUSE_SECONDS`` of
+failures it is *paused* (``state``, the ``skpub_target_paused`` metric and
+a log line: an alert's input) and goes on probing; the first success resumes
+it from its cursor. A cursor that retention has passed is reported and
+counted (``behind_retention``), and the target goes on from the earliest
+line kept: never skipped in silence.
+
+Kinds: ``webhook`` (an HTTP POST of ``{"deliveries": [line, ...]}``, each
+line as ``GET /v1/deliveries`` gives it, with its ``offset``; with a
+``secret_file``, the header ``X-Skpub-Signature: sha256=<hex>`` is the
+HMAC-SHA256 of the body under the file's first line). MQTT, NATS and Redis
+Streams are not built yet: such a definition is refused with a sentence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import stamina
+
+from skpub.kernel.storage import atomic_write_bytes
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
+"""A target's name: it names its file in ``DATA/targets/``, so only these characters."""
+
+KINDS = ("webhook",)
+PLANNED = ("mqtt", "nats", "redis")
+MAX_BATCH = 10_000
+PAUSE_SECONDS = 60.0
+"""Seconds of failures after which a target is reported paused."""
+MAX_WAIT_SECONDS = 5.0
+"""Most seconds between two attempts (a paused target probes this often; a shutdown waits at most this long)."""
+LOG = logging.getLogger("skpub.daemon")
+
+POLL_SECONDS = 0.05
+"""How often an idle target looks for newly committed deliveries."""
+
+
+class TargetError(ValueError):
+    """A target definition that cannot be used: the sentence says why."""
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A target's definition (the body of ``PUT /v1/targets/{name}``).
+
+    ``subscriptions``: ``"*"``, a list of ids, or ``{"prefix": "s"}``;
+    ``timeout``: seconds per send; ``batch``: most delivery lines per send.
+    """
+
+    name: str
+    kind: str
+    url: str
+    subscriptions: Any = "*"
+    secret_file: str | None = None
+    timeout: float = 10.0
+    batch: int = 500
+
+    @classmethod
+    def from_json(cls, name: str, doc: Any) -> TargetSpec:
+        """Return the definition ``doc`` (a JSON object) of target ``name``.
+
+        Raises
+        ------
+        TargetError
+            With a sentence, for a bad name, kind, URL, selector, secret file, timeout or batch.
+        """
+        if not NAME.fullmatch(name):
+            raise TargetError(
+                "a target name has 1 to 64 letters, digits, '_', '.' or '-', starting with one of the first two"
+            )
+        if not isinstance(doc, dict):
+            raise TargetError('a target is a JSON object: {"kind": "webhook", "url": ..., "subscriptions": "*"}')
+        unknown = set(doc) - {"kind", "url", "subscriptions", "secret_file", "timeout", "batch", "name"}
+        if unknown:
+            raise TargetError(f"unknown field(s) {sorted(unknown)}")
+        kind = doc.get("kind")
+        if kind in PLANNED:
+            raise TargetError(f"kind {kind!r} is not built yet; this skpub pushes to webhooks")
+        if kind not in KINDS:
+            raise TargetError(f"kind must be one of {list(KINDS)}, got {kind!r}")
+        url = doc.get("url")
+        if not isinstance(url, str) or not re.fullmatch(r"https?://[^\s]+", url):
+            raise TargetError("a webhook's url is an http:// or https:// URL")
+        selector = doc.get("subscriptions", "*")
+        if not _selector_ok(selector):
+            raise TargetError('subscriptions is "*", a list of ids, or {"prefix": "..."}')
+        secret_file = doc.get("secret_file")
+        if secret_file is not None and (not isinstance(secret_file, str) or not Path(secret_file).is_file()):
+            raise TargetError("secret_file names a readable file holding the signing secret")
+        timeout, batch = doc.get("timeout", 10.0), doc.get("batch", 500)
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 300:
+            raise TargetError("timeout is a number of seconds in (0, 300]")
+        if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
+            raise TargetError(f"batch is an integer from 1 to {MAX_BATCH}")
+        return cls(name, kind, url, selector, secret_file, float(timeout), batch)
+
+    def to_json(self) -> dict:
+        """Return the definition as the JSON object it was given as (with its name)."""
+        doc = {"name": self.name, "kind": self.kind, "url": self.url, "subscriptions": self.subscriptions}
+        if self.secret_file is not None:
+            doc["secret_file"] = self.secret_file
+        return {**doc, "timeout": self.timeout, "batch": self.batch}
+
+    def selects(self, sid: str) -> bool:
+        """Whether deliveries of subscription ``sid`` go to this target."""
+        chosen = self.subscriptions
+        if chosen == "*":
+            return True
+        if isinstance(chosen, dict):
+            return sid.startswith(chosen["prefix"])
+        return sid in self._ids
+
+    @cached_property
+    def _ids(self) -> frozenset[str]:
+        return frozenset(self.subscriptions) if isinstance(self.subscriptions, list) else frozenset()
+
+
+def _selector_ok(selector: Any) -> bool:
+    if selector == "*":
+        return True
+    if isinstance(selector, list):
+        return all(isinstance(s, str) and s for s in selector) and len(selector) <= 100_000
+    return isinstance(selector, dict) and set(selector) == {"prefix"} and isinstance(selector["prefix"], str)
+
+
+@dataclass
+class TargetStatus:
+    """What ``GET /v1/targets/{name}`` reports besides the definition."""
+
+    cursor: int
+    state: str = "running"
+    delivered: int = 0
+    failed: int = 0
+    behind_retention: int = 0
+    last_error: str | None = None
+    failing_since: float | None = None
+    lag: int = 0
+
+
+@dataclass
+class Target:
+    """One target: its definition, its durable cursor, its thread (:class:`Targets` runs it)."""
+
+    spec: TargetSpec
+    path: Path
+    status: TargetStatus
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def save(self) -> None:
+        """Write the definition and the cursor atomically and durably."""
+        atomic_write_bytes(self.path, orjson.dumps({"spec": self.spec.to_json(), "cursor": self.status.cursor}))
+
+
+class Targets:
+    """The daemon's targets: their files in ``directory``, their threads, their metrics.
+
+    Parameters
+    ----------
+    directory : Path
+        ``DATA/targets/``: one ``<name>.json`` per target (``{"spec", "cursor"}``).
+    read : callable
+        ``read(after, limit) -> list of bytes``: committed delivery lines
+        after offset ``after`` (raises :class:`~skpub.app.daemon.Gone`).
+    committed : callable
+        ``committed() -> int``: the offset of the last committed delivery.
+    earliest : callable
+        ``earliest() -> int``: the offset before the earliest line kept.
+    gone : type
+        The exception ``read`` raises past retention.
+    on_change : callable
+        Called with a target's name and status after each change (metrics, logs).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        read: Callable[[int, int], list[bytes]],
+        committed: Callable[[], int],
+        earliest: Callable[[], int],
+        gone: type[Exception],
+        on_change: Callable[[str, TargetStatus, str | None], None] = lambda name, status, event: None,
+    ) -> None:
+        self.directory = Path(directory)
+        self._read, self._committed, self._earliest, self._gone = read, committed, earliest, gone
+        self._on_change = on_change
+        self._lock = threading.Lock()
+        self.targets: dict[str, Target] = {}
+        self._running = False
+        if self.directory.is_dir():
+            for path in sorted(self.directory.glob("*.json")):
+                try:
+                    doc = orjson.loads(path.read_bytes())
+                    spec = TargetSpec.from_json(path.stem, doc["spec"])
+                    self.targets[spec.name] = Target(spec, path, TargetStatus(int(doc["cursor"])))
+                except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                    fields = {"file": str(path), "error": str(exc)}
+                    LOG.error("target_unreadable", extra={"fields": fields})  # left as it is, never removed
+
+    def start(self) -> None:
+        """Start every target's thread."""
+        with self._lock:
+            self._running = True
+            for target in self.targets.values():
+                self._start(target)
+
+    def stop(self, seconds: float = 10.0) -> None:
+        """Stop every target's thread, waiting at most ``seconds`` in all.
+
+        A thread still in a send then is abandoned (it is a daemon thread,
+        and after its stop it writes nothing: its lines are sent again from
+        the saved cursor, at least once).
+        """
+        with self._lock:
+            self._running = False
+            targets = list(self.targets.values())
+        for target in targets:
+            target.stop.set()
+        deadline = time.monotonic() + seconds
+        for target in targets:
+            if target.thread is not None:
+                target.thread.join(max(0.0, deadline - time.monotonic()))
+
+    def put(self, spec: TargetSpec, after: int | None = None) -> bool:
+        """Define or redefine a target; return whether it is new.
+
+        A new target starts after offset ``after`` (default: the last
+        committed delivery: it gets what comes next); a redefined one keeps
+        its cursor.
+        """
+        with self._lock:
+            old = self.targets.get(spec.name)
+            if old is not None and old.spec == spec:
+                return False
+            cursor = old.status.cursor if old is not None else (self._committed() if after is None else after)
+            if old is not None:
+                old.stop.set()
+            self.directory.mkdir(parents=True, exist_ok=True)
+            target = Target(spec, self.directory / f"{spec.name}.json", TargetStatus(cursor))
+            target.save()
+            self.targets[spec.name] = target
+            if self._running:
+                self._start(target)
+            return old is None
+
+    def delete(self, name: str) -> bool:
+        """Remove a target and its file; return whether it existed."""
+        with self._lock:
+            target = self.targets.pop(name, None)
+        if target is None:
+            return False
+        target.stop.set()
+        target.path.unlink(missing_ok=True)
+        return True
+
+    def status(self, name: str) -> dict | None:
+        """Return a target's definition and status, or None."""
+        target = self.targets.get(name)
+        if target is None:
+            return None
+        s = target.status
+        s.lag = max(0, self._committed() - s.cursor)
+        return {
+            "target": target.spec.to_json(),
+            "cursor": s.cursor,
+            "lag": s.lag,
+            "state": s.state,
+            "delivered": s.delivered,
+            "failed": s.failed,
+            "behind_retention": s.behind_retention,
+            "last_error": s.last_error,
+        }
+
+    def _start(self, target: Target) -> None:
+        target.thread = threading.Thread(target=self._run, args=(target,), name=f"skpub-target-{target.spec.name}")
+        target.thread.daemon = True
+        target.thread.start()
+
+    # --- one target's thread --------------------------------------------------------------------------------
+    def _run(self, target: Target) -> None:
+        spec, status = target.spec, target.status
+        secret = Path(spec.secret_file).read_text().splitlines()[0].encode() if spec.secret_file else None
+        with httpx.Client(timeout=spec.timeout) as http:
+            while not target.stop.is_set():
+                if status.cursor >= self._committed():
+                    target.stop.wait(POLL_SECONDS)
+                    continue
+                try:
+                    lines = self._read(status.cursor, spec.batch)
+                except self._gone:
+                    earliest = self._earliest()
+                    status.behind_retention += earliest - status.cursor
+                    status.cursor = earliest
+                    target.save()
+                    self._on_change(spec.name, status, "behind_retention")
+                    continue
+                chosen = [line for line in lines if spec.selects(orjson.loads(line)["sub"])]
+                sent = not chosen or self._send(target, http, chosen, secret)
+                if not sent or target.stop.is_set():
+                    return  # stopped: the cursor stays; the next start sends these lines again
+                status.cursor += len(lines)
+                status.delivered += len(chosen)
+                target.save()
+                self._on_change(spec.name, status, None)
+
+    def _send(self, target: Target, http: httpx.Client, lines: list[bytes], secret: bytes | None) -> bool:
+        """POST ``lines`` until the target takes them (2xx); return False if stopped first."""
+        spec, status = target.spec, target.status
+        body = b'{"deliveries":[' + b",".join(lines) + b"]}"
+        headers = {"Content-Type": "application/json", "X-Skpub-Target": spec.name}
+        if secret is not None:
+            headers["X-Skpub-Signature"] = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+        for attempt in stamina.retry_context(
+            on=_Failed, attempts=None, timeout=None, wait_initial=0.2, wait_max=MAX_WAIT_SECONDS
+        ):
+            with attempt:
+                if target.stop.is_set():
+                    return False
+                try:
+                    response = http.post(spec.url, content=body, headers=headers)
+                    if not response.is_success:
+                        raise _Failed(f"{response.status_code} {response.reason_phrase}")
+                except (httpx.HTTPError, _Failed) as exc:
+                    self._failed(target, str(exc) or type(exc).__name__)
+                    raise _Failed(str(exc)) from None
+        if status.state != "running" or status.failing_since is not None:
+            status.state, status.failing_since = "running", None
+            self._on_change(spec.name, status, "resumed")
+        return True
+
+    def _failed(self, target: Target, error: str) -> None:
+        status = target.status
+        status.failed += 1
+        status.last_error = error
+        now = time.monotonic()
+        if status.failing_since is None:
+            status.failing_since = now
+        event = None
+        if status.state == "running" and now - status.failing_since >= PAUSE_SECONDS:
+            status.state, event = "paused", "paused"
+        self._on_change(target.spec.name, status, event)
+
+
+class _Failed(Exception):  # noqa: N818 - retried by stamina, never raised to a caller
+    """A send the target did not take."""
