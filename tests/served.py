@@ -1,10 +1,15 @@
 """A ``skpub serve`` subprocess on loopback, driven over real HTTP (daemon and dashboard tests)."""
 
+import hashlib
+import hmac
+import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -99,3 +104,48 @@ def start_prometheus(config, tsdb, port: int) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+class WebhookReceiver:
+    """A webhook receiver on loopback (a real HTTP server): keeps every body it takes; 500 while ``failing`` is set.
+
+    Bodies signed with ``X-Skpub-Signature`` are checked against ``secret`` (``bad_signatures`` counts misses).
+    """
+
+    def __init__(self, secret: bytes = b"") -> None:
+        self.bodies: list[dict] = []
+        self.failing = threading.Event()
+        self.refused = 0
+        self.bad_signatures = 0
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if receiver.failing.is_set():
+                    receiver.refused += 1
+                    self.send_response(500)
+                    self.end_headers()
+                    return
+                signature = self.headers.get("X-Skpub-Signature")
+                if signature is not None:
+                    expected = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+                    receiver.bad_signatures += signature != expected
+                receiver.bodies.append({"target": self.headers["X-Skpub-Target"], **json.loads(body)})
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/in"
+
+    def lines(self, target: str) -> list[dict]:
+        return [line for body in self.bodies if body["target"] == target for line in body["deliveries"]]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

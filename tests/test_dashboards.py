@@ -18,7 +18,7 @@ import pytest
 
 from skpub.app.daemon import Daemon
 from skpub.kernel.config import BalancerConfig
-from tests.served import Served, free_port, start_prometheus
+from tests.served import Served, WebhookReceiver, free_port, start_prometheus
 from tests.workloads import deployment, random_workload
 
 DASHBOARDS = Path(__file__).resolve().parent.parent / "dashboards"
@@ -29,9 +29,14 @@ NOT_METRICS = {"sum", "rate", "increase", "histogram_quantile", "max", "by", "le
 
 def panel_queries() -> list[str]:
     dashboard = json.loads(DASHBOARD.read_text())
-    assert [v["name"] for v in dashboard["templating"]["list"]] == ["instance"]
+    variables = dashboard["templating"]["list"]
+    assert [v["name"] for v in variables] == ["datasource", "instance"]  # imported without edits: any Prometheus
+    assert variables[0]["type"] == "datasource" and variables[0]["query"] == "prometheus"
+    sources = [p["datasource"] for p in dashboard["panels"]] + [t["datasource"] for p in dashboard["panels"]
+                                                                 for t in p["targets"]]  # fmt: skip
+    assert {s["uid"] for s in sources} == {"${datasource}"} and variables[1]["datasource"]["uid"] == "${datasource}"
     queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    assert len(dashboard["panels"]) >= 12 and all(queries)
+    assert len(dashboard["panels"]) >= 18 and all(queries)
     return queries
 
 
@@ -94,6 +99,8 @@ def test_a_real_prometheus_scrapes_a_daemon_under_load_and_every_panel_has_data(
     token = tmp_path / "token"
     token.write_text("t0ken\n")
     served = Served(tmp_path / "data", tmp_path / "dep.json", token="t0ken")
+    receiver = WebhookReceiver()
+    assert served.http.put("/v1/targets/hook", json={"kind": "webhook", "url": receiver.url}).status_code == 201
     prom_port = free_port()
     config = scrape_config(tmp_path, f"127.0.0.1:{served.port}", token, interval="1s")
     prometheus = start_prometheus(config, tmp_path / "tsdb", prom_port)
@@ -118,6 +125,7 @@ def test_a_real_prometheus_scrapes_a_daemon_under_load_and_every_panel_has_data(
         assert not pending, f"panels without data: {sorted(pending)}"
         assert query(prom_port, 'ALERTS{alertname="SkpubInternalError"}') == []
     finally:
+        receiver.close()
         prometheus.terminate()
         prometheus.wait(30)
         served.proc.terminate()

@@ -6,13 +6,9 @@ The webhook receiver is a real HTTP server on loopback (``http.server``), which 
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
-import threading
 import time
 from collections import defaultdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from fastapi.testclient import TestClient
@@ -20,56 +16,15 @@ from fastapi.testclient import TestClient
 from skpub.app import targets as targets_module
 from skpub.app.api import create_app
 from skpub.app.daemon import Daemon, Limits
+from tests.served import WebhookReceiver
 from tests.workloads import deployment, random_workload, ranked_workload
 
 SECRET = b"hush"
 
 
-class Receiver:
-    """A webhook receiver: keeps every body it takes; answers 500 while ``failing`` is set."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict] = []
-        self.failing = threading.Event()
-        self.refused = 0
-        self.bad_signatures = 0
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's name
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                if receiver.failing.is_set():
-                    receiver.refused += 1
-                    self.send_response(500)
-                    self.end_headers()
-                    return
-                signature = self.headers.get("X-Skpub-Signature")
-                if signature is not None:
-                    expected = "sha256=" + hmac.new(SECRET, body, hashlib.sha256).hexdigest()
-                    receiver.bad_signatures += signature != expected
-                receiver.bodies.append({"target": self.headers["X-Skpub-Target"], **json.loads(body)})
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/in"
-
-    def lines(self, target: str) -> list[dict]:
-        return [line for body in self.bodies if body["target"] == target for line in body["deliveries"]]
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def receiver():
-    r = Receiver()
+    r = WebhookReceiver(SECRET)
     yield r
     r.close()
 
@@ -142,7 +97,7 @@ def test_every_delivery_reaches_each_target_by_its_selector_signed(tmp_path, rec
 def test_a_failing_target_pauses_alone_and_after_a_restart_resumes_from_its_cursor(tmp_path, receiver, monkeypatch):
     monkeypatch.setattr(targets_module, "PAUSE_SECONDS", 0.3)
     monkeypatch.setattr(targets_module, "MAX_WAIT_SECONDS", 0.2)
-    healthy = Receiver()
+    healthy = WebhookReceiver(SECRET)
     daemon, client = open_daemon(tmp_path / "data")
     try:
         client.put("/v1/targets/flaky", json={"kind": "webhook", "url": receiver.url, "batch": 20})

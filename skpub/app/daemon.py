@@ -57,7 +57,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -178,6 +178,11 @@ class DaemonMetrics:
         self.ingested = Counter("skpub_ingest_records", "Records acknowledged (durable in the ingest log)", registry=r)
         backlog = Gauge("skpub_ingest_backlog", "Records acknowledged and not yet processed", registry=r)
         backlog.set_function(lambda: daemon.backlog)
+        live = Gauge("skpub_live_subscriptions", "Live subscriptions as of the last commit", registry=r)
+        live.set_function(lambda: len(daemon.live_ids))
+        used = Gauge("skpub_log_bytes", "Bytes on disk of each of the daemon's logs", ["log"], registry=r)
+        for name, log in daemon.all_logs().items():
+            used.labels(log=name).set_function(lambda log=log: log.nbytes)
         trigger = Gauge("skpub_batch_trigger_seconds", "Seconds the data plane waits before a short batch", registry=r)
         trigger.set(daemon.limits.trigger)
         self.batch_seconds = Histogram(
@@ -459,6 +464,15 @@ class Daemon:
         if after < self.earliest(name):  # retention ran while reading
             raise Gone(name, self.earliest(name))
         return entries
+
+    @property
+    def live_ids(self) -> Sized:
+        """The ids of the live subscriptions as of the last commit."""
+        return self._state.definitions
+
+    def all_logs(self) -> dict[str, SegmentedLog]:
+        """Every log of the data directory by name: the ingest log, the batch journal, the commit log, the outputs."""
+        return {"ingest": self.ingest, "batches": self.batches, "commits": self.commits, **self.logs}
 
     def definition(self, sid: str) -> bytes | None:
         """Return live subscription ``sid``'s accepted subscribe record, or None."""
