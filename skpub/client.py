@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -66,10 +67,17 @@ class _Busy(Exception):  # noqa: N818 - retried, never raised to the caller whil
 
 
 def _backoff(exc: Exception) -> bool | float:
-    """Stamina's hook: retry transport errors and busy answers; a ``Retry-After`` gives the wait."""
+    """Return whether (or after how many seconds) to retry: transport errors and busy answers (Retry-After)."""
     if isinstance(exc, _Busy):
         return exc.wait if exc.wait is not None else True
     return isinstance(exc, httpx.TransportError)
+
+
+def _unsent(exc: Exception) -> bool | float:
+    """Return whether to retry a request that must not be sent twice: only what never reached the daemon."""
+    if isinstance(exc, _Busy):  # 429 and 503 append nothing
+        return exc.wait if exc.wait is not None else True
+    return isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
 
 
 class Client:
@@ -114,18 +122,23 @@ class Client:
         self.close()
 
     # --- requests -----------------------------------------------------------------------------------------
-    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def _request(self, method: str, path: str, resend: bool = True, **kwargs: Any) -> httpx.Response:
         """Send a request, retrying transient failures; return a 2xx response.
+
+        With ``resend=False`` (a request that appends: sent twice, it would
+        append twice) only failures that never reached the daemon are
+        retried (no connection, 429, 503); a reply lost after sending raises.
 
         Raises
         ------
         Refused
             For any other answer (after retries, a 429 or 503 too).
         httpx.TransportError
-            If the daemon stays unreachable for ``retry_seconds``.
+            If the daemon stays unreachable for ``retry_seconds``, or (``resend=False``) the reply was lost.
         """
+        hook = _backoff if resend else _unsent
         try:
-            for attempt in stamina.retry_context(on=_backoff, attempts=None, timeout=self.retry_seconds):
+            for attempt in stamina.retry_context(on=hook, attempts=None, timeout=self.retry_seconds):
                 with attempt:
                     response = self.http.request(method, path, **kwargs)
                     if response.status_code in (429, 503):
@@ -147,16 +160,20 @@ class Client:
 
         Returns ``{"accepted": n, "first": position, "last": position}``
         over all the bodies sent (positions are ingest positions; null when
-        none). Each body is durable when its request returns.
+        none). Each body is durable when its request returns. A body is sent
+        again only when it never reached the daemon, so no line is appended
+        twice by a retry.
 
         Raises
         ------
         Refused
             If a body is refused (413: one line longer than the daemon's limit).
+        httpx.TransportError
+            If the reply to a body was lost: its lines may or may not be appended (the bodies before were).
         """
         total, first, last = 0, None, None
         for body in _bodies(lines, body_bytes):
-            reply = self._request("POST", "/v1/records", content=body).json()
+            reply = self._request("POST", "/v1/records", resend=False, content=body).json()
             total += reply["accepted"]
             first = reply["first"] if first is None else first
             last = reply["last"] if reply["last"] is not None else last
@@ -183,8 +200,10 @@ class Client:
         ------
         Refused
             404 ``unknown_id`` when it is not live.
+        httpx.TransportError
+            If the reply was lost (not resent: a second unsubscribe would be refused).
         """
-        return self._request("DELETE", f"/v1/subscriptions/{_quoted(sid)}").json()
+        return self._request("DELETE", f"/v1/subscriptions/{_quoted(sid)}", resend=False).json()
 
     def get(self, sid: str) -> dict | None:
         """Return ``{"subscription": record, "result": [...]}`` of live subscription ``sid``, or None."""
@@ -211,8 +230,12 @@ class Client:
                 return
 
     def snapshot(self, sid: str | None = None) -> dict:
-        """Take a snapshot when the stream reaches it; return ``{"id", "position"}`` (an id is made if none)."""
-        return self._request("POST", "/v1/snapshots", json={"id": sid} if sid is not None else {}).json()
+        """Take a snapshot when the stream reaches it; return ``{"id", "position"}`` (an id is made if none).
+
+        Not resent once it reached the daemon (a second one would be a ``duplicate_id`` dead letter).
+        """
+        body = {"id": sid if sid is not None else uuid.uuid4().hex}
+        return self._request("POST", "/v1/snapshots", resend=False, json=body).json()
 
     def snapshot_lines(self, sid: str) -> list[dict] | None:
         """Return snapshot ``sid``'s lines, or None while it is not taken."""
@@ -265,26 +288,35 @@ class Client:
         """
         if log not in LOGS:
             raise ValueError(f"log is one of {LOGS}, not {log!r}")
-        position = after if after is not None else _read_cursor(cursor)
+        position = after if after is not None else read_cursor(cursor)
         params: dict[str, Any] = {} if subscription is None else {"subscription": subscription}
         while True:
+            if sse:
+                lines, following = self._events(log, position, params), None
+            else:
+                lines, following = self._poll(log, position, params, wait)
             got = 0
-            for line in (self._events if sse else self._poll)(log, position, params, wait):
+            for line in lines:
                 yield line
                 got += 1
                 position = line["offset"]
                 if cursor is not None:
-                    _write_cursor(cursor, position)
-            if idle_stop and got == 0:
+                    save_cursor(cursor, position)
+            if following is not None and following > position:  # a filtered read scanned past others' lines
+                position = following
+                if cursor is not None:
+                    save_cursor(cursor, position)
+            elif idle_stop and got == 0:
                 return
 
-    def _poll(self, log: str, after: int, params: dict, wait: float) -> Iterator[dict]:
-        """One long poll: the lines after ``after`` (none if the wait ends first)."""
+    def _poll(self, log: str, after: int, params: dict, wait: float) -> tuple[list[dict], int]:
+        """One long poll: the lines after ``after`` (none if the wait ends first), and the offset read up to."""
         query = {**params, "after": after, "wait": wait}
-        reply = self._request("GET", f"/v1/{log}", params=query, timeout=self.http.timeout.read + wait)
-        yield from reply.json()[log]
+        read = self.http.timeout.read
+        reply = self._request("GET", f"/v1/{log}", params=query, timeout=None if read is None else read + wait).json()
+        return reply[log], reply["next"]
 
-    def _events(self, log: str, after: int, params: dict, _wait: float) -> Iterator[dict]:
+    def _events(self, log: str, after: int, params: dict) -> Iterator[dict]:
         """Yield the Server-Sent Events of ``log`` from ``after`` until the stream ends or the connection drops."""
         try:
             with connect_sse(self.http, "GET", f"/v1/{log}/stream", params={**params, "after": after}) as source:
@@ -318,20 +350,32 @@ def _quoted(sid: str) -> str:
     return quote(sid, safe="")
 
 
-def _read_cursor(cursor: str | Path | None) -> int:
+def read_cursor(cursor: str | Path | None) -> int:
+    """Return the offset a cursor file holds (0 when there is no file).
+
+    Raises
+    ------
+    ValueError
+        If the file holds something else.
+    """
     if cursor is None:
         return 0
     try:
-        return int(Path(cursor).read_text().strip() or 0)
+        text = Path(cursor).read_text("ascii", errors="replace").strip()
     except FileNotFoundError:
         return 0
+    if not text.isdigit() or len(text) > 20:
+        raise ValueError(f"cursor file {cursor} does not hold an offset (a number): {text[:40]!r}")
+    return int(text)
 
 
-def _write_cursor(cursor: str | Path, offset: int) -> None:
-    """Replace the cursor file's content with ``offset`` atomically (a crash leaves the old or the new)."""
+def save_cursor(cursor: str | Path, offset: int) -> None:
+    """Replace the cursor file's content with ``offset`` atomically (a crash leaves the old or the new).
+
+    Not fsync'd: after a crash of the machine the cursor may be older, and
+    lines after it come again (at least once), never skipped.
+    """
     path = Path(cursor)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as tmp:
         tmp.write(f"{offset}\n")
-        tmp.flush()
-        os.fsync(tmp.fileno())
     os.replace(tmp.name, path)

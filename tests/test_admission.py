@@ -72,9 +72,20 @@ def test_an_invalid_definition_is_refused_with_its_semantics_reason_and_appends_
         reply = idle.put("/v1/subscriptions/s1", json=fields, headers=AUTH)
         assert (reply.status_code, reply.json()["reason"]) == (status, reason), fields
         assert reply.json()["detail"]
-    for body in (b"{", b"[1]", b"\xff"):
+    for body in (
+        b"{",
+        b"[1]",
+        b"\xff",
+        b'{"kind": "range", "rect": [0, 0, 1, 1], "keywords": ["a"], "keywords": ["b"]}',
+    ):
         reply = idle.put("/v1/subscriptions/s1", content=body, headers=AUTH)
-        assert (reply.status_code, reply.json()["reason"]) == (400, "malformed_json")
+        assert (reply.status_code, reply.json()["reason"]) == (400, "malformed_json"), body
+    for body in (b'{"kind": "knn", "point": [1e400, 1], "k": 1, "keywords": ["a"]}', b'{"kind": "knn", "k": NaN}'):
+        reply = idle.put("/v1/subscriptions/s1", content=body, headers=AUTH)
+        assert (reply.status_code, reply.json()["reason"]) == (422, "non_finite"), body
+    huge = b'{"kind": "topk", "point": [1, 1], "alpha": 0.5, "keywords": ["a"], "k": 123456789012345678901234567890}'
+    reply = idle.put("/v1/subscriptions/s1", content=huge, headers=AUTH)
+    assert reply.status_code in (202, 422), reply.text  # whatever the rules say, never a server error
     assert idle.daemon.ingest.count == 0
 
 
@@ -230,3 +241,16 @@ def test_the_daemon_logs_a_json_line_per_batch_and_per_refused_request(tmp_path)
     batches = [e for e in lines if e["event"] == "batch"]
     assert batches and batches[-1]["processed"] == 1 and sum(e["records"] for e in batches) == 1
     assert all(e["ts"].endswith("+00:00") and e["level"] in ("info", "warning") for e in lines)
+
+
+def test_the_pending_overlay_keeps_only_what_is_not_processed_yet(tmp_path):
+    daemon = open_daemon(tmp_path / "data")
+    client = TestClient(create_app(daemon, None))
+    for i in range(300):
+        assert client.put(f"/v1/subscriptions/q{i}", json=RANGE).status_code == 202
+    assert len(daemon.admission) == 300
+    daemon.start()
+    settle(daemon)
+    assert len(daemon.admission) == 0  # processed: the committed state answers for them
+    assert client.put("/v1/subscriptions/q7", json={**RANGE, "rect": [0, 0, 1, 1]}).status_code == 409
+    daemon.stop()

@@ -104,10 +104,8 @@ def test_a_follower_resumes_across_kill_9_of_the_daemon_and_sees_every_offset_on
         total = {"n": None}
 
         def consume() -> None:
-            for line in client.follow(cursor=cursor, wait=0.5):
-                got.append(line)
-                if total["n"] is not None and len(got) >= total["n"]:
-                    return
+            while total["n"] is None or len(got) < total["n"]:  # idle: look again (more may come, or the total)
+                got.extend(client.follow(cursor=cursor, wait=0.5, idle_stop=True))
 
         follower = threading.Thread(target=consume, daemon=True)
         follower.start()
@@ -125,8 +123,8 @@ def test_a_follower_resumes_across_kill_9_of_the_daemon_and_sees_every_offset_on
             again.proc.kill()
             again.proc.wait(60)
     assert [d["offset"] for d in got] == list(range(1, total["n"] + 1))
-    # a line counts as handled when the next one is asked for: the last one is not, and would come again
-    assert int(cursor.read_text()) == total["n"] - 1
+    # a line counts as handled when the next one is asked for: an idle follow saved the last one too
+    assert int(cursor.read_text()) == total["n"]
 
 
 @pytest.mark.integration
@@ -150,6 +148,10 @@ def test_the_cli_verbs_talk_to_a_running_daemon(served, tmp_path):
     expected = served.read("deliveries")
     followed = skpub("follow", "--count", str(len(expected)))
     assert [json.loads(line) for line in followed.stdout.splitlines()] == expected
+    cursor = str(tmp_path / "cursor")
+    first = skpub("follow", "--count", "2", "--cursor", cursor)
+    then = skpub("follow", "--count", "1", "--cursor", cursor)  # goes on after the last line printed
+    assert [json.loads(line) for line in (first.stdout + then.stdout).splitlines()] == expected[:3]
     listed = [json.loads(line)["id"] for line in skpub("subscriptions").stdout.splitlines()]
     assert "mine" in listed and listed == sorted(listed)
     assert skpub("unsubscribe", "mine").returncode == 0
@@ -157,3 +159,40 @@ def test_the_cli_verbs_talk_to_a_running_daemon(served, tmp_path):
     assert gone.returncode == 1 and b"unknown_id" in gone.stderr
     wrong = skpub("subscriptions", "--url", f"http://127.0.0.1:{free_port()}", "--retry-seconds", "1")
     assert wrong.returncode == 2 and b"no answer from the daemon" in wrong.stderr
+
+
+def test_a_filtered_follow_goes_past_windows_without_its_lines_and_a_cursor_keeps_its_place(tmp_path):
+    """A subscription's lines far apart: each poll scans a bounded window and returns ``next``; the client goes
+    on from there (it used to ask for the same window forever)."""
+    log = [{"offset": i, "sub": "mine" if i in (3, 40_000) else "other", "event": "match"} for i in range(1, 40_001)]
+    asked = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        after = int(request.url.params["after"])
+        asked.append(after)
+        window = log[after : after + 16_000]
+        lines = [d for d in window if d["sub"] == request.url.params.get("subscription", d["sub"])]
+        return httpx.Response(200, json={"deliveries": lines, "next": after + len(window)})
+
+    cursor = tmp_path / "cursor"
+    with Client("http://skpub", transport=httpx.MockTransport(answer)) as client:
+        got = list(client.follow(subscription="mine", cursor=cursor, idle_stop=True))
+    assert [d["offset"] for d in got] == [3, 40_000] and asked == [0, 16_000, 32_000, 40_000]
+    assert int(cursor.read_text()) == 40_000
+    cursor.write_text("garbage")
+    with pytest.raises(ValueError, match="does not hold an offset"), Client("http://skpub") as client:
+        next(client.follow(cursor=cursor))
+
+
+def test_a_request_that_appends_is_not_sent_again_once_it_reached_the_daemon():
+    sent = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.method)
+        raise httpx.ReadTimeout("the reply was lost", request=request)
+
+    with Client("http://skpub", retry_seconds=5, transport=httpx.MockTransport(answer)) as client:
+        for call in (lambda: client.publish(["{}"]), lambda: client.unsubscribe("a"), lambda: client.snapshot()):
+            with pytest.raises(httpx.ReadTimeout):
+                call()
+    assert sent == ["POST", "DELETE", "POST"]  # once each

@@ -29,6 +29,7 @@ under its ingest lock, so a check and the append it allows are one step.
 from __future__ import annotations
 
 import dataclasses
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -71,7 +72,8 @@ class Admission:
         ``processed() -> int``: ingest lines the data plane has committed.
 
     Memory: one entry per id touched by an acknowledged line not yet
-    processed (bounded by the daemon's ``max_backlog``).
+    processed (bounded by the daemon's ``max_backlog``): every call first
+    drops the entries of processed lines, oldest first.
     """
 
     def __init__(
@@ -84,14 +86,14 @@ class Admission:
         self.space, self.max_record_bytes = space, max_record_bytes
         self._committed, self._processed = committed, processed
         self._pending: dict[str, tuple[int, Standing]] = {}  # id -> (ingest index of its line, standing after it)
+        self._order: deque[tuple[int, str]] = deque()  # (ingest index, id) of the entries, in ingest order
 
     def standing(self, sid: str) -> Standing:
-        """Return what ``sid`` will be once every acknowledged line is processed. O(1) plus one parse when live."""
+        """Return what ``sid`` will be once every acknowledged line is processed (O(1) amortized; a parse if live)."""
+        self._prune()
         pending = self._pending.get(sid)
         if pending is not None:
-            if pending[0] >= self._processed():
-                return pending[1]
-            del self._pending[sid]  # processed: the committed state holds it now
+            return pending[1]
         state, line = self._committed(sid)
         if state != LIVE or line is None:
             return Standing(state)
@@ -141,9 +143,27 @@ class Admission:
                 continue
             record = parse_line(line, 0, self.space, self.max_record_bytes)
             if isinstance(record, Subscription) and self.standing(record.id).state == UNKNOWN:
-                self._pending[record.id] = (first + i, Standing(LIVE, record))
+                self._note(first + i, record.id, Standing(LIVE, record))
             elif isinstance(record, Unsubscribe) and self.standing(record.id).state == LIVE:
-                self._pending[record.id] = (first + i, Standing(RETIRED))
+                self._note(first + i, record.id, Standing(RETIRED))
+
+    def __len__(self) -> int:
+        """Entries of the pending overlay (ids touched by acknowledged lines not yet processed)."""
+        self._prune()
+        return len(self._pending)
+
+    def _note(self, index: int, sid: str, standing: Standing) -> None:
+        self._pending[sid] = (index, standing)
+        self._order.append((index, sid))
+
+    def _prune(self) -> None:
+        """Drop the entries whose lines the data plane has processed: the committed state holds them now."""
+        processed = self._processed()
+        while self._order and self._order[0][0] < processed:
+            index, sid = self._order.popleft()
+            entry = self._pending.get(sid)
+            if entry is not None and entry[0] == index:  # a later line of the same id keeps its own entry
+                del self._pending[sid]
 
 
 def _same(a: Record, b: Record) -> bool:

@@ -20,6 +20,7 @@ strings that only ever go inside a JSON record.
 
 import asyncio
 import hmac
+import json
 import time
 import uuid
 from collections.abc import Callable
@@ -55,6 +56,7 @@ from skpub.app.schemas import (
     problems,
 )
 from skpub.app.targets import TargetError, TargetSpec
+from skpub.kernel.decode import LineRejected, decode_line
 from skpub.kernel.inputs import BOM
 
 POLL_SECONDS = 0.02
@@ -234,17 +236,18 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         raw = await request.body()
         if len(raw) > limits.max_body_bytes:
             raise HTTPException(413, f"the body is over {limits.max_body_bytes} bytes")
-        try:
-            fields = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise Refusal(400, "malformed_json", f"the body is not JSON: {exc}") from None
+        try:  # the rules of a line (SEMANTICS 1): repeated keys, nesting, surrogates, non-finite numbers
+            fields = decode_line(raw, daemon.deployment.max_record_bytes)
+        except LineRejected as exc:
+            raise Refusal(400 if exc.reason == "malformed_json" else 422, exc.reason, exc.message) from None
         if not isinstance(fields, dict):
             raise Refusal(400, "malformed_json", "the body is a JSON object of the subscribe record's fields")
         if fields.pop("type", "subscribe") != "subscribe":
             raise Refusal(422, "wrong_field", 'the body\'s "type", if given, is "subscribe"')
         if fields.pop("id", sid) != sid:
             raise Refusal(422, "wrong_field", 'the body\'s "id", if given, is the id in the path')
-        line = orjson.dumps({"type": "subscribe", "id": sid, **fields})
+        # json, not orjson: a decoded line may hold integers beyond 64 bits (floats are written as they were read)
+        line = json.dumps({"type": "subscribe", "id": sid, **fields}, ensure_ascii=False).encode()
         return accept(1, lambda: daemon.post_subscribe(sid, line))
 
     @app.get(
@@ -300,7 +303,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
 
     def check_id(sid: str) -> None:
         if not sid or len(sid) > limits.max_id:
-            raise HTTPException(400, f"an id has 1 to {limits.max_id} characters")
+            raise Refusal(400, "wrong_field", f"an id has 1 to {limits.max_id} characters")
 
     async def arrived(name: str, after: int, wait: float) -> None:
         """Wait up to ``wait`` seconds for an entry past ``after`` (polled: a long poll holds no thread)."""

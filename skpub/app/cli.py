@@ -214,18 +214,21 @@ def _run(args: argparse.Namespace) -> int:
     observer = RunObserver(summary, metrics, stream=None if args.quiet else sys.stderr, total_bytes=total)
     if summary.skipped_inputs:
         observer.note(f"input: skipping {len(summary.skipped_inputs)} entries that are not *.jsonl files")
-    if args.engine == "local":
-        from skpub.app.engines.local import run_local
+    try:
+        if args.engine == "local":
+            from skpub.app.engines.local import run_local
 
-        result = run_local(input_path, output, deployment, observer, overwrite=args.overwrite)
-    else:
-        from skpub.app.engines.spark import run_spark
+            result = run_local(input_path, output, deployment, observer, overwrite=args.overwrite)
+        else:
+            from skpub.app.engines.spark import run_spark
 
-        checkpoint = Path(args.checkpoint) if args.checkpoint else None
-        result = run_spark(
-            input_path, output, deployment, observer, master=args.master, checkpoint=checkpoint,
-            overwrite=args.overwrite,
-        )  # fmt: skip
+            checkpoint = Path(args.checkpoint) if args.checkpoint else None
+            result = run_spark(
+                input_path, output, deployment, observer, master=args.master, checkpoint=checkpoint,
+                overwrite=args.overwrite,
+            )  # fmt: skip
+    finally:
+        observer.close()
     print(result.format())
     return 0
 

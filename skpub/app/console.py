@@ -46,6 +46,7 @@ def engine_log(output: Path, observer: RunObserver) -> Iterator[Path]:
         try:
             yield path
         finally:
+            observer.close()  # before the terminal copy it draws on is closed
             observer.stream = progress
 
 

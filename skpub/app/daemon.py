@@ -53,7 +53,6 @@ import fcntl
 import itertools
 import logging
 import os
-import sys
 import threading
 import time
 from collections import deque
@@ -741,7 +740,7 @@ class Daemon:
                 self._based, self._pinned = self._committed.batch, False
                 self.commits.release(self._based + 1)
             except OSError as exc:  # the batch is committed; compacted after a later one
-                print(f"[skpub] the commit log base was not written: {exc}", file=sys.stderr, flush=True)
+                LOG.warning("base_not_written", extra={"fields": {"error": str(exc)}})
         try:
             for log in self.logs.values():
                 log.retain()
@@ -751,12 +750,12 @@ class Daemon:
             if not self._pinned:
                 self.ingest.release(self.ends.start(replay))
         except OSError as exc:  # what is not removed now is removed after a later batch
-            print(f"[skpub] removing old log segments failed: {exc}", file=sys.stderr, flush=True)
+            LOG.warning("release_failed", extra={"fields": {"what": "log segments", "error": str(exc)}})
         try:
             self._balancer_log.add(self._committed.batch - 1)  # a batch's line is written after its commit (local)
             self._balancer_log.retain()
         except OSError as exc:  # what is not removed now is removed after a later batch
-            print(f"[skpub] removing old balancer log parts failed: {exc}", file=sys.stderr, flush=True)
+            LOG.warning("release_failed", extra={"fields": {"what": "balancer log parts", "error": str(exc)}})
 
     def _definitions_of(self, accepted: list[tuple[int, str, str]], start: int, end: int) -> dict[str, str]:
         """Return the lines of a batch's accepted subscribe records by id (read back from the ingest log)."""

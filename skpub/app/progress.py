@@ -60,6 +60,8 @@ class ProgressDisplay:
                 TextColumn("{task.fields[figures]}"),
                 console=Console(file=stream),
                 transient=False,
+                redirect_stdout=False,  # the engine's own output (Spark's, in a file) stays where it goes
+                redirect_stderr=False,
             )
             self._live.start()
             self._task = self._live.add_task("starting", total=total, figures="")

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 
 from skpub.app.serve import load_token
-from skpub.client import LOGS, Client, Refused
+from skpub.client import LOGS, Client, Refused, save_cursor
 from skpub.kernel.errors import ConfigError
 
 VERBS = ("publish", "subscribe", "unsubscribe", "subscriptions", "follow")
@@ -30,12 +30,15 @@ VERBS = ("publish", "subscribe", "unsubscribe", "subscriptions", "follow")
 def add_verbs(sub: argparse._SubParsersAction) -> None:
     """Add the daemon verbs to the ``skpub`` command's subparsers."""
 
-    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
+    def verb(name: str, help_text: str, retry: float = 10.0) -> argparse.ArgumentParser:
         parser = sub.add_parser(name, help=help_text)
         parser.add_argument("--url", help="the daemon's URL (default $SKPUB_URL or http://127.0.0.1:8750)")
         parser.add_argument("--token-file", help="file holding the bearer token (default $SKPUB_TOKEN)")
         parser.add_argument(
-            "--retry-seconds", type=float, default=10.0, help="retry an unreachable daemon this long (default 10)"
+            "--retry-seconds",
+            type=float,
+            default=retry,
+            help=f"retry an unreachable daemon this long (default {retry:g})",
         )
         return parser
 
@@ -50,7 +53,7 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
     unsubscribe.add_argument("id", help="subscription id")
     listing = verb("subscriptions", "list a running daemon's live subscriptions in id order")
     listing.add_argument("--kind", choices=("range", "topk", "knn"), help="only this kind")
-    follow = verb("follow", "print a running daemon's deliveries (or other log) as they come, resuming by itself")
+    follow = verb("follow", "print a running daemon's deliveries (or other log) as they come, resuming by itself", 3600)
     follow.add_argument("--after", type=int, help="start after this offset (default: the cursor's, else 0)")
     follow.add_argument("--log", choices=LOGS, default="deliveries", help="which log (default deliveries)")
     follow.add_argument("--subscription", help="only this subscription's lines")
@@ -78,6 +81,9 @@ def run_verb(args: argparse.Namespace) -> int:
         except httpx.TransportError as exc:
             print(f"skpub: error: no answer from the daemon at {client.http.base_url}: {exc}", file=sys.stderr)
             return 2
+        except ValueError as exc:  # a cursor file that holds no offset
+            print(f"skpub: error: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 
@@ -85,7 +91,7 @@ def _answers(client: Client, args: argparse.Namespace) -> Iterator[dict]:
     if args.command == "publish":
         source = sys.stdin.buffer if args.file == "-" else Path(args.file).open("rb")  # noqa: SIM115 - closed below
         try:
-            yield client.publish(line.rstrip(b"\r\n") for line in source)
+            yield client.publish(_record(line) for line in source)
         finally:
             if source is not sys.stdin.buffer:
                 source.close()
@@ -97,7 +103,16 @@ def _answers(client: Client, args: argparse.Namespace) -> Iterator[dict]:
         yield from client.subscriptions(kind=args.kind)
     else:
         lines = client.follow(args.after, args.log, args.subscription, args.cursor, args.sse, idle_stop=args.idle_stop)
-        yield from islice(lines, args.count) if args.count is not None else lines
+        for line in islice(lines, args.count) if args.count is not None else lines:
+            yield line
+            if args.cursor is not None:  # printed: handled (follow saves it only when the next one is asked for)
+                save_cursor(args.cursor, line["offset"])
+
+
+def _record(line: bytes) -> bytes:
+    r"""Return a line read from a file without its terminator: ``\n``, and one ``\r`` before it (SEMANTICS 1)."""
+    line = line[:-1] if line.endswith(b"\n") else line
+    return line[:-1] if line.endswith(b"\r") else line
 
 
 def _definition(text: str) -> dict:

@@ -129,7 +129,8 @@ def _serve(daemon: Daemon, listen: str, token: str | None, host: str, port: int)
         daemon.stop()
 
     app.router.lifespan_context = lifespan
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=30)
+    # uvicorn's own lines (a port in use, say) go through the daemon's JSON log, to the terminal (json_log)
+    config = uvicorn.Config(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=30)
     # uvicorn handles SIGTERM/SIGINT while it serves, then raises the signal again under the handlers it found:
     # with these, a graceful shutdown ends the process with status 0
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -177,11 +178,16 @@ def json_log(stream: TextIO) -> Iterator[None]:
     """Write the daemon's log (:data:`skpub.app.daemon.LOG`) to ``stream`` as JSON lines for the block."""
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JsonLines())
+    server = logging.getLogger("uvicorn.error")  # uvicorn's warnings and errors, in the same form
+    levels = LOG.level, server.level
     LOG.addHandler(handler)
-    level = LOG.level
+    server.addHandler(handler)
     LOG.setLevel(logging.INFO)
+    server.setLevel(logging.WARNING)
     try:
         yield
     finally:
         LOG.removeHandler(handler)
-        LOG.setLevel(level)
+        server.removeHandler(handler)
+        LOG.setLevel(levels[0])
+        server.setLevel(levels[1])

@@ -374,10 +374,16 @@ class RunObserver:
         """Close the run (and its progress display) and return its summary."""
         self.summary.seconds = time.perf_counter() - self.started
         if self._display is not None:
-            self._display.update(self.summary.input_bytes, "done", self._figures(), force=True)
+            done = max(self.summary.input_bytes, self.total_bytes or 0)  # CRLF, a BOM, a resumed run: all read
+            self._display.update(done, "done", self._figures(), force=True)
+        self.close()
+        return self.summary
+
+    def close(self) -> None:
+        """Stop the progress display (a failed or interrupted run too: the terminal gets its cursor back)."""
+        if self._display is not None:
             self._display.close()
             self._display = None
-        return self.summary
 
     def _figures(self) -> str:
         """Return the progress figures: records, objects/s, deliveries, dead letters."""

@@ -324,7 +324,7 @@ _ARROW_SCHEMA = pa.schema(
     [("type", pa.string()), ("id", pa.string()), ("x", pa.float64()), ("y", pa.float64()),
      ("terms", pa.list_(pa.string())), ("ts", pa.float64()), ("expires_at", pa.float64())]
 )  # fmt: skip
-_ARROW_PARSE = pa_json.ParseOptions(explicit_schema=_ARROW_SCHEMA, unexpected_field_behavior="error")
+_ARROW_PARSE = pa_json.ParseOptions(explicit_schema=_ARROW_SCHEMA, unexpected_field_behavior="ignore")
 _ARROW_BLOCK_BYTES = 1 << 20
 _COLON = ord(":")
 
@@ -332,15 +332,16 @@ _COLON = ord(":")
 def _arrow_lane(lines: Sequence[bytes], indexes: list[int]) -> tuple[_Taken, list[int]]:
     """Read ``lines[i]`` for ``i`` in ``indexes`` with Arrow's JSON reader; return what was taken and the other indexes.
 
-    The reader checks JSON syntax, the field names (no other field; a
-    repeated one is an error) and the JSON types; it does not check UTF-8,
-    and it reads ``NaN`` and ``Infinity`` as numbers. So a chunk is taken
-    only if it is valid UTF-8 and reads whole, one row per line; then a row
-    is taken only if its ``type`` is ``"object"``, its ``id`` is not empty,
-    its numbers are finite, its terms are a list with no null, and its line
-    holds exactly one ``:`` per field present (no string holds a colon, so
-    none can hide a second record). Every other line goes to the msgspec
-    lane, which decides on its own.
+    The reader checks JSON syntax, repeated fields and the JSON types of the
+    fields it knows (it ignores others); it does not check UTF-8, it reads
+    ``NaN`` and ``Infinity`` as numbers, and the integer ``-0`` as -0.0
+    (JSON parsers give 0). So a chunk is taken only if it is valid UTF-8
+    and reads whole, one row per line; then a row is taken only if its
+    ``type`` is ``"object"``, its ``id`` is not empty, its numbers are finite
+    and not -0.0, its terms are a list with no null, and its line holds
+    exactly one ``:`` per field it knows (so no other field, and no string
+    holds a colon: none can hide a second record). Every other line goes to
+    the msgspec lane, which decides on its own.
     """
     if not indexes:
         return _Taken.none(), []
@@ -378,6 +379,7 @@ def _arrow_lane(lines: Sequence[bytes], indexes: list[int]) -> tuple[_Taken, lis
         & (~has_expiry | np.isfinite(expires_at))
         & pc.is_valid(terms).to_numpy(zero_copy_only=False)
         & (colons == _REQUIRED_FIELDS + has_ts + has_expiry)
+        & ~(_negative_zero(x) | _negative_zero(y) | _negative_zero(ts) | _negative_zero(expires_at))
     )
     flat = pc.list_flatten(terms)
     if flat.null_count:
@@ -396,6 +398,11 @@ def _arrow_lane(lines: Sequence[bytes], indexes: list[int]) -> tuple[_Taken, lis
         np.where(has_expiry, expires_at, np.nan)[keep],
     )
     return lane, rest
+
+
+def _negative_zero(values: np.ndarray) -> np.ndarray:
+    """Rows holding -0.0: Arrow reads the integer ``-0`` so, where JSON parsers give 0; the msgspec lane decides."""
+    return (values == 0) & np.signbit(values)
 
 
 def _normalized_terms(flat: pa.Array, counts: np.ndarray) -> pa.LargeListArray:
