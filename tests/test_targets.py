@@ -129,7 +129,10 @@ def test_a_failing_target_pauses_alone_and_after_a_restart_resumes_from_its_curs
     ("name", "body", "why"),
     [
         ("bad name", {"kind": "webhook", "url": "http://x/"}, "target name"),
-        ("t", {"kind": "mqtt", "url": "http://x/"}, "not built yet"),
+        ("t", {"kind": "mqtt", "url": "http://x/"}, "mqtt://"),
+        ("t", {"kind": "mqtt", "url": "mqtt://x", "topic": "a/+/b"}, "wildcard"),
+        ("t", {"kind": "nats", "url": "nats://x:4222", "subject": "a b.{sub}"}, "subject"),
+        ("t", {"kind": "redis", "url": "redis://x", "topic": "t"}, "unknown field"),
         ("t", {"kind": "carrier-pigeon", "url": "http://x/"}, "kind must be"),
         ("t", {"kind": "webhook", "url": "ftp://x/"}, "url"),
         ("t", {"kind": "webhook", "url": "http://x/", "subscriptions": {"suffix": "a"}}, "subscriptions"),

@@ -18,7 +18,8 @@ the kernel, and owns the output and checkpoint directories.
 - :mod:`skpub.app.api`: the daemon's HTTP API (``/v1``, FastAPI; its OpenAPI document generated from the code).
 - :mod:`skpub.app.schemas`: the API's request and response bodies as typed models (they generate the document).
 - :mod:`skpub.app.admission`: the check of a subscription request before the API acknowledges it (SEMANTICS 7).
-- :mod:`skpub.app.targets`: delivery targets: the daemon pushes deliveries to webhooks (SEMANTICS 7).
+- :mod:`skpub.app.targets`: delivery targets: the daemon pushes deliveries out (SEMANTICS 7).
+- :mod:`skpub.app.senders`: how a target sends, one class per kind: webhook, MQTT, NATS, Redis Streams.
 - :mod:`skpub.app.remote`: the CLI verbs that talk to a running daemon (over :mod:`skpub.client`).
 - :mod:`skpub.app.daemon`: the daemon's core: durable ingest, the data plane running on, the logs it serves.
 - :mod:`skpub.app.journal`: append-only, fsync'd logs of lines in segments: the daemon's ingest log, batch

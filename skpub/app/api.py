@@ -74,8 +74,11 @@ TARGET = {
     "type": "object",
     "required": ["kind", "url"],
     "properties": {
-        "kind": {"enum": ["webhook"]},
-        "url": {"type": "string", "format": "uri"},
+        "kind": {"enum": ["webhook", "mqtt", "nats", "redis"]},
+        "url": {"type": "string", "format": "uri", "description": "http(s)://, mqtt://, nats:// or redis://"},
+        "topic": {"type": "string", "description": "mqtt: topic template, {sub} the subscription id"},
+        "subject": {"type": "string", "description": "nats: subject template"},
+        "stream": {"type": "string", "description": "redis: stream name template"},
         "subscriptions": {
             "oneOf": [
                 {"const": "*"},

@@ -19,17 +19,16 @@ it from its cursor. A cursor that retention has passed is reported and
 counted (``behind_retention``), and the target goes on from the earliest
 line kept: never skipped in silence.
 
-Kinds: ``webhook`` (an HTTP POST of ``{"deliveries": [line, ...]}``, each
-line as ``GET /v1/deliveries`` gives it, with its ``offset``; with a
-``secret_file``, the header ``X-Skpub-Signature: sha256=<hex>`` is the
-HMAC-SHA256 of the body under the file's first line). MQTT, NATS and Redis
-Streams are not built yet: such a definition is refused with a sentence.
+Kinds (:mod:`skpub.app.senders`, one sender each): ``webhook`` (an HTTP
+POST of ``{"deliveries": [line, ...]}``, each line as ``GET
+/v1/deliveries`` gives it, with its ``offset``; signed with the first line
+of ``secret_file`` when given), ``mqtt`` (QoS 1 to ``topic``), ``nats``
+(JetStream on ``subject``, the offset as ``Nats-Msg-Id``) and ``redis``
+(``XADD`` to ``stream`` with the id ``<offset>-0``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import re
 import threading
@@ -40,17 +39,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import stamina
 
+from skpub.app.senders import CHANNELS, SCHEMES, SENDERS, Batch
 from skpub.kernel.storage import atomic_write_bytes
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", re.ASCII)
 """A target's name: it names its file in ``DATA/targets/``, so only these characters."""
 
-KINDS = ("webhook",)
-PLANNED = ("mqtt", "nats", "redis")
 MAX_BATCH = 10_000
 PAUSE_SECONDS = 60.0
 """Seconds of failures after which a target is reported paused."""
@@ -81,6 +78,12 @@ class TargetSpec:
     secret_file: str | None = None
     timeout: float = 10.0
     batch: int = 500
+    topic: str = ""
+    """mqtt: the topic template (``{sub}``: the subscription id)."""
+    subject: str = ""
+    """nats: the subject template."""
+    stream: str = ""
+    """redis: the stream name template."""
 
     @classmethod
     def from_json(cls, name: str, doc: Any) -> TargetSpec:
@@ -97,17 +100,25 @@ class TargetSpec:
             )
         if not isinstance(doc, dict):
             raise TargetError('a target is a JSON object: {"kind": "webhook", "url": ..., "subscriptions": "*"}')
-        unknown = set(doc) - {"kind", "url", "subscriptions", "secret_file", "timeout", "batch", "name"}
-        if unknown:
-            raise TargetError(f"unknown field(s) {sorted(unknown)}")
         kind = doc.get("kind")
-        if kind in PLANNED:
-            raise TargetError(f"kind {kind!r} is not built yet; this skpub pushes to webhooks")
-        if kind not in KINDS:
-            raise TargetError(f"kind must be one of {list(KINDS)}, got {kind!r}")
+        if kind not in SENDERS:
+            raise TargetError(f"kind must be one of {sorted(SENDERS)}, got {kind!r}")
+        field_name, default = CHANNELS.get(kind, (None, ""))
+        known = {"kind", "url", "subscriptions", "secret_file", "timeout", "batch", "name", field_name}
+        unknown = set(doc) - known
+        if unknown:
+            raise TargetError(f"unknown field(s) for a {kind} target: {sorted(unknown)}")
         url = doc.get("url")
-        if not isinstance(url, str) or not re.fullmatch(r"https?://[^\s]+", url):
-            raise TargetError("a webhook's url is an http:// or https:// URL")
+        schemes = SCHEMES[kind]
+        if not isinstance(url, str) or not re.fullmatch(rf"({'|'.join(schemes)})://[^\s/]+(/[^\s]*)?", url):
+            raise TargetError(f"a {kind} target's url is a {' or '.join(s + '://' for s in schemes)} URL")
+        where = doc.get(field_name, default) if field_name else ""
+        if field_name and (not isinstance(where, str) or not 0 < len(where) <= 256 or "\x00" in where):
+            raise TargetError(f"{field_name} is a name of 1 to 256 characters ({{sub}}: the subscription id)")
+        if kind == "nats" and not re.fullmatch(r"[^\s.*>]+(\.[^\s.*>]+)*", where.replace("{sub}", "x")):
+            raise TargetError("a nats subject is dot-separated tokens without spaces, '*' or '>'")
+        if kind == "mqtt" and ("+" in where or "#" in where):
+            raise TargetError("an mqtt topic to publish to holds no wildcard ('+', '#')")
         selector = doc.get("subscriptions", "*")
         if not _selector_ok(selector):
             raise TargetError('subscriptions is "*", a list of ids, or {"prefix": "..."}')
@@ -119,13 +130,17 @@ class TargetSpec:
             raise TargetError("timeout is a number of seconds in (0, 300]")
         if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
             raise TargetError(f"batch is an integer from 1 to {MAX_BATCH}")
-        return cls(name, kind, url, selector, secret_file, float(timeout), batch)
+        channels = {field_name: where} if field_name else {}
+        return cls(name, kind, url, selector, secret_file, float(timeout), batch, **channels)
 
     def to_json(self) -> dict:
         """Return the definition as the JSON object it was given as (with its name)."""
         doc = {"name": self.name, "kind": self.kind, "url": self.url, "subscriptions": self.subscriptions}
         if self.secret_file is not None:
             doc["secret_file"] = self.secret_file
+        if self.kind in CHANNELS:
+            field_name = CHANNELS[self.kind][0]
+            doc[field_name] = getattr(self, field_name)
         return {**doc, "timeout": self.timeout, "batch": self.batch}
 
     def selects(self, sid: str) -> bool:
@@ -307,7 +322,8 @@ class Targets:
     def _run(self, target: Target) -> None:
         spec, status = target.spec, target.status
         secret = Path(spec.secret_file).read_text().splitlines()[0].encode() if spec.secret_file else None
-        with httpx.Client(timeout=spec.timeout) as http:
+        sender: list = [None]  # opened lazily, dropped after a failure and opened again
+        try:
             while not target.stop.is_set():
                 if status.cursor >= self._committed():
                     target.stop.wait(POLL_SECONDS)
@@ -321,22 +337,24 @@ class Targets:
                     target.save()
                     self._on_change(spec.name, status, "behind_retention")
                     continue
-                chosen = [line for line in lines if spec.selects(orjson.loads(line)["sub"])]
-                sent = not chosen or self._send(target, http, chosen, secret)
+                batch = []
+                for line in lines:
+                    doc = orjson.loads(line)
+                    if spec.selects(doc["sub"]):
+                        batch.append((doc["offset"], doc["sub"], line))
+                sent = not batch or self._send(target, sender, batch, secret)
                 if not sent or target.stop.is_set():
                     return  # stopped: the cursor stays; the next start sends these lines again
                 status.cursor += len(lines)
-                status.delivered += len(chosen)
+                status.delivered += len(batch)
                 target.save()
                 self._on_change(spec.name, status, None)
+        finally:
+            _close(sender)
 
-    def _send(self, target: Target, http: httpx.Client, lines: list[bytes], secret: bytes | None) -> bool:
-        """POST ``lines`` until the target takes them (2xx); return False if stopped first."""
+    def _send(self, target: Target, sender: list, batch: Batch, secret: bytes | None) -> bool:
+        """Send ``batch`` until the target takes it; return False if stopped first."""
         spec, status = target.spec, target.status
-        body = b'{"deliveries":[' + b",".join(lines) + b"]}"
-        headers = {"Content-Type": "application/json", "X-Skpub-Target": spec.name}
-        if secret is not None:
-            headers["X-Skpub-Signature"] = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
         for attempt in stamina.retry_context(
             on=_Failed, attempts=None, timeout=None, wait_initial=0.2, wait_max=MAX_WAIT_SECONDS
         ):
@@ -344,10 +362,11 @@ class Targets:
                 if target.stop.is_set():
                     return False
                 try:
-                    response = http.post(spec.url, content=body, headers=headers)
-                    if not response.is_success:
-                        raise _Failed(f"{response.status_code} {response.reason_phrase}")
-                except (httpx.HTTPError, _Failed) as exc:
+                    if sender[0] is None:
+                        sender[0] = SENDERS[spec.kind](spec, secret)
+                    sender[0].send(batch)
+                except Exception as exc:  # noqa: BLE001 - whatever a client library raises is a failed send
+                    _close(sender)
                     self._failed(target, str(exc) or type(exc).__name__)
                     raise _Failed(str(exc)) from None
         if status.state != "running" or status.failing_since is not None:
@@ -358,7 +377,7 @@ class Targets:
     def _failed(self, target: Target, error: str) -> None:
         status = target.status
         status.failed += 1
-        status.last_error = error
+        status.last_error = error[:500]
         now = time.monotonic()
         if status.failing_since is None:
             status.failing_since = now
@@ -366,6 +385,16 @@ class Targets:
         if status.state == "running" and now - status.failing_since >= PAUSE_SECONDS:
             status.state, event = "paused", "paused"
         self._on_change(target.spec.name, status, event)
+
+
+def _close(sender: list) -> None:
+    """Close the sender held in ``sender[0]`` (if any), ignoring its errors, and forget it."""
+    if sender[0] is not None:
+        try:
+            sender[0].close()
+        except Exception:  # noqa: BLE001, S110 - a broken connection is being dropped anyway
+            pass
+        sender[0] = None
 
 
 class _Failed(Exception):  # noqa: N818 - retried by stamina, never raised to a caller

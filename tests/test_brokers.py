@@ -1,0 +1,200 @@
+"""MQTT, NATS and Redis targets against real servers started here (Debian's ``mosquitto``, ``nats-server``,
+``redis-server``; each test skips, saying so, when its server is not installed: ``.ci/run`` installs them).
+
+Every delivery of a mixed stream reaches the server at least once, in offset order per subscription, across a
+restart of the server in the middle (the target fails, then resumes from its cursor) and a restart of the
+daemon; the consumer's set, de-duplicated by offset, equals the daemon's delivery log (which equals the
+oracle's: tests/test_daemon.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.served import free_port
+from tests.test_targets import check_at_least_once_in_order, open_daemon, settled, wait_until
+from tests.workloads import random_workload, ranked_workload
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+class Broker:
+    """A server process on a loopback port, restartable on the same port and data."""
+
+    def __init__(self, argv: list[str], port: int) -> None:
+        self.argv, self.port = argv, port
+        self.proc: subprocess.Popen | None = None
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(self._listening, 30)
+
+    def _listening(self) -> bool:
+        import socket
+
+        assert self.proc.poll() is None, f"{self.argv[0]} exited with {self.proc.returncode}"
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    def stop(self) -> None:
+        self.proc.terminate()  # a graceful stop: each server keeps what it persisted
+        self.proc.wait(30)
+
+
+def needs(binary: str):  # noqa: ANN201
+    return pytest.mark.skipif(shutil.which(binary) is None, reason=f"needs {binary} (apt-get install; .ci/run does)")
+
+
+def redis_broker(tmp_path: Path) -> Broker:
+    port = free_port()
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(tmp_path),
+            "--appendonly", "yes", "--appendfsync", "always", "--save", ""]  # fmt: skip
+    return Broker(argv, port)
+
+
+def nats_broker(tmp_path: Path) -> Broker:
+    port = free_port()
+    return Broker(["nats-server", "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(tmp_path / "js")], port)
+
+
+def mosquitto_broker(tmp_path: Path) -> Broker:
+    port = free_port()
+    config = tmp_path / "mosquitto.conf"
+    config.write_text(
+        f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {tmp_path}/\n"
+        "max_queued_messages 0\n"
+    )
+    return Broker(["mosquitto", "-c", str(config)], port)
+
+
+class MqttConsumer:
+    """A persistent-session QoS 1 subscriber: the broker keeps its messages while it is away."""
+
+    def __init__(self, port: int) -> None:
+        import paho.mqtt.client as mqtt
+
+        self.messages: list[dict] = []
+        self.lock = threading.Lock()
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="consumer", clean_session=False)
+        self.subscribed = threading.Event()
+        self.client.on_message = self._on_message
+        self.client.on_connect = lambda client, *_: client.subscribe("skpub/deliveries/#", qos=1)
+        self.client.on_subscribe = lambda *_: self.subscribed.set()
+        self.client.reconnect_delay_set(0.1, 1)
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+
+    def _on_message(self, _client, _userdata, message) -> None:  # noqa: ANN001
+        with self.lock:
+            self.messages.append(json.loads(message.payload))
+
+    def lines(self) -> list[dict]:
+        with self.lock:
+            return list(self.messages)
+
+    def close(self) -> None:
+        self.client.loop_stop()
+        self.client.disconnect()
+
+
+def redis_lines(port: int) -> list[dict]:
+    import redis
+
+    client = redis.Redis(port=port)
+    try:
+        return [json.loads(fields[b"line"]) for _, fields in client.xrange("skpub:deliveries")]
+    finally:
+        client.close()
+
+
+def nats_lines(port: int) -> list[dict]:
+    import nats
+
+    async def read() -> list[dict]:
+        nc = await nats.connect(f"nats://127.0.0.1:{port}")
+        js = nc.jetstream()
+        name = await js.find_stream_name_by_subject("skpub.deliveries.x")
+        info = await js.stream_info(name)
+        out = []
+        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+            out.append(json.loads((await js.get_msg(name, seq)).data))
+        await nc.close()
+        return out
+
+    return asyncio.run(read())
+
+
+def run_through_restarts(tmp_path: Path, broker: Broker, target: dict, lines_now) -> list[dict]:  # noqa: ANN001
+    """Run a mixed stream with ``target``: the server restarts in the middle, then the daemon; return the
+    daemon's committed deliveries once the target took them all (``lines_now()`` reads what the server has)."""
+    lines = random_workload(seed=61, n=500) + ranked_workload(seed=62, n=300)
+    parts = [lines[:300], lines[300:600], lines[600:]]
+    daemon, client = open_daemon(tmp_path / "data")
+    try:
+        assert client.put("/v1/targets/out", json=target).status_code == 201, client.get("/v1/targets").text
+        client.post("/v1/records", content="".join(line + "\n" for line in parts[0]).encode())
+        wait_until(lambda: settled(daemon, client, ["out"]))
+        broker.stop()
+        client.post("/v1/records", content="".join(line + "\n" for line in parts[1]).encode())
+        wait_until(lambda: daemon.ready and client.get("/v1/targets/out").json()["failed"] > 0)
+        broker.start()
+        wait_until(lambda: settled(daemon, client, ["out"]))
+        daemon.stop()
+        daemon, client = open_daemon(tmp_path / "data")
+        client.post("/v1/records", content="".join(line + "\n" for line in parts[2]).encode())
+        wait_until(lambda: settled(daemon, client, ["out"]))
+        expected = [json.loads(line) for line in daemon.read_committed("deliveries", 0, 1_000_000)]
+        assert client.get("/v1/targets/out").json()["cursor"] == len(expected)
+        wait_until(lambda: {d["offset"] for d in lines_now()} >= {d["offset"] for d in expected})
+        return expected
+    finally:
+        daemon.stop()
+        broker.stop()
+
+
+@needs("redis-server")
+def test_a_redis_stream_holds_every_delivery_once_across_restarts(tmp_path):
+    broker = redis_broker(tmp_path)
+    url = f"redis://127.0.0.1:{broker.port}/0"
+    expected = run_through_restarts(tmp_path, broker, {"kind": "redis", "url": url}, lambda: redis_lines(broker.port))
+    broker.start()
+    try:
+        got = redis_lines(broker.port)
+        assert got == expected  # ids are offsets: a resend is refused, so each line once, in order
+    finally:
+        broker.stop()
+
+
+@needs("nats-server")
+def test_a_nats_jetstream_subject_gets_every_delivery_across_restarts(tmp_path):
+    broker = nats_broker(tmp_path)
+    target = {"kind": "nats", "url": f"nats://127.0.0.1:{broker.port}", "subject": "skpub.deliveries.{sub}"}
+    got: list[dict] = []
+
+    def now() -> list[dict]:
+        got[:] = nats_lines(broker.port)
+        return got
+
+    expected = run_through_restarts(tmp_path, broker, target, now)
+    check_at_least_once_in_order(got, expected)
+
+
+@needs("mosquitto")
+def test_an_mqtt_subscriber_gets_every_delivery_across_restarts(tmp_path):
+    broker = mosquitto_broker(tmp_path)
+    consumer = MqttConsumer(broker.port)
+    try:
+        assert consumer.subscribed.wait(30)  # the SUBACK: the subscription is in place before the first publish
+        target = {"kind": "mqtt", "url": f"mqtt://127.0.0.1:{broker.port}", "batch": 50}
+        expected = run_through_restarts(tmp_path, broker, target, consumer.lines)
+        check_at_least_once_in_order(consumer.lines(), expected)
+    finally:
+        consumer.close()
