@@ -42,7 +42,7 @@ import httpx
 
 from skpub.kernel.config import deployment_from_json
 from skpub.sims.geonames import WorkloadSpec, deployment_of, write_workload
-from tests.served import free_port
+from tests.served import WebhookReceiver, free_port
 
 
 def process_kind(pid: int, root: int) -> str:
@@ -199,6 +199,12 @@ def main() -> None:
     parser.add_argument(
         "--untuned-gc", action="store_true", help="run the daemon with CPython's collector defaults (no tune_gc)"
     )
+    parser.add_argument(
+        "--target", choices=("none", "webhook"), default="none", help="push deliveries to a webhook receiver here"
+    )
+    parser.add_argument(
+        "--fail-seconds", type=float, default=0.0, help="the webhook answers 500 for this long from the first post"
+    )
     args = parser.parse_args()
     if args.untuned_gc and args.engine == "spark":
         parser.error("--untuned-gc is the local daemon's: Spark's driver and tasks tune their own collectors")
@@ -229,6 +235,16 @@ def main() -> None:
                 break
             except httpx.TransportError:
                 time.sleep(0.1)
+        acked_at: dict[str, float] = {}  # object id -> when its request was acknowledged
+        arrivals: list[float] = []  # ack-to-arrival seconds of each delivery line the webhook took
+        receiver = None
+        if args.target == "webhook":
+            receiver = WebhookReceiver(on_body=lambda body: arrivals.extend(
+                time.monotonic() - acked_at[d["obj"]] for d in body["deliveries"] if d["obj"] in acked_at))  # fmt: skip
+            if args.fail_seconds > 0:
+                receiver.failing.set()
+            reply = http.put("/v1/targets/bench", json={"kind": "webhook", "url": receiver.url, "batch": 1000})
+            assert reply.status_code == 201, reply.text
         for start in range(0, len(subscriptions), args.request_lines):
             http.post("/v1/records", content="\n".join(subscriptions[start : start + args.request_lines]) + "\n")
         while http.get("/readyz").status_code != 200:
@@ -244,6 +260,7 @@ def main() -> None:
         heap: list[tuple[float, tuple[int, int]]] = []  # (at, the JVM heap's committed and used KiB)
         stop = threading.Event()
         delivered = [0]
+        progress: list[tuple[float, int]] = []  # (at, ingest lines processed)
 
         def watch() -> None:  # the data plane's progress, and memory
             client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60)
@@ -251,6 +268,9 @@ def main() -> None:
             while not stop.is_set():
                 processed = client.get("/readyz").json()["processed"]
                 now = time.monotonic()
+                progress.append((now, processed))
+                if receiver is not None and receiver.failing.is_set() and now - begin >= args.fail_seconds:
+                    receiver.failing.clear()
                 for end, _ in acks:
                     if end <= processed and end not in done:
                         done[end] = now
@@ -273,11 +293,11 @@ def main() -> None:
                 if sample is not None:
                     heap.append((time.monotonic(), sample))
 
+        begin = time.monotonic()
         threads = [threading.Thread(target=f) for f in (watch, consume, watch_heap)]
         for t in threads:
             t.start()
         cpu_begin = process_cpu_seconds(proc.pid)
-        begin = time.monotonic()
         sent, i = 0, 0
         while time.monotonic() - begin < args.duration:
             due = begin + sent / args.rate
@@ -288,8 +308,12 @@ def main() -> None:
             i += args.request_lines
             reply = http.post("/v1/records", content="\n".join(chunk) + "\n")
             if reply.status_code == 202:
-                acks.append((reply.json()["last"] + 1, time.monotonic()))
+                acked = time.monotonic()
+                acks.append((reply.json()["last"] + 1, acked))
                 sent += args.request_lines
+                if receiver is not None:
+                    for line in chunk:
+                        acked_at[line.split('"id": "', 1)[1].split('"', 1)[0]] = acked
             else:
                 time.sleep(float(reply.headers.get("retry-after", "1")))
         posting = time.monotonic() - begin
@@ -315,6 +339,8 @@ def main() -> None:
         print(
             f"  ingest-to-delivery latency: p50 {p50 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms ({len(latencies)} requests)"
         )
+        if receiver is not None:
+            print_target(receiver, arrivals, progress, begin, args.fail_seconds, posting)
         total = [(t, sum(kib.values()) / 1024) for t, kib in memory]
         start, minutes = total[0][0], int((total[-1][0] - total[0][0]) // 60) + 1
         print("  resident memory per minute, MiB: " + series(per_minute(total, start, minutes)))
@@ -334,6 +360,26 @@ def main() -> None:
         kept = disk_by_log(Path(tmp) / "data")
         print(f"  data directory at the end, MiB: {sum(kept.values()) / 2**20:.1f} ("
               + ", ".join(f"{name} {size / 2**20:.1f}" for name, size in sorted(kept.items())) + ")")  # fmt: skip
+
+
+def print_target(receiver, arrivals, progress, begin, fail_seconds, posting) -> None:  # noqa: ANN001
+    """Print the webhook's deliveries and their latency, and the data plane's rate while it failed and after."""
+    took = sorted(arrivals)
+    unique = {d["offset"] for body in receiver.bodies for d in body["deliveries"]}
+    if took:
+        p50, p99 = statistics.median(took), took[min(len(took) - 1, int(0.99 * len(took)))]
+        print(f"  webhook: {len(unique)} delivery lines ({len(took)} with their arrivals timed); acknowledged POST"
+              f" to arrival at the webhook: p50 {p50 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms")  # fmt: skip
+    receiver.close()
+    if fail_seconds > 0:
+
+        def rate(start: float, end: float) -> float:
+            inside = [(t, n) for t, n in progress if begin + start <= t <= begin + end]
+            return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0]) if len(inside) > 1 else 0.0
+
+        failing, after = rate(5, fail_seconds), rate(fail_seconds + 5, posting)
+        print(f"  data plane while the webhook failed (5 s to {fail_seconds:.0f} s): {failing:,.0f} lines/s processed;"
+              f" after it answered again: {after:,.0f} lines/s ({failing / max(after, 1e-9):.2f}x)")  # fmt: skip
 
 
 def disk_by_log(data: Path) -> dict[str, int]:

@@ -112,7 +112,7 @@ class WebhookReceiver:
     Bodies signed with ``X-Skpub-Signature`` are checked against ``secret`` (``bad_signatures`` counts misses).
     """
 
-    def __init__(self, secret: bytes = b"") -> None:
+    def __init__(self, secret: bytes = b"", on_body=None) -> None:  # noqa: ANN001 - a callable of the body
         self.bodies: list[dict] = []
         self.failing = threading.Event()
         self.refused = 0
@@ -131,7 +131,10 @@ class WebhookReceiver:
                 if signature is not None:
                     expected = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
                     receiver.bad_signatures += signature != expected
-                receiver.bodies.append({"target": self.headers["X-Skpub-Target"], **json.loads(body)})
+                doc = {"target": self.headers["X-Skpub-Target"], **json.loads(body)}
+                receiver.bodies.append(doc)
+                if on_body is not None:
+                    on_body(doc)
                 self.send_response(200)
                 self.end_headers()
 
