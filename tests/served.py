@@ -131,7 +131,7 @@ class WebhookReceiver:
                 if signature is not None:
                     expected = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
                     receiver.bad_signatures += signature != expected
-                doc = {"target": self.headers["X-Skpub-Target"], **json.loads(body)}
+                doc = {"target": self.headers["X-Skpub-Target"], "signed": signature is not None, **json.loads(body)}
                 receiver.bodies.append(doc)
                 if on_body is not None:
                     on_body(doc)

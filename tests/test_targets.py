@@ -16,8 +16,9 @@ from fastapi.testclient import TestClient
 from skpub.app import targets as targets_module
 from skpub.app.api import create_app
 from skpub.app.daemon import Daemon, Limits
-from tests.served import WebhookReceiver
-from tests.workloads import deployment, random_workload, ranked_workload
+from skpub.kernel.oracle import replay
+from tests.served import Served, WebhookReceiver
+from tests.workloads import canonical, deployment, random_workload, ranked_workload, results_from_events
 
 SECRET = b"hush"
 
@@ -82,6 +83,8 @@ def test_every_delivery_reaches_each_target_by_its_selector_signed(tmp_path, rec
         check_at_least_once_in_order(receiver.lines("all"), expected)
         check_at_least_once_in_order(receiver.lines("some"), [d for d in expected if d["sub"] in ("s1", "s2", "r3")])
         check_at_least_once_in_order(receiver.lines("prefixed"), [d for d in expected if d["sub"].startswith("r")])
+        signed = [b for b in receiver.bodies if b["target"] == "all"]
+        assert signed and all(b["signed"] for b in signed)  # every body of the target with a secret is signed
         assert receiver.bad_signatures == 0 and all(len(b["deliveries"]) <= 3 for b in receiver.bodies
                                                     if b["target"] == "some")  # fmt: skip
         listed = client.get("/v1/targets").json()["targets"]
@@ -150,3 +153,116 @@ def test_a_target_that_cannot_be_used_is_refused_with_a_sentence(tmp_path, name,
         assert not (tmp_path / "data" / "targets").exists()
     finally:
         daemon.stop()
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_webhook_gets_every_delivery_across_kill_9_of_the_daemon_as_the_oracle_says(tmp_path):
+    """A ``skpub serve`` process killed with SIGKILL while it pushes, then restarted on its data: the webhook's
+    lines, de-duplicated by offset, are the daemon's delivery log, whose range matches are the oracle's and whose
+    topk/knn events fold to the oracle's results."""
+    receiver = WebhookReceiver()
+    dep = deployment(evaluators=3, batch_size=40)
+    config = tmp_path / "dep.json"
+    config.write_text(json.dumps(dep.to_json()))
+    lines = random_workload(seed=71, n=600) + ranked_workload(seed=72, n=300)
+    served = Served(tmp_path / "data", config)
+    port = served.port
+    try:
+        hook = {"kind": "webhook", "url": receiver.url, "batch": 7}
+        assert served.http.put("/v1/targets/hook", json=hook).status_code == 201
+        served.post(lines[:450])
+        wait_until(lambda: len(receiver.lines("hook")) > 20)
+    finally:
+        served.proc.kill()  # kill -9 in the middle of pushing
+        served.proc.wait(60)
+    again = Served(tmp_path / "data", config, port=port)
+    try:
+        again.post(lines[450:])
+        again.wait_ready()
+        expected = again.read("deliveries")
+        wait_until(lambda: {d["offset"] for d in receiver.lines("hook")} >= {d["offset"] for d in expected})
+        got = receiver.lines("hook")
+        check_at_least_once_in_order(got, expected)
+    finally:
+        again.proc.kill()
+        again.proc.wait(60)
+        receiver.close()
+    unique = [{k: v for k, v in d.items() if k != "offset"} for d in {d["offset"]: d for d in got}.values()]
+    oracle = replay(lines, dep).deliveries
+    assert canonical([d for d in unique if d["event"] == "match"]) == canonical(
+        [d for d in oracle if d["event"] == "match"]
+    )
+    ranked = [d for d in unique if d["event"] != "match"]
+    assert results_from_events(ranked) == results_from_events([d for d in oracle if d["event"] != "match"])
+
+
+class Gone(Exception):
+    pass
+
+
+class FakeLog:
+    """A committed delivery log in memory, whose head retention can remove."""
+
+    def __init__(self, count: int) -> None:
+        self.lines = [
+            json.dumps({"offset": i, "sub": f"s{i % 3}", "event": "match"}).encode() for i in range(1, count + 1)
+        ]
+        self.earliest = 0
+
+    def read(self, after: int, limit: int) -> list[bytes]:
+        if after < self.earliest:
+            raise Gone
+        return self.lines[after : after + limit]
+
+
+def test_a_target_counts_what_retention_took_and_survives_an_unreadable_secret(tmp_path, receiver, monkeypatch):
+    monkeypatch.setattr(targets_module, "MAX_WAIT_SECONDS", 0.05)
+    log = FakeLog(100)
+    log.earliest = 30  # retention removed offsets 1..30 before the target read them
+    events = []
+    targets = targets_module.Targets(
+        tmp_path / "targets", log.read, lambda: len(log.lines), lambda: log.earliest, Gone,
+        lambda name, status, event: events.append(event),
+    )  # fmt: skip
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET)
+    spec = targets_module.TargetSpec.from_json(
+        "t", {"kind": "webhook", "url": receiver.url, "secret_file": str(secret)}
+    )
+    targets.put(spec, after=0)
+    secret.unlink()  # the secret goes: sends fail, counted, the thread lives on
+    targets.start()
+    try:
+        wait_until(lambda: targets.status("t")["failed"] >= 2)
+        status = targets.status("t")
+        assert "secret_file" in status["last_error"] and targets.targets["t"].thread.is_alive()
+        assert status["behind_retention"] == 30 and "behind_retention" in events
+        secret.write_bytes(SECRET)
+        wait_until(lambda: targets.status("t")["lag"] == 0)
+    finally:
+        targets.stop()
+    assert [d["offset"] for d in receiver.lines("t")] == list(range(31, 101))
+    assert receiver.bad_signatures == 0
+
+
+def test_two_redis_targets_may_not_write_one_stream_and_a_redefinition_keeps_place_and_counts(tmp_path, receiver):
+    log = FakeLog(10)
+    targets = targets_module.Targets(tmp_path / "targets", log.read, lambda: 10, lambda: 0, Gone)
+    redis = {"kind": "redis", "url": "redis://127.0.0.1:1/0"}
+    targets.put(targets_module.TargetSpec.from_json("a", {**redis, "subscriptions": {"prefix": "a"}}))
+    with pytest.raises(targets_module.TargetError, match="writes that redis stream"):
+        targets.put(targets_module.TargetSpec.from_json("b", {**redis, "subscriptions": {"prefix": "b"}}))
+    targets.put(targets_module.TargetSpec.from_json("b", {**redis, "stream": "other"}))
+    hook = targets_module.TargetSpec.from_json("h", {"kind": "webhook", "url": receiver.url})
+    targets.put(hook, after=0)
+    targets.start()
+    try:
+        wait_until(lambda: targets.status("h")["delivered"] == 10)
+        assert not targets.put(hook)  # unchanged
+        targets.put(targets_module.TargetSpec.from_json("h", {"kind": "webhook", "url": receiver.url, "batch": 2}))
+        assert (targets.status("h")["cursor"], targets.status("h")["delivered"]) == (10, 10)
+        assert targets.delete("h") and not (tmp_path / "targets" / "h.json").exists()
+    finally:
+        targets.stop()
+    assert not (tmp_path / "targets" / "h.json").exists()  # no thread wrote it back after its stop

@@ -498,15 +498,15 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
             raise Refusal(400, "malformed_json", f"the body is not JSON: {exc}") from None
         try:
             spec = TargetSpec.from_json(name, doc)
+            new = await anyio.to_thread.run_sync(daemon.targets.put, spec)  # it writes and fsyncs a file
         except TargetError as exc:
             raise Refusal(422, "bad_target", str(exc)) from None
-        new = daemon.targets.put(spec)
         return JSONResponse(daemon.targets.status(name), status_code=201 if new else 200)
 
     @app.get("/v1/targets", dependencies=guarded, response_model=TargetList, responses=problems(401))
     def list_targets() -> dict:
         """List the targets with their cursor, lag, state (``running`` or ``paused``) and last error."""
-        return {"targets": [daemon.targets.status(name) for name in sorted(daemon.targets.targets)]}
+        return {"targets": daemon.targets.statuses()}
 
     @app.get("/v1/targets/{name}", dependencies=guarded, response_model=TargetView, responses=problems(401, 404))
     def get_target(name: str) -> dict:

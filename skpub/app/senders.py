@@ -14,13 +14,16 @@ offset for the consumer to de-duplicate on (SEMANTICS section 7):
   (``{sub}`` is the subscription id) and counts once the broker's PUBACK
   came.
 - **nats** (nats-py): each line is published to JetStream on ``subject``
-  with the header ``Nats-Msg-Id: <offset>``, so the server drops a resend
-  within its duplicate window; the stream ``skpub-<target>`` is created
-  for the subject if no stream holds it.
+  with the header ``Nats-Msg-Id: <data directory id>/<target>/<offset>``,
+  so the server drops a resend within its duplicate window and nothing
+  else; a stream named after the subject is created if no stream holds it.
 - **redis** (redis-py): ``XADD`` to ``stream`` with the id
   ``<offset>-0`` and fields ``offset`` and ``line``; a resend is refused by
-  Redis (its id is not above the stream's last) and counts as taken, so a
-  Redis stream holds each line once.
+  Redis (its id is not above the stream's last) and counts as taken once
+  the stream is read back holding that very line at that id, so a Redis
+  stream holds each line once; any other refusal (the stream written by
+  something else) is a failed send, reported, never a silent skip. Two
+  targets of one daemon may not write the same stream.
 
 In a topic, subject or stream name ``{sub}`` becomes the subscription id
 with every character but letters, digits, ``_`` and ``-`` written ``_``
@@ -34,7 +37,7 @@ import hashlib
 import hmac
 import re
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httpx
 
@@ -59,7 +62,7 @@ def channel(template: str, sid: str) -> str:
 class WebhookSender:
     """``POST {"deliveries": [...]}`` to the target's URL (module docstring)."""
 
-    def __init__(self, spec: TargetSpec, secret: bytes | None) -> None:
+    def __init__(self, spec: TargetSpec, secret: bytes | None, _instance: str) -> None:
         self.spec, self.secret = spec, secret
         self.http = httpx.Client(timeout=spec.timeout)
 
@@ -84,12 +87,16 @@ class WebhookSender:
 class MqttSender:
     """Publish each line with QoS 1 to ``topic`` (module docstring)."""
 
-    def __init__(self, spec: TargetSpec, _secret: bytes | None) -> None:
+    def __init__(self, spec: TargetSpec, _secret: bytes | None, instance: str) -> None:
         import paho.mqtt.client as mqtt
 
         self.spec = spec
         where = urlsplit(spec.url)
-        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"skpub-{spec.name}")
+        # at most 23 bytes (what every MQTT 3.1.1 broker takes), unique per data directory and target
+        client_id = "skpub" + hashlib.sha256(f"{instance}/{spec.name}".encode()).hexdigest()[:18]
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id)
+        if where.username is not None:
+            self.client.username_pw_set(unquote(where.username), unquote(where.password or ""))
         self.client.connect(where.hostname or "127.0.0.1", where.port or 1883, keepalive=30)
         self.client.loop_start()
 
@@ -112,13 +119,14 @@ class MqttSender:
 class NatsSender:
     """Publish each line to JetStream on ``subject`` with ``Nats-Msg-Id: <offset>`` (module docstring)."""
 
-    def __init__(self, spec: TargetSpec, _secret: bytes | None) -> None:
-        self.spec = spec
+    def __init__(self, spec: TargetSpec, _secret: bytes | None, instance: str) -> None:
+        self.spec, self.instance = spec, instance
+        self.nc = None
         self.loop = asyncio.new_event_loop()
         try:
-            self.loop.run_until_complete(self._connect())
+            self.loop.run_until_complete(asyncio.wait_for(self._connect(), spec.timeout * 2))
         except BaseException:
-            self.loop.close()
+            self.close()
             raise
 
     async def _connect(self) -> None:
@@ -132,8 +140,9 @@ class NatsSender:
         subject = self.spec.subject.replace("{sub}", "*")
         try:
             await self.js.find_stream_name_by_subject(self.spec.subject.replace("{sub}", "x"))
-        except NotFoundError:
-            await self.js.add_stream(name=_UNSAFE.sub("_", f"skpub-{self.spec.name}"), subjects=[subject])
+        except NotFoundError:  # a stream named after its subjects: a redefinition or another target finds it
+            name = "skpub-" + hashlib.sha256(subject.encode()).hexdigest()[:16]
+            await self.js.add_stream(name=name, subjects=[subject])
 
     def send(self, batch: Batch) -> None:
         """Publish every line and wait for JetStream's acknowledgements."""
@@ -143,14 +152,17 @@ class NatsSender:
             raise SendFailed(f"{type(exc).__name__}: {exc}") from None
 
     async def _publish(self, batch: Batch) -> None:
-        for offset, sid, line in batch:
-            headers = {"Nats-Msg-Id": str(offset)}
+        for offset, sid, line in batch:  # the id names this data directory's target too: no other one collides
+            headers = {"Nats-Msg-Id": f"{self.instance}/{self.spec.name}/{offset}"}
             await self.js.publish(channel(self.spec.subject, sid), line, headers=headers)
 
     def close(self) -> None:
-        """Drain and close the connection and the event loop."""
+        """Close the connection (within the timeout) and the event loop."""
         try:
-            self.loop.run_until_complete(self.nc.close())
+            if self.nc is not None:
+                self.loop.run_until_complete(asyncio.wait_for(self.nc.close(), self.spec.timeout))
+        except Exception:  # noqa: BLE001, S110 - a broken connection is being dropped anyway
+            pass
         finally:
             self.loop.close()
 
@@ -158,7 +170,7 @@ class NatsSender:
 class RedisSender:
     """``XADD`` each line to ``stream`` with the id ``<offset>-0`` (module docstring)."""
 
-    def __init__(self, spec: TargetSpec, _secret: bytes | None) -> None:
+    def __init__(self, spec: TargetSpec, _secret: bytes | None, _instance: str) -> None:
         import redis
 
         self.spec = spec
@@ -176,9 +188,14 @@ class RedisSender:
             results = pipe.execute(raise_on_error=False)
         except redis.RedisError as exc:
             raise SendFailed(f"{type(exc).__name__}: {exc}") from None
-        for result in results:
-            if isinstance(result, Exception) and "equal or smaller" not in str(result):
-                raise SendFailed(f"XADD refused: {result}")
+        for (offset, sid, line), result in zip(batch, results, strict=True):
+            if isinstance(result, Exception) and not self._holds(channel(self.spec.stream, sid), offset, line):
+                raise SendFailed(f"XADD of offset {offset} refused: {result}")
+
+    def _holds(self, stream: str, offset: int, line: bytes) -> bool:
+        """Whether ``stream`` holds this very line at the id ``<offset>-0`` (a resend), not another one."""
+        entries = self.redis.xrange(stream, min=f"{offset}-0", max=f"{offset}-0")
+        return bool(entries) and entries[0][1] == {b"offset": str(offset).encode(), b"line": line}
 
     def close(self) -> None:
         """Close the connection pool."""

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TextIO
 
 import orjson
+import stamina.instrumentation
 
 from skpub.app.console import lines_to_file
 from skpub.app.daemon import LOG, Daemon, Limits
@@ -102,6 +103,9 @@ def serve(
         require_java()
     if token is None and not ipaddress.ip_address(host).is_loopback:
         raise ConfigError(f"--listen {listen}: a non-loopback address needs a token (--token-file or ${TOKEN_ENV})")
+    stamina.instrumentation.set_on_retry_hooks(
+        []
+    )  # no per-retry Prometheus series nor plain log lines: targets report their own
     daemon = Daemon(data, deployment, limits or Limits(), engine, master)  # refusals reach the terminal
     with contextlib.ExitStack() as stack:
         terminal = sys.stderr

@@ -29,10 +29,12 @@ of ``secret_file`` when given), ``mqtt`` (QoS 1 to ``topic``), ``nats``
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -115,6 +117,9 @@ class TargetSpec:
         where = doc.get(field_name, default) if field_name else ""
         if field_name and (not isinstance(where, str) or not 0 < len(where) <= 256 or "\x00" in where):
             raise TargetError(f"{field_name} is a name of 1 to 256 characters ({{sub}}: the subscription id)")
+        tokens = where.split(".")
+        if kind == "nats" and "{sub}" in where and "{sub}" not in tokens:
+            raise TargetError("in a nats subject {sub} is a whole token (a.b.{sub})")
         if kind == "nats" and not re.fullmatch(r"[^\s.*>]+(\.[^\s.*>]+)*", where.replace("{sub}", "x")):
             raise TargetError("a nats subject is dot-separated tokens without spaces, '*' or '>'")
         if kind == "mqtt" and ("+" in where or "#" in where):
@@ -123,8 +128,11 @@ class TargetSpec:
         if not _selector_ok(selector):
             raise TargetError('subscriptions is "*", a list of ids, or {"prefix": "..."}')
         secret_file = doc.get("secret_file")
-        if secret_file is not None and (not isinstance(secret_file, str) or not Path(secret_file).is_file()):
-            raise TargetError("secret_file names a readable file holding the signing secret")
+        if secret_file is not None:
+            if not isinstance(secret_file, str):
+                raise TargetError("secret_file names a readable file holding the signing secret")
+            secret_file = str(Path(secret_file).absolute())
+            read_secret(secret_file)
         timeout, batch = doc.get("timeout", 10.0), doc.get("batch", 500)
         if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= 300:
             raise TargetError("timeout is a number of seconds in (0, 300]")
@@ -142,6 +150,10 @@ class TargetSpec:
             field_name = CHANNELS[self.kind][0]
             doc[field_name] = getattr(self, field_name)
         return {**doc, "timeout": self.timeout, "batch": self.batch}
+
+    def writes_same_place(self, other: TargetSpec) -> bool:
+        """Whether both are Redis targets writing the same stream (their ids would refuse each other's lines)."""
+        return self.kind == other.kind == "redis" and (self.url, self.stream) == (other.url, other.stream)
 
     def selects(self, sid: str) -> bool:
         """Whether deliveries of subscription ``sid`` go to this target."""
@@ -188,10 +200,28 @@ class Target:
     status: TargetStatus
     stop: threading.Event = field(default_factory=threading.Event)
     thread: threading.Thread | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Held to move the cursor and write the file, and to stop the target: no write after a stop."""
 
     def save(self) -> None:
         """Write the definition and the cursor atomically and durably."""
         atomic_write_bytes(self.path, orjson.dumps({"spec": self.spec.to_json(), "cursor": self.status.cursor}))
+
+    def halt(self) -> None:
+        """Stop the thread; once this returns the thread writes nothing more."""
+        with self.lock:
+            self.stop.set()
+
+    def advance(self, cursor: int, delivered: int = 0, missed: int = 0) -> bool:
+        """Move the cursor to ``cursor`` and write it, unless stopped; return whether it moved."""
+        with self.lock:
+            if self.stop.is_set():
+                return False
+            self.status.cursor = cursor
+            self.status.delivered += delivered
+            self.status.behind_retention += missed
+            self.save()
+            return True
 
 
 class Targets:
@@ -229,6 +259,7 @@ class Targets:
         self._lock = threading.Lock()
         self.targets: dict[str, Target] = {}
         self._running = False
+        self._instance: str | None = None
         if self.directory.is_dir():
             for path in sorted(self.directory.glob("*.json")):
                 try:
@@ -238,6 +269,13 @@ class Targets:
                 except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                     fields = {"file": str(path), "error": str(exc)}
                     LOG.error("target_unreadable", extra={"fields": fields})  # left as it is, never removed
+
+    @property
+    def instance(self) -> str:
+        """Return the data directory's id (made at the first send of any target)."""
+        if self._instance is None:
+            self._instance = _instance_id(self.directory)
+        return self._instance
 
     def start(self) -> None:
         """Start every target's thread."""
@@ -274,11 +312,19 @@ class Targets:
             old = self.targets.get(spec.name)
             if old is not None and old.spec == spec:
                 return False
-            cursor = old.status.cursor if old is not None else (self._committed() if after is None else after)
+            for other in self.targets.values():
+                if other.spec.name != spec.name and other.spec.writes_same_place(spec):
+                    raise TargetError(f"target {other.spec.name!r} writes that {spec.kind} stream already")
+            path = self.directory / f"{spec.name}.json"
             if old is not None:
-                old.stop.set()
+                status = dataclasses.replace(old.status)  # its place and counts go on
+            else:
+                known = _saved_cursor(path)  # a target file not loaded at start keeps its place
+                status = TargetStatus(known if known is not None else self._committed() if after is None else after)
             self.directory.mkdir(parents=True, exist_ok=True)
-            target = Target(spec, self.directory / f"{spec.name}.json", TargetStatus(cursor))
+            target = Target(spec, path, status)
+            if old is not None:
+                old.halt()
             target.save()
             self.targets[spec.name] = target
             if self._running:
@@ -289,11 +335,15 @@ class Targets:
         """Remove a target and its file; return whether it existed."""
         with self._lock:
             target = self.targets.pop(name, None)
-        if target is None:
-            return False
-        target.stop.set()
-        target.path.unlink(missing_ok=True)
+            if target is None:
+                return False
+            target.halt()
+            target.path.unlink(missing_ok=True)
         return True
+
+    def statuses(self) -> list[dict]:
+        """Return every target's definition and status, by name."""
+        return [s for name in sorted(self.targets) if (s := self.status(name)) is not None]
 
     def status(self, name: str) -> dict | None:
         """Return a target's definition and status, or None."""
@@ -320,39 +370,47 @@ class Targets:
 
     # --- one target's thread --------------------------------------------------------------------------------
     def _run(self, target: Target) -> None:
-        spec, status = target.spec, target.status
-        secret = Path(spec.secret_file).read_text().splitlines()[0].encode() if spec.secret_file else None
+        """Follow the delivery log after the target's cursor until stopped; every failure is counted and retried."""
         sender: list = [None]  # opened lazily, dropped after a failure and opened again
         try:
             while not target.stop.is_set():
-                if status.cursor >= self._committed():
-                    target.stop.wait(POLL_SECONDS)
-                    continue
                 try:
-                    lines = self._read(status.cursor, spec.batch)
-                except self._gone:
-                    earliest = self._earliest()
-                    status.behind_retention += earliest - status.cursor
-                    status.cursor = earliest
-                    target.save()
-                    self._on_change(spec.name, status, "behind_retention")
-                    continue
-                batch = []
-                for line in lines:
-                    doc = orjson.loads(line)
-                    if spec.selects(doc["sub"]):
-                        batch.append((doc["offset"], doc["sub"], line))
-                sent = not batch or self._send(target, sender, batch, secret)
-                if not sent or target.stop.is_set():
-                    return  # stopped: the cursor stays; the next start sends these lines again
-                status.cursor += len(lines)
-                status.delivered += len(batch)
-                target.save()
-                self._on_change(spec.name, status, None)
+                    self._step(target, sender)
+                except Exception as exc:  # noqa: BLE001 - a disk error, a secret gone: counted, retried, never silent
+                    _close(sender)
+                    self._failed(target, f"{type(exc).__name__}: {exc}")
+                    target.stop.wait(MAX_WAIT_SECONDS)
         finally:
             _close(sender)
 
-    def _send(self, target: Target, sender: list, batch: Batch, secret: bytes | None) -> bool:
+    def _step(self, target: Target, sender: list) -> None:
+        """Send the next batch of lines after the cursor (or wait a little when there is none)."""
+        spec = target.spec
+        cursor = target.status.cursor
+        if cursor >= self._committed():
+            target.stop.wait(POLL_SECONDS)
+            return
+        try:
+            lines = self._read(cursor, spec.batch)
+        except self._gone:
+            earliest = self._earliest()
+            if target.advance(earliest, missed=earliest - cursor):
+                self._on_change(spec.name, target.status, "behind_retention")
+            return
+        if not lines:
+            target.stop.wait(POLL_SECONDS)
+            return
+        batch = []
+        for line in lines:
+            doc = orjson.loads(line)
+            if spec.selects(doc["sub"]):
+                batch.append((doc["offset"], doc["sub"], line))
+        if batch and not self._send(target, sender, batch):
+            return  # stopped: the cursor stays; the next start sends these lines again
+        if target.advance(cursor + len(lines), delivered=len(batch)):
+            self._on_change(spec.name, target.status, None)
+
+    def _send(self, target: Target, sender: list, batch: Batch) -> bool:
         """Send ``batch`` until the target takes it; return False if stopped first."""
         spec, status = target.spec, target.status
         for attempt in stamina.retry_context(
@@ -363,11 +421,12 @@ class Targets:
                     return False
                 try:
                     if sender[0] is None:
-                        sender[0] = SENDERS[spec.kind](spec, secret)
+                        secret = read_secret(spec.secret_file) if spec.secret_file else None
+                        sender[0] = SENDERS[spec.kind](spec, secret, self.instance)
                     sender[0].send(batch)
                 except Exception as exc:  # noqa: BLE001 - whatever a client library raises is a failed send
-                    _close(sender)
                     self._failed(target, str(exc) or type(exc).__name__)
+                    _close(sender)
                     raise _Failed(str(exc)) from None
         if status.state != "running" or status.failing_since is not None:
             status.state, status.failing_since = "running", None
@@ -385,6 +444,45 @@ class Targets:
         if status.state == "running" and now - status.failing_since >= PAUSE_SECONDS:
             status.state, event = "paused", "paused"
         self._on_change(target.spec.name, status, event)
+
+
+def read_secret(path: str) -> bytes:
+    """Return the signing secret: the first line of file ``path``.
+
+    Raises
+    ------
+    TargetError
+        If the file cannot be read or its first line is empty.
+    """
+    try:
+        with open(path, "rb") as fh:
+            first = fh.read(4096).splitlines()[:1]
+    except OSError as exc:
+        raise TargetError(f"secret_file {path} cannot be read: {exc.strerror or exc}") from None
+    if not first or not first[0].strip():
+        raise TargetError(f"secret_file {path} holds no secret on its first line")
+    return first[0].strip()
+
+
+def _instance_id(directory: Path) -> str:
+    """Return this data directory's id (``instance``, made once): it tells its messages from another daemon's."""
+    path = directory / "instance"
+    try:
+        return path.read_text("ascii").strip()[:32]
+    except (OSError, UnicodeDecodeError):
+        pass
+    directory.mkdir(parents=True, exist_ok=True)
+    ident = uuid.uuid4().hex[:12]
+    atomic_write_bytes(path, ident.encode())
+    return ident
+
+
+def _saved_cursor(path: Path) -> int | None:
+    """Return the cursor a target file holds, or None (no file, or one that cannot be read)."""
+    try:
+        return int(orjson.loads(path.read_bytes())["cursor"])
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _close(sender: list) -> None:
