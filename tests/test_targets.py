@@ -7,6 +7,7 @@ The webhook receiver is a real HTTP server on loopback (``http.server``), which 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import defaultdict
 
@@ -16,6 +17,8 @@ from fastapi.testclient import TestClient
 from skpub.app import targets as targets_module
 from skpub.app.api import create_app
 from skpub.app.daemon import Daemon, Limits
+from skpub.app.serve import load_targets
+from skpub.kernel.errors import ConfigError
 from skpub.kernel.oracle import replay
 from tests.served import Served, WebhookReceiver
 from tests.workloads import canonical, deployment, random_workload, ranked_workload, results_from_events
@@ -266,3 +269,33 @@ def test_two_redis_targets_may_not_write_one_stream_and_a_redefinition_keeps_pla
     finally:
         targets.stop()
     assert not (tmp_path / "targets" / "h.json").exists()  # no thread wrote it back after its stop
+
+
+def test_a_targets_file_is_read_with_a_sentence_for_what_cannot_be_used(tmp_path):
+    path = tmp_path / "targets.json"
+    path.write_text(json.dumps({"hook": {"kind": "webhook", "url": "http://127.0.0.1:9/in"}}))
+    assert [s.name for s in load_targets(path)] == ["hook"]
+    for text, why in [("[]", "a JSON object"), ("{", "not JSON"), ('{"h": {"kind": "fax"}}', "target 'h': kind must")]:
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(why)):
+            load_targets(path)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_skpub_serve_defines_the_targets_of_its_file_at_start(tmp_path, receiver):
+    config = tmp_path / "dep.json"
+    config.write_text(json.dumps(deployment(evaluators=2, batch_size=20).to_json()))
+    targets = tmp_path / "targets.json"
+    targets.write_text(json.dumps({"hook": {"kind": "webhook", "url": receiver.url}}))
+    served = Served(tmp_path / "data", config, extra=("--targets", str(targets)))
+    try:
+        assert [t["target"]["name"] for t in served.http.get("/v1/targets").json()["targets"]] == ["hook"]
+        served.post(random_workload(seed=81, n=200, invalid=False))
+        served.wait_ready()
+        expected = served.read("deliveries")
+        wait_until(lambda: len(receiver.lines("hook")) >= len(expected))
+        check_at_least_once_in_order(receiver.lines("hook"), expected)
+    finally:
+        served.proc.terminate()
+        served.proc.wait(60)

@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--listen", default="127.0.0.1:8750", help="HOST:PORT to listen on (default 127.0.0.1:8750)")
     serve.add_argument("--token-file", help="file holding the bearer token (default $SKPUB_TOKEN; none: no token)")
     serve.add_argument(
+        "--targets", help='JSON file {"name": {"kind": "webhook", "url": ...}, ...}: delivery targets defined at start'
+    )
+    serve.add_argument(
         "--config", help="deployment JSON file (default: the one --data was made with, or the defaults; flags on top)"
     )
     serve.add_argument("--evaluators", type=int, help="number of evaluators (default 4)")
@@ -235,7 +238,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from skpub.app.daemon import Limits, recorded_deployment
-    from skpub.app.serve import load_token, serve
+    from skpub.app.serve import load_targets, load_token, serve
 
     recorded = recorded_deployment(args.data) if args.config is None else None  # a restart: flags apply to it
     deployment = (recorded or load_deployment(args.config)).replace(
@@ -257,7 +260,9 @@ def _serve(args: argparse.Namespace) -> int:
         segment_bytes=args.segment_bytes,
         compact_commits=args.compact_commits,
     )
-    return serve(args.data, deployment, args.listen, load_token(args.token_file), limits, args.engine, args.master)
+    targets = load_targets(args.targets) if args.targets else []
+    token = load_token(args.token_file)
+    return serve(args.data, deployment, args.listen, token, limits, args.engine, args.master, targets)
 
 
 def _simulate(args: argparse.Namespace, argv: list[str]) -> int:

@@ -19,7 +19,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TextIO
@@ -30,6 +30,7 @@ import stamina.instrumentation
 from skpub.app.console import lines_to_file
 from skpub.app.daemon import LOG, Daemon, Limits
 from skpub.app.output import ENGINE_LOG
+from skpub.app.targets import TargetError, TargetSpec
 from skpub.kernel.config import Deployment
 from skpub.kernel.errors import ConfigError
 
@@ -56,6 +57,36 @@ def parse_listen(listen: str) -> tuple[str, int]:
     if not sep or not 0 <= number <= 65535:
         raise ConfigError(f"--listen {listen!r}: expected HOST:PORT with a port in 0..65535")
     return host, number
+
+
+MAX_TARGETS_BYTES = 1 << 20
+"""Largest ``--targets`` file read."""
+
+
+def load_targets(path: str | Path) -> list[TargetSpec]:
+    """Return the target definitions of a ``--targets`` file: ``{"name": {definition}, ...}``.
+
+    Raises
+    ------
+    ConfigError
+        If the file is not such a JSON object, or a definition cannot be used (the sentence names it).
+    """
+    raw = Path(path).read_bytes()[: MAX_TARGETS_BYTES + 1]
+    if len(raw) > MAX_TARGETS_BYTES:
+        raise ConfigError(f"--targets {path}: larger than {MAX_TARGETS_BYTES} bytes")
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError(f"--targets {path}: not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f'--targets {path}: a JSON object {{"name": {{"kind": ..., "url": ...}}, ...}}')
+    specs = []
+    for name, definition in doc.items():
+        try:
+            specs.append(TargetSpec.from_json(name, definition))
+        except TargetError as exc:
+            raise ConfigError(f"--targets {path}: target {name!r}: {exc}") from None
+    return specs
 
 
 def load_token(token_file: str | None) -> str | None:
@@ -86,8 +117,11 @@ def serve(
     limits: Limits | None = None,
     engine: str = "local",
     master: str = "local[2]",
+    targets: Sequence[TargetSpec] = (),
 ) -> int:
     """Run the daemon until SIGTERM or SIGINT; return the exit status (0 after a clean shutdown).
+
+    ``targets`` are defined (or redefined) at start, as ``PUT /v1/targets/{name}`` would.
 
     Raises
     ------
@@ -107,6 +141,12 @@ def serve(
         []
     )  # no per-retry Prometheus series nor plain log lines: targets report their own
     daemon = Daemon(data, deployment, limits or Limits(), engine, master)  # refusals reach the terminal
+    for spec in targets:
+        try:
+            daemon.targets.put(spec)
+        except TargetError as exc:
+            daemon.stop()
+            raise ConfigError(f"--targets: target {spec.name!r}: {exc}") from None
     with contextlib.ExitStack() as stack:
         terminal = sys.stderr
         if engine == "spark":  # Spark's JVM and workers inherit fds 1 and 2: their lines go to a file
