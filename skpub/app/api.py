@@ -203,12 +203,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         413 past the body limit, 429 with Retry-After when the backlog is
         full, 503 while shutting down.
         """
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limits.max_body_bytes:
-                raise HTTPException(413, f"the body is over {limits.max_body_bytes} bytes")
-        lines = split_lines(bytes(body))
+        lines = split_lines(await read_body(request))
         return accept(len(lines), lambda: daemon.post(lines))
 
     @app.put(
@@ -236,9 +231,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         before.
         """
         check_id(sid)
-        raw = await request.body()
-        if len(raw) > limits.max_body_bytes:
-            raise HTTPException(413, f"the body is over {limits.max_body_bytes} bytes")
+        raw = await read_body(request)
         try:  # the rules of a line (SEMANTICS 1): repeated keys, nesting, surrogates, non-finite numbers
             fields = decode_line(raw, daemon.deployment.max_record_bytes)
         except LineRejected as exc:
@@ -303,6 +296,15 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         """Unsubscribe ``sid``: 202 with its position, or 404 ``unknown_id`` when it is not live (nor will be)."""
         check_id(sid)
         return accept(1, lambda: daemon.post_unsubscribe(sid))
+
+    async def read_body(request: Request) -> bytes:
+        """Return the request's body; 413 as soon as it passes ``max_body_bytes`` (it is never held whole)."""
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limits.max_body_bytes:
+                raise HTTPException(413, f"the body is over {limits.max_body_bytes} bytes")
+        return bytes(body)
 
     def check_id(sid: str) -> None:
         if not sid or len(sid) > limits.max_id:
@@ -436,9 +438,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         Replies 202 with the id and the record's position; read it with
         ``GET /v1/snapshots/{id}``.
         """
-        raw = await request.body()
-        if len(raw) > limits.max_body_bytes:
-            raise HTTPException(413, f"the body is over {limits.max_body_bytes} bytes")
+        raw = await read_body(request)
         try:
             fields = orjson.loads(raw) if raw.strip() else {}
         except orjson.JSONDecodeError as exc:
@@ -489,9 +489,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         "secret_file": ..., "timeout": 10, "batch": 500}``. A new target gets the deliveries committed from
         now on; a redefined one keeps its cursor.
         """
-        raw = await request.body()
-        if len(raw) > limits.max_body_bytes:
-            raise HTTPException(413, f"the body is over {limits.max_body_bytes} bytes")
+        raw = await read_body(request)
         try:
             doc = orjson.loads(raw)
         except orjson.JSONDecodeError as exc:
