@@ -246,6 +246,42 @@ class Client:
                 return None
             raise
 
+    # --- delivery targets (SEMANTICS section 7) -------------------------------------------------------------
+    def targets(self) -> list[dict]:
+        """Return every target's status: definition, cursor, lag, state and last error."""
+        return self._request("GET", "/v1/targets").json()["targets"]
+
+    def target(self, name: str) -> dict | None:
+        """Return target ``name``'s status, or None when there is no such target."""
+        try:
+            return self._request("GET", f"/v1/targets/{_quoted(name)}").json()
+        except Refused as refused:
+            if refused.status == 404:
+                return None
+            raise
+
+    def define_target(self, name: str, definition: dict) -> dict:
+        """Define (or redefine, keeping its cursor) target ``name``; return its status.
+
+        Safe to resend: the same definition twice is one target.
+
+        Raises
+        ------
+        Refused
+            422 ``bad_target`` with a sentence for a definition that cannot be used.
+        """
+        return self._request("PUT", f"/v1/targets/{_quoted(name)}", json=definition).json()
+
+    def delete_target(self, name: str) -> bool:
+        """Remove target ``name`` and its cursor; return False when there was no such target."""
+        try:
+            self._request("DELETE", f"/v1/targets/{_quoted(name)}")
+        except Refused as refused:
+            if refused.status == 404:
+                return False
+            raise
+        return True
+
     # --- following a log -----------------------------------------------------------------------------------
     def follow(
         self,

@@ -157,6 +157,20 @@ def test_the_cli_verbs_talk_to_a_running_daemon(served, tmp_path):
     assert skpub("unsubscribe", "mine").returncode == 0
     gone = skpub("unsubscribe", "nobody")
     assert gone.returncode == 1 and b"unknown_id" in gone.stderr
+    hook = {"kind": "webhook", "url": f"http://127.0.0.1:{free_port()}/in", "subscriptions": {"prefix": "s"}}
+    defined = skpub("targets", "hook", "--define", json.dumps(hook))
+    assert defined.returncode == 0 and json.loads(defined.stdout)["target"]["subscriptions"] == {"prefix": "s"}
+    (tmp_path / "hook.json").write_text(json.dumps({**hook, "batch": 7}))
+    redefined = skpub("targets", "hook", "--define", f"@{tmp_path / 'hook.json'}")
+    assert json.loads(redefined.stdout)["target"]["batch"] == 7
+    assert [t["target"]["name"] for t in map(json.loads, skpub("targets").stdout.splitlines())] == ["hook"]
+    assert json.loads(skpub("targets", "hook").stdout)["target"]["name"] == "hook"
+    bad = skpub("targets", "other", "--define", json.dumps({**hook, "kind": "kafka"}))
+    assert bad.returncode == 1 and b"422" in bad.stderr and b"bad_target" in bad.stderr
+    assert json.loads(skpub("targets", "hook", "--delete").stdout) == {"deleted": "hook"}
+    for missing in (skpub("targets", "hook"), skpub("targets", "hook", "--delete")):
+        assert missing.returncode == 1 and b"404" in missing.stderr
+    assert skpub("targets").stdout == b""
     wrong = skpub("subscriptions", "--url", f"http://127.0.0.1:{free_port()}", "--retry-seconds", "1")
     assert wrong.returncode == 2 and b"no answer from the daemon" in wrong.stderr
 

@@ -145,6 +145,7 @@ def test_a_failing_target_pauses_alone_and_after_a_restart_resumes_from_its_curs
         ("t", {"kind": "webhook", "url": "http://x/", "secret_file": "/nonexistent"}, "secret_file"),
         ("t", {"kind": "webhook", "url": "http://x/", "batch": 0}, "batch"),
         ("t", {"kind": "webhook", "url": "http://x/", "colour": "red"}, "unknown field"),
+        ("t", {"kind": "webhook", "url": "http://x/", "name": "u"}, "one target per request"),
     ],
 )
 def test_a_target_that_cannot_be_used_is_refused_with_a_sentence(tmp_path, name, body, why):
@@ -269,6 +270,23 @@ def test_two_redis_targets_may_not_write_one_stream_and_a_redefinition_keeps_pla
     finally:
         targets.stop()
     assert not (tmp_path / "targets" / "h.json").exists()  # no thread wrote it back after its stop
+
+
+def test_lag_seconds_is_the_age_of_the_first_line_after_the_cursor(tmp_path, monkeypatch):
+    monkeypatch.setattr(targets_module, "COMMIT_TIMES", 3)
+    committed = {"n": 5}
+    targets = targets_module.Targets(tmp_path / "targets", FakeLog(0).read, lambda: committed["n"], lambda: 0, Gone)
+    started = targets._commit_times[0][1]  # lines 1..5 were committed before this process: aged from its start
+    for end, at in [(8, 100.0), (8, 150.0), (12, 200.0), (20, 300.0)]:  # commit times (monotonic seconds)
+        committed["n"] = end
+        targets.committed_at(end, started + at)
+    now = started + 1000.0
+    assert targets.lag_seconds(20, now) == 0.0  # caught up
+    assert targets.lag_seconds(12, now) == 700.0  # line 13 came with the commit at 300
+    assert targets.lag_seconds(11, now) == targets.lag_seconds(8, now) == 800.0  # lines 9..12 at 200
+    assert targets.lag_seconds(7, now) == 900.0  # line 8 at 100 (the same end again is no new commit)
+    # three commit times are kept: an older cursor is aged from the oldest kept (the start's entry went)
+    assert targets.lag_seconds(0, now) == 900.0
 
 
 def test_a_targets_file_is_read_with_a_sentence_for_what_cannot_be_used(tmp_path):

@@ -4,7 +4,7 @@
 SEMANTICS section 5; with no ``--input`` it generates and runs the GeoNames
 default workload. ``skpub workload geonames`` writes a replayable workload.
 ``skpub serve`` runs the daemon; ``publish``, ``subscribe``, ``unsubscribe``,
-``subscriptions`` and ``follow`` talk to a running one (:mod:`skpub.app.remote`).
+``subscriptions``, ``follow`` and ``targets`` talk to a running one (:mod:`skpub.app.remote`).
 """
 
 from __future__ import annotations

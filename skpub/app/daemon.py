@@ -705,6 +705,7 @@ class Daemon:
         snapshot_lines = [orjson.loads(line) for line in produced["snapshots"]]
         controls = commit_controls(report.controls, start, last.totals["snapshots"], snapshot_lines)
         commit = Commit(batch_id, end, totals, controls, self._definitions_of(report.controls, start, end))
+        self.targets.committed_at(totals["deliveries"])  # before the lines can be read: their age is never short
         while True:
             try:
                 self._append(last, produced, commit)
@@ -820,13 +821,16 @@ class _TargetCollector(Collector):
                 "skpub_target_behind_retention", "Delivery lines retention removed before a target took them", labels=by
             ),
             "lag": GaugeMetricFamily("skpub_target_lag", "Committed delivery lines after a target's cursor", labels=by),
+            "lag_seconds": GaugeMetricFamily(
+                "skpub_target_lag_seconds", "Age of the first delivery line after a target's cursor", labels=by
+            ),
             "paused": GaugeMetricFamily("skpub_target_paused", "1 while a target is paused (failing)", labels=by),
         }
         for name in list(self.targets.targets):
             status = self.targets.status(name)
             if status is None:
                 continue
-            for key in ("delivered", "failed", "behind_retention", "lag"):
+            for key in ("delivered", "failed", "behind_retention", "lag", "lag_seconds"):
                 families[key].add_metric([name], status[key])
             families["paused"].add_metric([name], 1.0 if status["state"] == "paused" else 0.0)
         yield from families.values()

@@ -1,7 +1,7 @@
 """The CLI verbs that talk to a running daemon (``publish``, ``subscribe``, ``follow``, ...).
 
-The verbs are ``publish``, ``subscribe``, ``unsubscribe``, ``subscriptions``
-and ``follow``. Each is a thin shell over :class:`skpub.client.Client`: ``--url`` (default
+The verbs are ``publish``, ``subscribe``, ``unsubscribe``, ``subscriptions``,
+``follow`` and ``targets``. Each is a thin shell over :class:`skpub.client.Client`: ``--url`` (default
 ``$SKPUB_URL`` or ``http://127.0.0.1:8750``) and ``--token-file`` (default
 ``$SKPUB_TOKEN``) say which daemon; answers are printed as JSON, one per
 line, on standard output; a refusal is printed on standard error with its
@@ -24,7 +24,7 @@ from skpub.app.serve import load_token
 from skpub.client import LOGS, Client, Refused, save_cursor
 from skpub.kernel.errors import ConfigError
 
-VERBS = ("publish", "subscribe", "unsubscribe", "subscriptions", "follow")
+VERBS = ("publish", "subscribe", "unsubscribe", "subscriptions", "follow", "targets")
 
 
 def add_verbs(sub: argparse._SubParsersAction) -> None:
@@ -61,6 +61,13 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
     follow.add_argument("--sse", action="store_true", help="read the Server-Sent Events stream, not long polls")
     follow.add_argument("--count", type=int, help="stop after this many lines")
     follow.add_argument("--idle-stop", action="store_true", help="stop when a long poll brings nothing")
+    targets = verb("targets", "list, show, define or delete a running daemon's delivery targets")
+    targets.add_argument("name", nargs="?", help="one target (default: list them all)")
+    action = targets.add_mutually_exclusive_group()
+    action.add_argument(
+        "--define", metavar="JSON", help='define NAME: {"kind": "webhook", "url": ..., "subscriptions": "*"} or @FILE'
+    )
+    action.add_argument("--delete", action="store_true", help="delete NAME and its cursor")
 
 
 def run_verb(args: argparse.Namespace) -> int:
@@ -101,12 +108,32 @@ def _answers(client: Client, args: argparse.Namespace) -> Iterator[dict]:
         yield client.unsubscribe(args.id)
     elif args.command == "subscriptions":
         yield from client.subscriptions(kind=args.kind)
+    elif args.command == "targets":
+        yield from _targets(client, args)
     else:
         lines = client.follow(args.after, args.log, args.subscription, args.cursor, args.sse, idle_stop=args.idle_stop)
         for line in islice(lines, args.count) if args.count is not None else lines:
             yield line
             if args.cursor is not None:  # printed: handled (follow saves it only when the next one is asked for)
                 save_cursor(args.cursor, line["offset"])
+
+
+def _targets(client: Client, args: argparse.Namespace) -> Iterator[dict]:
+    if args.name is None:
+        if args.define is not None or args.delete:
+            raise ConfigError("--define and --delete need a target NAME")
+        yield from client.targets()
+    elif args.define is not None:
+        yield client.define_target(args.name, _definition(args.define))
+    elif args.delete:
+        if not client.delete_target(args.name):
+            raise Refused(404, f"no target {args.name!r}")
+        yield {"deleted": args.name}
+    else:
+        status = client.target(args.name)
+        if status is None:
+            raise Refused(404, f"no target {args.name!r}")
+        yield status
 
 
 def _record(line: bytes) -> bytes:
@@ -116,7 +143,7 @@ def _record(line: bytes) -> bytes:
 
 
 def _definition(text: str) -> dict:
-    """Return the definition given as JSON text or ``@FILE``."""
+    """Return the definition (of a subscription or a target) given as JSON text or ``@FILE``."""
     raw = Path(text[1:]).read_text("utf-8") if text.startswith("@") else text
     try:
         definition = json.loads(raw)

@@ -181,11 +181,15 @@ class SnapshotBody(BaseModel):
 
 
 class TargetView(BaseModel):
-    """A delivery target: its definition, cursor (last offset handled), lag, state and counts."""
+    """A delivery target: its definition, cursor (last offset handled), lag, state and counts.
+
+    ``lag``: committed delivery lines after the cursor; ``lag_seconds``: the age of the first of them.
+    """
 
     target: dict[str, Any]
     cursor: int
     lag: int
+    lag_seconds: float
     state: Literal["running", "paused"]
     delivered: int
     failed: int

@@ -29,12 +29,14 @@ of ``secret_file`` when given), ``mqtt`` (QoS 1 to ``topic``), ``nats``
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import logging
 import re
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -59,6 +61,8 @@ LOG = logging.getLogger("skpub.daemon")
 
 POLL_SECONDS = 0.05
 """How often an idle target looks for newly committed deliveries."""
+COMMIT_TIMES = 100_000
+"""Most commits whose time is kept for ``lag_seconds`` (a cursor older than them is aged from the oldest kept)."""
 
 
 class TargetError(ValueError):
@@ -110,6 +114,8 @@ class TargetSpec:
         unknown = set(doc) - known
         if unknown:
             raise TargetError(f"unknown field(s) for a {kind} target: {sorted(unknown)}")
+        if doc.get("name", name) != name:
+            raise TargetError(f"the body names target {doc['name']!r}, the path {name!r}: one target per request")
         url = doc.get("url")
         schemes = SCHEMES[kind]
         if not isinstance(url, str) or not re.fullmatch(rf"({'|'.join(schemes)})://[^\s/]+(/[^\s]*)?", url):
@@ -242,6 +248,13 @@ class Targets:
         The exception ``read`` raises past retention.
     on_change : callable
         Called with a target's name and status after each change (metrics, logs).
+
+    A target's ``lag`` is the committed delivery lines after its cursor;
+    its ``lag_seconds`` is the age of the first of them: seconds since the
+    commit that appended it (:meth:`committed_at`; 0 when caught up). Commit
+    times are kept in memory (the last :data:`COMMIT_TIMES`): lines
+    committed before this process started count from its start, so after a
+    restart the age is a lower bound until the target has caught up.
     """
 
     def __init__(
@@ -257,6 +270,8 @@ class Targets:
         self._read, self._committed, self._earliest, self._gone = read, committed, earliest, gone
         self._on_change = on_change
         self._lock = threading.Lock()
+        self._times_lock = threading.Lock()
+        self._commit_times: deque[tuple[int, float]] = deque([(committed(), time.monotonic())], maxlen=COMMIT_TIMES)
         self.targets: dict[str, Target] = {}
         self._running = False
         self._instance: str | None = None
@@ -341,6 +356,25 @@ class Targets:
             target.path.unlink(missing_ok=True)
         return True
 
+    def committed_at(self, end: int, when: float | None = None) -> None:
+        """Note that delivery lines up to offset ``end`` were committed at ``when`` (``time.monotonic()``)."""
+        with self._times_lock:
+            if end > self._commit_times[-1][0]:
+                self._commit_times.append((end, time.monotonic() if when is None else when))
+
+    def lag_seconds(self, cursor: int, now: float | None = None) -> float:
+        """Return the age in seconds of the first committed delivery line after offset ``cursor`` (0: none).
+
+        O(log :data:`COMMIT_TIMES`).
+        """
+        if cursor >= self._committed():
+            return 0.0
+        with self._times_lock:
+            times = self._commit_times
+            at = bisect.bisect_right(times, cursor, key=lambda entry: entry[0])  # the commit holding cursor + 1
+            when = times[min(at, len(times) - 1)][1]
+        return max(0.0, (time.monotonic() if now is None else now) - when)
+
     def statuses(self) -> list[dict]:
         """Return every target's definition and status, by name."""
         return [s for name in sorted(self.targets) if (s := self.status(name)) is not None]
@@ -356,6 +390,7 @@ class Targets:
             "target": target.spec.to_json(),
             "cursor": s.cursor,
             "lag": s.lag,
+            "lag_seconds": round(self.lag_seconds(s.cursor), 3),
             "state": s.state,
             "delivered": s.delivered,
             "failed": s.failed,
