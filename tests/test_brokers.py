@@ -2,9 +2,9 @@
 ``redis-server``; each test skips, saying so, when its server is not installed: ``.ci/run`` installs them).
 
 Every delivery of a mixed stream reaches the server at least once, in offset order per subscription, across a
-restart of the server in the middle (the target fails, then resumes from its cursor) and a restart of the
-daemon; the consumer's set, de-duplicated by offset, equals the daemon's delivery log (which equals the
-oracle's: tests/test_daemon.py).
+restart of the server in the middle (the target fails, then resumes from its cursor) and a kill -9 of the
+daemon (a ``skpub serve`` process) while it pushes the backlog, then its restart; the consumer's set,
+de-duplicated by offset, equals the daemon's delivery log and the oracle's.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.served import free_port
-from tests.test_targets import check_at_least_once_in_order, open_daemon, settled, wait_until
-from tests.workloads import random_workload, ranked_workload
+from tests.served import Served, free_port
+from tests.test_targets import check_against_oracle, check_at_least_once_in_order, wait_until
+from tests.workloads import deployment, random_workload, ranked_workload
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -133,30 +133,47 @@ def nats_lines(port: int) -> list[dict]:
 
 
 def run_through_restarts(tmp_path: Path, broker: Broker, target: dict, lines_now) -> list[dict]:  # noqa: ANN001
-    """Run a mixed stream with ``target``: the server restarts in the middle, then the daemon; return the
-    daemon's committed deliveries once the target took them all (``lines_now()`` reads what the server has)."""
+    """Run a mixed stream through a ``skpub serve`` with ``target``: the server restarts in the middle; the
+    daemon is killed with SIGKILL while it pushes the backlog the restart left, then restarted. Return the
+    daemon's committed deliveries once the server has them all (``lines_now()`` reads what the server has),
+    after checking them against the oracle."""
+    dep = deployment(evaluators=3, batch_size=40)
+    config = tmp_path / "dep.json"
+    config.write_text(json.dumps(dep.to_json()))
     lines = random_workload(seed=61, n=500) + ranked_workload(seed=62, n=300)
     parts = [lines[:300], lines[300:600], lines[600:]]
-    daemon, client = open_daemon(tmp_path / "data")
+    served = Served(tmp_path / "data", config)
     try:
-        assert client.put("/v1/targets/out", json=target).status_code == 201, client.get("/v1/targets").text
-        client.post("/v1/records", content="".join(line + "\n" for line in parts[0]).encode())
-        wait_until(lambda: settled(daemon, client, ["out"]))
+        reply = served.http.put("/v1/targets/out", json=target)
+        assert reply.status_code == 201, reply.text
+        served.post(parts[0])
+        served.wait_ready()
+        wait_until(lambda: served.http.get("/v1/targets/out").json()["lag"] == 0)
+        before = len({d["offset"] for d in lines_now()})
         broker.stop()
-        client.post("/v1/records", content="".join(line + "\n" for line in parts[1]).encode())
-        wait_until(lambda: daemon.ready and client.get("/v1/targets/out").json()["failed"] > 0)
+        served.post(parts[1])
+        served.wait_ready()
+        wait_until(lambda: served.http.get("/v1/targets/out").json()["failed"] > 0)
+        assert served.http.get("/v1/targets/out").json()["lag"] > 0
         broker.start()
-        wait_until(lambda: settled(daemon, client, ["out"]))
-        daemon.stop()
-        daemon, client = open_daemon(tmp_path / "data")
-        client.post("/v1/records", content="".join(line + "\n" for line in parts[2]).encode())
-        wait_until(lambda: settled(daemon, client, ["out"]))
-        expected = [json.loads(line) for line in daemon.read_committed("deliveries", 0, 1_000_000)]
-        assert client.get("/v1/targets/out").json()["cursor"] == len(expected)
+        wait_until(lambda: len({d["offset"] for d in lines_now()}) > before)  # the backlog is being pushed
+    finally:
+        served.proc.kill()  # kill -9 while it pushes
+        served.proc.wait(60)
+        served.http.close()
+    served = Served(tmp_path / "data", config)
+    try:
+        served.post(parts[2])
+        served.wait_ready()
+        expected = served.read("deliveries")
+        wait_until(lambda: served.http.get("/v1/targets/out").json()["cursor"] == len(expected))
         wait_until(lambda: {d["offset"] for d in lines_now()} >= {d["offset"] for d in expected})
+        check_against_oracle(expected, lines, dep)
         return expected
     finally:
-        daemon.stop()
+        served.proc.kill()
+        served.proc.wait(60)
+        served.http.close()
         broker.stop()
 
 

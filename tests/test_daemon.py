@@ -518,10 +518,18 @@ def test_limits_answer_with_a_clear_status_and_lose_nothing(client):
     assert client.get("/v1/deliveries?limit=0", headers=auth).status_code == 422
     assert client.get("/v1/deliveries?wait=1e308", headers=auth).status_code == 422
     # the data plane is not started here: the backlog grows to its bound
-    ok = client.post("/v1/records", content=b"{}\n" * 50, headers=auth)
-    assert ok.status_code == 202 and ok.json() == {"accepted": 50, "first": 0, "last": 49}
+    definition = {"kind": "range", "rect": [0, 0, 1, 1], "keywords": ["a"]}
+    assert client.put("/v1/subscriptions/a", json=definition, headers=auth).status_code == 202
+    ok = client.post("/v1/records", content=b"{}\n" * 49, headers=auth)
+    assert ok.status_code == 202 and ok.json() == {"accepted": 49, "first": 1, "last": 49}
     full = client.post("/v1/records", content=b"{}\n", headers=auth)
     assert full.status_code == 429 and full.headers["retry-after"] == "1" and client.daemon.ingest.count == 50
+    # a full backlog refuses appends only: a subscription request is answered as it would be otherwise
+    assert client.put("/v1/subscriptions/b", json=definition, headers=auth).status_code == 429
+    assert client.put("/v1/subscriptions/a", json=definition, headers=auth).status_code == 200  # identical
+    assert client.put("/v1/subscriptions/c", json={**definition, "kind": "circle"}, headers=auth).status_code == 422
+    assert client.delete("/v1/subscriptions/zz", headers=auth).status_code == 404
+    assert client.daemon.ingest.count == 50
     client.daemon.stopping.set()
     assert client.delete("/v1/subscriptions/a", headers=auth).status_code == 503
 
@@ -538,11 +546,15 @@ def file_run(tmp_path, lines, dep):
     return Counter(json.dumps(d, sort_keys=True) for d in read_stream(out, "deliveries")), dead
 
 
-def served_outputs(served):
+def served_outputs(served, lines):
+    """The daemon's deliveries and dead letters, as :func:`file_run` counts them, after checking their offsets and
+    that each dead letter names the ingest position of its line (``lines`` were posted in order from position 0)."""
     deliveries = served.read("deliveries")
     assert [d["offset"] for d in deliveries] == list(range(1, len(deliveries) + 1))  # no gap, no duplicate
     dead = served.read("dead_letters")
     assert [d["offset"] for d in dead] == list(range(1, len(dead) + 1))
+    assert [lines[d["position"]] for d in dead] == [d["line"] for d in dead]
+    assert len({d["position"] for d in dead}) == len(dead)
     strip = [{k: v for k, v in d.items() if k != "offset"} for d in deliveries]
     return Counter(json.dumps(d, sort_keys=True) for d in strip), Counter((d["line"], d["reason"]) for d in dead)
 
@@ -583,7 +595,7 @@ def test_records_posted_in_many_requests_equal_a_file_run_of_the_same_lines(tmp_
             assert reply["first"] == start and reply["accepted"] == len(lines[start : start + size])
             start += size
         served.wait_ready()
-        assert served_outputs(served) == file_run(tmp_path, lines, dep)
+        assert served_outputs(served, lines) == file_run(tmp_path, lines, dep)
         snapshots = [{k: v for k, v in line.items() if k != "offset"} for line in served.read("snapshots")]
         assert snapshots == read_stream(tmp_path / "file-run", "snapshots")  # in order, as the oracle's
         taken = {line["snapshot"] for line in snapshots}
@@ -660,7 +672,7 @@ def test_a_consumer_following_deliveries_across_kill_9_sees_each_once(tmp_path, 
         rest = restarted.read("deliveries", after=seen[-1]["offset"])
         everything = seen + rest
         assert [d["offset"] for d in everything] == list(range(1, len(everything) + 1))
-        assert served_outputs(restarted)[0] == file_run(tmp_path, lines, dep)[0]
+        assert served_outputs(restarted, lines)[0] == file_run(tmp_path, lines, dep)[0]
         assert not (tmp_path / "data" / "ingest-000000000000.log").exists()
     finally:
         restarted.proc.terminate()
@@ -693,7 +705,7 @@ def test_kill_9_at_random_moments_with_small_segments_and_compaction_loses_and_r
     try:
         served.post(lines[posted:])
         served.wait_ready()
-        assert served_outputs(served) == file_run(tmp_path, lines, dep)
+        assert served_outputs(served, lines) == file_run(tmp_path, lines, dep)
         data = tmp_path / "data"
         assert not (data / "ingest-000000000000.log").exists()
         assert engine == "spark" or list(data.glob("commits-*.base"))  # Spark's fewer batches: no compaction due

@@ -192,6 +192,12 @@ def test_a_webhook_gets_every_delivery_across_kill_9_of_the_daemon_as_the_oracle
         again.proc.kill()
         again.proc.wait(60)
         receiver.close()
+    check_against_oracle(got, lines, dep)
+
+
+def check_against_oracle(got: list[dict], lines: list[str], dep) -> None:  # noqa: ANN001
+    """De-duplicated by offset, ``got``'s range matches are the oracle's and its topk/knn events fold to the
+    oracle's results for the stream ``lines``."""
     unique = [{k: v for k, v in d.items() if k != "offset"} for d in {d["offset"]: d for d in got}.values()]
     oracle = replay(lines, dep).deliveries
     assert canonical([d for d in unique if d["event"] == "match"]) == canonical(

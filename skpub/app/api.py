@@ -36,7 +36,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import TypeAdapter
 
 from skpub.app.admission import Refusal
-from skpub.app.daemon import LOG, Daemon, Gone
+from skpub.app.daemon import LOG, BacklogFull, Daemon, Gone
 from skpub.app.schemas import (
     PAGES,
     Accepted,
@@ -167,16 +167,20 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
             LOG.warning("refused", extra={"fields": fields})
         return response
 
-    def accept(count: int, post: Callable[[], tuple[int, int] | None]) -> JSONResponse:
-        """Append ``count`` lines with ``post()`` once the daemon can take them; 202, or 200 if nothing changes."""
+    def accept(post: Callable[[], tuple[int, int] | None]) -> JSONResponse:
+        """Append lines with ``post()``; 202, or 200 if nothing changes (429 when the backlog has no room for them).
+
+        A subscription request is checked before the backlog's room is: a
+        refusal or an identical subscribe is answered even when it is full.
+        """
         if daemon.stopping.is_set():
             raise HTTPException(503, "the daemon is shutting down")
         if daemon.failure is not None:
             raise HTTPException(503, f"the data plane stopped: {daemon.failure!r}")
-        if daemon.backlog + count > limits.max_backlog:
-            raise HTTPException(429, "the ingest backlog is full; retry later", headers={"Retry-After": "1"})
         try:
             positions = post()
+        except BacklogFull as exc:
+            raise HTTPException(429, str(exc), headers={"Retry-After": "1"}) from None
         except OSError as exc:
             raise HTTPException(507, f"the ingest log refused the write: {exc.strerror}") from None
         if positions is None:
@@ -204,7 +208,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         full, 503 while shutting down.
         """
         lines = split_lines(await read_body(request))
-        return accept(len(lines), lambda: daemon.post(lines))
+        return accept(lambda: daemon.post(lines))
 
     @app.put(
         "/v1/subscriptions/{sid}",
@@ -244,7 +248,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
             raise Refusal(422, "wrong_field", 'the body\'s "id", if given, is the id in the path')
         # json, not orjson: a decoded line may hold integers beyond 64 bits (floats are written as they were read)
         line = json.dumps({"type": "subscribe", "id": sid, **fields}, ensure_ascii=False).encode()
-        return accept(1, lambda: daemon.post_subscribe(sid, line))
+        return accept(lambda: daemon.post_subscribe(sid, line))
 
     @app.get(
         "/v1/subscriptions/{sid}",
@@ -295,7 +299,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
     def delete_subscription(sid: str) -> JSONResponse:
         """Unsubscribe ``sid``: 202 with its position, or 404 ``unknown_id`` when it is not live (nor will be)."""
         check_id(sid)
-        return accept(1, lambda: daemon.post_unsubscribe(sid))
+        return accept(lambda: daemon.post_unsubscribe(sid))
 
     async def read_body(request: Request) -> bytes:
         """Return the request's body; 413 as soon as it passes ``max_body_bytes`` (it is never held whole)."""
@@ -450,7 +454,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
             raise HTTPException(400, "a snapshot id is a string")
         check_id(sid)
         line = orjson.dumps({"type": "snapshot", "id": sid})
-        reply = accept(1, lambda: daemon.post([line]))
+        reply = accept(lambda: daemon.post([line]))
         return JSONResponse({"id": sid, "position": orjson.loads(reply.body)["first"]}, status_code=202)
 
     @app.get(

@@ -401,7 +401,15 @@ class Daemon:
             return self._acknowledge([orjson.dumps({"type": "unsubscribe", "id": sid})])
 
     def _acknowledge(self, lines: list[bytes]) -> tuple[int, int]:
-        """Append ``lines`` durably and project them for :attr:`admission` (under the ingest lock)."""
+        """Append ``lines`` durably and project them for :attr:`admission` (under the ingest lock).
+
+        Raises
+        ------
+        BacklogFull
+            If the backlog has no room for them (``Limits.max_backlog``): nothing is appended.
+        """
+        if self.backlog + len(lines) > self.limits.max_backlog:
+            raise BacklogFull(self.backlog)
         first, end = self.ingest.append(lines)
         self._acks.append((end, time.monotonic()))
         self.admission.appended(lines, first)
@@ -678,7 +686,10 @@ class Daemon:
         """Append micro-batch ``report.batch_id``'s outputs to the logs, then its entry to the commit log.
 
         ``produced`` holds each output log's entries (SEMANTICS 5 lines,
-        without ``offset``) in commit order. Exactly once across restarts
+        without ``offset``) in commit order; each dead letter also holds its
+        stream position ``pos``, which its entry replaces by ``position``,
+        its ingest position (the one its request was answered with), in
+        position order. Exactly once across restarts
         and replays: a batch the commit log holds is not appended again;
         clients read committed entries only (:meth:`read_committed`), and a
         restart cuts the logs back to the last commit, so a batch whose
@@ -701,6 +712,7 @@ class Daemon:
                 f"micro-batch {batch_id} ({report.records} records) is not the journaled batch after {last.batch} "
                 f"({end - start} records)"
             )
+        produced = {**produced, "dead_letters": _positioned(produced["dead_letters"], start)}
         totals = {name: last.totals[name] + len(entries) for name, entries in produced.items()}
         snapshot_lines = [orjson.loads(line) for line in produced["snapshots"]]
         controls = commit_controls(report.controls, start, last.totals["snapshots"], snapshot_lines)
@@ -834,6 +846,23 @@ class _TargetCollector(Collector):
                 families[key].add_metric([name], status[key])
             families["paused"].add_metric([name], 1.0 if status["state"] == "paused" else 0.0)
         yield from families.values()
+
+
+class BacklogFull(Exception):  # noqa: N818 - an answer (429), not an error of the daemon
+    """The ingest backlog cannot take a request's lines now; the client retries later."""
+
+    def __init__(self, backlog: int) -> None:
+        super().__init__(f"the ingest backlog is full ({backlog} lines not yet processed); retry later")
+
+
+def _positioned(letters: list[bytes], start: int) -> list[bytes]:
+    """Return a batch's dead letters (JSON with ``pos``) with their ingest position instead, in position order.
+
+    ``start`` is the batch's first ingest position; a letter's position is
+    ``start`` plus its index in the batch (:func:`position_index`).
+    """
+    docs = sorted((orjson.loads(line) for line in letters), key=lambda doc: doc["pos"])
+    return [orjson.dumps({"position": start + position_index(doc.pop("pos")), **doc}) for doc in docs]
 
 
 def _target_changed(name: str, status: TargetStatus, event: str | None) -> None:

@@ -104,9 +104,13 @@ class Delivery(_Open):
 
 
 class DeadLetterLine(_Open):
-    """One dead letter (SEMANTICS section 1) with its offset."""
+    """One dead letter (SEMANTICS section 1) with its offset, and the ingest position of its record.
+
+    ``position`` is the one the request was answered with (``POST /v1/records``: ``first`` to ``last``).
+    """
 
     offset: int
+    position: int
     line: str
     reason: str
     message: str

@@ -14,7 +14,8 @@ offset for the consumer to de-duplicate on (SEMANTICS section 7):
   (``{sub}`` is the subscription id) and counts once the broker's PUBACK
   came.
 - **nats** (nats-py): each line is published to JetStream on ``subject``
-  with the header ``Nats-Msg-Id: <data directory id>/<target>/<offset>``,
+  (a batch's lines one after another, then their acknowledgements awaited
+  together) with the header ``Nats-Msg-Id: <data directory id>/<target>/<offset>``,
   so the server drops a resend within its duplicate window and nothing
   else; a stream named after the subject is created if no stream holds it.
 - **redis** (redis-py): ``XADD`` to ``stream`` with the id
@@ -152,9 +153,19 @@ class NatsSender:
             raise SendFailed(f"{type(exc).__name__}: {exc}") from None
 
     async def _publish(self, batch: Batch) -> None:
+        """Publish the lines in offset order without waiting between them, then wait for every acknowledgement.
+
+        One connection delivers messages in the order it wrote them, so the
+        stream gets them in offset order; the batch is taken only when every
+        one was acknowledged (one round trip per batch, not per line).
+        """
+        timeout = self.spec.timeout
+        acks = []
         for offset, sid, line in batch:  # the id names this data directory's target too: no other one collides
             headers = {"Nats-Msg-Id": f"{self.instance}/{self.spec.name}/{offset}"}
-            await self.js.publish(channel(self.spec.subject, sid), line, headers=headers)
+            subject = channel(self.spec.subject, sid)
+            acks.append(await self.js.publish_async(subject, line, wait_stall=timeout, headers=headers))
+        await asyncio.wait_for(asyncio.gather(*acks), timeout)
 
     def close(self) -> None:
         """Close the connection (within the timeout) and the event loop."""

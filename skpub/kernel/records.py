@@ -189,9 +189,10 @@ class DeadLetter:
         """Return the ``internal_error`` dead letter of a record whose processing raised ``exc`` (SEMANTICS 1)."""
         return cls.for_line(pos, line, "internal_error", clip(f"{type(exc).__name__}: {exc}", 500))
 
-    def to_json(self) -> dict[str, str]:
-        """Return the dead-letter output line of SEMANTICS section 5."""
-        return {"line": self.line, "reason": self.reason, "message": self.message}
+    def to_json(self, with_pos: bool = False) -> dict[str, str | int]:
+        """Return the dead-letter output line of SEMANTICS section 5 (with its stream position ``pos`` if asked)."""
+        doc: dict[str, str | int] = {"pos": self.pos} if with_pos else {}
+        return {**doc, "line": self.line, "reason": self.reason, "message": self.message}
 
 
 Subscription = RangeSubscription | TopkSubscription | KnnSubscription

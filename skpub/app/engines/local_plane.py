@@ -116,7 +116,7 @@ class LocalPlane:
             report,
             {
                 "deliveries": [*matches, *(orjson.dumps(e) for e in events)],
-                "dead_letters": [orjson.dumps(d.to_json()) for d in dead],
+                "dead_letters": [orjson.dumps(d.to_json(with_pos=True)) for d in dead],
                 "snapshots": [orjson.dumps(s) for s in snapshots],
             },
         )

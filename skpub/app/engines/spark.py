@@ -223,8 +223,11 @@ def evaluator_keys(spark, evaluators: int) -> list[int]:  # noqa: ANN001
 class Sink:
     """The ``foreachBatch`` sink: counters and rare dead letters of one micro-batch, idempotent per batch id."""
 
-    def __init__(self, output: Path, checkpoint: Checkpoint, observer: RunObserver, deployment: Deployment) -> None:
+    def __init__(
+        self, output: Path, checkpoint: Checkpoint, observer: RunObserver, deployment: Deployment, positions: bool
+    ) -> None:
         self.output = output
+        self.positions = positions  # the daemon's: dead letters keep their stream position (``pos``)
         self.checkpoint = checkpoint
         self.observer = observer
         self.deployment = deployment
@@ -244,7 +247,7 @@ class Sink:
         letters = unique_letters(
             DeadLetter(r["pos"], r["line"], r["reason"], r["message"]) for r in rows if r["payload"] is None
         )
-        write_part(self.output, "dead_letters", batch_id, (d.to_json() for d in letters), "d")
+        write_part(self.output, "dead_letters", batch_id, (d.to_json(self.positions) for d in letters), "d")
         routing = json.loads(self.checkpoint.router_report(batch_id).read_text())
         merge_start = time.thread_time()
         merge = self._merge_before(batch_id)
@@ -621,7 +624,7 @@ def start_query(  # noqa: PLR0913 - the query's whole configuration
         "Append",
         "None",
     )
-    sink = Sink(output, ckpt, observer, deployment)
+    sink = Sink(output, ckpt, observer, deployment, entries)
     query = (
         outputs.writeStream.foreachBatch(sink).option("checkpointLocation", str(ckpt.query)).trigger(**trigger).start()
     )

@@ -137,7 +137,8 @@ class ParseTask:
                 rows_file = checkpoint.located_file(batch_id, part)
                 atomic_write_bytes(rows_file, table_bytes(rows))
                 letters = located.dead_letters
-                write_part(self.output_root, "dead_letters", batch_id, (d.to_json() for d in letters), f"p{part:03d}")
+                dead = (d.to_json(self.entries) for d in letters)  # the daemon's name their positions
+                write_part(self.output_root, "dead_letters", batch_id, dead, f"p{part:03d}")
                 report = {
                     "part": part,
                     "first": first,
@@ -278,7 +279,7 @@ class SequencerTask:
         end = stream_position(batch_id, sum(r["lines"] for r in reports))
         routed = routed_table(items, decisions, self.keys, end)
         rejected = _rejected_letters(self.files, reports, items, decisions, self.entries)
-        letters = b"".join(orjson.dumps(d.to_json()) + b"\n" for d in rejected)
+        letters = b"".join(orjson.dumps(d.to_json(self.entries)) + b"\n" for d in rejected)
         atomic_write_bytes(checkpoint.router_file("delta", batch_id), encode_journal(sequencer.registry.take_journal()))
         if batch_id % ROUTER_BASE_EVERY == ROUTER_BASE_EVERY - 1:
             atomic_write_bytes(checkpoint.router_file("base", batch_id), registry_buffers(sequencer.registry))
