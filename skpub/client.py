@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -155,14 +157,19 @@ class Client:
         reason = body.get("reason") if isinstance(body, dict) else None
         raise Refused(response.status_code, str(detail or response.reason_phrase), reason, body)
 
-    def publish(self, lines: Iterable[str | bytes | dict], body_bytes: int = BODY_BYTES) -> dict:
+    def publish(
+        self, lines: Iterable[str | bytes | dict], body_bytes: int = BODY_BYTES, linger: float | None = None
+    ) -> dict:
         """Append records (JSON-lines text, bytes, or dicts) to the daemon's ingest log, in order.
 
         Returns ``{"accepted": n, "first": position, "last": position}``
         over all the bodies sent (positions are ingest positions; null when
         none). Each body is durable when its request returns. A body is sent
         again only when it never reached the daemon, so no line is appended
-        twice by a retry.
+        twice by a retry. With ``linger`` (seconds), ``lines`` is read on a
+        thread and a body goes as soon as no line came for that long (a live
+        source such as ``tail -f``: its lines are not held back until a body
+        fills).
 
         Raises
         ------
@@ -172,7 +179,7 @@ class Client:
             If the reply to a body was lost: its lines may or may not be appended (the bodies before were).
         """
         total, first, last = 0, None, None
-        for body in _bodies(lines, body_bytes):
+        for body in _bodies(lines, body_bytes, linger):
             reply = self._request("POST", "/v1/records", resend=False, content=body).json()
             total += reply["accepted"]
             first = reply["first"] if first is None else first
@@ -365,11 +372,19 @@ class Client:
             self._request("GET", "/healthz")
 
 
-def _bodies(lines: Iterable[str | bytes | dict], body_bytes: int) -> Iterator[bytes]:
-    """Group ``lines`` into request bodies of at most ``body_bytes`` (a longer line goes alone)."""
+def _bodies(lines: Iterable[str | bytes | dict], body_bytes: int, linger: float | None = None) -> Iterator[bytes]:
+    """Group ``lines`` into request bodies of at most ``body_bytes`` (a longer line goes alone).
+
+    With ``linger``, a body also ends when no line came for ``linger`` seconds (:func:`_with_pauses`).
+    """
     body: list[bytes] = []
     size = 0
-    for line in lines:
+    for line in lines if linger is None else _with_pauses(lines, linger):
+        if line is _PAUSE:
+            if body:
+                yield b"".join(body)
+                body, size = [], 0
+            continue
         raw = json.dumps(line).encode() if isinstance(line, dict) else line.encode() if isinstance(line, str) else line
         raw = raw.rstrip(b"\n") + b"\n"
         if body and size + len(raw) > body_bytes:
@@ -379,6 +394,41 @@ def _bodies(lines: Iterable[str | bytes | dict], body_bytes: int) -> Iterator[by
         size += len(raw)
     if body:
         yield b"".join(body)
+
+
+_PAUSE = object()
+_END = object()
+
+
+def _with_pauses(lines: Iterable, linger: float) -> Iterator:
+    """Yield ``lines``, read on a thread, with :data:`_PAUSE` after each gap of ``linger`` seconds without one.
+
+    At most 1,024 lines wait between the thread and the caller. An exception
+    of the source is raised here; closing this generator early leaves the
+    thread blocked in the source (a daemon thread).
+    """
+    waiting: queue.Queue = queue.Queue(maxsize=1024)
+
+    def read() -> None:
+        try:
+            for line in lines:
+                waiting.put(line)
+            waiting.put(_END)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
+            waiting.put(exc)
+
+    threading.Thread(target=read, name="skpub-publish-reader", daemon=True).start()
+    while True:
+        try:
+            item = waiting.get(timeout=linger)
+        except queue.Empty:
+            yield _PAUSE
+            item = waiting.get()
+        if item is _END:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item
 
 
 def _quoted(sid: str) -> str:

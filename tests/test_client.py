@@ -29,6 +29,30 @@ def test_bodies_keep_every_line_in_order_within_the_size_and_a_long_line_goes_al
     assert [len(b) for b in bodies] == [11, 31, 25]
 
 
+def test_a_live_source_that_pauses_sends_what_it_has_before_the_body_fills():
+    first_sent = threading.Event()
+
+    def live():
+        yield "a"
+        assert first_sent.wait(60), "the body of a was not sent while the source paused"
+        yield b"b"
+        yield "c"
+
+    bodies = _bodies(live(), 1 << 20, linger=0.05)
+    assert next(bodies) == b"a\n"
+    first_sent.set()
+    assert b"".join(bodies) == b"b\nc\n"  # in order, in one body or two
+
+
+def test_a_failing_live_source_raises_to_the_publisher():
+    def broken():
+        yield "a"
+        raise OSError("the pipe broke")
+
+    with pytest.raises(OSError, match="the pipe broke"):
+        list(_bodies(broken(), 1 << 20, linger=0.05))
+
+
 def test_a_full_backlog_is_waited_out_and_a_refusal_carries_its_reason():
     calls = []
 

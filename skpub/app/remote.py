@@ -98,7 +98,8 @@ def _answers(client: Client, args: argparse.Namespace) -> Iterator[dict]:
     if args.command == "publish":
         source = sys.stdin.buffer if args.file == "-" else Path(args.file).open("rb")  # noqa: SIM115 - closed below
         try:
-            yield client.publish(_record(line) for line in source)
+            lines = (_record(line) for line in source)  # standard input may be live (tail -f): it lingers 0.2 s
+            yield client.publish(lines, linger=0.2 if source is sys.stdin.buffer else None)
         finally:
             if source is not sys.stdin.buffer:
                 source.close()
