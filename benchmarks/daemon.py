@@ -203,7 +203,11 @@ def main() -> None:
         "--target", choices=("none", "webhook"), default="none", help="push deliveries to a webhook receiver here"
     )
     parser.add_argument(
-        "--fail-seconds", type=float, default=0.0, help="the webhook answers 500 for this long from the first post"
+        "--fail-seconds",
+        type=float,
+        default=0.0,
+        help="the webhook answers 500 for this long from the first post; with --target none: the same windows'"
+        " rates, to compare with",
     )
     args = parser.parse_args()
     if args.untuned_gc and args.engine == "spark":
@@ -340,7 +344,9 @@ def main() -> None:
             f"  ingest-to-delivery latency: p50 {p50 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms ({len(latencies)} requests)"
         )
         if receiver is not None:
-            print_target(receiver, arrivals, progress, begin, args.fail_seconds, posting)
+            print_target(receiver, arrivals)
+        if args.fail_seconds > 0:
+            print_windows(progress, begin, args.fail_seconds, posting, receiver is not None)
         total = [(t, sum(kib.values()) / 1024) for t, kib in memory]
         start, minutes = total[0][0], int((total[-1][0] - total[0][0]) // 60) + 1
         print("  resident memory per minute, MiB: " + series(per_minute(total, start, minutes)))
@@ -362,8 +368,8 @@ def main() -> None:
               + ", ".join(f"{name} {size / 2**20:.1f}" for name, size in sorted(kept.items())) + ")")  # fmt: skip
 
 
-def print_target(receiver, arrivals, progress, begin, fail_seconds, posting) -> None:  # noqa: ANN001
-    """Print the webhook's deliveries and their latency, and the data plane's rate while it failed and after."""
+def print_target(receiver, arrivals) -> None:  # noqa: ANN001
+    """Print the webhook's deliveries and their latency."""
     took = sorted(arrivals)
     unique = {d["offset"] for body in receiver.bodies for d in body["deliveries"]}
     if took:
@@ -371,15 +377,20 @@ def print_target(receiver, arrivals, progress, begin, fail_seconds, posting) -> 
         print(f"  webhook: {len(unique)} delivery lines ({len(took)} with their arrivals timed); acknowledged POST"
               f" to arrival at the webhook: p50 {p50 * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms")  # fmt: skip
     receiver.close()
-    if fail_seconds > 0:
 
-        def rate(start: float, end: float) -> float:
-            inside = [(t, n) for t, n in progress if begin + start <= t <= begin + end]
-            return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0]) if len(inside) > 1 else 0.0
 
-        failing, after = rate(5, fail_seconds), rate(fail_seconds + 5, posting)
-        print(f"  data plane while the webhook failed (5 s to {fail_seconds:.0f} s): {failing:,.0f} lines/s processed;"
-              f" after it answered again: {after:,.0f} lines/s ({failing / max(after, 1e-9):.2f}x)")  # fmt: skip
+def print_windows(progress, begin: float, fail_seconds: float, posting: float, webhook: bool) -> None:  # noqa: ANN001
+    """Print the data plane's rate from 5 s to ``fail_seconds`` (the webhook failing, if there is one) and after."""
+
+    def rate(start: float, end: float) -> float:
+        inside = [(t, n) for t, n in progress if begin + start <= t <= begin + end]
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][0] - inside[0][0]) if len(inside) > 1 else 0.0
+
+    failing, after = rate(5, fail_seconds), rate(fail_seconds + 5, posting)
+    what = "while the webhook failed" if webhook else "with no target"
+    then = "after it answered again" if webhook else "after"
+    print(f"  data plane {what} (5 s to {fail_seconds:.0f} s): {failing:,.0f} lines/s processed;"
+          f" {then}: {after:,.0f} lines/s ({failing / max(after, 1e-9):.2f}x)")  # fmt: skip
 
 
 def disk_by_log(data: Path) -> dict[str, int]:
