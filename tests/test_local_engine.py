@@ -1,6 +1,7 @@
 import json
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pytest
 from hypothesis import given
@@ -135,11 +136,12 @@ _ids = st.text(st.characters(exclude_categories=("Cs",)), max_size=8)
 @given(st.lists(st.tuples(st.integers(0, 2**62), _ids, _ids), max_size=30), st.integers(0, 3))
 def test_delivery_lines_are_one_json_line_per_match_in_order(rows, cut):
     """Plain, dictionary-encoded and sliced id columns: each line reads back as its match (ids with quotes,
-    backslashes, control and non-BMP characters), in order, and nothing else is written."""
+    backslashes, control and non-BMP characters), in order, and nothing else is written; the bytes are orjson's."""
     from skpub.kernel.messages import Deliveries
     from skpub.kernel.parts import delivery_lines
 
     expected = [{"sub": s, "obj": o, "event": "match"} for _, s, o in rows[cut:]]
+    exact = b"".join(orjson.dumps(line) + b"\n" for line in expected)
     plain = Deliveries.of(rows)
     sliced = Deliveries(plain.pos[cut:], plain.sub.slice(cut), plain.obj.slice(cut))
     encoded = Deliveries(sliced.pos, sliced.sub.dictionary_encode(), sliced.obj.dictionary_encode())
@@ -147,6 +149,7 @@ def test_delivery_lines_are_one_json_line_per_match_in_order(rows, cut):
         data = delivery_lines(deliveries)
         assert data.endswith(b"\n") or not rows[cut:]
         assert [json.loads(line) for line in data.splitlines()] == expected
+        assert data == exact
     assert (
         delivery_lines(Deliveries(np.empty(0, np.int64), pa.array([], pa.string()), pa.array([], pa.string()))) == b""
     )

@@ -157,10 +157,30 @@ _EMPTY = pa.scalar(b"", pa.large_binary())
 
 
 def _json_strings(ids: pa.Array) -> pa.LargeBinaryArray:
-    """Return each string of ``ids`` (plain or dictionary-encoded) as its JSON text, each distinct one encoded once."""
+    r"""Return each string of ``ids`` (plain or dictionary-encoded) as its JSON text, each distinct one encoded once.
+
+    The text orjson writes: a string without ``"``, ``\`` or a control
+    character (below U+0020) is itself between quotes, joined in Arrow;
+    only the others are encoded by orjson, in Python.
+    """
     encoded = ids if pa.types.is_dictionary(ids.type) else pc.dictionary_encode(ids)
-    texts = pa.array([orjson.dumps(s) for s in encoded.dictionary.to_pylist()], pa.large_binary())
+    names = encoded.dictionary.cast(pa.large_string())
+    texts = pc.binary_join_element_wise(_QUOTE, names, _QUOTE, _NO_TEXT).cast(pa.large_binary())
+    escaped = pc.match_substring_regex(names, _NEEDS_ESCAPE)
+    if pc.any(escaped).as_py():
+        which = np.flatnonzero(escaped.to_numpy(zero_copy_only=False))
+        fixed = [orjson.dumps(s) for s in names.take(pa.array(which)).to_pylist()]
+        parts = texts.to_pylist()
+        for i, text in zip(which.tolist(), fixed, strict=True):
+            parts[i] = text
+        texts = pa.array(parts, pa.large_binary())
     return texts.take(encoded.indices)
+
+
+_QUOTE = pa.scalar('"', pa.large_string())
+_NO_TEXT = pa.scalar("", pa.large_string())
+_NEEDS_ESCAPE = r'["\\\x00-\x1f]'
+"""A character JSON writes escaped (RE2): a quote, a backslash, a control character."""
 
 
 def read_batches(root: str | Path, stream: str) -> dict[int, list[dict]]:
