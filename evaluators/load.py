@@ -4,13 +4,16 @@ An evaluator keeps, across micro-batches, the cost of each fine cell of its
 partition (Tornado Eq. 1: the candidate subscriptions of each object, range
 and ranked, plus ``object_cost`` per object, as
 :class:`~skpub.evaluators.stats.CellCostStats` counts them),
-decayed by ``decay`` per batch so that recent load dominates, and per
-rectangle of its partition the row, column and overall aggregates of that
-cost, each updated per object in O(rectangles of the partition), a handful:
-values are stored multiplied by a running scale (``1 / decay`` per batch)
-instead of decaying every value at every batch, and renormalized when the
-scale grows large (cells decayed below 1e-9 cost units are then dropped). Query counts are
-kept as subscription parts that start and end on each row and column
+decayed by ``decay`` per batch so that recent load dominates: values are
+stored multiplied by a running scale (``1 / decay`` per batch) instead of
+decaying every value at every batch, and renormalized when the scale grows
+large (cells decayed below 1e-9 cost units are then dropped). The cells are
+two arrays (ids ascending, scaled costs): a batch's costs are added in one
+numpy step, a move takes or brings them as slices, and the row, column and
+grid^t block aggregates of each rectangle are summed from them when a
+summary is read (``bincount`` in cell-id order, so a restored or moved
+copy sums exactly as the original). Query counts are kept as subscription
+parts that start and end on each row and column
 (:class:`skpub.kernel.load.RectangleLoad`) and per grid^t block: a subscribe
 or unsubscribe notes its part in O(1), and the parts noted are counted
 together, in numpy, when the counts are next read (the batch's summary or a
@@ -19,14 +22,16 @@ new partition).
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 import orjson
 
-from skpub.kernel.grid import CellBox, intersect_boxes, union_boxes
+from skpub.kernel.grid import CellBox, union_boxes
 from skpub.kernel.load import BlockLoad, LoadSummary, RectangleLoad
 
-LOAD_FORMAT = 1
-"""Format of :meth:`CellLoad.to_document`."""
+LOAD_FORMAT = 2
+"""Format of :meth:`CellLoad.to_document` (1, with the aggregates as well, is read too)."""
 _RENORMALIZE = 1e100
 _FORGOTTEN = 1e-9
 """Cost units below which a cell is dropped at a renormalization (bounds memory by the recent load)."""
@@ -37,15 +42,16 @@ _CHUNK_ENTRIES = 1 << 18
 
 
 class _Rectangle:
-    """The raw (scaled) aggregates of one rectangle."""
+    """One rectangle of the partition and its query counts (its cost aggregates are summed when read)."""
 
-    __slots__ = ("box", "columns", "rows", "starts_x", "ends_x", "starts_y", "ends_y")
+    __slots__ = ("box", "block_x0", "block_y0", "queries", "starts_x", "ends_x", "starts_y", "ends_y")
 
-    def __init__(self, box: CellBox) -> None:
+    def __init__(self, box: CellBox, block: int) -> None:
         x0, y0, x1, y1 = box
         self.box = box
-        self.columns = [0.0] * (x1 - x0 + 1)
-        self.rows = [0.0] * (y1 - y0 + 1)
+        self.block_x0, self.block_y0 = x0 // block, y0 // block
+        self.queries = np.zeros((y1 // block - y0 // block + 1, x1 // block - x0 // block + 1), dtype=np.int64)
+        """Subscription parts meeting each grid^t block of the rectangle, ``[block row, block column]``."""
         self.starts_x = np.zeros(x1 - x0 + 1, dtype=np.int64)
         self.ends_x = np.zeros(x1 - x0 + 1, dtype=np.int64)
         self.starts_y = np.zeros(y1 - y0 + 1, dtype=np.int64)
@@ -89,205 +95,172 @@ class CellLoad:
         self.grid_t_block = grid_t_block
         self.decay = decay
         self._scale = 1.0
-        self._cells: dict[int, float] = {}
+        self._ids = np.empty(0, dtype=np.int64)
+        """Cells with cost, ascending (``cy * size + cx``)."""
+        self._raw = np.empty(0, dtype=np.float64)
+        """Their costs times the running scale."""
         self._parts: dict[str, CellBox] = {}
         self._rects: list[_Rectangle] = []
-        self._block_queries: dict[tuple[int, int, int], int] = {}
-        self._block_costs: dict[tuple[int, int, int], float] = {}
-        self._pending: list[tuple[CellBox, int]] = []
+        self._pending = array("q")
+        """Parts noted and not counted yet, five integers each: the box's ``x0, y0, x1, y1`` and the step."""
         self.set_partition(rectangles)
 
     def set_partition(self, rectangles: list[CellBox]) -> None:
-        """Take a new partition: cells outside it are forgotten; O(cells with cost + parts x rectangles).
+        """Take a new partition: cells outside it are forgotten; O(cells with cost x rectangles + parts), numpy.
 
-        The parts noted are counted first, in the rectangles held so far.
-
-        A rectangle the partition already had keeps its aggregates (a move
-        takes cells only from rectangles it cuts, :meth:`take`, and costs put
-        into a held one joined them, :meth:`put`); the others' are computed
-        from the cells and subscription parts held.
+        The parts noted are counted first, in the rectangles held so far. A
+        rectangle the partition already had keeps its query counts; the
+        others' are counted from the subscription parts held.
         """
         self._flush()
-        old = {r.box: (i, r) for i, r in enumerate(self._rects)}
-        rects: list[_Rectangle] = []
-        remap: dict[int, int] = {}
+        old = {r.box: r for r in self._rects}
         fresh: list[int] = []
+        rects: list[_Rectangle] = []
         for j, box in enumerate(tuple(b) for b in rectangles):
-            if box in old:
-                remap[old[box][0]] = j
-                rects.append(old[box][1])
-            else:
+            if box not in old:
                 fresh.append(j)
-                rects.append(_Rectangle(box))
-        self._rects, self._rect_memo = rects, {}
-        self._block_costs = {(remap[i], gx, gy): v for (i, gx, gy), v in self._block_costs.items() if i in remap}
-        self._block_queries = {(remap[i], gx, gy): v for (i, gx, gy), v in self._block_queries.items() if i in remap}
-        cells = self._cells
-        ids = np.fromiter(cells, dtype=np.int64, count=len(cells))
-        raws = np.fromiter(cells.values(), dtype=np.float64, count=len(cells))
-        ys, xs = np.divmod(ids, self.size)
-        where = np.full(len(ids), -1, dtype=np.int64)
-        for j, r in enumerate(rects):  # the rectangle of every cell with cost, O(cells x rectangles) in numpy
-            x0, y0, x1, y1 = r.box
-            where[(xs >= x0) & (xs <= x1) & (ys >= y0) & (ys <= y1)] = j
-        kept = where >= 0
-        self._rect_memo = dict(zip(ids[kept].tolist(), where[kept].tolist(), strict=True))
-        if not kept.all():  # most take-overs keep every cell: the dict stays as it is then
-            self._cells = dict(zip(ids[kept].tolist(), raws[kept].tolist(), strict=True))
-        for j in fresh:
-            mine = where == j
-            self._sum_cells(j, xs[mine], ys[mine], raws[mine])
+            rects.append(old.get(box) or _Rectangle(box, self.grid_t_block))
+        self._rects = rects
+        kept = self._inside(self._ids)
+        if not kept.all():
+            self._ids, self._raw = self._ids[kept], self._raw[kept]
         if fresh and self._parts:
             boxes = np.array(list(self._parts.values()), dtype=np.int64).reshape(-1, 4)
             self._count_parts(fresh, boxes, np.ones(len(boxes), dtype=np.int64))
 
-    def _sum_cells(self, i: int, xs: np.ndarray, ys: np.ndarray, raws: np.ndarray) -> None:
-        """Set new rectangle ``i``'s aggregates from its cells with cost (columns ``xs``, rows ``ys``, raw costs).
-
-        The sums :meth:`_add_raw` would make cell by cell, in the same order
-        (``bincount`` adds its weights in input order): O(cells + lines), numpy.
-        """
-        r = self._rects[i]
-        x0, y0, x1, y1 = r.box
-        # float64 even with no cell (bincount of nothing gives integers): the document writes 0.0, as before
-        r.columns = np.bincount(xs - x0, weights=raws, minlength=x1 - x0 + 1).astype(np.float64).tolist()
-        r.rows = np.bincount(ys - y0, weights=raws, minlength=y1 - y0 + 1).astype(np.float64).tolist()
-        b = self.grid_t_block
-        gx0, gy0, width = x0 // b, y0 // b, x1 // b - x0 // b + 1
-        keys = (ys // b - gy0) * width + (xs // b - gx0)
-        sums, held = np.bincount(keys, weights=raws), np.bincount(keys)
-        for k in np.flatnonzero(held).tolist():
-            self._block_costs[(i, gx0 + k % width, gy0 + k // width)] = float(sums[k])
+    def _inside(self, ids: np.ndarray) -> np.ndarray:
+        """Return, per cell id, whether a rectangle of the partition holds it; O(cells x rectangles), numpy."""
+        ys, xs = np.divmod(ids, self.size)
+        inside = np.zeros(len(ids), dtype=bool)
+        for r in self._rects:
+            x0, y0, x1, y1 = r.box
+            inside |= (xs >= x0) & (xs <= x1) & (ys >= y0) & (ys <= y1)
+        return inside
 
     @property
     def rectangles(self) -> list[CellBox]:
         """The rectangles of the partition, in the order :meth:`set_partition` took them."""
         return [r.box for r in self._rects]
 
+    def cell_costs(self) -> dict[int, float]:
+        """Return the decayed cost of every cell held (cell id -> cost units); O(cells)."""
+        return dict(zip(self._ids.tolist(), (self._raw / self._scale).tolist(), strict=True))
+
     def to_document(self) -> bytes:
-        """Return the decayed costs and their aggregates as a versioned JSON document (the Spark state store's).
+        """Return the decayed costs as a versioned JSON document (the Spark state store's).
 
         Floats are written exactly (orjson's shortest round-trip form), so a
         restored evaluator's summaries equal the live one's bit for bit and a
         replayed batch decides as its first attempt. Query counts are not
         written: :meth:`restore` counts them again from the subscriptions.
-        Size O(cells with cost + rows and columns of the rectangles + blocks).
+        Size O(cells with cost + rectangles).
         """
-        cells = sorted(self._cells.items())
         return orjson.dumps({
             "format": LOAD_FORMAT,
             "scale": self._scale,
-            "cells": [[c for c, _ in cells], [v for _, v in cells]],
-            "rectangles": [[list(r.box), r.columns, r.rows] for r in self._rects],
-            "blocks": [[*key, v] for key, v in sorted(self._block_costs.items())],
+            "cells": [self._ids.tolist(), self._raw.tolist()],
+            "rectangles": [list(r.box) for r in self._rects],
         })  # fmt: skip
 
     def restore(self, data: bytes, parts: dict[str, CellBox]) -> None:
         """Take the state of :meth:`to_document` and count the subscription parts ``parts`` (id -> cell box).
 
+        A document of format 1 (skpub before 2026-11-29, which also wrote
+        the aggregates) is read for its cells and rectangles.
+
         Raises
         ------
         ValueError
-            If ``data`` is not such a document of this format.
+            If ``data`` is not such a document of a format this skpub reads.
         """
         try:
             raw = orjson.loads(data)
-            if raw["format"] != LOAD_FORMAT:
-                raise ValueError(f"format {raw['format']!r}, this skpub reads format {LOAD_FORMAT}")
-            rects = []
-            for box, columns, rows in raw["rectangles"]:
-                r = _Rectangle(tuple(int(c) for c in box))
-                if len(columns) != len(r.columns) or len(rows) != len(r.rows):
-                    raise ValueError(f"rectangle {box} has {len(columns)} columns and {len(rows)} rows")
-                r.columns, r.rows = [float(v) for v in columns], [float(v) for v in rows]
-                rects.append(r)
+            if raw["format"] not in (1, LOAD_FORMAT):
+                raise ValueError(f"format {raw['format']!r}, this skpub reads formats 1 and {LOAD_FORMAT}")
+            boxes = [entry[0] if raw["format"] == 1 else entry for entry in raw["rectangles"]]
+            rects = [_Rectangle(_box(box, self.size), self.grid_t_block) for box in boxes]
             ids, values = raw["cells"]
-            cells = {int(c): float(v) for c, v in zip(ids, values, strict=True)}
-            blocks = {(int(i), int(gx), int(gy)): float(v) for i, gx, gy, v in raw["blocks"]}
+            if len(ids) != len(values):
+                raise ValueError(f"{len(ids)} cells and {len(values)} costs")
+            cell_ids = np.array(ids, dtype=np.int64)
+            costs = np.array(values, dtype=np.float64)
+            if len(cell_ids) and (np.any(np.diff(cell_ids) <= 0) or cell_ids[0] < 0 or cell_ids[-1] >= self.size**2):
+                raise ValueError("cell ids are not ascending fine-grid cells")
             scale = float(raw["scale"])
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+            if not (np.isfinite(scale) and scale >= 1.0 and np.isfinite(costs).all() and (costs >= 0).all()):
+                raise ValueError("the scale is a finite number from 1 and the costs finite and not negative")
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
             raise ValueError(f"damaged load statistics: {exc}") from None
-        self._scale, self._cells, self._rects, self._rect_memo = scale, cells, rects, {}
-        self._block_costs, self._block_queries, self._parts, self._pending = blocks, {}, {}, []
+        self._scale, self._ids, self._raw, self._rects = scale, cell_ids, costs, rects
+        self._parts, self._pending = {}, array("q")
         for sid, box in parts.items():
             self.add_subscription(sid, box)
 
-    def _rect_index(self, cx: int, cy: int) -> int:
-        """Return the index of the rectangle holding cell ``(cx, cy)``, or -1; memoized per cell."""
-        cell = cy * self.size + cx
-        i = self._rect_memo.get(cell)
-        if i is None:
-            i = next(
-                (i for i, r in enumerate(self._rects) if r.box[0] <= cx <= r.box[2] and r.box[1] <= cy <= r.box[3]), -1
-            )
-            self._rect_memo[cell] = i
-        return i
-
-    def _add_raw(self, cell: int, cx: int, cy: int, raw: float) -> None:
-        i = self._rect_index(cx, cy)
-        if i < 0:
-            return
-        r = self._rects[i]
-        self._cells[cell] = self._cells.get(cell, 0.0) + raw
-        r.columns[cx - r.box[0]] += raw
-        r.rows[cy - r.box[1]] += raw
-        key = (i, cx // self.grid_t_block, cy // self.grid_t_block)
-        self._block_costs[key] = self._block_costs.get(key, 0.0) + raw
-
     def add_cost(self, cx: int, cy: int, cost: float) -> None:
-        """Account ``cost`` units in cell ``(cx, cy)`` in this batch; O(rectangles of the partition)."""
-        self._add_raw(cy * self.size + cx, cx, cy, cost * self._scale)
+        """Account ``cost`` units in cell ``(cx, cy)`` in this batch (nothing outside the partition)."""
+        self._account(np.array([cy * self.size + cx], dtype=np.int64), np.array([cost], dtype=np.float64))
 
     def add_costs(self, cells: dict[int, float]) -> None:
-        """Account a batch's per-cell costs (``cell id -> cost``, as ``CellCostStats.cells``), when kept."""
-        if not self.kept:
+        """Account a batch's per-cell costs (``cell id -> cost``, as ``CellCostStats.cells``), when kept.
+
+        O(cells x rectangles + cells held), numpy.
+        """
+        if self.kept and cells:
+            ids = np.fromiter(cells, dtype=np.int64, count=len(cells))
+            self._account(ids, np.fromiter(cells.values(), dtype=np.float64, count=len(cells)))
+
+    def _account(self, ids: np.ndarray, costs: np.ndarray) -> None:
+        """Add distinct cells' costs, those the partition holds, scaled."""
+        inside = self._inside(ids)
+        self._add_raw(ids[inside], costs[inside] * self._scale)
+
+    def _add_raw(self, ids: np.ndarray, raws: np.ndarray) -> None:
+        """Add scaled costs to distinct cells ``ids``: in place when every one is held, else by a merge."""
+        if not len(ids):
             return
-        for cell, cost in cells.items():
-            cy, cx = divmod(cell, self.size)
-            self.add_cost(cx, cy, cost)
+        held = self._ids
+        at = np.searchsorted(held, ids)
+        found = at < len(held)
+        found[found] = held[at[found]] == ids[found]
+        if found.all():
+            self._raw[at] += raws
+            return
+        merged = np.concatenate([held, ids])
+        cells, where = np.unique(merged, return_inverse=True)
+        self._raw = np.bincount(where, weights=np.concatenate([self._raw, raws]), minlength=len(cells))
+        self._ids = cells
 
     def take(self, cells: CellBox) -> dict[int, float]:
         """Remove and return the decayed costs of the cells inside ``cells`` (a move carries them).
 
-        O(cells with cost), in numpy.
-
-        ``cells`` lies in one rectangle that the move cuts or gives away:
-        the next :meth:`set_partition` computes the aggregates of what
-        replaces it.
+        O(cells with cost), in numpy. ``cells`` lies in one rectangle that
+        the move cuts or gives away: the next :meth:`set_partition` replaces it.
         """
         x0, y0, x1, y1 = cells
-        ids = np.fromiter(self._cells, dtype=np.int64, count=len(self._cells))
-        ys, xs = np.divmod(ids, self.size)
-        inside = ids[(xs >= x0) & (xs <= x1) & (ys >= y0) & (ys <= y1)].tolist()
-        return {cell: self._cells.pop(cell) / self._scale for cell in inside}
+        ys, xs = np.divmod(self._ids, self.size)
+        inside = (xs >= x0) & (xs <= x1) & (ys >= y0) & (ys <= y1)
+        taken = dict(zip(self._ids[inside].tolist(), (self._raw[inside] / self._scale).tolist(), strict=True))
+        self._ids, self._raw = self._ids[~inside], self._raw[~inside]
+        return taken
 
     def put(self, costs: dict[int, float]) -> None:
-        """Add decayed cell costs brought by a move; O(cells x rectangles) at worst.
+        """Add decayed cell costs brought by a move; O(cells brought + cells held), numpy.
 
         A cell of a rectangle held already (a text merge's: the rectangle
-        stays, the leaving evaluator's costs join it) joins its aggregates now;
-        any other waits for the next :meth:`set_partition`, which adds its rectangle.
+        stays, the leaving evaluator's costs join it) counts from the next
+        summary; any other from the :meth:`set_partition` that adds its rectangle.
         """
-        for cell, cost in costs.items():
-            cy, cx = divmod(cell, self.size)
-            if self._rect_index(cx, cy) >= 0:
-                self._add_raw(cell, cx, cy, cost * self._scale)
-            else:
-                self._cells[cell] = self._cells.get(cell, 0.0) + cost * self._scale
+        if costs:
+            ids = np.fromiter(costs, dtype=np.int64, count=len(costs))
+            self._add_raw(ids, np.fromiter(costs.values(), dtype=np.float64, count=len(costs)) * self._scale)
 
     def end_batch(self) -> None:
         """Close a micro-batch: everything so far now weighs ``decay`` times less."""
         self._scale /= self.decay
         if self._scale > _RENORMALIZE:
-            s, cells = self._scale, self._cells
-            self._scale, self._cells, self._block_costs = 1.0, {}, {}
-            for r in self._rects:
-                r.columns = [0.0] * len(r.columns)
-                r.rows = [0.0] * len(r.rows)
-            for cell, raw in cells.items():
-                if raw / s >= _FORGOTTEN:
-                    cy, cx = divmod(cell, self.size)
-                    self._add_raw(cell, cx, cy, raw / s)
+            decayed = self._raw / self._scale
+            kept = (decayed >= _FORGOTTEN) & self._inside(self._ids)
+            self._scale, self._ids, self._raw = 1.0, self._ids[kept], decayed[kept]
 
     def _flush(self) -> None:
         """Count the subscription parts noted since the last flush, in every rectangle.
@@ -299,9 +272,9 @@ class CellLoad:
         """
         if not self._pending:
             return
-        boxes = np.array([box for box, _ in self._pending], dtype=np.int64)
-        steps = np.array([step for _, step in self._pending], dtype=np.int64)
-        self._pending = []
+        notes = np.frombuffer(self._pending, dtype=np.int64).reshape(-1, 5).copy()
+        self._pending = array("q")
+        boxes, steps = notes[:, :4], notes[:, 4]
         self._count_parts(list(range(len(self._rects))), boxes, steps)
 
     def _count_parts(self, which: list[int], boxes: np.ndarray, steps: np.ndarray) -> None:
@@ -351,7 +324,6 @@ class CellLoad:
             for at, sign in (((gy0 * width + gx0), up), ((gy0 * width + gx1), ~up),
                              ((gy1 * width + gx0), ~up), ((gy1 * width + gx1), up)):  # fmt: skip
                 diff += _signed_count(origin + at, sign, len(diff))
-        queries = self._block_queries
         for j, i in enumerate(which):
             r = self._rects[i]
             r.starts_x += lines["starts_x"][xbase[j] : xbase[j] + widths[j]]
@@ -359,13 +331,8 @@ class CellLoad:
             r.starts_y += lines["starts_y"][ybase[j] : ybase[j] + heights[j]]
             r.ends_y += lines["ends_y"][ybase[j] : ybase[j] + heights[j]]
             mine = diff[gbase[j] : gbase[j] + gw[j] * gh[j]]
-            if not mine.any():
-                continue
-            blocks = mine.reshape(gh[j], gw[j]).cumsum(axis=0).cumsum(axis=1)
-            gys, gxs = np.nonzero(blocks)
-            for gy, gx, n in zip(gys.tolist(), gxs.tolist(), blocks[gys, gxs].tolist(), strict=True):
-                key = (i, int(gx_first[j]) + gx, int(gy_first[j]) + gy)
-                queries[key] = queries.get(key, 0) + n
+            if mine.any():  # the far row and column of the difference array sum to nothing
+                r.queries += mine.reshape(gh[j], gw[j]).cumsum(axis=0).cumsum(axis=1)[:-1, :-1]
 
     def add_subscription(self, sid: str, box: CellBox) -> None:
         """Count range subscription ``sid`` indexed over cell box ``box`` (``queryCount`` +1 where it lies).
@@ -391,44 +358,73 @@ class CellLoad:
 
     def _note(self, box: CellBox, step: int) -> None:
         """Note a part's box and sign for :meth:`_flush`; O(1) amortized (a flush every :data:`_PENDING_MAX`)."""
-        self._pending.append((box, step))
-        if len(self._pending) >= _PENDING_MAX:
+        self._pending.extend(box)
+        self._pending.append(step)
+        if len(self._pending) >= 5 * _PENDING_MAX:
             self._flush()
 
     def summary(self, evaluator: int, batch: int) -> LoadSummary:
-        """Return the load summary sent to the balancer; O(rows + columns + blocks with load).
+        """Return the load summary sent to the balancer.
 
-        The parts noted since the last count are counted first
-        (:meth:`_flush`, O(parts noted x rectangles)). Costs are decayed cost units (divided by the running scale).
+        O(cells with cost x rectangles + rows, columns and blocks) in numpy,
+        plus O(blocks with load) in Python. The parts noted since the last
+        count are counted first (:meth:`_flush`, O(parts noted x
+        rectangles)). Costs are decayed cost units (divided by the running
+        scale), summed per row, column and grid^t block in cell-id order.
+        Blocks come by rectangle, then block column, then block row; a block
+        is left out when no cell of it has cost and no part meets it.
         """
         self._flush()
-        s = self._scale
-        rects = tuple(
-            RectangleLoad(
-                r.box,
-                np.array(r.columns) / s,
-                np.array(r.rows) / s,
-                r.starts_x.copy(),
-                r.ends_x.copy(),
-                r.starts_y.copy(),
-                r.ends_y.copy(),
+        s, b = self._scale, self.grid_t_block
+        ys, xs = np.divmod(self._ids, self.size)
+        rects, blocks = [], []
+        for r in self._rects:
+            x0, y0, x1, y1 = r.box
+            mine = (xs >= x0) & (xs <= x1) & (ys >= y0) & (ys <= y1)
+            cx, cy, raw = xs[mine], ys[mine], self._raw[mine]
+            columns = np.bincount(cx - x0, weights=raw, minlength=x1 - x0 + 1).astype(np.float64) / s
+            rows = np.bincount(cy - y0, weights=raw, minlength=y1 - y0 + 1).astype(np.float64) / s
+            rects.append(
+                RectangleLoad(r.box, columns, rows, r.starts_x.copy(), r.ends_x.copy(), r.starts_y.copy(),
+                              r.ends_y.copy())
+            )  # fmt: skip
+            high, wide = r.queries.shape
+            keys = (cy // b - r.block_y0) * wide + (cx // b - r.block_x0)
+            costs = np.bincount(keys, weights=raw, minlength=high * wide).reshape(high, wide) / s
+            held = np.bincount(keys, minlength=high * wide).reshape(high, wide) > 0
+            gx, gy = np.nonzero((held | (r.queries != 0)).T)
+            gx0, gy0 = (gx + r.block_x0) * b, (gy + r.block_y0) * b
+            boxes = zip(
+                np.maximum(gx0, x0).tolist(), np.maximum(gy0, y0).tolist(),
+                np.minimum(gx0 + b - 1, x1).tolist(), np.minimum(gy0 + b - 1, y1).tolist(), strict=True,
+            )  # fmt: skip
+            blocks.extend(
+                BlockLoad(box, cost, queries)
+                for box, cost, queries in zip(boxes, costs[gy, gx].tolist(), r.queries[gy, gx].tolist(), strict=True)
             )
-            for r in self._rects
-        )
-        b, costs = self.grid_t_block, self._block_costs
-        blocks = []
-        for key in sorted(set(costs) | {k for k, v in self._block_queries.items() if v}):
-            i, gx, gy = key
-            cells = intersect_boxes(self._rects[i].box, (gx * b, gy * b, gx * b + b - 1, gy * b + b - 1))
-            assert cells is not None
-            blocks.append(BlockLoad(cells, costs.get(key, 0.0) / s, self._block_queries.get(key, 0)))
-        return LoadSummary(evaluator, batch, rects, tuple(blocks))
+        return LoadSummary(evaluator, batch, tuple(rects), tuple(blocks))
 
     def centralized_nbytes(self) -> int:
         """Bytes the centralized alternative would send: every cell with cost, as (cell id, cost)."""
-        return 12 * len(self._cells)
+        return 12 * len(self._ids)
 
 
 def _signed_count(at: np.ndarray, up: np.ndarray, size: int) -> np.ndarray:
     """Return, per index below ``size``, how many of ``at`` with ``up`` name it minus how many without; int64."""
     return np.bincount(at[up], minlength=size) - np.bincount(at[~up], minlength=size)
+
+
+def _box(raw: list, size: int) -> CellBox:
+    """Return a rectangle read from a document as a cell box of a ``size``-sided grid.
+
+    Raises
+    ------
+    ValueError
+        If it is not four integers ``x0 <= x1``, ``y0 <= y1`` inside the grid.
+    """
+    if len(raw) != 4 or not all(isinstance(c, int) and not isinstance(c, bool) for c in raw):
+        raise ValueError(f"rectangle {raw!r} is not four cell coordinates")
+    x0, y0, x1, y1 = raw
+    if not (0 <= x0 <= x1 < size and 0 <= y0 <= y1 < size):
+        raise ValueError(f"rectangle {raw!r} is not inside a grid of {size} cells a side")
+    return (x0, y0, x1, y1)

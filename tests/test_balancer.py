@@ -415,7 +415,7 @@ def test_cell_load_after_moves_equals_one_built_afresh(workload, seed):
         part = after
     for e, load in enumerate(loads):
         fresh = CellLoad(part.size, part.boxes_of(e), 4, decay=1.0)
-        for cell, cost in load._cells.items():  # cell by cell (decay 1.0: the stored values are the costs)
+        for cell, cost in load.cell_costs().items():  # cell by cell
             fresh.add_cost(cell % part.size, cell // part.size, cost)
         for sid, box in load._parts.items():
             fresh.add_subscription(sid, box)
@@ -624,13 +624,36 @@ def test_the_drift_benchmark_measures_each_phase_on_the_batches_holding_its_obje
     assert phase_batches([], 4) == [[], [], [], []]
 
 
-def test_a_new_rectangle_without_cost_keeps_float_aggregates():
-    """set_partition's numpy sums of no cell are 0.0, not the integers bincount gives for nothing: the state
-    store's document is the same as when cells were added one by one."""
-    load = CellLoad(10, [(0, 0, 9, 9)], 5, decay=0.5)
-    load.set_partition([(0, 0, 4, 9), (5, 0, 9, 9)])
-    document = json.loads(load.to_document())
-    assert all(type(v) is float for _, columns, rows in document["rectangles"] for v in columns + rows)
+def test_a_load_document_of_format_1_is_read_for_its_cells_and_a_damaged_one_is_refused():
+    """The state store's document of an skpub before 2026-11-29 (aggregates written too) restores the same
+    summary; a rectangle without cost sums to float zeros; a damaged document is a ValueError, never a crash."""
+    load = CellLoad(10, [(0, 0, 4, 9), (5, 0, 9, 9)], 5, decay=0.5)
+    load.add_cost(1, 2, 8.0)
+    load.end_batch()
+    assert json.loads(load.to_document()) == {
+        "format": 2, "scale": 2.0, "cells": [[21], [8.0]], "rectangles": [[0, 0, 4, 9], [5, 0, 9, 9]],
+    }  # fmt: skip
+    old = {"format": 1, "scale": 2.0, "cells": [[21], [8.0]], "blocks": [[0, 0, 0, 8.0]],
+           "rectangles": [[[0, 0, 4, 9], [0.0, 8.0, 0.0, 0.0, 0.0], [0.0] * 2 + [8.0] + [0.0] * 7],
+                          [[5, 0, 9, 9], [0.0] * 5, [0.0] * 10]]}  # fmt: skip
+    restored = CellLoad(10, [], 5, decay=0.5)
+    restored.restore(json.dumps(old).encode(), {})
+    summary = restored.summary(0, 1)
+    assert summary.to_json() == load.summary(0, 1).to_json() and summary.cost == 4.0
+    assert summary.rectangles[1].columns.dtype == np.float64 and not summary.rectangles[1].columns.any()
+    damages = [
+        {"format": 3},
+        {"cells": [[21, 5], [1.0, 1.0]]},
+        {"cells": [[100], [1.0]]},
+        {"cells": [[21], []]},
+        {"cells": [[21], [-1.0]]},
+        {"rectangles": [[[0, 0, 4, 10], [], []]]},
+        {"scale": "x"},
+        {"scale": 0.0},
+    ]
+    for damaged in [{**old, **damage} for damage in damages] + [{"format": 2}]:
+        with pytest.raises(ValueError, match="damaged load statistics"):
+            restored.restore(json.dumps(damaged).encode(), {})
 
 
 def _counted_reference(parts: dict[str, tuple], rectangles: list[tuple], block: int) -> tuple[list, dict]:
