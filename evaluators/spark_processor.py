@@ -383,7 +383,7 @@ def apply_batch(evaluator: Evaluator, rows: pa.Table, batch: BatchInput, restore
         "sink_cpu_seconds": time.thread_time() - start,
         "restore_cpu_seconds": restore_seconds,
         "state_cpu_seconds": state,
-        "ranked": {key: stats[key] for key in ("reevaluations", "reevaluated", "reevaluation_cpu_seconds", "fills")},
+        "ranked": dict(result.stats.ranked_work()),
         **balancer,
     }
     clock = (store.accepted, store.watermark, evaluator.monitor.generation)

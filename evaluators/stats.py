@@ -17,9 +17,13 @@ position can be found in O(rows + columns) and a partition's cost
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+
+RANKED_WORK = ("reevaluations", "reevaluated", "reevaluation_cpu_seconds", "fills")
+"""The top-k/kNN work an evaluator counts per batch (:class:`CellCostStats`)."""
 
 
 @dataclass
@@ -43,6 +47,10 @@ class CellCostStats:
     reevaluated: int = 0
     reevaluation_cpu_seconds: float = 0.0
     fills: int = 0
+
+    def ranked_work(self) -> Counter:
+        """Return the top-k/kNN work counted (``BatchReport.ranked`` of one evaluator, without the merge's)."""
+        return Counter({key: getattr(self, key) for key in RANKED_WORK})
 
     def add(self, cell: int, cx: int, cy: int, cost: int) -> None:
         """Account one object received in fine cell ``(cx, cy)`` that costs ``cost`` units (``object_cost + q_l``)."""

@@ -4,7 +4,6 @@ import pytest
 
 from skpub.app.engines import local_checkpoint
 from skpub.app.engines.local import LocalPipeline
-from skpub.app.engines.sink import complete_report
 from skpub.kernel.config import BalancerConfig, Window
 from skpub.kernel.errors import CheckpointError
 from skpub.kernel.inputs import batches
@@ -15,10 +14,9 @@ from tests.workloads import deployment, random_workload, ranked_workload
 def capture(outputs):
     """A pipeline sink that records each batch's outputs in their order."""
 
-    def sink(batch_id, deliveries, dead_letters, statistics, report, events, snapshots):
+    def sink(batch_id, deliveries, dead_letters, statistics, report, events, snapshots):  # noqa: ARG001
         letters = sorted((d.pos, d.line, d.reason) for d in dead_letters)
         outputs.append((batch_id, [part.rows() for part in deliveries], letters, events, snapshots))
-        return complete_report(report, sum(map(len, deliveries)) + len(events), dead_letters, statistics)
 
     return sink
 

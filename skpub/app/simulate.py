@@ -46,7 +46,6 @@ from typing import TextIO
 import msgspec
 
 from skpub.app.engines.local import LocalPipeline
-from skpub.app.engines.sink import complete_report, unique_letters
 from skpub.app.progress import RUNS, ProgressDisplay
 from skpub.app.summary import BatchReport, parallel_seconds, routing_unit_seconds
 from skpub.kernel.config import (
@@ -326,9 +325,7 @@ class RunResult:
 
 
 def count_outputs(batch_id, deliveries, dead_letters, statistics, report, events=(), snapshots=()):  # noqa: ANN001, ANN202, ARG001
-    """Count a batch's outputs, write nothing (a :data:`~skpub.app.engines.local.Sink`)."""
-    count = sum(len(part) for part in deliveries) + len(events)
-    return complete_report(report, count, unique_letters(dead_letters), statistics)
+    """Write nothing (a :data:`~skpub.app.engines.local.Sink`): the pipeline counted the batch in its report."""
 
 
 def _figures(report: BatchReport, pipeline: LocalPipeline, routing_units: int) -> BatchFigures:

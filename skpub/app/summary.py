@@ -2,7 +2,10 @@
 
 Engines hand one :class:`BatchReport` per micro-batch to a
 :class:`RunObserver`, which prints progress, updates metrics and builds the
-:class:`RunSummary` printed at the end.
+:class:`RunSummary` printed at the end. Both engines count a batch the same
+way: the routing unit's :class:`RoutingCounts` and each evaluator's
+:class:`EvaluatorCounts` (on Spark read from their JSON), folded into the
+report by :func:`count_batch`.
 """
 
 from __future__ import annotations
@@ -91,6 +94,136 @@ HOST_LINES = (
     ("sequencer host", "sequenced", "sequenced_in_host", "batches sequenced in its host"),
 )
 """The summary's host lines: label, :attr:`BatchReport.hosts` keys of the total and of those done in a host, noun."""
+
+
+@dataclass
+class RoutingCounts:
+    """What the routing unit counted of a micro-batch (the Spark sequencer task writes it as JSON).
+
+    ``routing_seconds``: the batch's routing time as the engine measures it
+    (:attr:`BatchReport.routing_seconds`); ``dead_letters``: reasons of the
+    records the parse and the sequencer rejected; ``controls``: as
+    :attr:`BatchReport.controls`; ``placements``: subscriptions whose
+    evaluators the routing update opening the batch changed; ``hosted``:
+    whether the sequencer's host ran it (Spark; None on the local engine,
+    which has no hosts).
+    """
+
+    records: int
+    input_bytes: int
+    objects: int
+    forwarded: int
+    dead_letters: Counter
+    routing_seconds: float
+    parse_cpu_seconds: float
+    sequencer_cpu_seconds: float
+    epoch: int
+    controls: list[tuple[int, str, str]]
+    restore_cpu_seconds: float = 0.0
+    placements: int = 0
+    hosted: bool | None = None
+
+    @classmethod
+    def from_json(cls, doc: dict) -> RoutingCounts:
+        """Read the routing report the Spark sequencer task wrote (``KeyError`` if it is not one)."""
+        return cls(
+            records=doc["records"],
+            input_bytes=doc.get("bytes", 0),
+            objects=doc["objects"],
+            forwarded=doc["forwarded"],
+            dead_letters=Counter(doc["dead_letters"]),
+            routing_seconds=doc["parse_cpu_seconds"] + doc["sequencer_cpu_seconds"],
+            parse_cpu_seconds=doc["parse_cpu_seconds"],
+            sequencer_cpu_seconds=doc["sequencer_cpu_seconds"],
+            epoch=doc["epoch"],
+            controls=[(int(p), str(t), str(i)) for p, t, i in doc["controls"]],
+            restore_cpu_seconds=doc.get("restore_cpu_seconds", 0.0),
+            placements=doc.get("placements", 0),
+            hosted=bool(doc.get("hosted", False)),
+        )
+
+
+@dataclass
+class EvaluatorCounts:
+    """What one evaluator counted of a micro-batch (on Spark, the counters its task sends the driver as JSON).
+
+    ``cost`` in cost units (DESIGN glossary); ``deliveries``: its range
+    matches; ``ranked``: its top-k/kNN work (:attr:`BatchReport.ranked`
+    without ``unproven``, the merge's); ``hosted``: applied in an evaluator
+    host (Spark; None on the local engine).
+    """
+
+    evaluator: int
+    cost: int
+    cpu_seconds: float
+    deliveries: int
+    ranked: Counter
+    restore_cpu_seconds: float = 0.0
+    state_cpu_seconds: float = 0.0
+    sink_cpu_seconds: float = 0.0
+    hosted: bool | None = None
+
+    @classmethod
+    def from_json(cls, doc: dict) -> EvaluatorCounts:
+        """Read an evaluator task's counters (``KeyError`` if they are not)."""
+        return cls(
+            evaluator=doc["evaluator"],
+            cost=doc["cost"],
+            cpu_seconds=doc["cpu_seconds"],
+            deliveries=doc["deliveries"],
+            ranked=Counter(doc["ranked"]),
+            restore_cpu_seconds=doc["restore_cpu_seconds"],
+            state_cpu_seconds=doc["state_cpu_seconds"],
+            sink_cpu_seconds=doc["sink_cpu_seconds"],
+            hosted=bool(doc["hosted"]),
+        )
+
+
+def count_batch(
+    report: BatchReport,
+    routing: RoutingCounts,
+    evaluators: list[EvaluatorCounts],
+    events: int,
+    unproven: int,
+    dead_letters: Counter,
+    merge_seconds: float,
+) -> None:
+    """Fill ``report`` with a batch's counts, the same way on both engines.
+
+    ``events``: the ranked merge's enter/exit lines; ``unproven``: merged
+    results whose tie chains outran the band in this batch;
+    ``dead_letters``: reasons of the records the evaluators rejected (one per
+    position), besides the routing unit's. Sets every count and the stages'
+    CPU but ``sink`` and ``balancer``, which each engine measures its own way.
+    """
+    report.records, report.input_bytes = routing.records, routing.input_bytes
+    report.objects, report.forwarded = routing.objects, routing.forwarded
+    report.routing_seconds, report.epoch, report.controls = routing.routing_seconds, routing.epoch, routing.controls
+    report.deliveries = sum(e.deliveries for e in evaluators) + events
+    report.dead_letters = routing.dead_letters + dead_letters
+    for e in sorted(evaluators, key=lambda e: e.evaluator):
+        report.evaluator_cost[e.evaluator] = e.cost
+        report.evaluator_cpu[e.evaluator] = e.cpu_seconds
+        report.ranked.update(e.ranked)
+    report.ranked["unproven"] += unproven
+    if routing.placements:
+        report.balancer["placements"] += routing.placements
+    report.stage_cpu.update(
+        parse=routing.parse_cpu_seconds,
+        sequencer=routing.sequencer_cpu_seconds,
+        restore=routing.restore_cpu_seconds,
+        evaluator_restore=sum(e.restore_cpu_seconds for e in evaluators),
+        state_writes=sum(e.state_cpu_seconds for e in evaluators),
+        evaluators=sum(e.cpu_seconds for e in evaluators),
+        merge=merge_seconds,
+    )
+    if routing.hosted is not None:
+        report.hosts.update(
+            applied=len(evaluators),
+            hosted=sum(bool(e.hosted) for e in evaluators),
+            sequenced=1,
+            sequenced_in_host=int(routing.hosted),
+        )
 
 
 def parallel_seconds(report: BatchReport, routing_units: int = 1) -> float:

@@ -14,14 +14,15 @@ from __future__ import annotations
 import functools
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from skpub.app.checkpoint import CHECKPOINT_DIR, Checkpoint
-from skpub.app.engines.sink import write_batch
+from skpub.app.engines.sink import unique_letters, write_batch
 from skpub.app.output import claim_output, mark_success
-from skpub.app.summary import BatchReport, RunObserver, RunSummary
+from skpub.app.summary import BatchReport, EvaluatorCounts, RoutingCounts, RunObserver, RunSummary, count_batch
 from skpub.balancer.transfer import balancer_step
 from skpub.evaluators.evaluator import Evaluator
 from skpub.evaluators.merge import RankedMerge
@@ -153,37 +154,33 @@ class LocalPipeline:
         merge_start, unproven = time.thread_time(), self.merge.unproven
         events, snapshots = self.merge.apply(routed.marks, (u for r in results for u in r.updates))
         merge_seconds = time.thread_time() - merge_start
-        report.objects, report.forwarded = routed.objects, routed.forwarded
-        report.routing_seconds, report.epoch = routed.routing_seconds, epoch.number
-        report.controls = routed.controls
-        report.ranked.update(
-            reevaluations=sum(r.stats.reevaluations for r in results),
-            reevaluated=sum(r.stats.reevaluated for r in results),
-            reevaluation_cpu_seconds=sum(r.stats.reevaluation_cpu_seconds for r in results),
-            fills=sum(r.stats.fills for r in results),
-            unproven=self.merge.unproven - unproven,
-        )
         statistics = [
             r.stats.to_json(r.evaluator, batch_id, r.cpu_seconds, ev.subscriptions)
             for r, ev in zip(results, evaluators, strict=True)
         ]
+        routing = RoutingCounts(
+            records=report.records,
+            input_bytes=report.input_bytes,
+            objects=routed.objects,
+            forwarded=routed.forwarded,
+            dead_letters=Counter(d.reason for d in routed.dead_letters),
+            routing_seconds=routed.routing_seconds,
+            parse_cpu_seconds=routed.parse_cpu_seconds,
+            sequencer_cpu_seconds=routed.sequencer_cpu_seconds + split,
+            epoch=epoch.number,
+            controls=routed.controls,
+        )
+        counts = [
+            EvaluatorCounts(r.evaluator, r.stats.overall, r.cpu_seconds, len(r.deliveries), r.stats.ranked_work())
+            for r in results
+        ]
+        letters = unique_letters(d for r in results for d in r.dead_letters)  # one per record, whichever failed
+        dead = Counter(d.reason for d in letters)
+        count_batch(report, routing, counts, len(events), self.merge.unproven - unproven, dead, merge_seconds)
         sink_start = time.thread_time()
-        sink(
-            batch_id,
-            [r.deliveries for r in results],
-            routed.dead_letters + [d for r in results for d in r.dead_letters],
-            statistics,
-            report,
-            events,
-            snapshots,
-        )
-        report.stage_cpu.update(
-            parse=routed.parse_cpu_seconds,
-            sequencer=routed.sequencer_cpu_seconds + split,
-            evaluators=sum(r.cpu_seconds for r in results),
-            merge=merge_seconds,
-            sink=time.thread_time() - sink_start,
-        )
+        sink(batch_id, [r.deliveries for r in results], routed.dead_letters + letters, statistics, report, events,
+             snapshots)  # fmt: skip
+        report.stage_cpu["sink"] = time.thread_time() - sink_start
         if balancing is not None:
             balance_start = time.thread_time()
             balancing.end(batch_id, epoch, evaluators, report)

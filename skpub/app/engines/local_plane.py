@@ -22,7 +22,7 @@ import orjson
 
 from skpub.app.engines import local_checkpoint
 from skpub.app.engines.local import LocalPipeline
-from skpub.app.engines.sink import complete_report, unique_letters
+from skpub.app.engines.sink import unique_letters
 from skpub.app.summary import BatchReport
 from skpub.kernel.errors import CheckpointError
 from skpub.kernel.parts import delivery_lines
@@ -108,16 +108,14 @@ class LocalPlane:
             local_checkpoint.save(self.pipeline, self.daemon.data / CHECKPOINTS, batch_id)
             self.checkpointed_at = now
 
-    def _sink(self, batch_id, deliveries, dead_letters, statistics, report: BatchReport, events, snapshots):  # noqa: ANN001
-        """Commit a batch's outputs (:meth:`Daemon.commit`) and complete its report (the pipeline's sink)."""
+    def _sink(self, batch_id, deliveries, dead_letters, statistics, report: BatchReport, events, snapshots):  # noqa: ANN001, ARG002
+        """Commit a batch's outputs with its report (:meth:`Daemon.commit`): the pipeline's sink."""
         matches = [line for part in deliveries for line in delivery_lines(part).split(b"\n")[:-1]]
-        dead = unique_letters(dead_letters)
         self.daemon.commit(
             report,
             {
                 "deliveries": [*matches, *(orjson.dumps(e) for e in events)],
-                "dead_letters": [orjson.dumps(d.to_json(with_pos=True)) for d in dead],
+                "dead_letters": [orjson.dumps(d.to_json(with_pos=True)) for d in unique_letters(dead_letters)],
                 "snapshots": [orjson.dumps(s) for s in snapshots],
             },
         )
-        return complete_report(report, len(matches) + len(events), dead, statistics)

@@ -1,4 +1,4 @@
-"""The per-batch sink of the local engine: write, report.
+"""The per-batch sink of the local engine: write a batch's part files.
 
 Writes one micro-batch's deliveries (each evaluator's, in its own order: an
 object is forwarded to one evaluator, the owner of its cell, and GI^2 yields
@@ -10,7 +10,6 @@ for the same batch replaces the first attempt (idempotent per batch id).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -34,11 +33,11 @@ def write_batch(
     deliveries: Iterable[Deliveries],
     dead_letters: Iterable[DeadLetter],
     statistics: list[dict],
-    report: BatchReport,
+    report: BatchReport,  # noqa: ARG001 - the sink's signature (the daemon's commits the report with them)
     events: list[dict] = (),
     snapshots: list[dict] = (),
-) -> BatchReport:
-    """Write one micro-batch's outputs under ``root`` and complete ``report``.
+) -> None:
+    """Write one micro-batch's outputs under ``root`` (the batch is counted already: ``report``).
 
     Parameters
     ----------
@@ -49,8 +48,7 @@ def write_batch(
     statistics : list of dict
         One :meth:`skpub.evaluators.stats.CellCostStats.to_json` line per evaluator.
     report : BatchReport
-        The router's counters; evaluator loads, deliveries and dead letters
-        are filled in here.
+        The batch's counts (:func:`~skpub.app.summary.count_batch`).
     events, snapshots : list of dict
         The ranked merge's enter/exit events (in stream order per
         subscription, written after the range matches as the part of writer
@@ -63,16 +61,3 @@ def write_batch(
     dead = unique_letters(dead_letters)
     write_part(root, "dead_letters", batch_id, (d.to_json() for d in dead))
     write_part(root, "statistics", batch_id, statistics)
-    return complete_report(report, sum(len(part) for part in parts) + len(events), dead, statistics)
-
-
-def complete_report(
-    report: BatchReport, deliveries: int, dead: list[DeadLetter], statistics: list[dict]
-) -> BatchReport:
-    """Fill in what the sink knows of a batch: deliveries written, dead letters by reason, evaluator cost and CPU."""
-    report.deliveries = deliveries
-    report.dead_letters = Counter(d.reason for d in dead)
-    for row in statistics:
-        report.evaluator_cost[row["evaluator"]] = row["cost"]
-        report.evaluator_cpu[row["evaluator"]] = row["cpu_seconds"]
-    return report

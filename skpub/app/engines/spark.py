@@ -50,7 +50,7 @@ from skpub.app.engines.source import SOURCE_NAME, LineSource
 from skpub.app.engines.spark_tasks import PARSE_REPORT_COLUMNS, PART_BYTES, ParseTask, SequencerTask
 from skpub.app.journal import SegmentFiles
 from skpub.app.output import check_output, claim_output, inspect_output, mark_success
-from skpub.app.summary import BatchReport, RunObserver, RunSummary
+from skpub.app.summary import BatchReport, EvaluatorCounts, RoutingCounts, RunObserver, RunSummary, count_batch
 from skpub.balancer.transfer import balancer_step
 from skpub.evaluators.merge import RankedMerge, apply_changes, decode_updates, results_json, take_changes
 from skpub.kernel.config import Deployment, changes_text, deployment_changes, recorded_json
@@ -248,12 +248,12 @@ class Sink:
             DeadLetter(r["pos"], r["line"], r["reason"], r["message"]) for r in rows if r["payload"] is None
         )
         write_part(self.output, "dead_letters", batch_id, (d.to_json(self.positions) for d in letters), "d")
-        routing = json.loads(self.checkpoint.router_report(batch_id).read_text())
+        routed = json.loads(self.checkpoint.router_report(batch_id).read_text())
         merge_start = time.thread_time()
         merge = self._merge_before(batch_id)
         unproven = merge.unproven
         updates = [u for r in rows if r["updates"] for u in decode_updates(r["updates"])]
-        events, snapshots = merge.apply([(int(p), str(i)) for p, i in routing["marks"]], updates)
+        events, snapshots = merge.apply([(int(p), str(i)) for p, i in routed["marks"]], updates)
         write_part(self.output, "deliveries", batch_id, events, "m")
         write_part(self.output, "snapshots", batch_id, snapshots)
         atomic_write_bytes(self.checkpoint.merge_file("delta", batch_id), orjson.dumps(take_changes(merge)))
@@ -261,49 +261,22 @@ class Sink:
             atomic_write_bytes(self.checkpoint.merge_file("base", batch_id), orjson.dumps(results_json(merge)))
         self.merged = (batch_id, merge)
         merge_seconds = time.thread_time() - merge_start
-        report = BatchReport(
-            batch_id,
-            records=routing["records"],
-            input_bytes=routing.get("bytes", 0),
-            objects=routing["objects"],
-            forwarded=routing["forwarded"],
-            deliveries=sum(c["deliveries"] for c in counters) + len(events),
-            dead_letters=Counter(routing["dead_letters"]) + Counter(d.reason for d in letters),
-            routing_seconds=routing["parse_cpu_seconds"] + routing["sequencer_cpu_seconds"],
-            epoch=routing["epoch"],
-            controls=[(int(p), str(t), str(i)) for p, t, i in routing["controls"]],
-        )
-        for c in counters:
-            report.ranked.update(c["ranked"])
-        report.hosts.update(
-            applied=len(counters),
-            hosted=sum(bool(c["hosted"]) for c in counters),
-            sequenced=1,
-            sequenced_in_host=int(routing.get("hosted", False)),
-        )
-        report.ranked["unproven"] += merge.unproven - unproven
-        for c in sorted(counters, key=lambda c: c["evaluator"]):
-            report.evaluator_cost[c["evaluator"]] = c["cost"]
-            report.evaluator_cpu[c["evaluator"]] = c["cpu_seconds"]
+        routing = RoutingCounts.from_json(routed)
+        evaluators = [EvaluatorCounts.from_json(c) for c in counters]
+        report = BatchReport(batch_id)
+        letters_counted = Counter(d.reason for d in letters)
+        count_batch(report, routing, evaluators, len(events), merge.unproven - unproven, letters_counted, merge_seconds)
         if self.deployment.balancer.mode != "off":
             balance_start = time.thread_time()
-            report.balancer["placements"] += routing["placements"]
             self._balance(batch_id, counters, report)
             report.stage_cpu["balancer"] = time.thread_time() - balance_start
         self._prune_files(batch_id)
-        report.stage_cpu.update(
-            parse=routing["parse_cpu_seconds"],
-            sequencer=routing["sequencer_cpu_seconds"],
-            restore=routing["restore_cpu_seconds"],
-            evaluator_restore=sum(c["restore_cpu_seconds"] for c in counters),
-            state_writes=sum(c["state_cpu_seconds"] for c in counters),
-            evaluators=sum(c["cpu_seconds"] for c in counters),
-            merge=merge_seconds,
-            sink=sum(c["sink_cpu_seconds"] for c in counters)
+        report.stage_cpu["sink"] = (
+            sum(e.sink_cpu_seconds for e in evaluators)
             + time.thread_time()
             - start
             - merge_seconds
-            - report.stage_cpu["balancer"],  # the driver's balancer step is its own stage, counted once
+            - report.stage_cpu["balancer"]  # the driver's balancer step is its own stage, counted once
         )
         self.observer.on_batch(report)
 
