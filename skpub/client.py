@@ -30,9 +30,9 @@ from __future__ import annotations
 
 import json
 import os
-import queue
+import select
 import tempfile
-import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -48,6 +48,9 @@ BODY_BYTES = 4 << 20
 """Most bytes per ``POST /v1/records`` body (the daemon's default limit is 16 MiB)."""
 
 LOGS = ("deliveries", "dead_letters", "snapshots")
+
+FLUSH = object()
+"""Among the lines given to :meth:`Client.publish`: send the lines before it now, in their own body."""
 
 
 class Refused(Exception):  # noqa: N818 - the daemon's answer, not a client failure
@@ -157,19 +160,16 @@ class Client:
         reason = body.get("reason") if isinstance(body, dict) else None
         raise Refused(response.status_code, str(detail or response.reason_phrase), reason, body)
 
-    def publish(
-        self, lines: Iterable[str | bytes | dict], body_bytes: int = BODY_BYTES, linger: float | None = None
-    ) -> dict:
+    def publish(self, lines: Iterable[str | bytes | dict], body_bytes: int = BODY_BYTES) -> dict:
         """Append records (JSON-lines text, bytes, or dicts) to the daemon's ingest log, in order.
 
         Returns ``{"accepted": n, "first": position, "last": position}``
         over all the bodies sent (positions are ingest positions; null when
         none). Each body is durable when its request returns. A body is sent
         again only when it never reached the daemon, so no line is appended
-        twice by a retry. With ``linger`` (seconds), ``lines`` is read on a
-        thread and a body goes as soon as no line came for that long (a live
-        source such as ``tail -f``: its lines are not held back until a body
-        fills).
+        twice by a retry. A :data:`FLUSH` among the lines sends the body
+        so far at once (a live source: :func:`live_lines` yields one when a
+        line has waited ``linger`` seconds).
 
         Raises
         ------
@@ -179,7 +179,7 @@ class Client:
             If the reply to a body was lost: its lines may or may not be appended (the bodies before were).
         """
         total, first, last = 0, None, None
-        for body in _bodies(lines, body_bytes, linger):
+        for body in _bodies(lines, body_bytes):
             reply = self._request("POST", "/v1/records", resend=False, content=body).json()
             total += reply["accepted"]
             first = reply["first"] if first is None else first
@@ -280,9 +280,15 @@ class Client:
         return self._request("PUT", f"/v1/targets/{_quoted(name)}", json=definition).json()
 
     def delete_target(self, name: str) -> bool:
-        """Remove target ``name`` and its cursor; return False when there was no such target."""
+        """Remove target ``name`` and its cursor; return False when there was no such target.
+
+        Raises
+        ------
+        httpx.TransportError
+            If the reply was lost (not resent: a resent delete would answer 404 for a target it removed).
+        """
         try:
-            self._request("DELETE", f"/v1/targets/{_quoted(name)}")
+            self._request("DELETE", f"/v1/targets/{_quoted(name)}", resend=False)
         except Refused as refused:
             if refused.status == 404:
                 return False
@@ -372,15 +378,15 @@ class Client:
             self._request("GET", "/healthz")
 
 
-def _bodies(lines: Iterable[str | bytes | dict], body_bytes: int, linger: float | None = None) -> Iterator[bytes]:
+def _bodies(lines: Iterable[str | bytes | dict], body_bytes: int) -> Iterator[bytes]:
     """Group ``lines`` into request bodies of at most ``body_bytes`` (a longer line goes alone).
 
-    With ``linger``, a body also ends when no line came for ``linger`` seconds (:func:`_with_pauses`).
+    A :data:`FLUSH` ends the body being filled.
     """
     body: list[bytes] = []
     size = 0
-    for line in lines if linger is None else _with_pauses(lines, linger):
-        if line is _PAUSE:
+    for line in lines:
+        if line is FLUSH:
             if body:
                 yield b"".join(body)
                 body, size = [], 0
@@ -396,39 +402,36 @@ def _bodies(lines: Iterable[str | bytes | dict], body_bytes: int, linger: float 
         yield b"".join(body)
 
 
-_PAUSE = object()
-_END = object()
+def live_lines(fd: int, linger: float, read_bytes: int = 1 << 16) -> Iterator[bytes | object]:
+    r"""Yield the lines read from file descriptor ``fd`` (a pipe or a terminal), with :data:`FLUSH` when due.
 
-
-def _with_pauses(lines: Iterable, linger: float) -> Iterator:
-    """Yield ``lines``, read on a thread, with :data:`_PAUSE` after each gap of ``linger`` seconds without one.
-
-    At most 1,024 lines wait between the thread and the caller. An exception
-    of the source is raised here; closing this generator early leaves the
-    thread blocked in the source (a daemon thread).
+    A line is the bytes before a ``\n`` (without it); :data:`FLUSH` follows
+    as soon as the oldest line yielded since the last one has waited
+    ``linger`` seconds, whether or not more lines are coming, so a steady
+    trickle is sent every ``linger`` seconds and a pause does not hold a
+    line back. Reads with ``select`` and ``os.read`` in the caller's thread
+    (no reader thread: the caller may stop at any line). The bytes after
+    the last ``\n`` at the end of input are the last line.
     """
-    waiting: queue.Queue = queue.Queue(maxsize=1024)
-
-    def read() -> None:
-        try:
-            for line in lines:
-                waiting.put(line)
-            waiting.put(_END)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller, raised there
-            waiting.put(exc)
-
-    threading.Thread(target=read, name="skpub-publish-reader", daemon=True).start()
+    rest, waiting_since = b"", None
     while True:
-        try:
-            item = waiting.get(timeout=linger)
-        except queue.Empty:
-            yield _PAUSE
-            item = waiting.get()
-        if item is _END:
-            return
-        if isinstance(item, BaseException):
-            raise item
-        yield item
+        timeout = None if waiting_since is None else max(0.0, waiting_since + linger - time.monotonic())
+        if not select.select([fd], [], [], timeout)[0]:
+            yield FLUSH
+            waiting_since = None
+            continue
+        chunk = os.read(fd, read_bytes)
+        if not chunk:
+            break
+        *lines, rest = (rest + chunk).split(b"\n")
+        for line in lines:
+            yield line
+            waiting_since = time.monotonic() if waiting_since is None else waiting_since
+        if waiting_since is not None and time.monotonic() >= waiting_since + linger:
+            yield FLUSH
+            waiting_since = None
+    if rest:
+        yield rest
 
 
 def _quoted(sid: str) -> str:

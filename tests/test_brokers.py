@@ -155,8 +155,10 @@ def run_through_restarts(tmp_path: Path, broker: Broker, target: dict, lines_now
         served.wait_ready()
         wait_until(lambda: served.http.get("/v1/targets/out").json()["failed"] > 0)
         assert served.http.get("/v1/targets/out").json()["lag"] > 0
+        backlog = served.http.get("/v1/targets/out").json()["lag"]
         broker.start()
         wait_until(lambda: len({d["offset"] for d in lines_now()}) > before)  # the backlog is being pushed
+        assert len({d["offset"] for d in lines_now()}) < before + backlog, "the kill must come before the end of it"
     finally:
         served.proc.kill()  # kill -9 while it pushes
         served.proc.wait(60)
@@ -181,7 +183,8 @@ def run_through_restarts(tmp_path: Path, broker: Broker, target: dict, lines_now
 def test_a_redis_stream_holds_every_delivery_once_across_restarts(tmp_path):
     broker = redis_broker(tmp_path)
     url = f"redis://127.0.0.1:{broker.port}/0"
-    expected = run_through_restarts(tmp_path, broker, {"kind": "redis", "url": url}, lambda: redis_lines(broker.port))
+    target = {"kind": "redis", "url": url, "batch": 10}  # small sends: the kill comes in the middle of the backlog
+    expected = run_through_restarts(tmp_path, broker, target, lambda: redis_lines(broker.port))
     broker.start()
     try:
         got = redis_lines(broker.port)
@@ -193,7 +196,12 @@ def test_a_redis_stream_holds_every_delivery_once_across_restarts(tmp_path):
 @needs("nats-server")
 def test_a_nats_jetstream_subject_gets_every_delivery_across_restarts(tmp_path):
     broker = nats_broker(tmp_path)
-    target = {"kind": "nats", "url": f"nats://127.0.0.1:{broker.port}", "subject": "skpub.deliveries.{sub}"}
+    target = {
+        "kind": "nats",
+        "url": f"nats://127.0.0.1:{broker.port}",
+        "subject": "skpub.deliveries.{sub}",
+        "batch": 10,
+    }
     got: list[dict] = []
 
     def now() -> list[dict]:
@@ -210,7 +218,7 @@ def test_an_mqtt_subscriber_gets_every_delivery_across_restarts(tmp_path):
     consumer = MqttConsumer(broker.port)
     try:
         assert consumer.subscribed.wait(30)  # the SUBACK: the subscription is in place before the first publish
-        target = {"kind": "mqtt", "url": f"mqtt://127.0.0.1:{broker.port}", "batch": 50}
+        target = {"kind": "mqtt", "url": f"mqtt://127.0.0.1:{broker.port}", "batch": 10}
         expected = run_through_restarts(tmp_path, broker, target, consumer.lines)
         check_at_least_once_in_order(consumer.lines(), expected)
     finally:

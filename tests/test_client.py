@@ -15,7 +15,7 @@ import threading
 import httpx
 import pytest
 
-from skpub.client import Client, Refused, _bodies
+from skpub.client import FLUSH, Client, Refused, _bodies, live_lines
 from tests.served import Served, free_port
 from tests.workloads import deployment, random_workload
 
@@ -29,28 +29,31 @@ def test_bodies_keep_every_line_in_order_within_the_size_and_a_long_line_goes_al
     assert [len(b) for b in bodies] == [11, 31, 25]
 
 
-def test_a_live_source_that_pauses_sends_what_it_has_before_the_body_fills():
-    first_sent = threading.Event()
-
-    def live():
-        yield "a"
-        assert first_sent.wait(60), "the body of a was not sent while the source paused"
-        yield b"b"
-        yield "c"
-
-    bodies = _bodies(live(), 1 << 20, linger=0.05)
-    assert next(bodies) == b"a\n"
-    first_sent.set()
-    assert b"".join(bodies) == b"b\nc\n"  # in order, in one body or two
+def test_a_flush_among_the_lines_ends_the_body_being_filled():
+    assert list(_bodies(["a", FLUSH, b"b", "c", FLUSH, FLUSH], 1 << 20)) == [b"a\n", b"b\nc\n"]
 
 
-def test_a_failing_live_source_raises_to_the_publisher():
-    def broken():
-        yield "a"
-        raise OSError("the pipe broke")
-
-    with pytest.raises(OSError, match="the pipe broke"):
-        list(_bodies(broken(), 1 << 20, linger=0.05))
+def test_live_lines_flush_a_line_that_waited_linger_whether_the_input_pauses_or_trickles():
+    read, write = os.pipe()
+    try:
+        os.write(write, b"a\nb")
+        lines = live_lines(read, 0.05)
+        assert next(lines) == b"a"
+        assert next(lines) is FLUSH  # nothing more came: a waited 0.05 s (select timed out), b has no end yet
+        os.write(write, b"c\r\nd\n")
+        assert next(lines) == b"bc\r"  # the terminator only: the \r is the caller's (SEMANTICS 1)
+        os.close(write)
+        assert [x for x in lines if x is not FLUSH] == [b"d"]
+    finally:
+        os.close(read)
+    read, write = os.pipe()
+    try:
+        os.write(write, b"x\ny\n")
+        os.close(write)
+        # linger 0: lines that keep coming are flushed after each read, never held for a pause
+        assert list(live_lines(read, 0.0)) == [b"x", b"y", FLUSH]
+    finally:
+        os.close(read)
 
 
 def test_a_full_backlog_is_waited_out_and_a_refusal_carries_its_reason():

@@ -20,13 +20,14 @@ from prometheus_client import generate_latest
 from skpub.app.api import create_app, split_lines
 from skpub.app.cli import main
 from skpub.app.commits import LOGS, Base, Commit, read_base, write_base
-from skpub.app.daemon import BatchEnds, Daemon, Limits
+from skpub.app.daemon import BatchEnds, Daemon, Limits, _positioned
 from skpub.app.engines import local_checkpoint
 from skpub.app.engines.local import run_local
 from skpub.app.journal import MAGIC, STRIDE, LineLog, SegmentedLog
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.errors import ConfigError, OutputError
 from skpub.kernel.parts import read_stream
+from skpub.kernel.records import stream_position
 from skpub.kernel.runtime import FullCollections, collector_pauses
 from tests.profiles import examples
 from tests.served import Served
@@ -183,6 +184,19 @@ def test_a_segment_roll_the_disk_refuses_leaves_no_file_and_the_log_goes_on_once
     log.close()
     again = SegmentedLog(tmp_path, "ingest", 40)
     assert again.read(0, 5) == [b"x" * 50, b"kept"] and again.first == 0
+
+
+def test_a_batchs_dead_letters_get_their_ingest_positions_in_order_and_one_without_a_position_goes_last():
+    letters = [
+        orjson.dumps({"pos": stream_position(7, 5), "line": "b", "reason": "r", "message": "m"}),
+        orjson.dumps({"line": "old", "reason": "r", "message": "m"}),  # an earlier skpub's part file
+        orjson.dumps({"pos": stream_position(7, 0), "line": "a", "reason": "r", "message": "m"}),
+    ]
+    assert [orjson.loads(line) for line in _positioned(letters, 1000)] == [
+        {"position": 1000, "line": "a", "reason": "r", "message": "m"},
+        {"position": 1005, "line": "b", "reason": "r", "message": "m"},
+        {"position": None, "line": "old", "reason": "r", "message": "m"},
+    ]
 
 
 def test_batch_ends_know_what_a_replay_can_start_from_and_forget_only_before_it():

@@ -278,8 +278,19 @@ def test_two_redis_targets_may_not_write_one_stream_and_a_redefinition_keeps_pla
     assert not (tmp_path / "targets" / "h.json").exists()  # no thread wrote it back after its stop
 
 
+def test_nats_waves_send_a_subscriptions_line_only_after_its_earlier_one():
+    from skpub.app.senders import _waves
+
+    batch = [(1, "a", b"1"), (2, "b", b"2"), (3, "a", b"3"), (4, "a", b"4"), (5, "c", b"5"), (6, "b", b"6")]
+    assert _waves(batch) == [
+        [(1, "a", b"1"), (2, "b", b"2"), (5, "c", b"5")],
+        [(3, "a", b"3"), (6, "b", b"6")],
+        [(4, "a", b"4")],
+    ]
+
+
 def test_lag_seconds_is_the_age_of_the_first_line_after_the_cursor(tmp_path, monkeypatch):
-    monkeypatch.setattr(targets_module, "COMMIT_TIMES", 3)
+    monkeypatch.setattr(targets_module, "COMMIT_TIMES", 4)
     committed = {"n": 5}
     targets = targets_module.Targets(tmp_path / "targets", FakeLog(0).read, lambda: committed["n"], lambda: 0, Gone)
     started = targets._commit_times[0][1]  # lines 1..5 were committed before this process: aged from its start
@@ -291,8 +302,13 @@ def test_lag_seconds_is_the_age_of_the_first_line_after_the_cursor(tmp_path, mon
     assert targets.lag_seconds(12, now) == 700.0  # line 13 came with the commit at 300
     assert targets.lag_seconds(11, now) == targets.lag_seconds(8, now) == 800.0  # lines 9..12 at 200
     assert targets.lag_seconds(7, now) == 900.0  # line 8 at 100 (the same end again is no new commit)
-    # three commit times are kept: an older cursor is aged from the oldest kept (the start's entry went)
-    assert targets.lag_seconds(0, now) == 900.0
+    assert targets.lag_seconds(0, now) == 1000.0  # lines 1..5: aged from the process's start
+    for end, at in [(25, 400.0), (30, 500.0)]:  # four times are kept: the older half is thinned, the oldest stays
+        committed["n"] = end
+        targets.committed_at(end, started + at)
+    assert [(end, when - started) for end, when in targets._commit_times] == [(5, 0), (20, 300), (25, 400), (30, 500)]
+    assert targets.lag_seconds(0, now) == 1000.0  # a target paused since the start still ages
+    assert targets.lag_seconds(7, now) == 700.0  # line 8's commit went: aged from the next one kept
 
 
 def test_a_targets_file_is_read_with_a_sentence_for_what_cannot_be_used(tmp_path):

@@ -859,10 +859,15 @@ def _positioned(letters: list[bytes], start: int) -> list[bytes]:
     """Return a batch's dead letters (JSON with ``pos``) with their ingest position instead, in position order.
 
     ``start`` is the batch's first ingest position; a letter's position is
-    ``start`` plus its index in the batch (:func:`position_index`).
+    ``start`` plus its index in the batch (:func:`position_index`). One
+    without ``pos`` (a Spark part file an skpub before 2026-11-29 wrote for
+    a batch replayed after the upgrade) gets a null position, last.
     """
-    docs = sorted((orjson.loads(line) for line in letters), key=lambda doc: doc["pos"])
-    return [orjson.dumps({"position": start + position_index(doc.pop("pos")), **doc}) for doc in docs]
+    docs = [orjson.loads(line) for line in letters]
+    stream = [doc.pop("pos", None) for doc in docs]
+    positions = [start + position_index(pos) if isinstance(pos, int) else None for pos in stream]
+    order = sorted(range(len(docs)), key=lambda i: (positions[i] is None, positions[i] or 0))
+    return [orjson.dumps({"position": positions[i], **docs[i]}) for i in order]
 
 
 def _target_changed(name: str, status: TargetStatus, event: str | None) -> None:

@@ -13,17 +13,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import sys
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
+from typing import IO
 
 import httpx
 
 from skpub.app.serve import load_token
-from skpub.client import LOGS, Client, Refused, save_cursor
+from skpub.client import FLUSH, LOGS, Client, Refused, live_lines, save_cursor
 from skpub.kernel.errors import ConfigError
 
+LINGER = 0.2
+"""Most seconds a line read from a live standard input waits before it is sent (``publish -``)."""
 VERBS = ("publish", "subscribe", "unsubscribe", "subscriptions", "follow", "targets")
 
 
@@ -96,10 +101,12 @@ def run_verb(args: argparse.Namespace) -> int:
 
 def _answers(client: Client, args: argparse.Namespace) -> Iterator[dict]:
     if args.command == "publish":
+        if args.file == "-" and _live(sys.stdin):  # a pipe or a terminal (tail -f): a body at least every 0.2 s
+            yield client.publish(x if x is FLUSH else _record(x) for x in live_lines(sys.stdin.fileno(), LINGER))
+            return
         source = sys.stdin.buffer if args.file == "-" else Path(args.file).open("rb")  # noqa: SIM115 - closed below
         try:
-            lines = (_record(line) for line in source)  # standard input may be live (tail -f): it lingers 0.2 s
-            yield client.publish(lines, linger=0.2 if source is sys.stdin.buffer else None)
+            yield client.publish(_record(line) for line in source)
         finally:
             if source is not sys.stdin.buffer:
                 source.close()
@@ -135,6 +142,15 @@ def _targets(client: Client, args: argparse.Namespace) -> Iterator[dict]:
         if status is None:
             raise Refused(404, f"no target {args.name!r}")
         yield status
+
+
+def _live(stream: IO) -> bool:
+    """Whether ``stream`` is a pipe, a socket or a terminal: input that may pause, not a file read to its end."""
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+    except (OSError, ValueError):  # no descriptor (replaced in tests, or closed)
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or stat.S_ISCHR(mode)
 
 
 def _record(line: bytes) -> bytes:

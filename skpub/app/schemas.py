@@ -106,11 +106,12 @@ class Delivery(_Open):
 class DeadLetterLine(_Open):
     """One dead letter (SEMANTICS section 1) with its offset, and the ingest position of its record.
 
-    ``position`` is the one the request was answered with (``POST /v1/records``: ``first`` to ``last``).
+    ``position`` is the one the request was answered with (``POST /v1/records``: ``first`` to ``last``); absent
+    from the letters an skpub before 2026-11-29 committed, null for those of a batch it began and this one finished.
     """
 
     offset: int
-    position: int
+    position: int | None = None
     line: str
     reason: str
     message: str

@@ -14,8 +14,9 @@ offset for the consumer to de-duplicate on (SEMANTICS section 7):
   (``{sub}`` is the subscription id) and counts once the broker's PUBACK
   came.
 - **nats** (nats-py): each line is published to JetStream on ``subject``
-  (a batch's lines one after another, then their acknowledgements awaited
-  together) with the header ``Nats-Msg-Id: <data directory id>/<target>/<offset>``,
+  (a batch in waves, one line of each subscription per wave, each wave's
+  acknowledgements awaited together) with the header
+  ``Nats-Msg-Id: <data directory id>/<target>/<offset>``,
   so the server drops a resend within its duplicate window and nothing
   else; a stream named after the subject is created if no stream holds it.
 - **redis** (redis-py): ``XADD`` to ``stream`` with the id
@@ -153,19 +154,27 @@ class NatsSender:
             raise SendFailed(f"{type(exc).__name__}: {exc}") from None
 
     async def _publish(self, batch: Batch) -> None:
-        """Publish the lines in offset order without waiting between them, then wait for every acknowledgement.
+        """Publish the batch in waves: the first line of each subscription, then the second, ...
 
-        One connection delivers messages in the order it wrote them, so the
-        stream gets them in offset order; the batch is taken only when every
-        one was acknowledged (one round trip per batch, not per line).
+        A wave's lines (one per subscription) go without waiting between
+        them, and the next wave only once every one of the wave's was
+        acknowledged: a subscription's line is never sent before its earlier
+        one was taken, so a refused line is not overtaken by a later line of
+        its subscription (offset order per subscription, SEMANTICS 7); other
+        subscriptions' lines may go ahead of it, as order across
+        subscriptions is not promised. One round trip per wave, not per line.
         """
         timeout = self.spec.timeout
-        acks = []
-        for offset, sid, line in batch:  # the id names this data directory's target too: no other one collides
-            headers = {"Nats-Msg-Id": f"{self.instance}/{self.spec.name}/{offset}"}
-            subject = channel(self.spec.subject, sid)
-            acks.append(await self.js.publish_async(subject, line, wait_stall=timeout, headers=headers))
-        await asyncio.wait_for(asyncio.gather(*acks), timeout)
+        for wave in _waves(batch):
+            acks = []
+            for offset, sid, line in wave:  # the id names this data directory's target too: no other one collides
+                headers = {"Nats-Msg-Id": f"{self.instance}/{self.spec.name}/{offset}"}
+                subject = channel(self.spec.subject, sid)
+                acks.append(await self.js.publish_async(subject, line, wait_stall=timeout, headers=headers))
+            answers = await asyncio.wait_for(asyncio.gather(*acks, return_exceptions=True), timeout)
+            refused = next((a for a in answers if isinstance(a, BaseException)), None)
+            if refused is not None:
+                raise refused
 
     def close(self) -> None:
         """Close the connection (within the timeout) and the event loop."""
@@ -176,6 +185,19 @@ class NatsSender:
             pass
         finally:
             self.loop.close()
+
+
+def _waves(batch: Batch) -> list[Batch]:
+    """Split a batch into waves: wave ``i`` holds the ``i``-th line of each subscription, in offset order."""
+    waves: list[Batch] = []
+    seen: dict[str, int] = {}
+    for entry in batch:
+        i = seen.get(entry[1], 0)
+        seen[entry[1]] = i + 1
+        if i == len(waves):
+            waves.append([])
+        waves[i].append(entry)
+    return waves
 
 
 class RedisSender:

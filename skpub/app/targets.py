@@ -36,7 +36,6 @@ import re
 import threading
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -62,7 +61,7 @@ LOG = logging.getLogger("skpub.daemon")
 POLL_SECONDS = 0.05
 """How often an idle target looks for newly committed deliveries."""
 COMMIT_TIMES = 100_000
-"""Most commits whose time is kept for ``lag_seconds`` (a cursor older than them is aged from the oldest kept)."""
+"""Most commit times kept for ``lag_seconds``; when full, every other one of the older half is dropped."""
 
 
 class TargetError(ValueError):
@@ -252,7 +251,10 @@ class Targets:
     A target's ``lag`` is the committed delivery lines after its cursor;
     its ``lag_seconds`` is the age of the first of them: seconds since the
     commit that appended it (:meth:`committed_at`; 0 when caught up). Commit
-    times are kept in memory (the last :data:`COMMIT_TIMES`): lines
+    times are kept in memory, at most :data:`COMMIT_TIMES`: when full, every
+    other one of the older half goes (the oldest stays), so older commits
+    are known more coarsely (a line's age may then be that of a commit a
+    little after its own) but a target paused for days still ages. Lines
     committed before this process started count from its start, so after a
     restart the age is a lower bound until the target has caught up.
     """
@@ -271,7 +273,7 @@ class Targets:
         self._on_change = on_change
         self._lock = threading.Lock()
         self._times_lock = threading.Lock()
-        self._commit_times: deque[tuple[int, float]] = deque([(committed(), time.monotonic())], maxlen=COMMIT_TIMES)
+        self._commit_times: list[tuple[int, float]] = [(committed(), time.monotonic())]
         self.targets: dict[str, Target] = {}
         self._running = False
         self._instance: str | None = None
@@ -359,8 +361,13 @@ class Targets:
     def committed_at(self, end: int, when: float | None = None) -> None:
         """Note that delivery lines up to offset ``end`` were committed at ``when`` (``time.monotonic()``)."""
         with self._times_lock:
-            if end > self._commit_times[-1][0]:
-                self._commit_times.append((end, time.monotonic() if when is None else when))
+            times = self._commit_times
+            if end <= times[-1][0]:
+                return
+            if len(times) >= COMMIT_TIMES:  # thin the older half, keeping the oldest: O(COMMIT_TIMES) now and then
+                half = len(times) // 2
+                times[:half] = times[:half:2]
+            times.append((end, time.monotonic() if when is None else when))
 
     def lag_seconds(self, cursor: int, now: float | None = None) -> float:
         """Return the age in seconds of the first committed delivery line after offset ``cursor`` (0: none).
