@@ -99,7 +99,11 @@ class CellLoad:
         """Cells with cost, ascending (``cy * size + cx``)."""
         self._raw = np.empty(0, dtype=np.float64)
         """Their costs times the running scale."""
-        self._parts: dict[str, CellBox] = {}
+        self._parts: dict[str, int] = {}
+        """Each counted subscription's row in :attr:`_boxes` (rows, not box tuples: about 150 bytes less each)."""
+        self._boxes = array("i")
+        """The counted parts' boxes, four integers a row; rows of removed parts are reused (:attr:`_free`)."""
+        self._free: list[int] = []
         self._rects: list[_Rectangle] = []
         self._pending = array("q")
         """Parts noted and not counted yet, five integers each: the box's ``x0, y0, x1, y1`` and the step."""
@@ -125,7 +129,7 @@ class CellLoad:
         if not kept.all():
             self._ids, self._raw = self._ids[kept], self._raw[kept]
         if fresh and self._parts:
-            boxes = np.array(list(self._parts.values()), dtype=np.int64).reshape(-1, 4)
+            boxes = self._held_boxes()
             self._count_parts(fresh, boxes, np.ones(len(boxes), dtype=np.int64))
 
     def _inside(self, ids: np.ndarray) -> np.ndarray:
@@ -192,7 +196,7 @@ class CellLoad:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
             raise ValueError(f"damaged load statistics: {exc}") from None
         self._scale, self._ids, self._raw, self._rects = scale, cell_ids, costs, rects
-        self._parts, self._pending = {}, array("q")
+        self._parts, self._boxes, self._free, self._pending = {}, array("i"), [], array("q")
         for sid, box in parts.items():
             self.add_subscription(sid, box)
 
@@ -343,18 +347,37 @@ class CellLoad:
         """
         if not self.kept:
             return
-        old = self._parts.get(sid)
-        if old is not None:
-            self.remove_subscription(sid)
+        row = self._parts.get(sid)
+        if row is not None:
+            old = self._box(row)
+            self._note(old, -1)
             box = union_boxes(old, box)
-        self._parts[sid] = box
+        else:
+            row = self._free.pop() if self._free else len(self._boxes) // 4
+            if 4 * row == len(self._boxes):
+                self._boxes.extend((0, 0, 0, 0))
+            self._parts[sid] = row
+        self._boxes[4 * row : 4 * row + 4] = array("i", box)
         self._note(box, 1)
 
     def remove_subscription(self, sid: str) -> None:
         """Forget subscription ``sid`` (an unsubscribe); unknown ids are ignored."""
-        box = self._parts.pop(sid, None)
-        if box is not None:
-            self._note(box, -1)
+        row = self._parts.pop(sid, None)
+        if row is not None:
+            self._note(self._box(row), -1)
+            self._free.append(row)
+
+    def parts(self) -> dict[str, CellBox]:
+        """Return the counted subscription parts: id -> cell box; O(parts)."""
+        return {sid: self._box(row) for sid, row in self._parts.items()}
+
+    def _box(self, row: int) -> CellBox:
+        return tuple(self._boxes[4 * row : 4 * row + 4])
+
+    def _held_boxes(self) -> np.ndarray:
+        """Return the counted parts' boxes, shape (parts, 4), int64, in no particular order."""
+        rows = np.fromiter(self._parts.values(), dtype=np.int64, count=len(self._parts))
+        return np.frombuffer(self._boxes, dtype=np.int32).reshape(-1, 4)[rows].astype(np.int64)
 
     def _note(self, box: CellBox, step: int) -> None:
         """Note a part's box and sign for :meth:`_flush`; O(1) amortized (a flush every :data:`_PENDING_MAX`)."""

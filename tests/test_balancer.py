@@ -418,11 +418,11 @@ def test_cell_load_after_moves_equals_one_built_afresh(workload, seed):
         ys, xs = np.nonzero((part.owner == e) & (costs > 0))  # the cells e owns at the end, with their costs
         for cx, cy in zip(xs.tolist(), ys.tolist(), strict=True):
             fresh.add_cost(cx, cy, float(costs[cy, cx]))
-        for sid, box in load._parts.items():
+        for sid, box in load.parts().items():
             fresh.add_subscription(sid, box)
         got, want = load.summary(e, 0), fresh.summary(e, 0)
         restored = CellLoad(part.size, [], 4, decay=1.0)
-        restored.restore(load.to_document(), dict(load._parts))
+        restored.restore(load.to_document(), load.parts())
         assert restored.summary(e, 0).to_json() == got.to_json(), "the state store's copy sends the same summary"
         assert LoadSummary.from_json(json.loads(json.dumps(got.to_json()))).to_json() == got.to_json()
         assert [r.box for r in got.rectangles] == [r.box for r in want.rectangles]
@@ -546,7 +546,7 @@ def test_a_target_indexes_what_is_carried_over_the_union_with_what_it_holds(held
     assert target.index.postings() == fresh.index.postings() == restored.index.postings()
     assert set(target.index.slot_of) == set(fresh.index.slot_of) == set(restored.index.slot_of)
     assert set(restored.range_ids()) == set(target.range_ids()) and restored.blocks == target.blocks
-    assert target.load._parts == fresh.load._parts
+    assert target.load.parts() == fresh.load.parts()
     got, built = target.load.summary(0, 0), fresh.load.summary(0, 0)
     assert [b.queries for b in got.blocks] == [b.queries for b in built.blocks]
     for a, b in zip(got.rectangles, built.rectangles, strict=True):
