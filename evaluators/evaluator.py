@@ -261,9 +261,9 @@ class Evaluator:
             found = self.index.match_many(object_batch(objects))
         except Exception:  # noqa: BLE001 - matched one by one below
             return self._match_one_by_one(objects, out)
-        taken = pa.array(found.rows, pa.int64())
-        ids = objects.column("id").combine_chunks()
-        deliveries = Deliveries(objects.column("pos").to_numpy()[found.rows], found.sids, ids.take(taken))
+        ids = objects.column("id").combine_chunks()  # each match names its object by row: no id is copied
+        obj = pa.DictionaryArray.from_arrays(pa.array(found.rows, pa.int32()), ids)
+        deliveries = Deliveries(objects.column("pos").to_numpy()[found.rows], found.sids, obj)
         return deliveries, found.examined, set()
 
     def _match_one_by_one(self, objects: pa.Table, out: EvaluatorBatch) -> tuple[Deliveries, np.ndarray, set[int]]:
