@@ -413,7 +413,8 @@ def live_lines(fd: int, linger: float, read_bytes: int = 1 << 16) -> Iterator[by
     (no reader thread: the caller may stop at any line). The bytes after
     the last ``\n`` at the end of input are the last line.
     """
-    rest, waiting_since = b"", None
+    partial: list[bytes] = []  # the pieces of a line not ended yet (each read is searched once: O(bytes))
+    waiting_since = None
     while True:
         timeout = None if waiting_since is None else max(0.0, waiting_since + linger - time.monotonic())
         if not select.select([fd], [], [], timeout)[0]:
@@ -423,15 +424,20 @@ def live_lines(fd: int, linger: float, read_bytes: int = 1 << 16) -> Iterator[by
         chunk = os.read(fd, read_bytes)
         if not chunk:
             break
-        *lines, rest = (rest + chunk).split(b"\n")
-        for line in lines:
+        *ended, rest = chunk.split(b"\n")
+        if ended:
+            ended[0] = b"".join([*partial, ended[0]])
+            partial = []
+        if rest:
+            partial.append(rest)
+        for line in ended:
             yield line
             waiting_since = time.monotonic() if waiting_since is None else waiting_since
         if waiting_since is not None and time.monotonic() >= waiting_since + linger:
             yield FLUSH
             waiting_since = None
-    if rest:
-        yield rest
+    if partial:
+        yield b"".join(partial)
 
 
 def _quoted(sid: str) -> str:

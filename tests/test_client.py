@@ -54,6 +54,14 @@ def test_live_lines_flush_a_line_that_waited_linger_whether_the_input_pauses_or_
         assert list(live_lines(read, 0.0)) == [b"x", b"y", FLUSH]
     finally:
         os.close(read)
+    read, write = os.pipe()
+    try:
+        os.write(write, b"abcdefghij\n\nkl")
+        os.close(write)
+        # reads of 3 bytes: a line's pieces are joined, an empty line is a line, the end of input ends the last
+        assert [x for x in live_lines(read, 60.0, read_bytes=3) if x is not FLUSH] == [b"abcdefghij", b"", b"kl"]
+    finally:
+        os.close(read)
 
 
 def test_a_full_backlog_is_waited_out_and_a_refusal_carries_its_reason():

@@ -303,12 +303,25 @@ def test_lag_seconds_is_the_age_of_the_first_line_after_the_cursor(tmp_path, mon
     assert targets.lag_seconds(11, now) == targets.lag_seconds(8, now) == 800.0  # lines 9..12 at 200
     assert targets.lag_seconds(7, now) == 900.0  # line 8 at 100 (the same end again is no new commit)
     assert targets.lag_seconds(0, now) == 1000.0  # lines 1..5: aged from the process's start
-    for end, at in [(25, 400.0), (30, 500.0)]:  # four times are kept: the older half is thinned, the oldest stays
-        committed["n"] = end
-        targets.committed_at(end, started + at)
-    assert [(end, when - started) for end, when in targets._commit_times] == [(5, 0), (20, 300), (25, 400), (30, 500)]
-    assert targets.lag_seconds(0, now) == 1000.0  # a target paused since the start still ages
-    assert targets.lag_seconds(7, now) == 700.0  # line 8's commit went: aged from the next one kept
+
+
+def test_lag_seconds_of_a_target_paused_for_long_stays_within_the_tolerance_of_the_true_age(tmp_path, monkeypatch):
+    """Commit times thinned again and again: for cursors paused at any point, the age reported after every commit
+    is the true age of the first line after the cursor, or at most AGE_TOLERANCE of it less; it never plateaus."""
+    monkeypatch.setattr(targets_module, "COMMIT_TIMES", 2000)
+    committed = {"n": 0}
+    targets = targets_module.Targets(tmp_path / "targets", FakeLog(0).read, lambda: committed["n"], lambda: 0, Gone)
+    started = targets._commit_times[0][1]
+    cursors = [0, 37, 1000, 4000]  # line c + 1 is committed at second c + 1 (one line per commit, one a second)
+    for t in range(1, 6001):
+        committed["n"] = t
+        targets.committed_at(t, started + t)
+        assert len(targets._commit_times) <= 2000
+        for cursor in cursors:
+            if cursor < t:
+                true_age = t - (cursor + 1)
+                reported = targets.lag_seconds(cursor, started + t)
+                assert true_age * (1 - targets_module.AGE_TOLERANCE) - 1e-6 <= reported <= true_age + 1e-6
 
 
 def test_a_targets_file_is_read_with_a_sentence_for_what_cannot_be_used(tmp_path):

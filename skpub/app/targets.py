@@ -61,7 +61,9 @@ LOG = logging.getLogger("skpub.daemon")
 POLL_SECONDS = 0.05
 """How often an idle target looks for newly committed deliveries."""
 COMMIT_TIMES = 100_000
-"""Most commit times kept for ``lag_seconds``; when full, every other one of the older half is dropped."""
+"""Most commit times kept for ``lag_seconds``; when full they are thinned (:func:`_thinned`)."""
+AGE_TOLERANCE = 0.01
+"""The share of a line's age by which a thinned list of commit times may under-report it."""
 
 
 class TargetError(ValueError):
@@ -174,6 +176,29 @@ class TargetSpec:
         return frozenset(self.subscriptions) if isinstance(self.subscriptions, list) else frozenset()
 
 
+def _thinned(times: list[tuple[int, float]], now: float) -> list[tuple[int, float]]:
+    """Return commit times ``(end, when)`` thinned by age: fewer than :data:`COMMIT_TIMES` * 3/4 are kept.
+
+    The first and the last stay; an entry goes when the gap it leaves (from
+    the one kept before it to the one after it) is at most
+    :data:`AGE_TOLERANCE` times the age, at ``now``, of the one after it,
+    the entry a line of the dropped commit is then aged from. So recent
+    commits are kept one by one and old ones about one per 1% of their age
+    (a few thousand span years), and no age is under-reported by more than
+    that share; should too many remain, the tolerance doubles. O(len(times)).
+    """
+    tolerance = AGE_TOLERANCE
+    while True:
+        kept = [times[0]]
+        for entry, following in zip(times[1:-1], times[2:], strict=True):
+            if following[1] - kept[-1][1] > tolerance * (now - following[1]):
+                kept.append(entry)
+        kept.append(times[-1])
+        if len(kept) < COMMIT_TIMES * 3 // 4 or len(kept) <= 2:
+            return kept
+        tolerance *= 2
+
+
 def _selector_ok(selector: Any) -> bool:
     if selector == "*":
         return True
@@ -251,10 +276,10 @@ class Targets:
     A target's ``lag`` is the committed delivery lines after its cursor;
     its ``lag_seconds`` is the age of the first of them: seconds since the
     commit that appended it (:meth:`committed_at`; 0 when caught up). Commit
-    times are kept in memory, at most :data:`COMMIT_TIMES`: when full, every
-    other one of the older half goes (the oldest stays), so older commits
-    are known more coarsely (a line's age may then be that of a commit a
-    little after its own) but a target paused for days still ages. Lines
+    times are kept in memory, at most :data:`COMMIT_TIMES`: when full they
+    are thinned by age (:func:`_thinned`), so an age is under-reported by at
+    most :data:`AGE_TOLERANCE` of itself and a target paused for days keeps
+    ageing. Lines
     committed before this process started count from its start, so after a
     restart the age is a lower bound until the target has caught up.
     """
@@ -364,10 +389,10 @@ class Targets:
             times = self._commit_times
             if end <= times[-1][0]:
                 return
-            if len(times) >= COMMIT_TIMES:  # thin the older half, keeping the oldest: O(COMMIT_TIMES) now and then
-                half = len(times) // 2
-                times[:half] = times[:half:2]
-            times.append((end, time.monotonic() if when is None else when))
+            now = time.monotonic() if when is None else when
+            if len(times) >= COMMIT_TIMES:  # O(COMMIT_TIMES) now and then
+                times[:] = _thinned(times, now)
+            times.append((end, now))
 
     def lag_seconds(self, cursor: int, now: float | None = None) -> float:
         """Return the age in seconds of the first committed delivery line after offset ``cursor`` (0: none).

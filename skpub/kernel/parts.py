@@ -167,13 +167,9 @@ def _json_strings(ids: pa.Array) -> pa.LargeBinaryArray:
     names = encoded.dictionary.cast(pa.large_string())
     texts = pc.binary_join_element_wise(_QUOTE, names, _QUOTE, _NO_TEXT).cast(pa.large_binary())
     escaped = pc.match_substring_regex(names, _NEEDS_ESCAPE)
-    if pc.any(escaped).as_py():
-        which = np.flatnonzero(escaped.to_numpy(zero_copy_only=False))
-        fixed = [orjson.dumps(s) for s in names.take(pa.array(which)).to_pylist()]
-        parts = texts.to_pylist()
-        for i, text in zip(which.tolist(), fixed, strict=True):
-            parts[i] = text
-        texts = pa.array(parts, pa.large_binary())
+    if pc.any(escaped).as_py():  # only those go through Python
+        fixed = pa.array([orjson.dumps(s) for s in names.filter(escaped).to_pylist()], pa.large_binary())
+        texts = pc.replace_with_mask(texts, escaped, fixed)
     return texts.take(encoded.indices)
 
 
