@@ -160,6 +160,15 @@ class Client:
         reason = body.get("reason") if isinstance(body, dict) else None
         raise Refused(response.status_code, str(detail or response.reason_phrase), reason, body)
 
+    def _found(self, path: str) -> dict | None:
+        """``GET path`` as JSON, or None when the daemon answers 404 (any other refusal raises :class:`Refused`)."""
+        try:
+            return self._request("GET", path).json()
+        except Refused as refused:
+            if refused.status == 404:
+                return None
+            raise
+
     def publish(self, lines: Iterable[str | bytes | dict], body_bytes: int = BODY_BYTES) -> dict:
         """Append records (JSON-lines text, bytes, or dicts) to the daemon's ingest log, in order.
 
@@ -214,12 +223,7 @@ class Client:
 
     def get(self, sid: str) -> dict | None:
         """Return ``{"subscription": record, "result": [...]}`` of live subscription ``sid``, or None."""
-        try:
-            return self._request("GET", f"/v1/subscriptions/{_quoted(sid)}").json()
-        except Refused as refused:
-            if refused.status == 404:
-                return None
-            raise
+        return self._found(f"/v1/subscriptions/{_quoted(sid)}")
 
     def subscriptions(self, kind: str | None = None, page: int = 1000) -> Iterator[dict]:
         """Yield the live subscriptions' records in id order, ``page`` per request (of ``kind`` only, if given)."""
@@ -246,12 +250,8 @@ class Client:
 
     def snapshot_lines(self, sid: str) -> list[dict] | None:
         """Return snapshot ``sid``'s lines, or None while it is not taken."""
-        try:
-            return self._request("GET", f"/v1/snapshots/{_quoted(sid)}").json()["lines"]
-        except Refused as refused:
-            if refused.status == 404:
-                return None
-            raise
+        found = self._found(f"/v1/snapshots/{_quoted(sid)}")
+        return None if found is None else found["lines"]
 
     # --- delivery targets (SEMANTICS section 7) -------------------------------------------------------------
     def targets(self) -> list[dict]:
@@ -260,12 +260,7 @@ class Client:
 
     def target(self, name: str) -> dict | None:
         """Return target ``name``'s status, or None when there is no such target."""
-        try:
-            return self._request("GET", f"/v1/targets/{_quoted(name)}").json()
-        except Refused as refused:
-            if refused.status == 404:
-                return None
-            raise
+        return self._found(f"/v1/targets/{_quoted(name)}")
 
     def define_target(self, name: str, definition: dict) -> dict:
         """Define (or redefine, keeping its cursor) target ``name``; return its status.
