@@ -34,7 +34,7 @@ from skpub.evaluators.gi2 import GI2Index, ObjectBatch
 from skpub.evaluators.load import CellLoad
 from skpub.evaluators.monitor import RankedMonitor
 from skpub.evaluators.stats import CellCostStats
-from skpub.evaluators.window import block_of
+from skpub.evaluators.window import ObjectColumns, block_of
 from skpub.kernel.config import Deployment
 from skpub.kernel.grid import CellBox, meets_any, union_boxes
 from skpub.kernel.load import LoadSummary, grid_t_block
@@ -42,7 +42,6 @@ from skpub.kernel.messages import Deliveries, Mark, RankedUpdate
 from skpub.kernel.records import (
     DeadLetter,
     KnnSubscription,
-    ObjectRecord,
     RangeSubscription,
     SnapshotMarker,
     TopkSubscription,
@@ -146,46 +145,20 @@ class Evaluator:
         rows = rows.combine_chunks()
         kind = rows.column("kind").to_numpy()
         is_object = kind == OBJECT
-        records = ~is_object
-        if self._monitor_sees_objects(rows, kind):
-            records |= is_object & pc.fill_null(rows.column("window"), True).to_numpy(zero_copy_only=False)
         objects = rows.filter(pa.array(is_object))
-        routed = from_columns(table_columns(rows.filter(pa.array(records))), self.evaluator_id)
+        routed = from_columns(table_columns(rows.filter(pa.array(~is_object))), self.evaluator_id)
         # 1. range subscription changes: they only set the positions their subscriptions are live between
         ranked_rows = [row for row in routed if not self._apply_range(row.record, row.cells, out)]
         # 2. every object against the subscriptions live at its position (in bulk; should that fail, one by one)
         deliveries, examined, lost = self._match(objects, out)
         # 3. the ranked monitor, in stream order, without the objects that failed above or fail here
         scored = np.zeros(objects.num_rows, np.int64)
-        at = {pos: i for i, pos in enumerate(objects.column("pos").to_pylist())} if ranked_rows else {}
-        for row in ranked_rows:
-            record = row.record
-            if type(record) is ObjectRecord and record.pos in lost:
-                continue
-            try:
-                monitor.advance(row.accepted, row.watermark)
-                if type(record) is ObjectRecord:
-                    scored[at[record.pos]] = monitor.add_object(
-                        record, row.accepted - 1, block_of(row.cells[0], row.cells[1])
-                    )
-                elif isinstance(record, TopkSubscription | KnnSubscription):
-                    monitor.subscribe(record)
-                elif isinstance(record, Unsubscribe):
-                    if not monitor.unsubscribe(record.id, record.pos):
-                        raise EvaluatorError(f"unsubscribe of {record.id!r}, which evaluator {self.evaluator_id} "
-                                             "does not hold")  # fmt: skip
-                elif isinstance(record, SnapshotMarker | Mark):
-                    updates, failed = monitor.mark(record.pos)
-                    out.updates.extend(updates)
-                    if failed:
-                        raise EvaluatorError(f"top-k/kNN reports failed: {'; '.join(failed[:3])}")
-                else:
-                    raise EvaluatorError(f"evaluator cannot apply {type(record).__name__}")
-            except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
-                out.dead_letters.append(DeadLetter.internal_error(record.pos, _describe(record), exc))
-                if type(record) is ObjectRecord:
-                    lost.add(record.pos)
-                    monitor.withdraw([record.pos])  # should the window have kept it before the failure
+        monitored = np.zeros(objects.num_rows, bool)
+        if self._monitor_sees_objects(rows, kind):
+            monitored = pc.fill_null(objects.column("window"), True).to_numpy(zero_copy_only=False)
+            if lost:
+                monitored &= ~np.isin(objects.column("pos").to_numpy(), list(lost))
+        self._apply_ranked(objects, np.flatnonzero(monitored), ranked_rows, scored, lost, out)
         if rows.num_rows:
             self._advance_to_end(rows, out)
         kept = ~np.isin(objects.column("pos").to_numpy(), list(lost)) if lost else slice(None)
@@ -203,6 +176,74 @@ class Evaluator:
         self.load.add_costs(out.stats.cells)
         out.cpu_seconds = time.thread_time() - start
         return out
+
+    def _apply_ranked(
+        self, objects: pa.Table, rows: np.ndarray, ranked_rows: list, scored: np.ndarray, lost: set[int],
+        out: EvaluatorBatch,
+    ) -> None:  # fmt: skip
+        """Apply the ranked rows and the objects ``rows`` of ``objects`` to the monitor, in stream order.
+
+        The objects are kept in bulk (:meth:`RankedMonitor.receive`); those a
+        subscription may score arrive one by one between the other rows, and
+        their work goes to ``scored`` (by row of ``objects``). Should keeping
+        them in bulk fail, each is kept and scored alone; an object that
+        fails becomes an ``internal_error`` dead letter, its position joins
+        ``lost`` and the window forgets it.
+        """
+        monitor = self.monitor
+        columns = window_columns(objects.take(pa.array(rows, pa.int64())))
+        cols, accepted, watermark = columns
+        subscribing = (row.record for row in ranked_rows)
+        keywords = {t for r in subscribing if isinstance(r, TopkSubscription | KnnSubscription) for t in r.keywords}
+        try:
+            picked = monitor.receive(cols, accepted, watermark, keywords)
+            alone = False
+        except Exception:  # noqa: BLE001 - kept one by one below, so only the objects that fail are lost
+            picked, alone = np.arange(len(cols), dtype=np.int64), True
+        candidates = cols.take(picked).objects() if not alone else []
+        positions = cols.pos[picked].tolist()
+        i, n = 0, len(positions)
+        for row in [*ranked_rows, None]:
+            while i < n and (row is None or positions[i] < row.record.pos):
+                r = int(picked[i])
+                try:
+                    if alone:
+                        one = cols.take(np.array([r], np.int64))
+                        if not len(monitor.receive(one, accepted[r : r + 1], watermark[r : r + 1], keywords)):
+                            i += 1
+                            continue
+                        obj = one.objects()[0]
+                    else:
+                        obj = candidates[i]
+                    scored[rows[r]] = monitor.arrive(obj, int(accepted[r]), float(watermark[r]))
+                except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
+                    pos = positions[i]
+                    oid = objects.column("id")[int(rows[r])].as_py()
+                    out.dead_letters.append(DeadLetter.internal_error(pos, _describe_object(oid), exc))
+                    lost.add(pos)
+                    monitor.withdraw([pos])  # should the window have kept it before the failure
+                i += 1
+            if row is None:
+                break
+            record = row.record
+            try:
+                monitor.advance(row.accepted, row.watermark)
+                if isinstance(record, TopkSubscription | KnnSubscription):
+                    monitor.subscribe(record)
+                elif isinstance(record, Unsubscribe):
+                    if not monitor.unsubscribe(record.id, record.pos):
+                        raise EvaluatorError(f"unsubscribe of {record.id!r}, which evaluator {self.evaluator_id} "
+                                             "does not hold")  # fmt: skip
+                elif isinstance(record, SnapshotMarker | Mark):
+                    updates, failed = monitor.mark(record.pos)
+                    out.updates.extend(updates)
+                    if failed:
+                        raise EvaluatorError(f"top-k/kNN reports failed: {'; '.join(failed[:3])}")
+                else:
+                    raise EvaluatorError(f"evaluator cannot apply {type(record).__name__}")
+            except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
+                out.dead_letters.append(DeadLetter.internal_error(record.pos, _describe(record), exc))
+        monitor.store.arrive_until(math.inf)
 
     def _apply_range(self, record: object, cells: CellBox | None, out: EvaluatorBatch) -> bool:
         """Apply ``record`` if it is a range subscribe or an unsubscribe of one held here; return whether it was.
@@ -559,6 +600,29 @@ def object_batch(objects: pa.Table) -> ObjectBatch:
     )
 
 
+def window_columns(objects: pa.Table) -> tuple[ObjectColumns, np.ndarray, np.ndarray]:
+    """Return routed object rows as the window store's columns, with each row's ``accepted`` and ``watermark``.
+
+    ``accepted`` is int64, ``watermark`` float64 (NaN when unset); an object's
+    number is ``accepted - 1``, a missing ``expires_at`` is +inf.
+    """
+    accepted = objects.column("accepted").to_numpy().astype(np.int64)
+    expires = pc.fill_null(objects.column("expires_at"), math.inf).to_numpy()
+    cx, cy = (objects.column(name).to_numpy().astype(np.int64) for name in ("cx0", "cy0"))
+    cols = ObjectColumns(
+        objects.column("pos").to_numpy(),
+        objects.column("id").combine_chunks(),
+        objects.column("x").to_numpy(),
+        objects.column("y").to_numpy(),
+        objects.column("terms").combine_chunks(),
+        pc.fill_null(objects.column("ts"), math.nan).to_numpy(),
+        np.where(np.isnan(expires), math.inf, expires),
+        accepted - 1,
+        block_of(cx, cy),
+    )
+    return cols, accepted, pc.fill_null(objects.column("watermark"), math.nan).to_numpy()
+
+
 def _clock(watermark: float | None) -> float:
     """Return the watermark of a row as the monitor takes it: NaN when unset."""
     return math.nan if watermark is None else watermark
@@ -567,6 +631,11 @@ def _clock(watermark: float | None) -> float:
 def _describe(record: object) -> str:
     """Return the ``line`` of an evaluator's internal-error dead letter: the record's type and id as JSON."""
     return orjson.dumps({"record": type(record).__name__, "id": getattr(record, "id", None)}).decode()
+
+
+def _describe_object(oid: str) -> str:
+    """Return the ``line`` of an internal-error dead letter of object ``oid`` (as :func:`_describe` of its record)."""
+    return orjson.dumps({"record": "ObjectRecord", "id": oid}).decode()
 
 
 def encode_block(block: Mapping[str, bytes]) -> bytes:

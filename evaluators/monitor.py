@@ -34,18 +34,22 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from skpub.evaluators.durable import state_document, state_rows
 from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.ranked import Entry, Handler, WindowObject, handler_of
 from skpub.evaluators.skyband import Skyband
-from skpub.evaluators.window import WindowStore
+from skpub.evaluators.window import Departures, ObjectColumns, WindowStore
 from skpub.kernel.config import Deployment
 from skpub.kernel.messages import RankedUpdate
-from skpub.kernel.records import KnnSubscription, ObjectRecord, TopkSubscription
+from skpub.kernel.records import KnnSubscription, TopkSubscription
 from skpub.kernel.text import Vocabulary
 from skpub.kernel.wire import ranked_from_spec, ranked_spec
 
@@ -125,6 +129,7 @@ class RankedMonitor:
         self.evaluator_id = evaluator_id
         self.durable = durable
         self.store = WindowStore(deployment.window, durable)
+        self.departures = Departures(self.store)
         self.window_none = deployment.window.kind == "none"
         self.count_window = deployment.window.kind == "count"
         self.max_dist = math.hypot(deployment.space.width, deployment.space.height)
@@ -133,6 +138,7 @@ class RankedMonitor:
         self.policy = deployment.skyband
         self.subscriptions: dict[str, _Held] = {}
         self.index: dict[str, set[str]] = {}
+        self.keywords: dict[str, int] = {}  # keyword of a held subscription -> how many hold it
         self.holders: dict[int, set[str]] = {}
         self.dirty: set[str] = set()
         self.pending: list[RankedUpdate] = []
@@ -151,8 +157,9 @@ class RankedMonitor:
         store = self.store
         if accepted == store.accepted and (watermark == store.watermark or watermark != watermark):
             return
-        for obj in store.advance(accepted, watermark):
-            self._forget(obj.pos)
+        store.advance(accepted, watermark)
+        for pos in self.departures.left():
+            self._forget(pos)
 
     def _forget(self, pos: int) -> None:
         for sid in self.holders.pop(pos, ()):
@@ -160,26 +167,60 @@ class RankedMonitor:
             if held is not None and held.band.remove(pos):
                 self.dirty.add(sid)
 
-    def add_object(self, record: ObjectRecord, number: int, block: int) -> int:
-        """Take an arriving object (accepted as ``number``, in state block ``block``) in; return the work done.
+    def receive(
+        self, objects: ObjectColumns, accepted: np.ndarray, watermark: np.ndarray, keywords: Iterable[str] = ()
+    ) -> np.ndarray:
+        """Keep a micro-batch's objects in the window store; return the rows a subscription may score.
 
-        ``record.ts`` is the time the sequencer stamped (seconds). With
-        window none only an object some subscription can see is kept. The
-        work is the number of subscriptions scored, which the per-cell cost
-        statistics add to the range work (DkM-SKS section 4.2: the load of a
-        cell counts its kNN evaluations).
+        ``accepted`` (int64) and ``watermark`` (float64, NaN when unset) are
+        each row's stream clock, as the sequencer stamped it. An object is
+        kept when the window holds it at its own clock (with window none,
+        only one that shares a term with a subscription). The rows returned
+        (ascending) are the objects kept that share a term with a held
+        subscription or with ``keywords`` (those of the subscriptions the
+        batch brings): each must then go through :meth:`arrive`, in stream
+        order with the batch's other ranked rows; the others arrive in bulk
+        as the store's arrival position passes them. O(n log n) in
+        numpy and Arrow for n objects, no Python step per object.
         """
+        store = self.store
+        clock = np.maximum.accumulate(np.maximum(accepted, store.accepted))
+        wm = np.fmax.accumulate(np.fmax(watermark, store.watermark))
+        kept = store.holds_many(objects, clock, wm)
+        terms = set(self.index).union(keywords)
+        shares = np.zeros(len(objects), bool)
+        if terms:
+            hit = pc.is_in(objects.terms.flatten(), value_set=pa.array(sorted(terms), pa.string()))
+            parents = pc.list_parent_indices(objects.terms).to_numpy()
+            shares[parents[hit.to_numpy(zero_copy_only=False)]] = True
+        if self.window_none:
+            kept &= shares
+        store.interest(self.keywords.keys() | set(keywords))
+        store.add(objects.take(np.flatnonzero(kept)))
+        return np.flatnonzero(kept & shares)
+
+    def arrive(self, obj: WindowObject, accepted: int, watermark: float) -> int:
+        """Let object ``obj`` (kept by :meth:`receive`) arrive at its clock and be scored; return the work done.
+
+        The work is the number of subscriptions scored, which the per-cell
+        cost statistics add to the range work (DkM-SKS section 4.2: the load
+        of a cell counts its kNN evaluations). With window none an object no
+        subscription can see is not kept.
+        """
+        self.advance(accepted, watermark)
+        store = self.store
+        store.arrive_until(obj.pos + 1)
         index = self.index
-        hits = [index[t] for t in record.term_set if t in index] if index else []
-        targets: set[str] = hits[0] if len(hits) == 1 else set().union(*hits)
-        if self.window_none and not targets:
+        hits = [index[t] for t in obj.term_set if t in index] if index else []
+        if not hits:
+            if self.window_none:
+                store.discard([obj.pos])
             return 0
-        expires = record.expires_at if record.expires_at is not None else math.inf
-        obj = WindowObject(
-            record.pos, record.id, record.x, record.y, record.terms, record.term_set, record.ts, expires, number, block
-        )
-        if not self.store.add(obj):
-            return 0
+        store.remember(obj)
+        return self.offer(obj, hits[0] if len(hits) == 1 else set().union(*hits))
+
+    def offer(self, obj: WindowObject, targets: set[str]) -> int:
+        """Offer a held object to the buffers of ``targets``, the subscriptions sharing a term with it."""
         subscriptions = self.subscriptions
         for sid in targets:
             held = subscriptions[sid]
@@ -187,15 +228,23 @@ class RankedMonitor:
             if scored is None:
                 continue
             band = held.band
-            kept, dropped = band.offer(Entry(scored[0], scored[1], obj.ts, obj.pos, obj.id, expires))
+            kept, dropped = band.offer(Entry(scored[0], scored[1], obj.ts, obj.pos, obj.id, obj.expires_at))
             if kept:
-                self.holders.setdefault(obj.pos, set()).add(sid)
+                self._hold(obj, sid)
                 self.dirty.add(sid)
             elif obj.pos in band.dropped:  # left out, it may raise the bound of the report
                 self.dirty.add(sid)
             for pos in dropped:
                 self._unhold(pos, sid)
         return len(targets)
+
+    def _hold(self, obj: WindowObject, sid: str) -> None:
+        """Note that the buffer of ``sid`` holds ``obj`` (whose departure is then watched)."""
+        holders = self.holders.get(obj.pos)
+        if holders is None:
+            holders = self.holders[obj.pos] = set()
+            self.departures.track(obj)
+        holders.add(sid)
 
     def _unhold(self, pos: int, sid: str) -> None:
         holders = self.holders.get(pos)
@@ -219,12 +268,14 @@ class RankedMonitor:
         handler = _shared_handler(sub, self.vocabulary, self.max_dist, self.window_none)
         terms = self._index_terms(handler)
         home = sub.pos % self.evaluators == self.evaluator_id
-        postings = self.store.postings
-        stale = any(t in postings for t in terms)
+        self.store.arrive_until(sub.pos)
+        stale = self.store.shares_any(terms)
         band = Skyband(sub.k, self.policy, self.count_window, stale=stale)
         self.subscriptions[sub.id] = _Held(handler, band, terms, home, None if home else EMPTY_REPORT)
         for t in terms:
             self.index.setdefault(t, set()).add(sub.id)
+        for t in handler.keywords:
+            self.keywords[t] = self.keywords.get(t, 0) + 1
         if stale or home:
             self.dirty.add(sub.id)
         if self.durable:
@@ -260,6 +311,7 @@ class RankedMonitor:
         held = self.subscriptions.get(sid)
         if held is None:
             return False
+        self.store.arrive_until(pos)
         try:
             if held.home or held.reported is None or sid in self.dirty:
                 self._report(sid, held, pos, ended=True)
@@ -283,6 +335,10 @@ class RankedMonitor:
                 subs.discard(sid)
                 if not subs:
                     del self.index[t]
+        for t in held.handler.keywords:
+            left = self.keywords.pop(t) - 1
+            if left:
+                self.keywords[t] = left
         for pos_held in list(held.band.entries):
             self._unhold(pos_held, sid)
         self.dirty.discard(sid)
@@ -291,15 +347,14 @@ class RankedMonitor:
 
     def withdraw(self, positions: list[int]) -> None:
         """Forget the objects at ``positions``, kept before their rows failed (their lines became dead letters)."""
-        for obj in self.store.discard(positions):
-            self._forget(obj.pos)
+        for pos in self.store.discard(positions).tolist():
+            self._forget(pos)
 
     def _prune_before_oldest(self) -> None:
         """Window none: forget objects older than every active subscription (none can see them)."""
-        oldest = min((h.handler.sub.pos for h in self.subscriptions.values()), default=None)
-        doomed = [p for p in self.store.objects if oldest is None or p < oldest]
-        for obj in self.store.discard(doomed):
-            self._forget(obj.pos)
+        oldest = min((h.handler.sub.pos for h in self.subscriptions.values()), default=math.inf)
+        for pos in self.store.discard_before(oldest).tolist():
+            self._forget(pos)
 
     # --- marks --------------------------------------------------------------------------
 
@@ -310,6 +365,7 @@ class RankedMonitor:
         report failed (a bug): it is refilled and tried again at the next
         mark, and every other subscription is reported all the same.
         """
+        self.store.arrive_until(pos)
         failed, retry = [], set()
         for sid in sorted(self.dirty):
             try:
@@ -332,10 +388,10 @@ class RankedMonitor:
         """
         if sid in self.dirty or held.reported is None:
             band = held.band
-            read = band.read(self.store.objects.__contains__)
+            read = band.read(self.store.__contains__)
             if read is None:
                 self._refill(held)
-                read = band.read(self.store.objects.__contains__)
+                read = band.read(self.store.__contains__)
                 if read is None:
                     raise EvaluatorError(f"the buffer of {sid!r} cannot prove its first k right after a refill")
             entries, bound = read
@@ -363,16 +419,17 @@ class RankedMonitor:
         handler, band = held.handler, held.band
         for pos in band.entries:
             self._unhold(pos, handler.sub.id)
-        candidates = []
+        candidates, objects = [], {}
         for obj in self.store.sharing(handler.keywords, rarest_only=handler.needs_all):
             scored = handler.goodness(obj)
             if scored is not None:
                 candidates.append(Entry(scored[0], scored[1], obj.ts, obj.pos, obj.id, obj.expires_at))
+                objects[obj.pos] = obj
         fill = band.stale
         band.refill(candidates, len(self.store))
         sid = handler.sub.id
         for pos in band.entries:
-            self.holders.setdefault(pos, set()).add(sid)
+            self._hold(objects[pos], sid)
         if fill:
             self.stats.fills += 1
         else:
@@ -457,6 +514,7 @@ class RankedMonitor:
         """
         monitor = cls(evaluator_id, deployment, vocabulary, durable)
         monitor.store = WindowStore.restore(deployment.window, clock[0], clock[1], segments, durable)
+        monitor.departures = Departures(monitor.store)
         held: dict[str, TopkSubscription | KnnSubscription] = {}
         reports: dict[str, list | None] = {}
         try:
@@ -469,6 +527,7 @@ class RankedMonitor:
                     else:
                         held[sid] = ranked_from_spec(int(raw[0]), sid, raw[1])
                 reports.update(doc["reports"])
+            monitor.store.interest(t for sub in held.values() for t in sub.keywords)
             for sub in sorted(held.values(), key=lambda s: s.pos):
                 monitor.subscribe(sub)
                 monitor._rebuild(monitor.subscriptions[sub.id], reports.get(sub.id, False))
@@ -494,14 +553,18 @@ class RankedMonitor:
         rows = tuple((str(oid), float(value), float(g), float(ts), int(pos)) for oid, value, g, ts, pos in raw_rows)
         bound = -math.inf if raw_bound is None else float(raw_bound)
         held.reported = (rows, bound)
-        objects = self.store.objects
-        if any(pos not in objects for *_, pos in rows):
+        objects = [self.store.get(pos) for *_, pos in rows]
+        if any(obj is None for obj in objects):
             held.band.stale = True
             self.dirty.add(sid)
             return
         held.band.restore(
-            [Entry(g, value, ts, pos, oid, objects[pos].expires_at) for oid, value, g, ts, pos in rows], bound
+            [
+                Entry(g, value, ts, pos, oid, obj.expires_at)
+                for (oid, value, g, ts, pos), obj in zip(rows, objects, strict=True)
+            ],
+            bound,
         )
-        for *_, pos in rows:
-            self.holders.setdefault(pos, set()).add(sid)
+        for obj in objects:
+            self._hold(obj, sid)
         self.dirty.discard(sid)

@@ -14,14 +14,12 @@ evaluator from it.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 
 from skpub.evaluators.evaluator import Evaluator, encode_block
 from skpub.evaluators.monitor import RankedMonitor
-from skpub.evaluators.window import encode_segment
+from skpub.evaluators.window import encode_segment, segments_of
 from skpub.kernel.config import Deployment, deployment_from_text
-from skpub.kernel.records import POSITION_BITS
 from skpub.kernel.text import Vocabulary, load_vocabulary
 
 
@@ -108,12 +106,10 @@ def evaluator_state(ev: Evaluator) -> EvaluatorState:
     and bytes.
     """
     store = ev.monitor.store
-    segments: dict[int, list] = defaultdict(list)
-    for obj in sorted(store.objects.values(), key=lambda o: o.number):
-        segments[obj.pos >> POSITION_BITS].append(obj)
+    held = store.held()
     return EvaluatorState(
         {key: encode_block(block) for key, block in ev.blocks.items()},
-        {segment: encode_segment(objs) for segment, objs in segments.items()},
+        {segment: encode_segment(cols) for segment, cols in segments_of(held)} if held is not None else {},
         [ev.monitor.subscriptions_json()],
         (store.accepted, store.watermark, ev.monitor.generation),
         ev.load.to_document() if ev.load.kept else None,

@@ -393,6 +393,22 @@ def test_an_evaluator_that_saves_nothing_keeps_only_its_window():
         assert ev.monitor.changed == {} and ev.monitor.reports_changed == set()
 
 
+def one_object(monitor, pos: int, oid: str, x: float, y: float, number: int) -> None:
+    """Give ``monitor`` one object with term ``a`` at time 0, as an evaluator does (kept in bulk, then arrived)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from skpub.evaluators.window import ObjectColumns
+
+    cols = ObjectColumns(
+        np.array([pos]), pa.array([oid]), np.array([x]), np.array([y]), pa.array([["a"]]), np.zeros(1),
+        np.array([np.inf]), np.array([number]), np.zeros(1, np.int64),
+    )  # fmt: skip
+    for row in monitor.receive(cols, np.array([number + 1]), np.array([np.nan])):
+        (obj,) = cols.take(np.array([row])).objects()
+        monitor.arrive(obj, number + 1, np.nan)
+
+
 def test_an_unsubscribe_whose_report_fails_ends_the_subscription_all_the_same(monkeypatch):
     """A failing final report (a bug) still ends the subscription: the home evaluator sends its last report as the
     final one, so the merge ends it, and later objects and marks neither fail nor bring it back."""
@@ -403,13 +419,13 @@ def test_an_unsubscribe_whose_report_fails_ends_the_subscription_all_the_same(mo
     monitor = RankedMonitor(0, deployment(evaluators=1).replace(window=Window("count", 10)), Vocabulary())
     monitor.subscribe(KnnSubscription(0, "s", 0.5, 0.5, frozenset({"a"}), 1, "any", "window"))
     (first,), _ = monitor.mark(0)
-    monitor.add_object(ObjectRecord(1, "p", 0.4, 0.4, ("a",), frozenset({"a"}), 0.0, None), 0, 0)
+    one_object(monitor, 1, "p", 0.4, 0.4, 0)
     with monkeypatch.context() as patch:
         patch.setattr(Skyband, "read", lambda self, alive=None: None)
         with pytest.raises(Exception, match="cannot prove"):
             monitor.unsubscribe("s", 2)
     assert not monitor.subscriptions and not monitor.index and not monitor.holders
-    monitor.add_object(ObjectRecord(3, "o", 0.5, 0.5, ("a",), frozenset({"a"}), 0.0, None), 1, 0)
+    one_object(monitor, 3, "o", 0.5, 0.5, 1)
     (final,), failed = monitor.mark(4)
     assert not failed and final.ended and (final.sub, final.entries, final.bound) == ("s", first.entries, first.bound)
     assert monitor.mark(5) == ([], []) and not monitor.unsubscribe("s", 6)
