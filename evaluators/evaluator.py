@@ -34,7 +34,7 @@ from skpub.evaluators.gi2 import GI2Index, ObjectBatch
 from skpub.evaluators.load import CellLoad
 from skpub.evaluators.monitor import RankedMonitor
 from skpub.evaluators.stats import CellCostStats
-from skpub.evaluators.window import ObjectColumns, block_of
+from skpub.evaluators.window import WindowColumns, block_of
 from skpub.kernel.config import Deployment
 from skpub.kernel.grid import CellBox, meets_any, union_boxes
 from skpub.kernel.load import LoadSummary, grid_t_block
@@ -191,8 +191,8 @@ class Evaluator:
         ``lost`` and the window forgets it.
         """
         monitor = self.monitor
-        columns = window_columns(objects.take(pa.array(rows, pa.int64())))
-        cols, accepted, watermark = columns
+        every = len(rows) == objects.num_rows  # the common case: no copy
+        cols, accepted, watermark = window_columns(objects if every else objects.take(pa.array(rows, pa.int64())))
         subscribing = (row.record for row in ranked_rows)
         keywords = {t for r in subscribing if isinstance(r, TopkSubscription | KnnSubscription) for t in r.keywords}
         try:
@@ -600,7 +600,7 @@ def object_batch(objects: pa.Table) -> ObjectBatch:
     )
 
 
-def window_columns(objects: pa.Table) -> tuple[ObjectColumns, np.ndarray, np.ndarray]:
+def window_columns(objects: pa.Table) -> tuple[WindowColumns, np.ndarray, np.ndarray]:
     """Return routed object rows as the window store's columns, with each row's ``accepted`` and ``watermark``.
 
     ``accepted`` is int64, ``watermark`` float64 (NaN when unset); an object's
@@ -609,7 +609,7 @@ def window_columns(objects: pa.Table) -> tuple[ObjectColumns, np.ndarray, np.nda
     accepted = objects.column("accepted").to_numpy().astype(np.int64)
     expires = pc.fill_null(objects.column("expires_at"), math.inf).to_numpy()
     cx, cy = (objects.column(name).to_numpy().astype(np.int64) for name in ("cx0", "cy0"))
-    cols = ObjectColumns(
+    cols = WindowColumns(
         objects.column("pos").to_numpy(),
         objects.column("id").combine_chunks(),
         objects.column("x").to_numpy(),

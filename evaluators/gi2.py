@@ -14,8 +14,8 @@ than a Python step per (object, candidate) pair:
 
 - *Term ids.* Each index numbers the terms of the subscriptions it holds
   (``term_ids``, dense ints in arrival order). An object's terms are mapped
-  through it by exact string equality once per batch (Arrow dictionary
-  encoding, then one dict lookup per distinct term), so a term id never
+  through it by exact string equality once per batch (Arrow's ``index_in``
+  against the known terms in id order), so a term id never
   stands for two strings and no hash collision can change a result. The
   ids are this index's own: they never leave the process, and a restore
   numbers the terms anew (DESIGN "Term ids are per index").
@@ -233,6 +233,8 @@ class GI2Index:
         self.index_block = index_block
         self.vocabulary = vocabulary
         self.term_ids: dict[str, int] = {}
+        self._names_array: pa.Array | None = None  # term_ids' keys in id order, for Arrow's index_in
+        self._names_of: dict[str, int] | None = None
         self.slot_of: dict[str, int] = {}
         self.sids: list[str] = []
         self.rects = _Grow(np.float64, 4)
@@ -293,6 +295,16 @@ class GI2Index:
                 xs = range(nx0, nx1 + 1)
             keys.extend(gy * SIDE + gx for gx in xs)
         return keys
+
+    def _names(self) -> pa.Array:
+        """Return the terms this index knows, as an Arrow array in term-id order (rebuilt when they change)."""
+        if (
+            self._names_array is None
+            or self._names_of is not self.term_ids
+            or len(self._names_array) != len(self.term_ids)
+        ):
+            self._names_array, self._names_of = pa.array(list(self.term_ids), pa.string()), self.term_ids
+        return self._names_array
 
     def _term_id(self, term: str) -> int:
         tid = self.term_ids.get(term)
@@ -519,10 +531,9 @@ class GI2Index:
         if not len(flat) or not self.term_ids:
             return np.empty(0, np.int64)
         rows = pc.list_parent_indices(terms).to_numpy().astype(np.int64)
-        encoded = pc.dictionary_encode(flat)
-        get = self.term_ids.get
-        ids = np.fromiter((get(t, -1) for t in encoded.dictionary.to_pylist()), np.int64, len(encoded.dictionary))
-        tids = ids[encoded.indices.to_numpy(zero_copy_only=False)]
+        names = self._names()
+        names = names if names.type == flat.type else names.cast(flat.type)
+        tids = pc.fill_null(pc.index_in(flat, value_set=names), -1).to_numpy().astype(np.int64)
         known = tids >= 0
         return np.unique((rows[known] << 32) | tids[known])
 

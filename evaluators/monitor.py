@@ -46,7 +46,7 @@ from skpub.evaluators.durable import state_document, state_rows
 from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.ranked import Entry, Handler, WindowObject, handler_of
 from skpub.evaluators.skyband import Skyband
-from skpub.evaluators.window import Departures, ObjectColumns, WindowStore
+from skpub.evaluators.window import Departures, WindowColumns, WindowStore
 from skpub.kernel.config import Deployment
 from skpub.kernel.messages import RankedUpdate
 from skpub.kernel.records import KnnSubscription, TopkSubscription
@@ -168,7 +168,7 @@ class RankedMonitor:
                 self.dirty.add(sid)
 
     def receive(
-        self, objects: ObjectColumns, accepted: np.ndarray, watermark: np.ndarray, keywords: Iterable[str] = ()
+        self, objects: WindowColumns, accepted: np.ndarray, watermark: np.ndarray, keywords: Iterable[str] = ()
     ) -> np.ndarray:
         """Keep a micro-batch's objects in the window store; return the rows a subscription may score.
 
@@ -196,7 +196,7 @@ class RankedMonitor:
         if self.window_none:
             kept &= shares
         store.interest(self.keywords.keys() | set(keywords))
-        store.add(objects.take(np.flatnonzero(kept)))
+        store.add(objects if kept.all() else objects.take(np.flatnonzero(kept)))
         return np.flatnonzero(kept & shares)
 
     def arrive(self, obj: WindowObject, accepted: int, watermark: float) -> int:

@@ -69,7 +69,7 @@ def block_of(cx, cy):  # noqa: ANN001, ANN201 - ints, or int64 arrays of the sam
 
 
 @dataclass(frozen=True, slots=True)
-class ObjectColumns:
+class WindowColumns:
     """Window objects as columns, one row per object, in position order.
 
     ``pos``, ``number`` (0-based among accepted objects) and ``block`` (state
@@ -92,15 +92,15 @@ class ObjectColumns:
     def __len__(self) -> int:
         return len(self.pos)
 
-    def take(self, rows: np.ndarray) -> ObjectColumns:
+    def take(self, rows: np.ndarray) -> WindowColumns:
         """Return the rows ``rows`` (an int64 index array) of these columns."""
-        return ObjectColumns(
+        return WindowColumns(
             self.pos[rows], self.ids.take(rows), self.x[rows], self.y[rows], self.terms.take(rows),
             self.ts[rows], self.expires[rows], self.number[rows], self.block[rows],
         )  # fmt: skip
 
     @classmethod
-    def concat(cls, parts: list[ObjectColumns]) -> ObjectColumns:
+    def concat(cls, parts: list[WindowColumns]) -> WindowColumns:
         """Return ``parts`` one after the other (at least one part)."""
         if len(parts) == 1:
             return parts[0]
@@ -191,7 +191,7 @@ class _Chunk:
 
     __slots__ = ("cols", "seq", "alive", "live", "arrived", "queues", "postings")
 
-    def __init__(self, cols: ObjectColumns, seq: int, keys: Mapping[str, np.ndarray], arrived: int) -> None:
+    def __init__(self, cols: WindowColumns, seq: int, keys: Mapping[str, np.ndarray], arrived: int) -> None:
         self.cols, self.seq = cols, seq
         self.alive = np.ones(len(cols), bool)
         self.live = len(cols)
@@ -261,7 +261,7 @@ class WindowStore:
         self._interest_version = 0
         self._cache: dict[int, WindowObject] = {}
         self.segments: dict[int, int] = {}
-        self.arrived: list[ObjectColumns] = []
+        self.arrived: list[WindowColumns] = []
         self.emptied: set[int] = set()
 
     def __len__(self) -> int:
@@ -277,7 +277,7 @@ class WindowStore:
 
     # --- arrivals -----------------------------------------------------------------------
 
-    def holds_many(self, cols: ObjectColumns, accepted: np.ndarray, watermark: np.ndarray) -> np.ndarray:
+    def holds_many(self, cols: WindowColumns, accepted: np.ndarray, watermark: np.ndarray) -> np.ndarray:
         """Return which objects the window holds at the clocks ``accepted``, ``watermark`` (one per row).
 
         A row's clock is the store's as it applies that row (the maximum of
@@ -291,7 +291,7 @@ class WindowStore:
             held &= cols.ts > watermark - self.size
         return held
 
-    def add(self, cols: ObjectColumns) -> None:
+    def add(self, cols: WindowColumns) -> None:
         """Keep objects ``cols``, held by the window when they arrive; they arrive at :meth:`arrive_until`.
 
         Positions ascend and follow every object added before.
@@ -434,7 +434,7 @@ class WindowStore:
 
     # --- chunks -------------------------------------------------------------------------
 
-    def _append(self, cols: ObjectColumns, arrived: int) -> _Chunk:
+    def _append(self, cols: WindowColumns, arrived: int) -> _Chunk:
         keys = {"number": cols.number, "ts": cols.ts, "expires": cols.expires}
         chunk = _Chunk(cols, self._seq, {name: keys[name] for name in self._heaps}, arrived)
         self._seq += 1
@@ -467,7 +467,7 @@ class WindowStore:
                 del self._by_seq[chunk.seq]
             parts = [c.cols.take(np.flatnonzero(c.alive)) for c in (before, last) if c.live]
             if parts:
-                cols = ObjectColumns.concat(parts)
+                cols = WindowColumns.concat(parts)
                 self._append(cols, arrived=len(cols))
 
     def _tidy(self, chunk: _Chunk) -> None:
@@ -604,15 +604,15 @@ class WindowStore:
                 out.extend(self._objects(chunk, np.unique(np.concatenate(by_chunk[chunk.seq][1]))))
         return out
 
-    def held(self) -> ObjectColumns | None:
+    def held(self) -> WindowColumns | None:
         """Return every held object as columns in position order (None when there is none). O(objects held)."""
         self._arrive()
         self._settle()
         parts = [c.cols.take(np.flatnonzero(c.counted())) for c in self._chunks]
         parts = [p for p in parts if len(p)]
-        return ObjectColumns.concat(parts) if parts else None
+        return WindowColumns.concat(parts) if parts else None
 
-    def _held_of(self, cols: ObjectColumns) -> np.ndarray:
+    def _held_of(self, cols: WindowColumns) -> np.ndarray:
         """Return which rows of ``cols`` (objects added to this store, in position order) are held now."""
         held = np.zeros(len(cols), bool)
         for chunk in self._chunks:
@@ -634,12 +634,12 @@ class WindowStore:
         """
         self._arrive()
         self._settle()
-        by_segment: dict[int, list[ObjectColumns]] = {}
+        by_segment: dict[int, list[WindowColumns]] = {}
         for cols in self.arrived:
             kept = cols.take(np.flatnonzero(self._held_of(cols)))
             for segment, part in segments_of(kept):
                 by_segment.setdefault(segment, []).append(part)
-        out: dict[int, bytes | None] = {s: encode_segment(ObjectColumns.concat(p)) for s, p in by_segment.items()}
+        out: dict[int, bytes | None] = {s: encode_segment(WindowColumns.concat(p)) for s, p in by_segment.items()}
         out.update((segment, None) for segment in self.emptied if segment not in self.segments)
         self.arrived, self.emptied = [], set()
         return out
@@ -661,7 +661,7 @@ class WindowStore:
         store.advance(accepted, watermark)
         parts = [cols for data in segments.values() if len(cols := decode_segment(data))]
         if parts:
-            cols = ObjectColumns.concat(parts)
+            cols = WindowColumns.concat(parts)
             cols = cols.take(np.argsort(cols.pos, kind="stable"))
             if np.any(cols.pos[1:] == cols.pos[:-1]):
                 raise EvaluatorError("damaged window segments: a position is in two of them")
@@ -710,7 +710,7 @@ def _segment_counts(positions: np.ndarray) -> list[tuple[int, int]]:
     return list(zip(segments.tolist(), counts.tolist(), strict=True))
 
 
-def segments_of(cols: ObjectColumns) -> list[tuple[int, ObjectColumns]]:
+def segments_of(cols: WindowColumns) -> list[tuple[int, WindowColumns]]:
     """Split objects in position order by segment (micro-batch of arrival, ``pos >> POSITION_BITS``)."""
     if not len(cols):
         return []
@@ -723,7 +723,7 @@ def segments_of(cols: ObjectColumns) -> list[tuple[int, ObjectColumns]]:
     ]
 
 
-def encode_segment(cols: ObjectColumns) -> bytes:
+def encode_segment(cols: WindowColumns) -> bytes:
     """Serialize window objects as a versioned JSON document (never pickle: state must not execute on load).
 
     Each object is ``[pos, id, x, y, [terms], ts, expires_at or null, number, block]``.
@@ -746,7 +746,7 @@ def encode_segment(cols: ObjectColumns) -> bytes:
     return state_document(rows, "objects")
 
 
-def decode_segment(data: bytes) -> ObjectColumns:
+def decode_segment(data: bytes) -> WindowColumns:
     """Rebuild window objects from :func:`encode_segment` output, as columns.
 
     Raises
@@ -762,7 +762,7 @@ def decode_segment(data: bytes) -> ObjectColumns:
                 raise TypeError("an object has an integer position, a string id and string terms")
         columns = list(zip(*rows, strict=True)) if rows else [()] * 9
         pos, ids, x, y, terms, ts, expires, number, block = columns
-        return ObjectColumns(
+        return WindowColumns(
             np.array(pos, np.int64),
             pa.array(ids, pa.string()),
             np.array(x, np.float64),

@@ -398,9 +398,9 @@ def one_object(monitor, pos: int, oid: str, x: float, y: float, number: int) -> 
     import numpy as np
     import pyarrow as pa
 
-    from skpub.evaluators.window import ObjectColumns
+    from skpub.evaluators.window import WindowColumns
 
-    cols = ObjectColumns(
+    cols = WindowColumns(
         np.array([pos]), pa.array([oid]), np.array([x]), np.array([y]), pa.array([["a"]]), np.zeros(1),
         np.array([np.inf]), np.array([number]), np.zeros(1, np.int64),
     )  # fmt: skip
