@@ -237,7 +237,7 @@ def test_placements_moved_by_a_rebalancing_are_journaled_and_replayed():
 
     registry = IdRegistry(journal=[])
     sequencer = Sequencer(3, registry)
-    registry.accept_id("subscribe", "s", Placement((0,), frozenset({"jazz"})))
+    registry.accept_id("subscribe", "s", Placement.of((0,), {"jazz"}))
     sequencer._add_placement(registry.active["s"])
     sequencer.place("s", (2, 1))
     assert registry.active["s"].evaluators == (1, 2)

@@ -560,7 +560,7 @@ def test_durable_state_is_versioned_json_and_refuses_anything_else():
     from skpub.router.state import FORMAT, encode_journal
 
     registry = IdRegistry(3)
-    registry.replay([("object", "o1", None), ("subscribe", "s", Placement((0, 2), frozenset({"k"})))])
+    registry.replay([("object", "o1", None), ("subscribe", "s", Placement.of((0, 2), {"k"}))])
     assert decode_registry(encode_registry(registry)).active == registry.active
     assert encode_registry(registry).startswith(b"{")
     assert json.loads(encode_registry(registry).split(b"\n")[0])["registry"]["objects"]["count"] == 1
