@@ -117,12 +117,12 @@ class Evaluator:
 
         Objects stay columns (issue 43, "Evaluators take columns"): the batch's
         objects are range-matched in one :meth:`GI2Index.match_many` pass,
-        each against the subscriptions live at its position, and become
-        records only when the ranked monitor needs them (a window to keep,
-        or a window-none top-k/kNN subscription to score). The other rows
-        (subscription changes, marks: few) become records
-        (:func:`~skpub.kernel.wire.from_columns`) and are applied in stream
-        order, with those objects.
+        each against the subscriptions live at its position; the ranked
+        monitor keeps them in its window as columns and scores, one by one,
+        only those sharing a term with a top-k/kNN subscription
+        (:meth:`_apply_ranked`). The other rows (subscription changes, marks:
+        few) become records (:func:`~skpub.kernel.wire.from_columns`) and are
+        applied in stream order, with those objects.
 
         Returns
         -------
