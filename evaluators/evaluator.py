@@ -279,8 +279,8 @@ class Evaluator:
         """Whether this batch's objects may change the ranked monitor: a window kept, or a ranked subscription.
 
         With window none an object is kept only when a top-k/kNN subscription
-        shares a term with it (:meth:`RankedMonitor.add_object`), so none needs
-        to become a record while the monitor holds none and the batch brings none.
+        shares a term with it (:meth:`RankedMonitor.receive`), so none needs
+        to reach the monitor while it holds none and the batch brings none.
         """
         if not self.monitor.window_none or len(self.monitor):
             return True

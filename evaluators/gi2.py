@@ -15,7 +15,8 @@ than a Python step per (object, candidate) pair:
 - *Term ids.* Each index numbers the terms of the subscriptions it holds
   (``term_ids``, dense ints in arrival order). An object's terms are mapped
   through it by exact string equality once per batch (Arrow's ``index_in``
-  against the known terms in id order), so a term id never
+  against the known terms in id order, or, when the known terms outnumber
+  the batch's four to one, a dict lookup per distinct term), so a term id never
   stands for two strings and no hash collision can change a result. The
   ids are this index's own: they never leave the process, and a restore
   numbers the terms anew (DESIGN "Term ids are per index").
@@ -531,9 +532,15 @@ class GI2Index:
         if not len(flat) or not self.term_ids:
             return np.empty(0, np.int64)
         rows = pc.list_parent_indices(terms).to_numpy().astype(np.int64)
-        names = self._names()
-        names = names if names.type == flat.type else names.cast(flat.type)
-        tids = pc.fill_null(pc.index_in(flat, value_set=names), -1).to_numpy().astype(np.int64)
+        if len(self.term_ids) > 4 * len(flat):  # a few object terms against many known: look the distinct ones up
+            encoded = pc.dictionary_encode(flat)
+            get = self.term_ids.get
+            ids = np.fromiter((get(t, -1) for t in encoded.dictionary.to_pylist()), np.int64, len(encoded.dictionary))
+            tids = ids[encoded.indices.to_numpy(zero_copy_only=False)]
+        else:  # one Arrow pass, no Python step per distinct term (its hash table costs O(known terms))
+            names = self._names()
+            names = names if names.type == flat.type else names.cast(flat.type)
+            tids = pc.fill_null(pc.index_in(flat, value_set=names), -1).to_numpy().astype(np.int64)
         known = tids >= 0
         return np.unique((rows[known] << 32) | tids[known])
 

@@ -129,7 +129,8 @@ class RankedMonitor:
         self.evaluator_id = evaluator_id
         self.durable = durable
         self.store = WindowStore(deployment.window, durable)
-        self.departures = Departures(self.store)
+        self.holders: dict[int, set[str]] = {}
+        self.departures = Departures(self.store, self.holders)
         self.window_none = deployment.window.kind == "none"
         self.count_window = deployment.window.kind == "count"
         self.max_dist = math.hypot(deployment.space.width, deployment.space.height)
@@ -139,7 +140,8 @@ class RankedMonitor:
         self.subscriptions: dict[str, _Held] = {}
         self.index: dict[str, set[str]] = {}
         self.keywords: dict[str, int] = {}  # keyword of a held subscription -> how many hold it
-        self.holders: dict[int, set[str]] = {}
+        self._keywords_version = 0  # changes with the keys of ``keywords``
+        self._interest_version = -1  # the version the window store's terms of interest were last set at
         self.dirty: set[str] = set()
         self.pending: list[RankedUpdate] = []
         self.changed: dict[str, TopkSubscription | KnnSubscription | None] = {}
@@ -187,15 +189,21 @@ class RankedMonitor:
         clock = np.maximum.accumulate(np.maximum(accepted, store.accepted))
         wm = np.fmax.accumulate(np.fmax(watermark, store.watermark))
         kept = store.holds_many(objects, clock, wm)
-        terms = set(self.index).union(keywords)
+        index, keywords = self.index, set(keywords)
         shares = np.zeros(len(objects), bool)
-        if terms:
-            hit = pc.is_in(objects.terms.flatten(), value_set=pa.array(sorted(terms), pa.string()))
-            parents = pc.list_parent_indices(objects.terms).to_numpy()
-            shares[parents[hit.to_numpy(zero_copy_only=False)]] = True
+        flat = objects.terms.flatten()
+        if index or keywords:
+            if 4 * len(flat) < len(index):  # a few object terms against many keywords: look each one up
+                hit = np.fromiter((t in index or t in keywords for t in flat.to_pylist()), bool, len(flat))
+            else:  # one Arrow pass (its hash table costs O(keywords))
+                terms = pa.array(sorted(keywords.union(index)), pa.string())
+                hit = pc.is_in(flat, value_set=terms).to_numpy(zero_copy_only=False)
+            shares[pc.list_parent_indices(objects.terms).to_numpy()[hit]] = True
         if self.window_none:
             kept &= shares
-        store.interest(self.keywords.keys() | set(keywords))
+        if not keywords <= self.keywords.keys() or self._interest_version != self._keywords_version:
+            store.interest(self.keywords.keys() | keywords)
+            self._interest_version = self._keywords_version
         store.add(objects if kept.all() else objects.take(np.flatnonzero(kept)))
         return np.flatnonzero(kept & shares)
 
@@ -275,7 +283,9 @@ class RankedMonitor:
         for t in terms:
             self.index.setdefault(t, set()).add(sub.id)
         for t in handler.keywords:
-            self.keywords[t] = self.keywords.get(t, 0) + 1
+            held = self.keywords.get(t, 0)
+            self.keywords[t] = held + 1
+            self._keywords_version += not held
         if stale or home:
             self.dirty.add(sub.id)
         if self.durable:
@@ -339,6 +349,8 @@ class RankedMonitor:
             left = self.keywords.pop(t) - 1
             if left:
                 self.keywords[t] = left
+            else:
+                self._keywords_version += 1
         for pos_held in list(held.band.entries):
             self._unhold(pos_held, sid)
         self.dirty.discard(sid)
@@ -514,7 +526,7 @@ class RankedMonitor:
         """
         monitor = cls(evaluator_id, deployment, vocabulary, durable)
         monitor.store = WindowStore.restore(deployment.window, clock[0], clock[1], segments, durable)
-        monitor.departures = Departures(monitor.store)
+        monitor.departures = Departures(monitor.store, monitor.holders)
         held: dict[str, TopkSubscription | KnnSubscription] = {}
         reports: dict[str, list | None] = {}
         try:

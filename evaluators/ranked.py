@@ -32,7 +32,11 @@ TOLERANCE = 1e-9
 
 @dataclass(slots=True)
 class WindowObject:
-    """An accepted object held in an evaluator's window store.
+    """An accepted object of an evaluator's window store, as a subscription scores it.
+
+    The store keeps its objects as columns (:mod:`skpub.evaluators.window`)
+    and builds this view of one only to score it (a bounded number are
+    cached, with their tf-idf vectors).
 
     ``ts`` is the object's time (the watermark at its arrival when it had
     none, as the sequencer stamps it; seconds), ``expires_at`` +inf when it

@@ -38,7 +38,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -123,6 +123,20 @@ class WindowColumns:
 
 
 _NUMERIC = ("pos", "x", "y", "ts", "expires", "number", "block")
+
+
+def key_of(obj, way: str):  # noqa: ANN001, ANN201 - WindowColumns (arrays) or WindowObject (a number)
+    """Return the key on which ``obj`` (an object, or columns of objects) leaves the window the ``way`` way.
+
+    ``number`` (a count window), ``ts`` (a seconds window) or ``expires``
+    (every window): an object leaves once its key is at most
+    :meth:`WindowStore.limit` of that way.
+    """
+    if way == "number":
+        return obj.number
+    if way == "ts":
+        return obj.ts
+    return obj.expires if isinstance(obj, WindowColumns) else obj.expires_at
 
 
 def _empty_int() -> np.ndarray:
@@ -217,12 +231,14 @@ class _Chunk:
 class WindowStore:
     """The window objects one evaluator owns, with eviction by count, watermark and ``expires_at``.
 
-    Memory O(objects held + their term occurrences) in arrays; no Python
-    object per window object but the last :data:`CACHE_LIMIT` scored.
-    :meth:`add` is O(n log n) for a batch of n objects (amortized O(log
-    objects) copies per object by the chunk merges); :meth:`advance` is
-    O(log chunks) when nothing leaves, plus O(k) numpy work for the k objects
-    that leave.
+    Memory O(objects held + their term occurrences) in arrays (at most twice
+    the rows held, and a rewritten chunk keeps its first dictionary of
+    terms), heaps of O(chunks) entries, and no Python object per window
+    object but the last :data:`CACHE_LIMIT` scored. :meth:`add` is O(n log
+    n) for a batch of n objects (amortized O(log objects) copies per object
+    by the chunk merges); :meth:`advance` is O(1); forgetting what has left
+    costs O(log chunks) per chunk with any, plus O(k) numpy work for the k
+    objects that leave, when an answer first needs it.
 
     ``durable`` keeps what :meth:`take_segments` needs (the arrivals since
     its last call); without it the store keeps only the window.
@@ -280,8 +296,9 @@ class WindowStore:
     def holds_many(self, cols: WindowColumns, accepted: np.ndarray, watermark: np.ndarray) -> np.ndarray:
         """Return which objects the window holds at the clocks ``accepted``, ``watermark`` (one per row).
 
-        A row's clock is the store's as it applies that row (the maximum of
-        the stream clocks so far, NaN watermarks ignored); an object not
+        The caller gives each row the store's clock as it applies that row:
+        the running maximum of the stream clocks so far and the store's own,
+        NaN watermarks ignored (``numpy.fmax``), so never NaN. An object not
         held at its own arrival (a late one) never enters.
         """
         held = ~(watermark >= cols.expires)
@@ -372,10 +389,9 @@ class WindowStore:
 
     def _staying(self, chunk: _Chunk, rows: np.ndarray) -> np.ndarray:
         """Return which of ``rows`` (of ``chunk``) have not left the window by the clock, settled or not."""
-        cols, staying = chunk.cols, np.ones(len(rows), bool)
+        staying = np.ones(len(rows), bool)
         for name in self.ways:
-            key = cols.number if name == "number" else cols.ts if name == "ts" else cols.expires
-            staying &= key[rows] > self.limit(name)
+            staying &= key_of(chunk.cols, name)[rows] > self.limit(name)
         return staying
 
     def limit(self, name: str) -> float:
@@ -434,25 +450,40 @@ class WindowStore:
 
     # --- chunks -------------------------------------------------------------------------
 
-    def _append(self, cols: WindowColumns, arrived: int) -> _Chunk:
-        keys = {"number": cols.number, "ts": cols.ts, "expires": cols.expires}
-        chunk = _Chunk(cols, self._seq, {name: keys[name] for name in self._heaps}, arrived)
+    def _chunk(self, cols: WindowColumns, arrived: int) -> _Chunk:
+        """Return a new chunk of ``cols`` (its first ``arrived`` rows arrived), not yet in the store."""
+        chunk = _Chunk(cols, self._seq, {name: key_of(cols, name) for name in self.ways}, arrived)
         self._seq += 1
-        self._chunks.append(chunk)
-        self._firsts.append(int(cols.pos[0]))
-        self._by_seq[chunk.seq] = chunk
-        self._queue(chunk)
         return chunk
 
-    def _queue(self, chunk: _Chunk) -> None:
+    def _register(self, i: int, chunk: _Chunk) -> None:
+        """Put ``chunk`` at index ``i`` of the chunks, with its departure keys in the heaps."""
+        self._chunks.insert(i, chunk)
+        self._firsts.insert(i, int(chunk.cols.pos[0]))
+        self._by_seq[chunk.seq] = chunk
         for name, (_, keys, start) in chunk.queues.items():
+            heap = self._heaps[name]
             if start < len(keys):
-                heapq.heappush(self._heaps[name], (keys[start].item(), chunk.seq))
+                heapq.heappush(heap, (keys[start].item(), chunk.seq))
+            if len(heap) > 2 * len(self._chunks) + 64:  # entries of chunks merged, rewritten or dropped since
+                heap[:] = [(key, seq) for key, seq in heap if seq in self._by_seq]
+                heapq.heapify(heap)
+
+    def _unregister(self, chunk: _Chunk) -> int:
+        """Take ``chunk`` out of the store's chunks (its heap entries go stale); return its index."""
+        i = self._chunks.index(chunk)
+        del self._chunks[i], self._firsts[i], self._by_seq[chunk.seq]
+        return i
+
+    def _append(self, cols: WindowColumns, arrived: int) -> None:
+        self._register(len(self._chunks), self._chunk(cols, arrived))
 
     def _merge_tail(self) -> None:
         """Merge the last chunks while one is at most twice the next (all of theirs arrived), up to :data:`MERGE_ROWS`.
 
-        A store of n objects then holds O(n / MERGE_ROWS + log n) chunks however small its batches.
+        A store of n objects then holds O(n / MERGE_ROWS + log n) chunks
+        however small its batches. All or nothing: the merged chunk is built
+        before the two leave.
         """
         chunks = self._chunks
         while (
@@ -461,14 +492,13 @@ class WindowStore:
             and chunks[-2].live <= 2 * chunks[-1].live
             and chunks[-2].live + chunks[-1].live <= MERGE_ROWS
         ):
-            last, before = chunks.pop(), chunks.pop()
-            self._firsts[-2:] = []
-            for chunk in (before, last):
-                del self._by_seq[chunk.seq]
-            parts = [c.cols.take(np.flatnonzero(c.alive)) for c in (before, last) if c.live]
-            if parts:
-                cols = WindowColumns.concat(parts)
-                self._append(cols, arrived=len(cols))
+            before, last = chunks[-2], chunks[-1]
+            cols = WindowColumns.concat([c.cols.take(np.flatnonzero(c.alive)) for c in (before, last)])
+            merged = self._chunk(cols, arrived=len(cols)) if len(cols) else None
+            self._unregister(last)
+            i = self._unregister(before)
+            if merged is not None:
+                self._register(i, merged)
 
     def _tidy(self, chunk: _Chunk) -> None:
         """Drop an empty chunk; rewrite one less than half alive (all arrived) with its living objects."""
@@ -476,20 +506,13 @@ class WindowStore:
             return
         if chunk.seq not in self._by_seq:
             return
-        i = self._chunks.index(chunk)
-        del self._chunks[i], self._firsts[i], self._by_seq[chunk.seq]
         if not chunk.live:
+            self._unregister(chunk)
             return
-        cols = chunk.cols.take(np.flatnonzero(chunk.alive))
-        keys = {"number": cols.number, "ts": cols.ts, "expires": cols.expires}
-        fresh = _Chunk(cols, self._seq, {name: keys[name] for name in self._heaps}, len(cols))
+        fresh = self._chunk(chunk.cols.take(np.flatnonzero(chunk.alive)), arrived=chunk.live)
         if chunk.postings is not None:
             fresh.postings = chunk.postings.kept(chunk.alive)
-        self._seq += 1
-        self._chunks.insert(i, fresh)
-        self._firsts.insert(i, int(cols.pos[0]))
-        self._by_seq[fresh.seq] = fresh
-        self._queue(fresh)
+        self._register(self._unregister(chunk), fresh)
 
     def _locate(self, pos: int) -> tuple[_Chunk, int] | None:
         """Return the chunk and row of the object at ``pos``, alive (arrived or not); None if there is none."""
@@ -674,22 +697,26 @@ class WindowStore:
 
 
 class Departures:
-    """The objects a caller tracks (those a buffer holds), by when they leave the window: which have left.
+    """The objects a caller watches (those a buffer holds), by when they leave the window: which have left.
 
     One heap per way of leaving of ``store``'s window; O(log n) per object
-    tracked, and O(1) to find that none has left.
+    tracked, and O(1) to find that none has left. ``watched`` is what the
+    caller still watches (positions): entries of the others are dropped when
+    a heap grows past twice its size, so memory follows it.
     """
 
-    def __init__(self, store: WindowStore) -> None:
-        self.store = store
+    def __init__(self, store: WindowStore, watched: Container[int]) -> None:
+        self.store, self.watched = store, watched
         self.heaps: dict[str, list[tuple[float, int]]] = {name: [] for name in store.ways}
 
     def track(self, obj: WindowObject) -> None:
         """Watch ``obj``, an object the store holds."""
         for name, heap in self.heaps.items():
-            key = obj.number if name == "number" else obj.ts if name == "ts" else obj.expires_at
+            key = key_of(obj, name)
             if key < math.inf:
                 heapq.heappush(heap, (key, obj.pos))
+                if len(heap) > 2 * len(self.watched) + 64:
+                    heap[:] = sorted({entry for entry in heap if entry[1] in self.watched})  # sorted: a heap
 
     def left(self) -> list[int]:
         """Return the positions of the objects tracked that have left by the store's clock (each once per way)."""

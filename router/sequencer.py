@@ -19,7 +19,6 @@ from the placements when a sequencer is built from a registry.
 from __future__ import annotations
 
 import math
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -45,19 +44,19 @@ Clock = tuple[np.ndarray, np.ndarray, np.ndarray]
 """Per item: objects accepted so far, the watermark, an object's time (:meth:`Sequencer.clock`)."""
 
 
-_EVALUATOR_TUPLES: dict[tuple[int, ...], tuple[int, ...]] = {}
-SHARED_TUPLES = 1 << 16
-"""At most this many distinct evaluator tuples are shared between placements (beyond it each keeps its own)."""
+_SHARED: dict = {}
+SHARED_PARTS = 1 << 18
+"""At most this many distinct evaluator tuples and keywords are shared between placements (beyond it, and
+whatever a stream sends, each placement keeps its own: the table is bounded, unlike ``sys.intern``'s)."""
 
 
-def _evaluators(evaluators: Iterable[int]) -> tuple[int, ...]:
-    """Return ``evaluators`` as a tuple shared by every placement with the same ones (while fewer than the bound)."""
-    key = tuple(evaluators)
-    shared = _EVALUATOR_TUPLES.get(key)
+def _shared(part):  # noqa: ANN001, ANN202 - a tuple of ints or a str
+    """Return ``part``, or the equal one already shared by other placements (while fewer than the bound)."""
+    shared = _SHARED.get(part)
     if shared is None:
-        if len(_EVALUATOR_TUPLES) >= SHARED_TUPLES:
-            return key
-        shared = _EVALUATOR_TUPLES[key] = key
+        if len(_SHARED) >= SHARED_PARTS:
+            return part
+        shared = _SHARED[part] = part
     return shared
 
 
@@ -67,8 +66,8 @@ class Placement(NamedTuple):
     A ``ranked`` (topk or knn) subscription lives at every evaluator, and its
     keywords are not in the range summaries (DESIGN "Top-k and kNN").
     ``keywords`` are distinct and sorted. Build one with :meth:`of`, which
-    shares the evaluator tuple and the keyword strings (``sys.intern``) with
-    every other placement holding them: about 200 bytes less per active
+    shares the evaluator tuple and the keyword strings with every other
+    placement holding them: about 200 bytes less per active
     subscription than a frozenset and strings of its own (issue 43 item 6).
     """
 
@@ -79,7 +78,7 @@ class Placement(NamedTuple):
     @classmethod
     def of(cls, evaluators: Iterable[int], keywords: Iterable[str], ranked: bool = False) -> Placement:
         """Return the placement on ``evaluators`` with summary ``keywords``, its parts shared."""
-        return cls(_evaluators(evaluators), tuple(sys.intern(k) for k in sorted(set(keywords))), ranked)
+        return cls(_shared(tuple(evaluators)), tuple(_shared(k) for k in sorted(set(keywords))), ranked)
 
     def to_json(self) -> list:
         """Return ``[evaluators, sorted keywords]`` (``[..., true]`` when ranked), the durable form."""
@@ -236,7 +235,7 @@ class Sequencer:
             If ``rid`` is not active.
         """
         old = self.registry.active[rid]
-        new = old._replace(evaluators=_evaluators(sorted(evaluators)))
+        new = old._replace(evaluators=_shared(tuple(sorted(evaluators))))
         self._remove_placement(old)
         self.registry.place(rid, new)
         self._add_placement(new)

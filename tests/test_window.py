@@ -18,7 +18,14 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from skpub.evaluators.window import MERGE_ROWS, Departures, WindowColumns, WindowStore, decode_segment
+from skpub.evaluators.window import (
+    MERGE_ROWS,
+    Departures,
+    WindowColumns,
+    WindowStore,
+    decode_segment,
+    encode_segment,
+)
 from skpub.kernel.config import Window
 from skpub.kernel.records import stream_position as position
 
@@ -61,6 +68,8 @@ _row = st.fixed_dictionaries(
         "late": st.booleans(),  # an object time behind the watermark
         "expires_in": st.sampled_from([math.inf, math.inf, 0.5, 2.0, 6.0]),
         "query": st.sampled_from(["none", "len", "shares", "sharing", "contains", "discard", "before"]),
+        "no_watermark": st.booleans(),  # a row stamped before any watermark (NaN), which moves no clock
+        "interest": st.one_of(st.none(), st.lists(st.sampled_from(TERMS), max_size=2)),
         "terms_asked": st.lists(st.sampled_from(TERMS), min_size=1, max_size=2),
     }
 )
@@ -76,10 +85,10 @@ _row = st.fixed_dictionaries(
 def test_the_store_answers_as_a_window_kept_object_by_object(kind, size, batches, restores):
     window = Window(kind, float(size))
     store = WindowStore(window, durable=True)
-    departures = Departures(store)
     saved: dict[int, bytes] = {}
     model: dict[int, dict] = {}
     tracked: set[int] = set()
+    departures = Departures(store, tracked)
     ever: set[int] = set()
     discarded: set[int] = set()  # a saved segment keeps them: a restored monitor discards them again
     accepted, watermark, clock_ts = 0, -math.inf, 0.0
@@ -93,7 +102,8 @@ def test_the_store_answers_as_a_window_kept_object_by_object(kind, size, batches
                 {
                     "pos": position(batch_id, 2 * i + 1), "id": f"o{batch_id}-{i}", "x": float(i), "y": 0.0,
                     "terms": tuple(row["terms"]), "ts": ts, "expires": ts + row["expires_in"],
-                    "number": accepted - 1, "accepted": accepted, "watermark": clock_ts,
+                    "number": accepted - 1, "accepted": accepted,
+                    "watermark": math.nan if row["no_watermark"] else clock_ts,
                 }
             )  # fmt: skip
         cols = _columns(objects)
@@ -104,7 +114,10 @@ def test_the_store_answers_as_a_window_kept_object_by_object(kind, size, batches
             store.add(cols.take(np.flatnonzero(kept)))
         for obj, row in zip(objects, rows, strict=True):
             store.advance(obj["accepted"], obj["watermark"])
-            watermark = max(watermark, obj["watermark"])
+            if not math.isnan(obj["watermark"]):
+                watermark = max(watermark, obj["watermark"])
+            if row["interest"] is not None:  # the terms of interest name what lookups will ask; others still work
+                store.interest(row["interest"])
             model = _held(model, kind, size, obj["accepted"], watermark)
             left = set(departures.left())
             assert not (tracked - left) & (tracked - set(model)), "a tracked object left unnoticed"
@@ -131,7 +144,8 @@ def test_the_store_answers_as_a_window_kept_object_by_object(kind, size, batches
         if restores[batch_id % len(restores)]:
             store = WindowStore.restore(window, store.accepted, store.watermark, saved)
             store.discard(sorted(discarded))
-            departures, tracked = Departures(store), set()
+            tracked = set()
+            departures = Departures(store, tracked)
             assert sorted(_positions(store)) == sorted(model)
         assert sum(len(decode_segment(data)) for data in saved.values()) >= len(model)
 
@@ -177,6 +191,23 @@ def _ask(store: WindowStore, model: dict, row: dict, ever: set[int]) -> set[int]
     return set(gone)
 
 
+def test_a_segment_an_earlier_skpub_wrote_reads_as_columns():
+    """The rows of a window segment keep their JSON form: one written before the columns reads the same."""
+    data = (
+        b'{"format":1,"objects":[[4294967297,"o1",1.5,-2.0,["jazz","jazz","caf\\u00e9"],10.0,null,7,1048577],'
+        b'[4294967299,"o2",0.0,0.0,[],11.5,20.0,8,0]]}'
+    )
+    cols = decode_segment(data)
+    assert cols.pos.tolist() == [4294967297, 4294967299] and cols.ids.to_pylist() == ["o1", "o2"]
+    first, second = cols.objects()
+    assert (first.x, first.y, first.terms, first.ts, first.expires_at, first.number, first.block) == (
+        1.5, -2.0, ("jazz", "jazz", "caf\u00e9"), 10.0, math.inf, 7, 1048577
+    )  # fmt: skip
+    assert (second.terms, second.expires_at) == ((), 20.0)
+    again = encode_segment(cols)
+    assert encode_segment(decode_segment(again)) == again
+
+
 def test_many_small_batches_keep_few_chunks_and_the_same_objects():
     """Batches of one object merge into chunks of at most MERGE_ROWS; a count window evicts the oldest exactly."""
     store = WindowStore(Window("count", 3000.0))
@@ -192,3 +223,26 @@ def test_many_small_batches_keep_few_chunks_and_the_same_objects():
     assert _positions(store) == [position(n, 0) for n in range(3000, 6000)]
     assert len(store._chunks) <= 3000 // MERGE_ROWS + 2 + math.ceil(math.log2(3000))
     assert [o.pos for o in store.sharing(["b"])] == [position(n, 0) for n in range(3000, 6000) if n % 7 == 0]
+
+
+def test_the_heaps_follow_what_is_held_not_the_stream():
+    """Far-off expiries: the store's heaps keep O(chunks) entries and Departures O(objects watched)."""
+    store = WindowStore(Window("count", 100.0))
+    watched: set[int] = set()
+    departures = Departures(store, watched)
+    for n in range(5000):
+        pos = position(n, 0)
+        cols = _columns(
+            [{"pos": pos, "id": f"o{n}", "x": 0.0, "y": 0.0, "terms": ("a",), "ts": float(n),
+              "expires": 1e9 + n, "number": n}]
+        )  # fmt: skip
+        store.advance(n + 1, float(n))
+        store.add(cols)
+        store.arrive_until(math.inf)
+        departures.track(store.get(pos))
+        watched.add(pos)
+        watched.discard(position(n - 10, 0))  # a buffer lets go of what it held ten objects ago
+        watched.difference_update(departures.left())
+    assert len(store) == 100
+    assert all(len(heap) <= 2 * len(store._chunks) + 65 for heap in store._heaps.values())
+    assert all(len(heap) <= 2 * len(watched) + 65 for heap in departures.heaps.values())
