@@ -56,8 +56,10 @@ STATE_BLOCK = 25
 """A state block is ``STATE_BLOCK`` x ``STATE_BLOCK`` fine cells: the unit an evaluator saves."""
 _BLOCK_ROW = 1 << 20
 _TERMS = pa.list_(pa.string())
-MERGE_ROWS = 1 << 14
+MERGE_ROWS = 1 << 12
 """Chunks merge only up to this many objects: larger ones are few, and a merge rebuilds the inverted file."""
+RESOLUTIONS = 4
+"""After this many changes of the terms of interest, a chunk maps every term of its dictionary (once)."""
 CACHE_LIMIT = 1 << 16
 """Window objects kept as Python objects (those scored lately, with their tf-idf vectors) before the cache is
 emptied: a bound on what the scoring adds to the columns' memory."""
@@ -144,17 +146,20 @@ def _empty_int() -> np.ndarray:
 
 
 class _Postings:
-    """A chunk's inverted file: its term occurrences grouped by term (CSR), and the living count per term.
+    """A chunk's inverted file: its term occurrences grouped by term (CSR).
 
     ``rows[starts[c]:starts[c + 1]]`` are the rows holding the term of code
     ``c`` (its index in ``dictionary``; ascending rows, a row once per
     occurrence). ``code_of`` maps the store's terms of interest (those its
     subscriptions can ask for) to their codes; it is rebuilt in one Arrow
     pass over the dictionary when they change (``version``), rather than
-    holding a Python string per distinct term.
+    holding a Python string per distinct term. A chunk that outlives
+    :data:`RESOLUTIONS` changes (small batches, ranked keywords coming all
+    the time) maps every term of its dictionary once instead, so a change
+    costs it nothing more.
     """
 
-    __slots__ = ("dictionary", "rows", "starts", "code_of", "version")
+    __slots__ = ("dictionary", "rows", "starts", "code_of", "version", "resolutions")
 
     def __init__(self, terms: pa.Array) -> None:
         lengths = pc.fill_null(pc.list_value_length(terms), 0).to_numpy().astype(np.int64)
@@ -168,6 +173,7 @@ class _Postings:
         np.cumsum(np.bincount(codes, minlength=len(self.dictionary)), out=self.starts[1:])
         self.code_of: dict[str, int] = {}
         self.version = -1
+        self.resolutions = 0
 
     def kept(self, alive: np.ndarray) -> _Postings:
         """Return this inverted file for the chunk rewritten with its ``alive`` rows only (same dictionary)."""
@@ -176,6 +182,7 @@ class _Postings:
         codes = np.repeat(np.arange(len(self.dictionary), dtype=np.int64), np.diff(self.starts))[keep]
         out = _Postings.__new__(_Postings)
         out.dictionary, out.code_of, out.version = self.dictionary, self.code_of, self.version
+        out.resolutions = self.resolutions
         out.rows = renumbered[self.rows[keep]]
         out.starts = np.zeros(len(self.dictionary) + 1, np.int64)
         np.cumsum(np.bincount(codes, minlength=len(self.dictionary)), out=out.starts[1:])
@@ -183,10 +190,16 @@ class _Postings:
 
     def resolve(self, interest: pa.Array, terms: list[str], version: int) -> None:
         """Map the terms of interest (``terms``, also as the Arrow array ``interest``) to their codes here."""
+        self.version = version
+        if self.resolutions >= RESOLUTIONS:
+            return  # every term is mapped already
+        self.resolutions += 1
+        if self.resolutions == RESOLUTIONS:
+            self.code_of = dict(zip(self.dictionary.to_pylist(), range(len(self.dictionary)), strict=True))
+            return
         where = pc.fill_null(pc.index_in(self.dictionary, value_set=interest), -1).to_numpy()
         codes = np.flatnonzero(where >= 0)
         self.code_of = {terms[j]: c for c, j in zip(codes.tolist(), where[codes].tolist(), strict=True)}
-        self.version = version
 
     def holding(self, term: str) -> np.ndarray:
         """Return the rows holding ``term`` (possibly dead or not arrived; a row once per occurrence)."""
