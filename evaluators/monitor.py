@@ -186,9 +186,7 @@ class RankedMonitor:
         numpy and Arrow for n objects, no Python step per object.
         """
         store = self.store
-        clock = np.maximum.accumulate(np.maximum(accepted, store.accepted))
-        wm = np.fmax.accumulate(np.fmax(watermark, store.watermark))
-        kept = store.holds_many(objects, clock, wm)
+        kept = store.holds_many(objects, accepted, watermark)
         index, keywords = self.index, set(keywords)
         shares = np.zeros(len(objects), bool)
         flat = objects.terms.flatten()

@@ -307,13 +307,16 @@ class WindowStore:
     # --- arrivals -----------------------------------------------------------------------
 
     def holds_many(self, cols: WindowColumns, accepted: np.ndarray, watermark: np.ndarray) -> np.ndarray:
-        """Return which objects the window holds at the clocks ``accepted``, ``watermark`` (one per row).
+        """Return which objects the window holds as each arrives, given each row's stamped clock.
 
-        The caller gives each row the store's clock as it applies that row:
-        the running maximum of the stream clocks so far and the store's own,
-        NaN watermarks ignored (``numpy.fmax``), so never NaN. An object not
-        held at its own arrival (a late one) never enters.
+        ``accepted`` (int64) and ``watermark`` (float64, NaN when unset) are
+        the clocks the sequencer stamped on the rows, in stream order; a
+        row's clock is the running maximum of them and of the store's own
+        (NaN ignored), as :meth:`advance` would have moved it row by row. An
+        object not held at its own arrival (a late one) never enters.
         """
+        accepted = np.maximum.accumulate(np.maximum(accepted, self.accepted))
+        watermark = np.fmax.accumulate(np.fmax(watermark, self.watermark))
         held = ~(watermark >= cols.expires)
         if self.kind == "count":
             held &= cols.number >= accepted - self.size

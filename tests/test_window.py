@@ -108,9 +108,8 @@ def test_the_store_answers_as_a_window_kept_object_by_object(kind, size, batches
             )  # fmt: skip
         cols = _columns(objects)
         if objects:  # what RankedMonitor.receive does: each object held at its own row's clock
-            acc = np.maximum.accumulate(np.maximum(np.array([o["accepted"] for o in objects]), store.accepted))
-            wm = np.fmax.accumulate(np.fmax(np.array([o["watermark"] for o in objects]), store.watermark))
-            kept = store.holds_many(cols, acc, wm)
+            stamped = np.array([o["accepted"] for o in objects]), np.array([o["watermark"] for o in objects])
+            kept = store.holds_many(cols, *stamped)
             store.add(cols.take(np.flatnonzero(kept)))
         for obj, row in zip(objects, rows, strict=True):
             store.advance(obj["accepted"], obj["watermark"])
