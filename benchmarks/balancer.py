@@ -117,9 +117,9 @@ def summaries(grid: FineGrid, part, costs: np.ndarray, boxes: np.ndarray):
     for cx, cy, e in zip(xs.tolist(), ys.tolist(), owner[ys, xs].tolist(), strict=True):
         loads[e].add_cost(cx, cy, float(costs[cy, cx]))
     agrid = AGrid(grid, part)
-    for i, box in enumerate(boxes.tolist()):
+    for box in boxes.tolist():
         for e, cells in agrid.route_parts(tuple(box)):
-            loads[e].add_subscription(f"s{i}", cells)
+            loads[e].add_subscription(cells)
     return [load.summary(e, 0) for e, load in enumerate(loads)], loads
 
 

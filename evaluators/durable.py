@@ -20,16 +20,6 @@ def state_document(rows: list, key: str) -> bytes:
     return orjson.dumps({"format": FORMAT, key: rows})
 
 
-def state_document_of(rows: list[bytes], key: str) -> bytes:
-    """Return ``{"format": FORMAT, key: rows}`` as JSON bytes, each row given as its JSON already.
-
-    The same JSON value as :func:`state_document` of the decoded rows
-    (not always the same bytes: encoders spell some floats differently),
-    without decoding them. ``key`` must need no JSON escaping.
-    """
-    return b'{"format":%d,"%s":[%s]}' % (FORMAT, key.encode(), b",".join(rows))
-
-
 def state_rows(data: bytes, key: str) -> Any:
     """Return the ``key`` entry of a :func:`state_document`.
 

@@ -22,13 +22,12 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-import msgspec
 import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from skpub.evaluators.durable import state_document_of, state_rows
+from skpub.evaluators.durable import state_document, state_rows
 from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.gi2 import GI2Index, ObjectBatch
 from skpub.evaluators.load import CellLoad
@@ -47,7 +46,6 @@ from skpub.kernel.records import (
     TopkSubscription,
     Unsubscribe,
     range_from_row,
-    range_row,
 )
 from skpub.kernel.text import Vocabulary, hashed_evaluator
 from skpub.kernel.transfer import Carried, Handoff, Move, TransferPlan
@@ -88,8 +86,7 @@ class Evaluator:
         self.grid_size = deployment.grid_size
         self.monitor = RankedMonitor(evaluator_id, deployment, vocabulary, durable)
         self.index = GI2Index(deployment.index_block, vocabulary)
-        self.blocks: dict[int, dict[str, bytes]] = {}  # state block -> id -> its range_row as JSON
-        self.dirty: set[int] = set()
+        self.dirty: set[int] = set()  # state blocks changed since the state store last took them
         self.load = CellLoad(
             deployment.grid_size, [], grid_t_block(deployment.grid_size), deployment.balancer.decay,
             kept=deployment.balancer.mode != "off",
@@ -326,45 +323,21 @@ class Evaluator:
 
     def _insert(self, sub: RangeSubscription, box: CellBox) -> None:
         """Index, file and count ``sub`` over ``box``; should a step fail, undo the others and raise."""
-        self.index.insert(sub, box)  # first: one it refuses is filed nowhere
+        self.index.insert(sub, box)  # first: one it refuses is counted nowhere
         try:
-            self._file(sub, box)
-            self.load.add_subscription(sub.id, box)
+            self._changed(box)
+            self.load.add_subscription(box)
         except BaseException:
-            block = self.blocks.get(state_block(box), {})
-            if block.pop(sub.id, None) is not None and not block:
-                del self.blocks[state_block(box)]
             self.index.remove_many([sub.id])
             raise
-
-    def _file(self, sub: RangeSubscription, box: CellBox) -> None:
-        """Keep ``sub`` over ``box`` in the state block of ``box`` (as its JSON row), marked dirty for the state store.
-
-        The block keeps the row's bytes, not the record: about 150 bytes
-        where the record with its clause sets took about 1 KB (issue 43,
-        item 6); the record is decoded again only to move or restore it.
-        """
-        key = state_block(box)
-        # msgspec: orjson.dumps allocates about 4 KB for any result, which a kept row would hold for its lifetime
-        self.blocks.setdefault(key, {})[sub.id] = msgspec.json.encode(range_row(sub, box))
-        self.dirty.add(key)
 
     def _box_of(self, sub_id: str) -> CellBox:
         """Return the cell box held subscription ``sub_id`` is indexed over here."""
         return self.index.box_of(sub_id)
 
-    def _record(self, sub_id: str) -> RangeSubscription:
-        """Return held subscription ``sub_id`` decoded from its state block; O(its row)."""
-        return range_from_row(orjson.loads(self.blocks[state_block(self._box_of(sub_id))][sub_id]))[0]
-
-    def _unfile(self, sub_id: str) -> None:
-        """Take held subscription ``sub_id`` out of its state block (marked dirty); before GI^2 forgets its box."""
-        key = state_block(self._box_of(sub_id))
-        block = self.blocks[key]
-        del block[sub_id]
-        if not block:
-            del self.blocks[key]
-        self.dirty.add(key)
+    def _changed(self, box: CellBox) -> None:
+        """Mark the state block of a subscription indexed over ``box`` changed, for the state store."""
+        self.dirty.add(state_block(box))
 
     def _drop_many(self, ids: Iterable[str]) -> None:
         """Remove range subscriptions ``ids`` now (an id named twice once), their index entries in one pass.
@@ -379,13 +352,14 @@ class Evaluator:
         if missing:
             raise KeyError(missing[0])
         for sub_id in ids:
-            self._unfile(sub_id)
-            self.load.remove_subscription(sub_id)
+            box = self._box_of(sub_id)
+            self._changed(box)
+            self.load.remove_subscription(box)
         self.index.remove_many(ids)
 
     def set_partition(self, rectangles: list[CellBox]) -> None:
         """Take the rectangles of this evaluator's partition (for its load statistics; routing decides the rest)."""
-        self.load.set_partition(rectangles)
+        self.load.set_partition(rectangles, self.index.held_slots()[2])
 
     def ensure_partition(self, rectangles: list[CellBox]) -> None:
         """Take ``rectangles`` unless they are the partition already (a new evaluator's first batch)."""
@@ -408,19 +382,19 @@ class Evaluator:
         subscribe position), O(s log s), then O(s) numpy work per box and a
         decode of each part's row from its state block.
         """
-        sids, positions, boxes = self.index.held()
+        slots, positions, boxes = self.index.held_slots()
         order = np.argsort(positions, kind="stable")
-        boxes = boxes[order]
+        slots, boxes = slots[order], boxes[order]
         out = []
         for x0, y0, x1, y1 in moved:
-            over = order[
-                np.flatnonzero((boxes[:, 0] <= x1) & (boxes[:, 2] >= x0) & (boxes[:, 1] <= y1) & (boxes[:, 3] >= y0))
-            ]
-            parts = []
-            for i in over.tolist():
-                b = self._box_of(sids[i])
-                parts.append((self._record(sids[i]), (max(b[0], x0), max(b[1], y0), min(b[2], x1), min(b[3], y1))))
-            out.append(parts)
+            over = np.flatnonzero((boxes[:, 0] <= x1) & (boxes[:, 2] >= x0) & (boxes[:, 1] <= y1) & (boxes[:, 3] >= y0))
+            b = boxes[over]
+            clipped = np.stack(
+                [np.maximum(b[:, 0], x0), np.maximum(b[:, 1], y0), np.minimum(b[:, 2], x1), np.minimum(b[:, 3], y1)],
+                axis=1,
+            ).tolist()
+            subs = [range_from_row(row)[0] for row in self.index.rows(slots[over])]
+            out.append([(sub, tuple(box)) for sub, box in zip(subs, clipped, strict=True)])
         return out
 
     def hand_off(self, plan: TransferPlan) -> Handoff | None:
@@ -517,10 +491,11 @@ class Evaluator:
             old = self._box_of(sid)
             union = union_boxes(old, box)
             if union != old:
-                self._unfile(sid)
-                self._file(sub, union)
+                self._changed(old)
+                self._changed(union)
                 self.index.widen(sub, old, union)
-                self.load.add_subscription(sid, union)
+                self.load.remove_subscription(old)  # counted once, over the box it is indexed over
+                self.load.add_subscription(union)
 
     def _outside(self, ids: Iterable[str], rectangles: Iterable[CellBox]) -> list[str]:
         """Those of range subscriptions ``ids`` held here whose box meets none of ``rectangles`` (in ``ids``' order).
@@ -535,14 +510,41 @@ class Evaluator:
     def _delete(self, sub_id: str, pos: int) -> None:
         if sub_id not in self.index:
             raise EvaluatorError(f"unsubscribe of {sub_id!r}, which evaluator {self.evaluator_id} does not hold")
-        self._unfile(sub_id)
+        box = self._box_of(sub_id)
+        self._changed(box)
         self.index.delete(sub_id, pos)
-        self.load.remove_subscription(sub_id)
+        self.load.remove_subscription(box)
 
     def take_dirty_blocks(self) -> dict[int, bytes | None]:
-        """Return the blocks changed since the last call, serialized; None for a removed block."""
-        out = {key: encode_block(self.blocks[key]) if key in self.blocks else None for key in self.dirty}
+        """Return the blocks changed since the last call, serialized; None for a block left empty."""
+        out = self.encode_blocks(self.dirty)
         self.dirty = set()
+        return out
+
+    def encode_blocks(self, keys: Iterable[int] | None = None) -> dict[int, bytes | None]:
+        """Serialize state blocks ``keys`` (None: every block holding a subscription); None for an empty one.
+
+        A block is the :func:`encode_block` document of the
+        :func:`~skpub.kernel.records.range_row` rows of the subscriptions
+        whose cell box starts in it, in GI^2 slot order. The rows are built
+        from GI^2's arrays (:meth:`GI2Index.rows`), not kept apart: a live
+        subscription costs no row of its own (issue 43, item 6). O(s) numpy
+        over the ``s`` subscriptions held, plus O(rows of the blocks) to build
+        and encode them.
+        """
+        slots, _, boxes = self.index.held_slots()
+        block = block_of(boxes[:, 0], boxes[:, 1])
+        wanted = None if keys is None else np.fromiter(keys, np.int64)
+        if wanted is not None:
+            pick = np.isin(block, wanted)
+            slots, block = slots[pick], block[pick]
+        order = np.argsort(block, kind="stable")
+        slots, block = slots[order], block[order]
+        rows = self.index.rows(slots)
+        out: dict[int, bytes | None] = dict.fromkeys(wanted.tolist()) if wanted is not None else {}
+        keys_found, starts, counts = np.unique(block, return_index=True, return_counts=True)
+        for key, start, count in zip(keys_found.tolist(), starts.tolist(), counts.tolist(), strict=True):
+            out[key] = encode_block(rows[start : start + count])
         return out
 
     @classmethod
@@ -566,21 +568,14 @@ class Evaluator:
             If a block is not a state block of :data:`skpub.evaluators.durable.FORMAT`, or ``load`` is damaged.
         """
         ev = cls(evaluator_id, deployment, vocabulary, durable)
-        parts = {}
         for data in blocks.values():
-            for sid, (sub, box) in decode_block(data).items():
-                ev._file(sub, box)
+            for sub, box in decode_block(data).values():
                 ev.index.insert(sub, box)
-                parts[sid] = box
         ev.dirty = set()
-        if not ev.load.kept:  # no statistics kept (a load document written by an older skpub is not read)
-            return ev
-        if load is None:
-            for sid, box in parts.items():
-                ev.load.add_subscription(sid, box)
+        if not ev.load.kept or load is None:  # none kept: the partition set next counts the parts held
             return ev
         try:
-            ev.load.restore(load, parts)
+            ev.load.restore(load, ev.index.held_slots()[2])
         except ValueError as exc:
             raise EvaluatorError(str(exc)) from None
         return ev
@@ -638,12 +633,12 @@ def _describe_object(oid: str) -> str:
     return orjson.dumps({"record": "ObjectRecord", "id": oid}).decode()
 
 
-def encode_block(block: Mapping[str, bytes]) -> bytes:
-    """Serialize one state block (id -> :func:`~skpub.kernel.records.range_row` JSON) as a versioned JSON document.
+def encode_block(rows: list[list]) -> bytes:
+    """Serialize one state block, its subscriptions' :func:`~skpub.kernel.records.range_row` rows, as a JSON document.
 
     Never pickle: state must not execute on load.
     """
-    return state_document_of(list(block.values()), "subscriptions")
+    return state_document(rows, "subscriptions")
 
 
 def decode_block(data: bytes) -> dict[str, tuple[RangeSubscription, CellBox]]:

@@ -199,6 +199,13 @@ def _expand(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return owner, np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(starts - lo, lengths)
 
 
+def _offsets(lengths: np.ndarray) -> np.ndarray:
+    """Return the offsets ``[0, l0, l0 + l1, ...]`` of runs of ``lengths`` (int64, one longer)."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
 def _member(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
     """Return, per element of ``keys``, whether it is in the ascending array ``sorted_keys``."""
     if not len(sorted_keys):
@@ -394,9 +401,54 @@ class GI2Index:
 
         In slot order; O(slots).
         """
+        live, positions, boxes = self.held_slots()
+        return [self.sids[i] for i in live.tolist()], positions, boxes
+
+    def held_slots(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Return the live subscriptions' slots (ascending), subscribe positions (both int64) and cell boxes.
+
+        Boxes have shape (n, 4), int64. O(slots).
+        """
         self._flush()
         live = np.flatnonzero(self.died.view == _NEVER)
-        return [self.sids[i] for i in live.tolist()], self.born.view[live], self.boxes.view[live].astype(np.int64)
+        return live, self.born.view[live], self.boxes.view[live].astype(np.int64)
+
+    def rows(self, slots: np.ndarray) -> list[list]:
+        """Return the :func:`~skpub.kernel.records.range_row` of the subscription in each of ``slots``, in their order.
+
+        ``slots`` (int64) are slots of :meth:`held_slots`. Every field of a
+        row is in the slot arrays (id, subscribe position, rectangle, the
+        clauses as term-id runs in the expression's order, cell box), so the
+        evaluator keeps no row of its own (issue 43, item 6): a row is built
+        when a state block is saved or a cell moves, equal to the one
+        ``range_row`` builds from the subscription (clause terms sorted by
+        code point: Arrow sorts UTF-8 bytes, which is the same order).
+        O(rows + clause terms) in numpy and Arrow, plus one Python list per
+        row and clause.
+        """
+        self._flush()
+        slots = np.asarray(slots, dtype=np.int64)
+        spans = self.clauses.view[slots]
+        _, clause = _expand(spans[:, 0], spans[:, 1])
+        runs = self.clause_terms.view[clause]
+        owner, term_at = _expand(runs[:, 0], runs[:, 1])
+        names = self._names().take(pa.array(self.terms.view[term_at]))
+        by_clause = pa.table({"clause": owner, "term": names})
+        names = names.take(pc.sort_indices(by_clause, sort_keys=[("clause", "ascending"), ("term", "ascending")]))
+        clauses = pa.LargeListArray.from_arrays(pa.array(_offsets(runs[:, 1] - runs[:, 0])), names)
+        dnfs = pa.LargeListArray.from_arrays(pa.array(_offsets(spans[:, 1] - spans[:, 0])), clauses)
+        sids = self.sids
+        return [
+            [sids[slot], pos, rect, dnf, box]
+            for slot, pos, rect, dnf, box in zip(
+                slots.tolist(),
+                self.born.view[slots].tolist(),
+                self.rects.view[slots].tolist(),
+                dnfs.to_pylist(),
+                self.boxes.view[slots].tolist(),
+                strict=True,
+            )
+        ]
 
     def remove_many(self, ids: Iterable[str]) -> None:
         """Drop subscriptions ``ids`` now (those not live here are skipped): no object matches them from here on.

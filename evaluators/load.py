@@ -17,7 +17,10 @@ parts that start and end on each row and column
 (:class:`skpub.kernel.load.RectangleLoad`) and per grid^t block: a subscribe
 or unsubscribe notes its part in O(1), and the parts noted are counted
 together, in numpy, when the counts are next read (the batch's summary or a
-new partition).
+new partition). The parts themselves are the evaluator's (GI^2's cell
+boxes): it hands their boxes over when a new partition or a restore needs
+them, so a live subscription costs the statistics nothing but its note
+(issue 43, item 6).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from array import array
 import numpy as np
 import orjson
 
-from skpub.kernel.grid import CellBox, union_boxes
+from skpub.kernel.grid import CellBox
 from skpub.kernel.load import BlockLoad, LoadSummary, RectangleLoad
 
 LOAD_FORMAT = 2
@@ -39,6 +42,7 @@ _PENDING_MAX = 1 << 16
 """Subscription parts noted before they are counted anyway (bounds the notes between two summaries)."""
 _CHUNK_ENTRIES = 1 << 18
 """Part-rectangle pairs clipped at once when counting parts (bounds the numpy arrays of a count)."""
+_NO_BOXES = np.empty((0, 4), dtype=np.int64)
 
 
 class _Rectangle:
@@ -99,22 +103,18 @@ class CellLoad:
         """Cells with cost, ascending (``cy * size + cx``)."""
         self._raw = np.empty(0, dtype=np.float64)
         """Their costs times the running scale."""
-        self._parts: dict[str, int] = {}
-        """Each counted subscription's row in :attr:`_boxes` (rows, not box tuples: about 150 bytes less each)."""
-        self._boxes = array("i")
-        """The counted parts' boxes, four integers a row; rows of removed parts are reused (:attr:`_free`)."""
-        self._free: list[int] = []
         self._rects: list[_Rectangle] = []
         self._pending = array("q")
         """Parts noted and not counted yet, five integers each: the box's ``x0, y0, x1, y1`` and the step."""
-        self.set_partition(rectangles)
+        self.set_partition(rectangles, _NO_BOXES)
 
-    def set_partition(self, rectangles: list[CellBox]) -> None:
+    def set_partition(self, rectangles: list[CellBox], held: np.ndarray) -> None:
         """Take a new partition: cells outside it are forgotten; O(cells with cost x rectangles + parts), numpy.
 
         The parts noted are counted first, in the rectangles held so far. A
         rectangle the partition already had keeps its query counts; the
-        others' are counted from the subscription parts held.
+        others' are counted from ``held``, the cell boxes of every
+        subscription part counted here (shape (p, 4), int64).
         """
         self._flush()
         old = {r.box: r for r in self._rects}
@@ -128,9 +128,7 @@ class CellLoad:
         kept = self._inside(self._ids)
         if not kept.all():
             self._ids, self._raw = self._ids[kept], self._raw[kept]
-        if fresh and self._parts:
-            boxes = self._held_boxes()
-            self._count_parts(fresh, boxes, np.ones(len(boxes), dtype=np.int64))
+        self._count_parts(fresh, held, np.ones(len(held), dtype=np.int64))
 
     def _inside(self, ids: np.ndarray) -> np.ndarray:
         """Return, per cell id, whether a rectangle of the partition holds it; O(cells x rectangles), numpy."""
@@ -166,8 +164,10 @@ class CellLoad:
             "rectangles": [list(r.box) for r in self._rects],
         })  # fmt: skip
 
-    def restore(self, data: bytes, parts: dict[str, CellBox]) -> None:
-        """Take the state of :meth:`to_document` and count the subscription parts ``parts`` (id -> cell box).
+    def restore(self, data: bytes, held: np.ndarray) -> None:
+        """Take the state of :meth:`to_document` and count the subscription parts over cell boxes ``held``.
+
+        ``held`` has shape (p, 4), int64: one box per part, counted at once.
 
         A document of format 1 (skpub before 2026-11-29, which also wrote
         the aggregates) is read for its cells and rectangles.
@@ -196,9 +196,8 @@ class CellLoad:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, IndexError, OverflowError) as exc:
             raise ValueError(f"damaged load statistics: {exc}") from None
         self._scale, self._ids, self._raw, self._rects = scale, cell_ids, costs, rects
-        self._parts, self._boxes, self._free, self._pending = {}, array("i"), [], array("q")
-        for sid, box in parts.items():
-            self.add_subscription(sid, box)
+        self._pending = array("q")
+        self._count_parts(list(range(len(rects))), held, np.ones(len(held), dtype=np.int64))
 
     def add_cost(self, cx: int, cy: int, cost: float) -> None:
         """Account ``cost`` units in cell ``(cx, cy)`` in this batch (nothing outside the partition)."""
@@ -338,46 +337,21 @@ class CellLoad:
             if mine.any():  # the far row and column of the difference array sum to nothing
                 r.queries += mine.reshape(gh[j], gw[j]).cumsum(axis=0).cumsum(axis=1)[:-1, :-1]
 
-    def add_subscription(self, sid: str, box: CellBox) -> None:
-        """Count range subscription ``sid`` indexed over cell box ``box`` (``queryCount`` +1 where it lies).
+    def add_subscription(self, box: CellBox) -> None:
+        """Count a range subscription part over cell box ``box`` (``queryCount`` +1 where it lies); O(1).
 
-        A subscription already counted here (a transfer bringing a part of
-        one this evaluator indexes) is counted once, over the bounding box of
-        both parts, as the evaluator indexes it. Nothing when not kept.
+        The caller counts each subscription once, over the box it indexes
+        it over (a part carried to an evaluator that holds one already:
+        :meth:`remove_subscription` of the old box, then this of the
+        union). Nothing when not kept.
         """
-        if not self.kept:
-            return
-        row = self._parts.get(sid)
-        if row is not None:
-            old = self._box(row)
-            self._note(old, -1)
-            box = union_boxes(old, box)
-        else:
-            row = self._free.pop() if self._free else len(self._boxes) // 4
-            if 4 * row == len(self._boxes):
-                self._boxes.extend((0, 0, 0, 0))
-            self._parts[sid] = row
-        self._boxes[4 * row : 4 * row + 4] = array("i", box)
-        self._note(box, 1)
+        if self.kept:
+            self._note(box, 1)
 
-    def remove_subscription(self, sid: str) -> None:
-        """Forget subscription ``sid`` (an unsubscribe); unknown ids are ignored."""
-        row = self._parts.pop(sid, None)
-        if row is not None:
-            self._note(self._box(row), -1)
-            self._free.append(row)
-
-    def parts(self) -> dict[str, CellBox]:
-        """Return the counted subscription parts: id -> cell box; O(parts)."""
-        return {sid: self._box(row) for sid, row in self._parts.items()}
-
-    def _box(self, row: int) -> CellBox:
-        return tuple(self._boxes[4 * row : 4 * row + 4])
-
-    def _held_boxes(self) -> np.ndarray:
-        """Return the counted parts' boxes, shape (parts, 4), int64, in no particular order."""
-        rows = np.fromiter(self._parts.values(), dtype=np.int64, count=len(self._parts))
-        return np.frombuffer(self._boxes, dtype=np.int32).reshape(-1, 4)[rows].astype(np.int64)
+    def remove_subscription(self, box: CellBox) -> None:
+        """Stop counting a part over cell box ``box``, counted before (an unsubscribe or a drop); O(1)."""
+        if self.kept:
+            self._note(box, -1)
 
     def _note(self, box: CellBox, step: int) -> None:
         """Note a part's box and sign for :meth:`_flush`; O(1) amortized (a flush every :data:`_PENDING_MAX`)."""

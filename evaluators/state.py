@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from skpub.evaluators.evaluator import Evaluator, encode_block
+from skpub.evaluators.evaluator import Evaluator
 from skpub.evaluators.monitor import RankedMonitor
 from skpub.evaluators.window import encode_segment, segments_of
 from skpub.kernel.config import Deployment, deployment_from_text
@@ -108,7 +108,7 @@ def evaluator_state(ev: Evaluator) -> EvaluatorState:
     store = ev.monitor.store
     held = store.held()
     return EvaluatorState(
-        {key: encode_block(block) for key, block in ev.blocks.items()},
+        ev.encode_blocks(),
         {segment: encode_segment(cols) for segment, cols in segments_of(held)} if held is not None else {},
         [ev.monitor.subscriptions_json()],
         (store.accepted, store.watermark, ev.monitor.generation),

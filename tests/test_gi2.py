@@ -303,3 +303,63 @@ def test_a_flush_that_fails_leaves_the_index_as_it_was_and_is_tried_again(monkey
     monkeypatch.setattr(gi2, "_merge", real)
     assert match_one(index, make_object(9, 5, 5, ["b"]), 0, 0) == ([s.id for s in subs], 5)
     assert index.born.n == 5 and len(index.main[0]) + len(index.delta[0]) == 5 * 25 * 2  # 25 index cells, 2 keys
+
+
+_terms = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=6)
+_coordinates = st.floats(allow_nan=False, allow_infinity=False)
+_changes = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("insert"),
+            st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=8),
+            st.lists(st.lists(_terms, min_size=1, max_size=3), min_size=1, max_size=3),
+            st.tuples(_coordinates, _coordinates, _coordinates, _coordinates),
+            st.tuples(st.integers(0, 9), st.integers(0, 9), st.integers(0, 9), st.integers(0, 9)),
+        ),
+        st.tuples(st.sampled_from(["delete", "remove", "compact", "flush"]), st.integers(0, 50)),
+    ),
+    max_size=40,
+)
+
+
+@examples(2)
+@given(_changes)
+def test_the_rows_built_from_the_slot_arrays_are_the_rows_of_the_subscriptions_held(changes):
+    """GI^2 keeps no subscription record: the row of each live slot, built from its arrays, is ``range_row``'s.
+
+    Unicode terms (sorted by code point), a term in several clauses, a
+    repeated clause, any finite coordinates (-0.0, 1e300), slots still
+    pending or flushed, deletions, removals and compactions (which renumber
+    slots and terms).
+    """
+    import orjson
+
+    from skpub.kernel.records import range_row
+
+    index = GI2Index(2, Vocabulary(10, {"a": 1}))
+    live: dict[str, tuple[RangeSubscription, tuple]] = {}
+    for pos, change in enumerate(changes):
+        if change[0] == "insert":
+            _, sid, clauses, (x0, y0, x1, y1), (a, b, c, d) = change
+            if sid in live:
+                continue
+            sub = RangeSubscription(pos, sid, Rect(x0, y0, x1, y1), tuple(frozenset(c) for c in clauses))
+            box = (min(a, c), min(b, d), max(a, c), max(b, d))
+            index.insert(sub, box)
+            live[sid] = (sub, box)
+        elif change[0] in ("delete", "remove") and live:
+            sid = list(live)[change[1] % len(live)]
+            index.delete(sid, pos) if change[0] == "delete" else index.remove_many([sid])
+            del live[sid]
+        elif change[0] == "compact":
+            index.compact()
+        elif change[0] == "flush":
+            index.held_slots()
+    slots, positions, boxes = index.held_slots()
+    rows = index.rows(slots)
+    assert sorted(row[0] for row in rows) == sorted(live)
+    for row, pos, box in zip(rows, positions.tolist(), boxes.tolist(), strict=True):
+        sub, held_box = live[row[0]]
+        assert orjson.dumps(row) == orjson.dumps(range_row(sub, held_box))
+        assert (pos, tuple(box)) == (sub.pos, held_box)
+    assert index.rows(slots[::-1]) == rows[::-1] and index.rows(slots[:0]) == []

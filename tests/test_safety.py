@@ -11,7 +11,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -426,13 +425,18 @@ def test_a_subscription_that_fails_to_be_counted_is_a_dead_letter_and_never_matc
     dep = deployment(evaluators=3, batch_size=25).replace(balancer=BalancerConfig(mode="adaptive"))
     expected = replay(lines, dep).deliveries
     victim = next(d["sub"] for d in expected if d["event"] == "match")
-    real = CellLoad.add_subscription
+    real_insert, real_count, inserted = GI2Index.insert, CellLoad.add_subscription, []
 
-    def add_subscription(self, sid, box):
-        if sid == victim:
+    def insert(self, sub, box):
+        inserted.append(sub.id)
+        return real_insert(self, sub, box)
+
+    def add_subscription(self, box):  # counting the victim fails, after GI^2 indexed it
+        if inserted and inserted[-1] == victim:
             raise ValueError("injected failure")
-        return real(self, sid, box)
+        return real_count(self, box)
 
+    monkeypatch.setattr(GI2Index, "insert", insert)
     monkeypatch.setattr(CellLoad, "add_subscription", add_subscription)
     out, _ = local(tmp_path, lines, dep)
     letters = read_stream(out, "dead_letters")
@@ -769,20 +773,41 @@ _ids = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=1
 
 
 @examples(1)
-@given(st.lists(st.tuples(_ids, st.lists(st.lists(_ids, min_size=1, max_size=3), min_size=1, max_size=3)), max_size=6))
-def test_a_state_block_of_kept_rows_reads_back_as_the_document_of_its_records(subs):
-    """Blocks keep each subscription as its encoded row and join them: the same document, read back the same."""
-    from skpub.evaluators.durable import state_document, state_rows
+@given(
+    st.lists(
+        st.tuples(_ids, st.lists(st.lists(_ids, min_size=1, max_size=3), min_size=1, max_size=3), st.integers(0, 40)),
+        max_size=12,
+    ),
+    st.lists(st.integers(0, 11), max_size=6),
+)
+def test_state_blocks_built_from_the_index_read_back_as_the_subscriptions_held(subs, gone):
+    """No row is kept per subscription: the state blocks, built from GI^2's arrays, hold exactly the live
+    subscriptions, each in the block of its box's first cell; the dirty blocks a state store took batch by batch
+    end equal to every block built at once (an emptied block is None)."""
+    from skpub.evaluators.evaluator import Evaluator, state_block
     from skpub.kernel.geometry import Rect
-    from skpub.kernel.records import RangeSubscription, range_row
+    from skpub.kernel.records import RangeSubscription
+    from skpub.kernel.text import Vocabulary
+    from tests.workloads import deployment
 
-    records = {}
-    for pos, (sid, clauses) in enumerate(subs):
-        sub = RangeSubscription(pos, sid, Rect(0, -1.5, 2, 1e300), tuple(frozenset(c) for c in clauses))
-        records[sid] = (sub, (pos, 0, pos + 1, 2))
-    rows = [range_row(sub, box) for sub, box in records.values()]
-    kept = {sid: msgspec.json.encode(range_row(sub, box)) for sid, (sub, box) in records.items()}
-    assert state_rows(encode_block(kept), "subscriptions") == state_rows(
-        state_document(rows, "subscriptions"), "subscriptions"
-    )
-    assert decode_block(encode_block(kept)) == records
+    ev = Evaluator(0, deployment(evaluators=1, grid_size=64), Vocabulary())
+    live, store = {}, {}
+    for pos, (sid, clauses, cell) in enumerate(subs):
+        if sid not in live:
+            sub = RangeSubscription(pos, sid, Rect(0, -1.5, 2, 1e300), tuple(frozenset(c) for c in clauses))
+            box = (cell, cell // 2, cell + 3, 40)
+            ev._insert(sub, box)
+            live[sid] = (sub, box)
+        if pos % 3 == 0:
+            store.update(ev.take_dirty_blocks())
+    for k in gone:
+        if k < len(live):
+            sid = sorted(live)[k]
+            ev._delete(sid, 100 + k)
+            del live[sid]
+    store.update(ev.take_dirty_blocks())
+    built = {key: decode_block(data) for key, data in ev.encode_blocks().items()}
+    assert {key: decode_block(data) for key, data in store.items() if data is not None} == built
+    assert {sid: held for block in built.values() for sid, held in block.items()} == live
+    assert all(state_block(box) == key for key, block in built.items() for _, box in block.values())
+    assert decode_block(encode_block([])) == {}

@@ -182,7 +182,7 @@ def test_a_merges_costs_join_the_aggregates_of_the_rectangle_that_stays():
     stay = CellLoad(8, rects, 4, decay=1.0)
     stay.add_cost(5, 5, 10.0)
     stay.put({6 * 8 + 6: 30.0})
-    stay.set_partition(rects)
+    stay.set_partition(rects, np.empty((0, 4), dtype=np.int64))
     fresh = CellLoad(8, rects, 4, decay=1.0)
     fresh.add_cost(5, 5, 10.0)
     fresh.add_cost(6, 6, 30.0)
