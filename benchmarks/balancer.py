@@ -330,7 +330,8 @@ def part_drift(args) -> None:
             base: Deployment = deployment_from_json(deployment_of(spec)).replace(
                 evaluators=8, batch_size=args.batch_size, vocabulary=str(vocabulary)
             )
-            chosen = {name: getattr(args, name) for name in ("beta", "decay", "global_period", "object_cost")}
+            names = ("sigma", "beta", "decay", "horizon", "global_period", "object_cost")
+            chosen = {name: getattr(args, name) for name in names}
             overrides = {name: value for name, value in chosen.items() if value is not None}
             deployments = {
                 mode: base.replace(balancer=BalancerConfig(mode=mode, **overrides)) for mode in ("off", "adaptive")
@@ -453,7 +454,11 @@ def main() -> None:
     parser.add_argument("--inserts-per-object", type=float, default=0.1, help="subscription turnover")
     parser.add_argument("--burst-regions", type=float, default=0.0, help="keyword burst share of the drift workload")
     parser.add_argument("--routing-units", type=int, default=8, help="routing units the parse stage is spread over")
+    parser.add_argument("--sigma", type=float, default=None, help="the adaptive runs' sigma (default the deployment's)")
     parser.add_argument("--beta", type=float, default=None, help="the adaptive runs' beta (default the deployment's)")
+    parser.add_argument(
+        "--horizon", type=int, default=None, help="the adaptive runs' horizon (default the deployment's)"
+    )
     parser.add_argument("--decay", type=float, default=None, help="the statistics' decay (default: the deployment's)")
     parser.add_argument(
         "--object-cost",

@@ -308,6 +308,7 @@ class CellLoad:
         lines = {name: np.zeros(n, dtype=np.int64) for name, n in sizes.items()}
         diff = np.zeros(int((gw * gh).sum()), dtype=np.int64)
         chunk = max(1, _CHUNK_ENTRIES // len(which))
+        touched = np.zeros(len(which), dtype=bool)
         for start in range(0, len(boxes), chunk):
             part_boxes = boxes[start : start + chunk]
             cx0 = np.maximum(part_boxes[:, None, 0], rects[None, :, 0])
@@ -315,6 +316,7 @@ class CellLoad:
             cx1 = np.minimum(part_boxes[:, None, 2], rects[None, :, 2])
             cy1 = np.minimum(part_boxes[:, None, 3], rects[None, :, 3])
             part, rect = np.nonzero((cx0 <= cx1) & (cy0 <= cy1))
+            touched[rect] = True
             cx0, cy0, cx1, cy1 = cx0[part, rect], cy0[part, rect], cx1[part, rect], cy1[part, rect]
             up = steps[start : start + chunk][part] > 0
             x0, y0 = rects[rect, 0], rects[rect, 1]
@@ -327,8 +329,8 @@ class CellLoad:
             for at, sign in (((gy0 * width + gx0), up), ((gy0 * width + gx1), ~up),
                              ((gy1 * width + gx0), ~up), ((gy1 * width + gx1), up)):  # fmt: skip
                 diff += _signed_count(origin + at, sign, len(diff))
-        for j, i in enumerate(which):
-            r = self._rects[i]
+        for j in np.flatnonzero(touched).tolist():  # the others' counts stay as they are
+            r = self._rects[which[j]]
             r.starts_x += lines["starts_x"][xbase[j] : xbase[j] + widths[j]]
             r.ends_x += lines["ends_x"][xbase[j] : xbase[j] + widths[j]]
             r.starts_y += lines["starts_y"][ybase[j] : ybase[j] + heights[j]]
@@ -372,38 +374,75 @@ class CellLoad:
         is left out when no cell of it has cost and no part meets it.
         """
         self._flush()
+        if not self._rects:
+            return LoadSummary(evaluator, batch, (), ())
         s, b = self._scale, self.grid_t_block
         ys, xs = np.divmod(self._ids, self.size)
-        rects, blocks = [], []
-        for r in self._rects:
-            x0, y0, x1, y1 = r.box
-            mine = (xs >= x0) & (xs <= x1) & (ys >= y0) & (ys <= y1)
-            cx, cy, raw = xs[mine], ys[mine], self._raw[mine]
-            columns = np.bincount(cx - x0, weights=raw, minlength=x1 - x0 + 1).astype(np.float64) / s
-            rows = np.bincount(cy - y0, weights=raw, minlength=y1 - y0 + 1).astype(np.float64) / s
-            rects.append(
-                RectangleLoad(r.box, columns, rows, r.starts_x.copy(), r.ends_x.copy(), r.starts_y.copy(),
-                              r.ends_y.copy())
-            )  # fmt: skip
-            high, wide = r.queries.shape
-            keys = (cy // b - r.block_y0) * wide + (cx // b - r.block_x0)
-            costs = np.bincount(keys, weights=raw, minlength=high * wide).reshape(high, wide) / s
-            held = np.bincount(keys, minlength=high * wide).reshape(high, wide) > 0
-            gx, gy = np.nonzero((held | (r.queries != 0)).T)
-            gx0, gy0 = (gx + r.block_x0) * b, (gy + r.block_y0) * b
-            boxes = zip(
-                np.maximum(gx0, x0).tolist(), np.maximum(gy0, y0).tolist(),
-                np.minimum(gx0 + b - 1, x1).tolist(), np.minimum(gy0 + b - 1, y1).tolist(), strict=True,
-            )  # fmt: skip
-            blocks.extend(
-                BlockLoad(box, cost, queries)
-                for box, cost, queries in zip(boxes, costs[gy, gx].tolist(), r.queries[gy, gx].tolist(), strict=True)
-            )
-        return LoadSummary(evaluator, batch, tuple(rects), tuple(blocks))
+        boxes = np.array([r.box for r in self._rects], dtype=np.int64).reshape(-1, 4)
+        x0, y0, x1, y1 = boxes.T
+        rect = self._rectangle_of(boxes)
+        mine = rect >= 0
+        cx, cy, raw, rect = xs[mine], ys[mine], self._raw[mine], rect[mine]
+        # every rectangle's columns, rows and grid^t blocks laid end to end: one bincount each, in cell-id order
+        widths, heights = x1 - x0 + 1, y1 - y0 + 1
+        bx0, by0 = x0 // b, y0 // b
+        wide, high = x1 // b - bx0 + 1, y1 // b - by0 + 1
+        xbase, ybase, gbase = _starts(widths), _starts(heights), _starts(wide * high)
+        columns = np.bincount(xbase[rect] + cx - x0[rect], weights=raw, minlength=int(widths.sum())) / s
+        rows = np.bincount(ybase[rect] + cy - y0[rect], weights=raw, minlength=int(heights.sum())) / s
+        keys = gbase[rect] + (cy // b - by0[rect]) * wide[rect] + (cx // b - bx0[rect])
+        size = int((wide * high).sum())
+        costs = np.bincount(keys, weights=raw, minlength=size) / s
+        queries = np.concatenate([r.queries.ravel() for r in self._rects])
+        listed = np.flatnonzero((np.bincount(keys, minlength=size) > 0) | (queries != 0))
+        j = np.searchsorted(gbase, listed, side="right") - 1
+        gy, gx = np.divmod(listed - gbase[j], wide[j])
+        order = np.lexsort((gy, gx, j))  # by rectangle, then block column, then block row
+        listed, j, gx, gy = listed[order], j[order], gx[order] + bx0[j[order]], gy[order] + by0[j[order]]
+        gx0, gy0 = gx * b, gy * b
+        block_boxes = zip(
+            np.maximum(gx0, x0[j]).tolist(), np.maximum(gy0, y0[j]).tolist(),
+            np.minimum(gx0 + b - 1, x1[j]).tolist(), np.minimum(gy0 + b - 1, y1[j]).tolist(), strict=True,
+        )  # fmt: skip
+        blocks = tuple(
+            BlockLoad(box, cost, count)
+            for box, cost, count in zip(block_boxes, costs[listed].tolist(), queries[listed].tolist(), strict=True)
+        )
+        rects = tuple(
+            RectangleLoad(r.box, columns[xb : xb + w], rows[yb : yb + h], r.starts_x.copy(), r.ends_x.copy(),
+                          r.starts_y.copy(), r.ends_y.copy())
+            for r, xb, w, yb, h in zip(self._rects, xbase.tolist(), widths.tolist(), ybase.tolist(), heights.tolist(),
+                                       strict=True)
+        )  # fmt: skip
+        return LoadSummary(evaluator, batch, rects, blocks)
+
+    def _rectangle_of(self, boxes: np.ndarray) -> np.ndarray:
+        """Return, per cell with cost (:attr:`_ids`), the index of the rectangle of ``boxes`` holding it, or -1.
+
+        The partition's rectangles are disjoint and the cell ids ascend, so
+        each row of a rectangle holds one run of them: two ``searchsorted``
+        over the rows of every rectangle, O(rows x log cells), never
+        O(cells x rectangles).
+        """
+        x0, y0, x1, y1 = boxes.T
+        heights = y1 - y0 + 1
+        rect = np.repeat(np.arange(len(boxes)), heights)
+        y = y0[rect] + np.arange(int(heights.sum())) - np.repeat(_starts(heights), heights)
+        first = np.searchsorted(self._ids, y * self.size + x0[rect], side="left")
+        end = np.searchsorted(self._ids, y * self.size + x1[rect], side="right")
+        counts = end - first
+        out = np.full(len(self._ids), -1, dtype=np.int64)
+        out[np.repeat(first - _starts(counts), counts) + np.arange(int(counts.sum()))] = np.repeat(rect, counts)
+        return out
 
     def centralized_nbytes(self) -> int:
         """Bytes the centralized alternative would send: every cell with cost, as (cell id, cost)."""
         return 12 * len(self._ids)
+
+
+def _starts(lengths: np.ndarray) -> np.ndarray:
+    """Return where each of runs of ``lengths`` starts when laid end to end (int64, same length)."""
+    return np.cumsum(lengths) - lengths
 
 
 def _signed_count(at: np.ndarray, up: np.ndarray, size: int) -> np.ndarray:

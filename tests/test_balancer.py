@@ -769,3 +769,66 @@ def _run_count_script(script: list) -> None:
 def _block_cells(rectangle: tuple, gx: int, gy: int, block: int) -> tuple:
     x0, y0, x1, y1 = rectangle
     return (max(x0, gx * block), max(y0, gy * block), min(x1, gx * block + block - 1), min(y1, gy * block + block - 1))
+
+
+@st.composite
+def _costed_partitions(draw):
+    """A partition of some of a 13 x 13 grid (blocks of 3), costs on random cells of it, parts over random boxes."""
+    rectangles = [r for r in _guillotine(draw, (0, 0, 12, 12), 4) if draw(st.integers(0, 4))]  # some cells owned
+    cells = [(x, y) for x0, y0, x1, y1 in rectangles for x in range(x0, x1 + 1) for y in range(y0, y1 + 1)]
+    costed = draw(st.lists(st.sampled_from(cells), max_size=60)) if cells else []
+    costs = [(x, y, draw(st.floats(0.01, 1e6))) for x, y in costed]
+    parts = draw(st.lists(_boxes(13), max_size=8))
+    return rectangles, costs, parts, draw(st.integers(0, 3))
+
+
+@pytest.mark.parametrize("chunk", [None, 3], ids=["default chunks", "chunks of 3 part-rectangle pairs"])
+@examples(1.5)
+@given(case=_costed_partitions())
+def test_a_summary_sums_each_rectangles_cells_in_cell_id_order_as_a_brute_force_does(chunk, case):
+    """Every rectangle's columns and rows, and every grid^t block with cost or a part (by rectangle, block column,
+    block row, clipped to its rectangle), equal sums made cell by cell in cell-id order, divided by the scale:
+    the same floats, whatever the number of rectangles (the summary lays them end to end in one pass)."""
+    import skpub.evaluators.load as load_module
+
+    rectangles, costs, parts, batches = case
+    saved = load_module._CHUNK_ENTRIES
+    if chunk is not None:
+        load_module._CHUNK_ENTRIES = chunk
+    try:
+        load = CellLoad(13, rectangles, 3, decay=0.5)
+        for x, y, cost in costs:
+            load.add_cost(x, y, cost)
+        for _ in range(batches):
+            load.end_batch()
+        for box in parts:
+            load.add_subscription(box)
+        got = load.summary(0, 0)
+    finally:
+        load_module._CHUNK_ENTRIES = saved
+    raw = dict(zip(load._ids.tolist(), load._raw.tolist(), strict=True))
+    scale = load._scale
+
+    def summed(cells):  # cell-id order, as the summary's bincount adds them
+        total = 0.0
+        for cell in sorted(cells):
+            total += raw.get(cell, 0.0)
+        return total / scale
+
+    sides, counted = _counted_reference(dict(enumerate(parts)), rectangles, 3)
+    assert [r.box for r in got.rectangles] == [tuple(r) for r in rectangles]
+    want_blocks = []
+    for i, ((x0, y0, x1, y1), r) in enumerate(zip(rectangles, got.rectangles, strict=True)):
+        column_cells = [[y * 13 + x for y in range(y0, y1 + 1)] for x in range(x0, x1 + 1)]
+        row_cells = [[y * 13 + x for x in range(x0, x1 + 1)] for y in range(y0, y1 + 1)]
+        assert r.columns.tolist() == [summed(c) for c in column_cells]
+        assert r.rows.tolist() == [summed(c) for c in row_cells]
+        assert [r.starts_x.tolist(), r.ends_x.tolist(), r.starts_y.tolist(), r.ends_y.tolist()] == list(sides[i])
+        for gx in range(x0 // 3, x1 // 3 + 1):
+            for gy in range(y0 // 3, y1 // 3 + 1):
+                box = (max(gx * 3, x0), max(gy * 3, y0), min(gx * 3 + 2, x1), min(gy * 3 + 2, y1))
+                cells = [y * 13 + x for x in range(box[0], box[2] + 1) for y in range(box[1], box[3] + 1)]
+                queries = counted.get((i, gx, gy), 0)
+                if any(c in raw for c in cells) or queries:
+                    want_blocks.append((box, summed(cells), queries))
+    assert [(b.cells, b.cost, b.queries) for b in got.blocks] == want_blocks
