@@ -2,7 +2,7 @@
 
 Range state blocks (:mod:`skpub.evaluators.evaluator`) and window segments
 (:mod:`skpub.evaluators.window`) are ``{"format": FORMAT, key: [...]}``
-documents; :func:`state_document` reads one back and refuses another format.
+documents; :func:`state_rows` reads one back and refuses another format.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
 FORMAT = 1
 """Format of the evaluator state documents."""
@@ -18,6 +20,17 @@ FORMAT = 1
 def state_document(rows: list, key: str) -> bytes:
     """Return ``{"format": FORMAT, key: rows}`` as JSON bytes."""
     return orjson.dumps({"format": FORMAT, key: rows})
+
+
+def state_documents_of(rows: pa.LargeListArray, key: str) -> pa.LargeBinaryArray:
+    """Return, for each list of rows given as their JSON texts, the document ``{"format": FORMAT, key: rows}``.
+
+    The JSON value :func:`state_document` gives for the decoded rows, built
+    in Arrow. ``key`` must need no JSON escaping.
+    """
+    head = pa.scalar(b'{"format":%d,"%s":[' % (FORMAT, key.encode()), pa.large_binary())
+    comma, tail = pa.scalar(b",", pa.large_binary()), pa.scalar(b"]}", pa.large_binary())
+    return pc.binary_join_element_wise(head, pc.binary_join(rows, comma), tail, pa.scalar(b"", pa.large_binary()))
 
 
 def state_rows(data: bytes, key: str) -> Any:

@@ -27,7 +27,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from skpub.evaluators.durable import state_document, state_rows
+from skpub.evaluators.durable import state_documents_of, state_rows
 from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.gi2 import GI2Index, ObjectBatch
 from skpub.evaluators.load import CellLoad
@@ -62,6 +62,10 @@ class EvaluatorBatch:
     dead_letters: list[DeadLetter] = field(default_factory=list)
     stats: CellCostStats = field(default_factory=CellCostStats)
     cpu_seconds: float = 0.0
+
+
+BLOCK_KEY = "subscriptions"
+"""The key of a state block document's rows."""
 
 
 def state_block(box: CellBox) -> int:
@@ -322,7 +326,7 @@ class Evaluator:
         return Deliveries.concat(parts), examined, lost
 
     def _insert(self, sub: RangeSubscription, box: CellBox) -> None:
-        """Index, file and count ``sub`` over ``box``; should a step fail, undo the others and raise."""
+        """Index ``sub`` over ``box``, mark its state block changed and count it; should a step fail, undo and raise."""
         self.index.insert(sub, box)  # first: one it refuses is counted nowhere
         try:
             self._changed(box)
@@ -359,7 +363,8 @@ class Evaluator:
 
     def set_partition(self, rectangles: list[CellBox]) -> None:
         """Take the rectangles of this evaluator's partition (for its load statistics; routing decides the rest)."""
-        self.load.set_partition(rectangles, self.index.held_slots()[2])
+        held = self.index.held_slots()[2] if self.load.kept else np.empty((0, 4), dtype=np.int64)
+        self.load.set_partition(rectangles, held)
 
     def ensure_partition(self, rectangles: list[CellBox]) -> None:
         """Take ``rectangles`` unless they are the partition already (a new evaluator's first batch)."""
@@ -380,7 +385,7 @@ class Evaluator:
         :meth:`take_over` drops those left with no cell of this evaluator.
         One sort of the ``s`` subscriptions held (GI^2's boxes, by
         subscribe position), O(s log s), then O(s) numpy work per box and a
-        decode of each part's row from its state block.
+        decode of each part's row, written from GI^2's arrays.
         """
         slots, positions, boxes = self.index.held_slots()
         order = np.argsort(positions, kind="stable")
@@ -393,7 +398,7 @@ class Evaluator:
                 [np.maximum(b[:, 0], x0), np.maximum(b[:, 1], y0), np.minimum(b[:, 2], x1), np.minimum(b[:, 3], y1)],
                 axis=1,
             ).tolist()
-            subs = [range_from_row(row)[0] for row in self.index.rows(slots[over])]
+            subs = [range_from_row(orjson.loads(row))[0] for row in self.index.row_texts(slots[over]).to_pylist()]
             out.append([(sub, tuple(box)) for sub, box in zip(subs, clipped, strict=True)])
         return out
 
@@ -524,27 +529,28 @@ class Evaluator:
     def encode_blocks(self, keys: Iterable[int] | None = None) -> dict[int, bytes | None]:
         """Serialize state blocks ``keys`` (None: every block holding a subscription); None for an empty one.
 
-        A block is the :func:`encode_block` document of the
+        A block is the versioned JSON document (:data:`~skpub.evaluators.durable.FORMAT`) of the
         :func:`~skpub.kernel.records.range_row` rows of the subscriptions
-        whose cell box starts in it, in GI^2 slot order. The rows are built
-        from GI^2's arrays (:meth:`GI2Index.rows`), not kept apart: a live
-        subscription costs no row of its own (issue 43, item 6). O(s) numpy
-        over the ``s`` subscriptions held, plus O(rows of the blocks) to build
-        and encode them.
+        whose cell box starts in it, in GI^2 slot order. The rows are written
+        from GI^2's arrays in Arrow (:meth:`GI2Index.row_texts`), not kept
+        apart: a live subscription costs no row of its own (issue 43, item
+        6). O(s) numpy over the ``s`` subscriptions held (none when ``keys``
+        is empty), plus O(rows of the blocks) in C.
         """
+        wanted = None if keys is None else np.fromiter(keys, np.int64)
+        if wanted is not None and not len(wanted):
+            return {}
         slots, _, boxes = self.index.held_slots()
         block = block_of(boxes[:, 0], boxes[:, 1])
-        wanted = None if keys is None else np.fromiter(keys, np.int64)
         if wanted is not None:
             pick = np.isin(block, wanted)
             slots, block = slots[pick], block[pick]
         order = np.argsort(block, kind="stable")
         slots, block = slots[order], block[order]
-        rows = self.index.rows(slots)
+        keys_found, starts = np.unique(block, return_index=True)
+        rows = pa.LargeListArray.from_arrays(pa.array(np.append(starts, len(block))), self.index.row_texts(slots))
         out: dict[int, bytes | None] = dict.fromkeys(wanted.tolist()) if wanted is not None else {}
-        keys_found, starts, counts = np.unique(block, return_index=True, return_counts=True)
-        for key, start, count in zip(keys_found.tolist(), starts.tolist(), counts.tolist(), strict=True):
-            out[key] = encode_block(rows[start : start + count])
+        out.update(zip(keys_found.tolist(), state_documents_of(rows, BLOCK_KEY).to_pylist(), strict=True))
         return out
 
     @classmethod
@@ -633,16 +639,8 @@ def _describe_object(oid: str) -> str:
     return orjson.dumps({"record": "ObjectRecord", "id": oid}).decode()
 
 
-def encode_block(rows: list[list]) -> bytes:
-    """Serialize one state block, its subscriptions' :func:`~skpub.kernel.records.range_row` rows, as a JSON document.
-
-    Never pickle: state must not execute on load.
-    """
-    return state_document(rows, "subscriptions")
-
-
 def decode_block(data: bytes) -> dict[str, tuple[RangeSubscription, CellBox]]:
-    """Rebuild a state block from :func:`encode_block` output.
+    """Rebuild a state block (a document of :meth:`Evaluator.encode_blocks`): id -> (subscription, cell box).
 
     Raises
     ------

@@ -70,6 +70,7 @@ import pyarrow.compute as pc
 
 from skpub.kernel.config import INDEX_SIDE
 from skpub.kernel.grid import CellBox
+from skpub.kernel.parts import json_strings
 from skpub.kernel.records import RangeSubscription
 from skpub.kernel.text import Vocabulary
 
@@ -197,6 +198,29 @@ def _expand(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     owner = np.repeat(np.arange(len(lo)), lengths)
     starts = np.cumsum(lengths) - lengths
     return owner, np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(starts - lo, lengths)
+
+
+def _bytes(text: str) -> pa.Scalar:
+    return pa.scalar(text.encode(), pa.large_binary())
+
+
+_OPEN, _COMMA, _COMMA_OPEN, _CLOSE_COMMA, _CLOSE_CLOSE = map(_bytes, ("[", ",", ",[", "],", "]]"))
+_CLOSE, _NOTHING = _bytes("]"), _bytes("")
+
+
+def _json_list(items: pa.LargeListArray) -> pa.LargeBinaryArray:
+    """Return each list of JSON texts as the JSON text of the list: ``[a,b,...]``."""
+    return pc.binary_join_element_wise(_OPEN, pc.binary_join(items, _COMMA), _CLOSE, _NOTHING)
+
+
+def _number_texts(values: np.ndarray) -> pa.LargeBinaryArray:
+    """Return integers, or floats as their shortest round-trip digits, as JSON texts (-0.0 as ``-0.0``, not 0)."""
+    texts = pc.cast(pa.array(values), pa.large_string()).cast(pa.large_binary())
+    if values.dtype.kind == "f":
+        negative_zero = (values == 0) & np.signbit(values)
+        if negative_zero.any():
+            texts = pc.if_else(pa.array(negative_zero), _bytes("-0.0"), texts)
+    return texts
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
@@ -396,14 +420,6 @@ class GI2Index:
         box = self.pending.boxes[slot - first] if slot >= first else self.boxes.view[slot].tolist()
         return tuple(box)
 
-    def held(self) -> tuple[list[str], np.ndarray, np.ndarray]:
-        """Return the live subscriptions' ids, subscribe positions (int64) and cell boxes (shape (n, 4), int64).
-
-        In slot order; O(slots).
-        """
-        live, positions, boxes = self.held_slots()
-        return [self.sids[i] for i in live.tolist()], positions, boxes
-
     def held_slots(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Return the live subscriptions' slots (ascending), subscribe positions (both int64) and cell boxes.
 
@@ -413,18 +429,20 @@ class GI2Index:
         live = np.flatnonzero(self.died.view == _NEVER)
         return live, self.born.view[live], self.boxes.view[live].astype(np.int64)
 
-    def rows(self, slots: np.ndarray) -> list[list]:
-        """Return the :func:`~skpub.kernel.records.range_row` of the subscription in each of ``slots``, in their order.
+    def row_texts(self, slots: np.ndarray) -> pa.LargeBinaryArray:
+        """Return the JSON text of the :func:`~skpub.kernel.records.range_row` of the subscription in each of ``slots``.
 
         ``slots`` (int64) are slots of :meth:`held_slots`. Every field of a
         row is in the slot arrays (id, subscribe position, rectangle, the
         clauses as term-id runs in the expression's order, cell box), so the
-        evaluator keeps no row of its own (issue 43, item 6): a row is built
-        when a state block is saved or a cell moves, equal to the one
-        ``range_row`` builds from the subscription (clause terms sorted by
-        code point: Arrow sorts UTF-8 bytes, which is the same order).
-        O(rows + clause terms) in numpy and Arrow, plus one Python list per
-        row and clause.
+        evaluator keeps no row of its own (issue 43, item 6): rows are
+        written when a state block is saved or a cell moves, in Arrow, with
+        no Python object per row. Their JSON value is the one ``range_row``
+        gives (clause terms sorted by code point: Arrow sorts UTF-8 bytes,
+        the same order; strings as orjson writes them,
+        :func:`~skpub.kernel.parts.json_strings`; a float as its shortest
+        round-trip digits, -0.0 as ``-0.0``). O(rows + clause terms) in C,
+        plus O(distinct escaped strings) in Python.
         """
         self._flush()
         slots = np.asarray(slots, dtype=np.int64)
@@ -435,20 +453,17 @@ class GI2Index:
         names = self._names().take(pa.array(self.terms.view[term_at]))
         by_clause = pa.table({"clause": owner, "term": names})
         names = names.take(pc.sort_indices(by_clause, sort_keys=[("clause", "ascending"), ("term", "ascending")]))
-        clauses = pa.LargeListArray.from_arrays(pa.array(_offsets(runs[:, 1] - runs[:, 0])), names)
-        dnfs = pa.LargeListArray.from_arrays(pa.array(_offsets(spans[:, 1] - spans[:, 0])), clauses)
-        sids = self.sids
-        return [
-            [sids[slot], pos, rect, dnf, box]
-            for slot, pos, rect, dnf, box in zip(
-                slots.tolist(),
-                self.born.view[slots].tolist(),
-                self.rects.view[slots].tolist(),
-                dnfs.to_pylist(),
-                self.boxes.view[slots].tolist(),
-                strict=True,
-            )
-        ]
+        terms = pa.LargeListArray.from_arrays(pa.array(_offsets(runs[:, 1] - runs[:, 0])), json_strings(names))
+        clauses = pa.LargeListArray.from_arrays(pa.array(_offsets(spans[:, 1] - spans[:, 0])), _json_list(terms))
+        rects, boxes = self.rects.view[slots], self.boxes.view[slots]
+        pieces = [_OPEN, json_strings(pa.array([self.sids[i] for i in slots.tolist()], pa.string())), _COMMA,
+                  _number_texts(self.born.view[slots]), _COMMA_OPEN]  # fmt: skip
+        for k in range(4):
+            pieces += [_number_texts(rects[:, k]), _COMMA if k < 3 else _CLOSE_COMMA]
+        pieces += [_json_list(clauses), _COMMA_OPEN]
+        for k in range(4):
+            pieces += [_number_texts(boxes[:, k]), _COMMA if k < 3 else _CLOSE_CLOSE]
+        return pc.binary_join_element_wise(*pieces, _NOTHING)
 
     def remove_many(self, ids: Iterable[str]) -> None:
         """Drop subscriptions ``ids`` now (those not live here are skipped): no object matches them from here on.

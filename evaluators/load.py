@@ -128,7 +128,8 @@ class CellLoad:
         kept = self._inside(self._ids)
         if not kept.all():
             self._ids, self._raw = self._ids[kept], self._raw[kept]
-        self._count_parts(fresh, held, np.ones(len(held), dtype=np.int64))
+        if self.kept:
+            self._count_parts(fresh, held, np.ones(len(held), dtype=np.int64))
 
     def _inside(self, ids: np.ndarray) -> np.ndarray:
         """Return, per cell id, whether a rectangle of the partition holds it; O(cells x rectangles), numpy."""
@@ -183,6 +184,8 @@ class CellLoad:
                 raise ValueError(f"format {raw['format']!r}, this skpub reads formats 1 and {LOAD_FORMAT}")
             boxes = [entry[0] if raw["format"] == 1 else entry for entry in raw["rectangles"]]
             rects = [_Rectangle(_box(box, self.size), self.grid_t_block) for box in boxes]
+            if _overlapping([r.box for r in rects]):
+                raise ValueError("rectangles of the partition overlap")
             ids, values = raw["cells"]
             if len(ids) != len(values):
                 raise ValueError(f"{len(ids)} cells and {len(values)} costs")
@@ -438,6 +441,14 @@ class CellLoad:
     def centralized_nbytes(self) -> int:
         """Bytes the centralized alternative would send: every cell with cost, as (cell id, cost)."""
         return 12 * len(self._ids)
+
+
+def _overlapping(boxes: list[CellBox]) -> bool:
+    """Whether two of ``boxes`` share a cell (a partition's rectangles never do); O(boxes^2) in numpy."""
+    b = np.array(boxes, dtype=np.int64).reshape(-1, 4)
+    meet = (b[:, None, 0] <= b[None, :, 2]) & (b[None, :, 0] <= b[:, None, 2])
+    meet &= (b[:, None, 1] <= b[None, :, 3]) & (b[None, :, 1] <= b[:, None, 3])
+    return bool(np.triu(meet, k=1).any())
 
 
 def _starts(lengths: np.ndarray) -> np.ndarray:

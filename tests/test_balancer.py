@@ -653,7 +653,7 @@ def test_a_load_document_of_format_1_is_read_for_its_cells_and_a_damaged_one_is_
            "rectangles": [[[0, 0, 4, 9], [0.0, 8.0, 0.0, 0.0, 0.0], [0.0] * 2 + [8.0] + [0.0] * 7],
                           [[5, 0, 9, 9], [0.0] * 5, [0.0] * 10]]}  # fmt: skip
     restored = CellLoad(10, [], 5, decay=0.5)
-    restored.restore(json.dumps(old).encode(), {})
+    restored.restore(json.dumps(old).encode(), _held_boxes({}))
     summary = restored.summary(0, 1)
     assert summary.to_json() == load.summary(0, 1).to_json() and summary.cost == 4.0
     assert summary.rectangles[1].columns.dtype == np.float64 and not summary.rectangles[1].columns.any()
@@ -667,9 +667,11 @@ def test_a_load_document_of_format_1_is_read_for_its_cells_and_a_damaged_one_is_
         {"scale": "x"},
         {"scale": 0.0},
     ]
-    for damaged in [{**old, **damage} for damage in damages] + [{"format": 2}]:
+    overlapping = {**old, "format": 2, "rectangles": [[0, 0, 4, 9], [4, 0, 9, 9]]}  # a cell counted twice
+    for damaged in [{**old, **damage} for damage in damages] + [{"format": 2}, overlapping]:
         with pytest.raises(ValueError, match="damaged load statistics"):
-            restored.restore(json.dumps(damaged).encode(), {})
+            restored.restore(json.dumps(damaged).encode(), _held_boxes({}))
+    restored.restore(json.dumps({**overlapping, "rectangles": [[0, 0, 3, 9], [4, 0, 9, 9]]}).encode(), _held_boxes({}))
 
 
 def _counted_reference(parts: dict[str, tuple], rectangles: list[tuple], block: int) -> tuple[list, dict]:

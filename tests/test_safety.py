@@ -20,8 +20,9 @@ from skpub.app.checkpoint import Checkpoint, checkpoint_foreign_entries
 from skpub.app.cli import main
 from skpub.app.engines.local import run_local
 from skpub.app.summary import RunObserver, RunSummary
+from skpub.evaluators.durable import state_document
 from skpub.evaluators.errors import EvaluatorError
-from skpub.evaluators.evaluator import decode_block, encode_block
+from skpub.evaluators.evaluator import BLOCK_KEY, decode_block
 from skpub.evaluators.gi2 import GI2Index
 from skpub.evaluators.window import decode_segment, encode_segment
 from skpub.kernel.errors import CheckpointError, OutputError
@@ -592,7 +593,7 @@ def test_durable_state_is_versioned_json_and_refuses_anything_else():
         decode_block(b'{"format": 2, "subscriptions": []}')
     with pytest.raises(EvaluatorError, match="damaged"):
         decode_block(b'{"format": 1, "subscriptions": [["s", 1, [0, 0, 1, 1], [[7]], [0, 0, 1, 1]]]}')
-    assert decode_block(encode_block({})) == {}
+    assert decode_block(state_document([], BLOCK_KEY)) == {}
     with pytest.raises(EvaluatorError, match="damaged window"):
         decode_segment(b'{"format": 2, "objects": []}')
     assert len(decode_segment(encode_segment(decode_segment(b'{"format": 1, "objects": []}')))) == 0
@@ -778,20 +779,49 @@ _ids = st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=1
         st.tuples(_ids, st.lists(st.lists(_ids, min_size=1, max_size=3), min_size=1, max_size=3), st.integers(0, 40)),
         max_size=12,
     ),
-    st.lists(st.integers(0, 11), max_size=6),
+    st.lists(st.tuples(st.sampled_from(["unsubscribe", "drop", "widen"]), st.integers(0, 11)), max_size=8),
 )
-def test_state_blocks_built_from_the_index_read_back_as_the_subscriptions_held(subs, gone):
+def test_state_blocks_built_from_the_index_read_back_as_the_subscriptions_held(subs, changes):
     """No row is kept per subscription: the state blocks, built from GI^2's arrays, hold exactly the live
-    subscriptions, each in the block of its box's first cell; the dirty blocks a state store took batch by batch
-    end equal to every block built at once (an emptied block is None)."""
+    subscriptions, each in the block of its box's first cell; the dirty blocks a state store takes batch by batch
+    (subscribes, unsubscribes, drops after a move, parts carried in that widen a box into another block) end equal
+    to every block built at once (an emptied block is None), and an evaluator restored from that store and changed
+    further keeps it so."""
+    from skpub.evaluators import window
+
+    window.STATE_BLOCK, default = 4, window.STATE_BLOCK  # 4 x 4 cells: a widened box starts in another block
+    try:
+        _state_blocks_script(subs, changes)
+    finally:
+        window.STATE_BLOCK = default
+
+
+def _state_blocks_script(subs, changes):
     from skpub.evaluators.evaluator import Evaluator, state_block
     from skpub.kernel.geometry import Rect
+    from skpub.kernel.grid import union_boxes
     from skpub.kernel.records import RangeSubscription
     from skpub.kernel.text import Vocabulary
     from tests.workloads import deployment
 
-    ev = Evaluator(0, deployment(evaluators=1, grid_size=64), Vocabulary())
+    dep = deployment(evaluators=1, grid_size=64)
+    ev = Evaluator(0, dep, Vocabulary())
     live, store = {}, {}
+
+    def take(evaluator):
+        for key, data in evaluator.take_dirty_blocks().items():
+            if data is None:
+                store.pop(key, None)
+            else:
+                store[key] = data
+
+    def check(evaluator):
+        take(evaluator)
+        built = {key: decode_block(data) for key, data in evaluator.encode_blocks().items()}
+        assert {key: decode_block(data) for key, data in store.items()} == built
+        assert {sid: held for block in built.values() for sid, held in block.items()} == live
+        assert all(state_block(box) == key for key, block in built.items() for _, box in block.values())
+
     for pos, (sid, clauses, cell) in enumerate(subs):
         if sid not in live:
             sub = RangeSubscription(pos, sid, Rect(0, -1.5, 2, 1e300), tuple(frozenset(c) for c in clauses))
@@ -799,15 +829,24 @@ def test_state_blocks_built_from_the_index_read_back_as_the_subscriptions_held(s
             ev._insert(sub, box)
             live[sid] = (sub, box)
         if pos % 3 == 0:
-            store.update(ev.take_dirty_blocks())
-    for k in gone:
-        if k < len(live):
-            sid = sorted(live)[k]
-            ev._delete(sid, 100 + k)
+            take(ev)
+    check(ev)
+    ev = Evaluator.restore(0, dep, Vocabulary(), store)
+    for step, (change, k) in enumerate(changes):
+        if k >= len(live):
+            continue
+        sid = sorted(live)[k]
+        sub, box = live[sid]
+        if change == "unsubscribe":
+            ev._delete(sid, 100 + step)
             del live[sid]
-    store.update(ev.take_dirty_blocks())
-    built = {key: decode_block(data) for key, data in ev.encode_blocks().items()}
-    assert {key: decode_block(data) for key, data in store.items() if data is not None} == built
-    assert {sid: held for block in built.values() for sid, held in block.items()} == live
-    assert all(state_block(box) == key for key, block in built.items() for _, box in block.values())
-    assert decode_block(encode_block([])) == {}
+        elif change == "drop":
+            ev._drop_many([sid])
+            del live[sid]
+        else:  # a part carried in over cells further down and left: the union starts in another block
+            part = (max(0, box[0] - 5), max(0, box[1] - 5), box[0], box[1])
+            ev.import_subscriptions([(sub, part)])
+            live[sid] = (sub, union_boxes(box, part))
+        if step % 2:
+            take(ev)
+    check(ev)

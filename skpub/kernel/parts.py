@@ -144,7 +144,7 @@ def delivery_lines(deliveries: Deliveries) -> bytes:
     if not len(deliveries):
         return b""
     lines = pc.binary_join_element_wise(
-        _MATCH_PARTS[0], _json_strings(deliveries.sub), _MATCH_PARTS[1], _json_strings(deliveries.obj),
+        _MATCH_PARTS[0], json_strings(deliveries.sub), _MATCH_PARTS[1], json_strings(deliveries.obj),
         _MATCH_PARTS[2], _EMPTY,
     )  # fmt: skip
     _, offsets, data = lines.buffers()
@@ -156,7 +156,7 @@ _MATCH_PARTS = tuple(pa.scalar(part, pa.large_binary()) for part in (b'{"sub":',
 _EMPTY = pa.scalar(b"", pa.large_binary())
 
 
-def _json_strings(ids: pa.Array) -> pa.LargeBinaryArray:
+def json_strings(ids: pa.Array) -> pa.LargeBinaryArray:
     r"""Return each string of ``ids`` (plain or dictionary-encoded) as its JSON text, each distinct one encoded once.
 
     The text orjson writes: a string without ``"``, ``\`` or a control

@@ -22,7 +22,6 @@ answers for, and false where it does not keep the object for top-k/kNN.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
@@ -178,7 +177,7 @@ def to_columns(rows: Sequence[Routed], evaluator_keys: Sequence[int] | None = No
         elif isinstance(rec, RangeSubscription):
             cols["kind"][i] = SUBSCRIBE
             cols["rect"][i] = rec.rect.as_list()
-            cols["dnf"][i] = json.dumps([sorted(clause) for clause in rec.dnf], ensure_ascii=False)
+            cols["dnf"][i] = orjson.dumps([sorted(clause) for clause in rec.dnf]).decode()
         elif isinstance(rec, TopkSubscription | KnnSubscription):
             cols["kind"][i] = SUBSCRIBE
             cols["spec"][i] = ranked_spec(rec)
