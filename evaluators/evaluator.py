@@ -576,7 +576,10 @@ class Evaluator:
         ev = cls(evaluator_id, deployment, vocabulary, durable)
         for data in blocks.values():
             for sub, box in decode_block(data).values():
-                ev.index.insert(sub, box)
+                try:
+                    ev.index.insert(sub, box)
+                except ValueError as exc:  # a box GI^2 cannot index (past its cells): damaged state
+                    raise EvaluatorError(f"damaged evaluator state block: {exc}") from None
         ev.dirty = set()
         if not ev.load.kept or load is None:  # none kept: the partition set next counts the parts held
             return ev

@@ -561,6 +561,8 @@ def test_registry_memory_is_bounded_by_the_horizon():
 def test_durable_state_is_versioned_json_and_refuses_anything_else():
     import pickle
 
+    from skpub.evaluators.evaluator import Evaluator
+    from skpub.kernel.text import Vocabulary
     from skpub.router.sequencer import Placement
     from skpub.router.state import FORMAT, encode_journal
 
@@ -594,6 +596,9 @@ def test_durable_state_is_versioned_json_and_refuses_anything_else():
     with pytest.raises(EvaluatorError, match="damaged"):
         decode_block(b'{"format": 1, "subscriptions": [["s", 1, [0, 0, 1, 1], [[7]], [0, 0, 1, 1]]]}')
     assert decode_block(state_document([], BLOCK_KEY)) == {}
+    past = state_document([["s", 1, [0.0, 0.0, 1.0, 1.0], [["a"]], [10**6, 0, 10**6, 0]]], BLOCK_KEY)  # past its cells
+    with pytest.raises(EvaluatorError, match="damaged"):
+        Evaluator.restore(0, deployment(evaluators=1), Vocabulary(), {0: past})
     with pytest.raises(EvaluatorError, match="damaged window"):
         decode_segment(b'{"format": 2, "objects": []}')
     assert len(decode_segment(encode_segment(decode_segment(b'{"format": 1, "objects": []}')))) == 0
