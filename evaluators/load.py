@@ -274,14 +274,14 @@ class CellLoad:
         :meth:`add_subscription` and :meth:`remove_subscription` only note
         the part's box and sign; the counts are read once per batch (the
         summary), so they are brought up to date here, the batch's parts all
-        at once (:meth:`_count_parts`).
+        at once (:meth:`_count_parts`, which changes no count before it has
+        computed them all).
         """
         if not self._pending:
             return
         notes = np.frombuffer(self._pending, dtype=np.int64).reshape(-1, 5).copy()
-        self._pending = array("q")
-        boxes, steps = notes[:, :4], notes[:, 4]
-        self._count_parts(list(range(len(self._rects))), boxes, steps)
+        self._count_parts(list(range(len(self._rects))), notes[:, :4], notes[:, 4])
+        self._pending = array("q")  # after the count: should it fail (memory), the notes wait for the next
 
     def _count_parts(self, which: list[int], boxes: np.ndarray, steps: np.ndarray) -> None:
         """Count subscription parts in the rectangles ``which``; O(parts x rectangles + their lines and blocks), numpy.
@@ -294,7 +294,8 @@ class CellLoad:
         one 2-D difference array per rectangle (over the blocks it meets, one
         more row and column for the far edges), filled by ``bincount`` over
         chunks of parts of at most :data:`_CHUNK_ENTRIES` part-rectangle
-        pairs, then added to the counts held.
+        pairs, then added to the counts held: all or nothing, every increment
+        is computed before any count changes.
         """
         if not which or not len(boxes):
             return
@@ -332,15 +333,16 @@ class CellLoad:
             for at, sign in (((gy0 * width + gx0), up), ((gy0 * width + gx1), ~up),
                              ((gy1 * width + gx0), ~up), ((gy1 * width + gx1), up)):  # fmt: skip
                 diff += _signed_count(origin + at, sign, len(diff))
-        for j in np.flatnonzero(touched).tolist():  # the others' counts stay as they are
+        touched_rects = np.flatnonzero(touched).tolist()  # the others' counts stay as they are
+        queries = [diff[gbase[j] : gbase[j] + gw[j] * gh[j]].reshape(gh[j], gw[j]) for j in touched_rects]
+        queries = [q.cumsum(axis=0).cumsum(axis=1)[:-1, :-1] for q in queries]  # every allocation before any change
+        for j, counted in zip(touched_rects, queries, strict=True):
             r = self._rects[which[j]]
             r.starts_x += lines["starts_x"][xbase[j] : xbase[j] + widths[j]]
             r.ends_x += lines["ends_x"][xbase[j] : xbase[j] + widths[j]]
             r.starts_y += lines["starts_y"][ybase[j] : ybase[j] + heights[j]]
             r.ends_y += lines["ends_y"][ybase[j] : ybase[j] + heights[j]]
-            mine = diff[gbase[j] : gbase[j] + gw[j] * gh[j]]
-            if mine.any():  # the far row and column of the difference array sum to nothing
-                r.queries += mine.reshape(gh[j], gw[j]).cumsum(axis=0).cumsum(axis=1)[:-1, :-1]
+            r.queries += counted
 
     def add_subscription(self, box: CellBox) -> None:
         """Count a range subscription part over cell box ``box`` (``queryCount`` +1 where it lies); O(1).

@@ -834,3 +834,31 @@ def test_a_summary_sums_each_rectangles_cells_in_cell_id_order_as_a_brute_force_
                 if any(c in raw for c in cells) or queries:
                     want_blocks.append((box, summed(cells), queries))
     assert [(b.cells, b.cost, b.queries) for b in got.blocks] == want_blocks
+
+
+def test_a_count_of_noted_parts_that_fails_changes_nothing_and_is_made_at_the_next_read(monkeypatch):
+    """Counting the parts noted since the last read is all or nothing: should it fail (memory), no count changed
+    and the notes wait, so the next summary equals that of statistics that never failed."""
+    import skpub.evaluators.load as load_module
+
+    rects = [(0, 0, 6, 12), (7, 0, 12, 12)]
+    loads = [CellLoad(13, rects, 3, decay=1.0) for _ in range(2)]
+    for load in loads:
+        for box in [(0, 0, 8, 3), (5, 5, 12, 12), (2, 9, 3, 10)]:
+            load.add_subscription(box)
+        load.summary(0, 0)
+        load.remove_subscription((5, 5, 12, 12))
+        load.add_subscription((1, 1, 11, 2))
+    real, calls = load_module._signed_count, []
+
+    def failing(at, up, size):
+        calls.append(size)
+        if len(calls) == 3:  # some of the counts are computed by then
+            raise MemoryError("injected")
+        return real(at, up, size)
+
+    monkeypatch.setattr(load_module, "_signed_count", failing)
+    with pytest.raises(MemoryError):
+        loads[0].summary(0, 1)
+    monkeypatch.setattr(load_module, "_signed_count", real)
+    assert loads[0].summary(0, 1).to_json() == loads[1].summary(0, 1).to_json()
