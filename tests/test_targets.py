@@ -298,11 +298,12 @@ def test_lag_seconds_is_the_age_of_the_first_line_after_the_cursor(tmp_path, mon
         committed["n"] = end
         targets.committed_at(end, started + at)
     now = started + 1000.0
+    # ages are differences of monotonic readings: exact to a rounding of ``started + at`` (which flakes at == 900.0)
     assert targets.lag_seconds(20, now) == 0.0  # caught up
-    assert targets.lag_seconds(12, now) == 700.0  # line 13 came with the commit at 300
-    assert targets.lag_seconds(11, now) == targets.lag_seconds(8, now) == 800.0  # lines 9..12 at 200
-    assert targets.lag_seconds(7, now) == 900.0  # line 8 at 100 (the same end again is no new commit)
-    assert targets.lag_seconds(0, now) == 1000.0  # lines 1..5: aged from the process's start
+    assert targets.lag_seconds(12, now) == pytest.approx(700.0, abs=1e-6)  # line 13 came with the commit at 300
+    assert targets.lag_seconds(11, now) == targets.lag_seconds(8, now) == pytest.approx(800.0, abs=1e-6)  # 9..12
+    assert targets.lag_seconds(7, now) == pytest.approx(900.0, abs=1e-6)  # line 8 at 100 (the same end: no commit)
+    assert targets.lag_seconds(0, now) == pytest.approx(1000.0, abs=1e-6)  # lines 1..5: aged from the start
 
 
 def test_lag_seconds_of_a_target_paused_for_long_stays_within_the_tolerance_of_the_true_age(tmp_path, monkeypatch):
