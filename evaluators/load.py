@@ -301,12 +301,11 @@ class CellLoad:
             return
         rects = np.array([self._rects[i].box for i in which], dtype=np.int64).reshape(-1, 4)
         widths, heights = rects[:, 2] - rects[:, 0] + 1, rects[:, 3] - rects[:, 1] + 1
-        xbase = np.concatenate(([0], np.cumsum(widths)[:-1]))
-        ybase = np.concatenate(([0], np.cumsum(heights)[:-1]))
+        xbase, ybase = _starts(widths), _starts(heights)
         b = self.grid_t_block
         gx_first, gy_first = rects[:, 0] // b, rects[:, 1] // b
         gw, gh = rects[:, 2] // b - gx_first + 2, rects[:, 3] // b - gy_first + 2
-        gbase = np.concatenate(([0], np.cumsum(gw * gh)[:-1]))
+        gbase = _starts(gw * gh)
         columns, rows = int(widths.sum()), int(heights.sum())
         sizes = {"starts_x": columns, "ends_x": columns, "starts_y": rows, "ends_y": rows}
         lines = {name: np.zeros(n, dtype=np.int64) for name, n in sizes.items()}
