@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,6 +32,34 @@ def state_documents_of(rows: pa.LargeListArray, key: str) -> pa.LargeBinaryArray
     head = pa.scalar(b'{"format":%d,"%s":[' % (FORMAT, key.encode()), pa.large_binary())
     comma, tail = pa.scalar(b",", pa.large_binary()), pa.scalar(b"]}", pa.large_binary())
     return pc.binary_join_element_wise(head, pc.binary_join(rows, comma), tail, pa.scalar(b"", pa.large_binary()))
+
+
+def json_token(text: str) -> pa.Scalar:
+    """Return ``text`` as a ``large_binary`` scalar, a fixed piece of JSON text for the writers below."""
+    return pa.scalar(text.encode(), pa.large_binary())
+
+
+OPEN, CLOSE, COMMA, NOTHING, NULL = map(json_token, ("[", "]", ",", "", "null"))
+
+
+def json_lists(items: pa.LargeListArray) -> pa.LargeBinaryArray:
+    """Return each list of JSON texts as the JSON text of the list: ``[a,b,...]``."""
+    return pc.binary_join_element_wise(OPEN, pc.binary_join(items, COMMA), CLOSE, NOTHING)
+
+
+def json_numbers(values: np.ndarray) -> pa.LargeBinaryArray:
+    """Return integers, or finite floats as their shortest round-trip digits, as JSON texts.
+
+    ``values`` is an int or float numpy array; -0.0 is written ``-0.0`` (Arrow
+    would write 0). A float may be written without a fraction (``1`` for
+    1.0): the same number once read back as float64. O(len(values)) in C.
+    """
+    texts = pc.cast(pa.array(values), pa.large_string()).cast(pa.large_binary())
+    if values.dtype.kind == "f":
+        negative_zero = (values == 0) & np.signbit(values)
+        if negative_zero.any():
+            texts = pc.if_else(pa.array(negative_zero), json_token("-0.0"), texts)
+    return texts
 
 
 def state_rows(data: bytes, key: str) -> Any:

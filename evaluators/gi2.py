@@ -68,6 +68,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from skpub.evaluators.durable import COMMA, NOTHING, OPEN, json_lists, json_numbers, json_token
 from skpub.kernel.config import INDEX_SIDE
 from skpub.kernel.grid import CellBox
 from skpub.kernel.parts import json_strings
@@ -200,27 +201,7 @@ def _expand(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return owner, np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(starts - lo, lengths)
 
 
-def _bytes(text: str) -> pa.Scalar:
-    return pa.scalar(text.encode(), pa.large_binary())
-
-
-_OPEN, _COMMA, _COMMA_OPEN, _CLOSE_COMMA, _CLOSE_CLOSE = map(_bytes, ("[", ",", ",[", "],", "]]"))
-_CLOSE, _NOTHING = _bytes("]"), _bytes("")
-
-
-def _json_list(items: pa.LargeListArray) -> pa.LargeBinaryArray:
-    """Return each list of JSON texts as the JSON text of the list: ``[a,b,...]``."""
-    return pc.binary_join_element_wise(_OPEN, pc.binary_join(items, _COMMA), _CLOSE, _NOTHING)
-
-
-def _number_texts(values: np.ndarray) -> pa.LargeBinaryArray:
-    """Return integers, or floats as their shortest round-trip digits, as JSON texts (-0.0 as ``-0.0``, not 0)."""
-    texts = pc.cast(pa.array(values), pa.large_string()).cast(pa.large_binary())
-    if values.dtype.kind == "f":
-        negative_zero = (values == 0) & np.signbit(values)
-        if negative_zero.any():
-            texts = pc.if_else(pa.array(negative_zero), _bytes("-0.0"), texts)
-    return texts
+_COMMA_OPEN, _CLOSE_COMMA, _CLOSE_CLOSE = map(json_token, (",[", "],", "]]"))
 
 
 def _offsets(lengths: np.ndarray) -> np.ndarray:
@@ -454,16 +435,16 @@ class GI2Index:
         by_clause = pa.table({"clause": owner, "term": names})
         names = names.take(pc.sort_indices(by_clause, sort_keys=[("clause", "ascending"), ("term", "ascending")]))
         terms = pa.LargeListArray.from_arrays(pa.array(_offsets(runs[:, 1] - runs[:, 0])), json_strings(names))
-        clauses = pa.LargeListArray.from_arrays(pa.array(_offsets(spans[:, 1] - spans[:, 0])), _json_list(terms))
+        clauses = pa.LargeListArray.from_arrays(pa.array(_offsets(spans[:, 1] - spans[:, 0])), json_lists(terms))
         rects, boxes = self.rects.view[slots], self.boxes.view[slots]
-        pieces = [_OPEN, json_strings(pa.array([self.sids[i] for i in slots.tolist()], pa.string())), _COMMA,
-                  _number_texts(self.born.view[slots]), _COMMA_OPEN]  # fmt: skip
+        pieces = [OPEN, json_strings(pa.array([self.sids[i] for i in slots.tolist()], pa.string())), COMMA,
+                  json_numbers(self.born.view[slots]), _COMMA_OPEN]  # fmt: skip
         for k in range(4):
-            pieces += [_number_texts(rects[:, k]), _COMMA if k < 3 else _CLOSE_COMMA]
-        pieces += [_json_list(clauses), _COMMA_OPEN]
+            pieces += [json_numbers(rects[:, k]), COMMA if k < 3 else _CLOSE_COMMA]
+        pieces += [json_lists(clauses), _COMMA_OPEN]
         for k in range(4):
-            pieces += [_number_texts(boxes[:, k]), _COMMA if k < 3 else _CLOSE_CLOSE]
-        return pc.binary_join_element_wise(*pieces, _NOTHING)
+            pieces += [json_numbers(boxes[:, k]), COMMA if k < 3 else _CLOSE_CLOSE]
+        return pc.binary_join_element_wise(*pieces, NOTHING)
 
     def remove_many(self, ids: Iterable[str]) -> None:
         """Drop subscriptions ``ids`` now (those not live here are skipped): no object matches them from here on.

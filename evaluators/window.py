@@ -46,10 +46,21 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from skpub.evaluators.durable import state_document, state_rows
+from skpub.evaluators.durable import (
+    CLOSE,
+    COMMA,
+    NOTHING,
+    NULL,
+    OPEN,
+    json_lists,
+    json_numbers,
+    state_documents_of,
+    state_rows,
+)
 from skpub.evaluators.errors import EvaluatorError
 from skpub.evaluators.ranked import WindowObject
 from skpub.kernel.config import Window
+from skpub.kernel.parts import json_strings
 from skpub.kernel.records import POSITION_BITS
 
 STATE_BLOCK = 25
@@ -769,24 +780,25 @@ def segments_of(cols: WindowColumns) -> list[tuple[int, WindowColumns]]:
 def encode_segment(cols: WindowColumns) -> bytes:
     """Serialize window objects as a versioned JSON document (never pickle: state must not execute on load).
 
-    Each object is ``[pos, id, x, y, [terms], ts, expires_at or null, number, block]``.
+    Each object is ``[pos, id, x, y, [terms], ts, expires_at or null, number,
+    block]``. The text is written in Arrow, with no Python object per object
+    (issue 43, item 5): strings as orjson writes them
+    (:func:`~skpub.kernel.parts.json_strings`), floats as their shortest
+    round-trip digits (:func:`~skpub.evaluators.durable.json_numbers`), so
+    :func:`decode_segment` reads back the same columns. O(objects + terms) in C.
     """
-    rows = [
-        [pos, oid, x, y, words, ts, None if expires == math.inf else expires, number, block]
-        for pos, oid, x, y, words, ts, expires, number, block in zip(
-            cols.pos.tolist(),
-            cols.ids.to_pylist(),
-            cols.x.tolist(),
-            cols.y.tolist(),
-            cols.terms.to_pylist(),
-            cols.ts.tolist(),
-            cols.expires.tolist(),
-            cols.number.tolist(),
-            cols.block.tolist(),
-            strict=True,
-        )  # fmt: skip
-    ]
-    return state_document(rows, "objects")
+    lengths = pc.list_value_length(cols.terms).to_numpy(zero_copy_only=False)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    words = pa.LargeListArray.from_arrays(pa.array(offsets), json_strings(pc.list_flatten(cols.terms)))
+    expires = pc.if_else(pa.array(cols.expires == math.inf), NULL, json_numbers(cols.expires))
+    pieces = [OPEN, json_numbers(cols.pos), COMMA, json_strings(cols.ids), COMMA, json_numbers(cols.x), COMMA,
+              json_numbers(cols.y), COMMA, json_lists(words), COMMA, json_numbers(cols.ts), COMMA, expires, COMMA,
+              json_numbers(cols.number), COMMA, json_numbers(cols.block), CLOSE]  # fmt: skip
+    rows = pc.binary_join_element_wise(*pieces, NOTHING)
+    return state_documents_of(pa.LargeListArray.from_arrays(pa.array([0, len(rows)], pa.int64()), rows), "objects")[
+        0
+    ].as_py()
 
 
 def decode_segment(data: bytes) -> WindowColumns:

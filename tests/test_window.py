@@ -207,6 +207,57 @@ def test_a_segment_an_earlier_skpub_wrote_reads_as_columns():
     assert encode_segment(decode_segment(again)) == again
 
 
+_FLOATS = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([0.0, -0.0, 1.0, 5e-324, 1e300, 0.1])
+_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=6) | st.sampled_from(['"', "\\", "\x00\x1f", "é"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(_TEXT, _FLOATS, _FLOATS, st.lists(_TEXT, max_size=4), _FLOATS, _FLOATS | st.just(math.inf)),
+        max_size=30,
+    ),
+    st.data(),
+)
+def test_segments_written_in_arrow_are_the_json_orjson_writes(objects, data):
+    """encode_segment's text, written in Arrow, is the document orjson writes of the rows (issue 43, item 5).
+
+    Strings with quotes, backslashes and control characters, -0.0, the
+    smallest and largest floats, and no expiry (null) included; a slice of
+    the columns (a ``take``) writes the same as the rows it holds.
+    """
+    import orjson
+
+    cols = _columns(
+        [
+            {
+                "pos": 7 * i,
+                "id": oid,
+                "x": x,
+                "y": y,
+                "terms": tuple(terms),
+                "ts": ts,
+                "expires": expires,
+                "number": i,
+                "block": 0,
+            }
+            for i, (oid, x, y, terms, ts, expires) in enumerate(objects)
+        ]  # fmt: skip
+    )
+    rows = data.draw(st.lists(st.integers(0, max(len(objects) - 1, 0)), max_size=len(objects))) if objects else []
+    cols = cols.take(np.array(sorted(rows), np.int64))
+    written = encode_segment(cols)
+    expected = [
+        [o.pos, o.id, o.x, o.y, list(o.terms), o.ts, None if o.expires_at == math.inf else o.expires_at, o.number, 0]
+        for o in cols.objects()
+    ]
+    assert orjson.loads(written) == {"format": 1, "objects": expected}
+    again = decode_segment(written)
+    for name in ("pos", "x", "y", "ts", "expires", "number", "block"):
+        assert getattr(again, name).tobytes() == getattr(cols, name).tobytes(), name  # -0.0 kept
+    assert again.ids.equals(cols.ids) and again.terms.to_pylist() == cols.terms.to_pylist()
+
+
 def test_many_small_batches_keep_few_chunks_and_the_same_objects():
     """Batches of one object merge into chunks of at most MERGE_ROWS; a count window evicts the oldest exactly."""
     store = WindowStore(Window("count", 3000.0))
