@@ -571,15 +571,17 @@ class Evaluator:
         Raises
         ------
         EvaluatorError
-            If a block is not a state block of :data:`skpub.evaluators.durable.FORMAT`, or ``load`` is damaged.
+            If a block is not a state block of :data:`skpub.evaluators.durable.FORMAT`, a cell box
+            in it is not within the fine grid (narrow or wide alike), or ``load`` is damaged.
         """
         ev = cls(evaluator_id, deployment, vocabulary, durable)
+        side = deployment.grid_size
         for data in blocks.values():
             for sub, box in decode_block(data).values():
-                try:
-                    ev.index.insert(sub, box)
-                except ValueError as exc:  # a box GI^2 cannot index (past its cells): damaged state
-                    raise EvaluatorError(f"damaged evaluator state block: {exc}") from None
+                x0, y0, x1, y1 = box
+                if not (0 <= x0 <= x1 < side and 0 <= y0 <= y1 < side):
+                    raise EvaluatorError(f"damaged evaluator state block: cell box {box} is not within the fine grid")
+                ev.index.insert(sub, box)  # a box within the grid is within GI^2's index cells (Deployment checks)
         ev.dirty = set()
         if not ev.load.kept or load is None:  # none kept: the partition set next counts the parts held
             return ev

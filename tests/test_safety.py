@@ -596,9 +596,18 @@ def test_durable_state_is_versioned_json_and_refuses_anything_else():
     with pytest.raises(EvaluatorError, match="damaged"):
         decode_block(b'{"format": 1, "subscriptions": [["s", 1, [0, 0, 1, 1], [[7]], [0, 0, 1, 1]]]}')
     assert decode_block(state_document([], BLOCK_KEY)) == {}
-    past = state_document([["s", 1, [0.0, 0.0, 1.0, 1.0], [["a"]], [10**6, 0, 10**6, 0]]], BLOCK_KEY)  # past its cells
-    with pytest.raises(EvaluatorError, match="damaged"):
-        Evaluator.restore(0, deployment(evaluators=1), Vocabulary(), {0: past})
+    wide = [[f"t{i}"] for i in range(300)]  # so many keywords that GI^2 files it in the wide cell, not by cells
+    for dnf, box in [
+        ([["a"]], [10**6, 0, 10**6, 0]),  # past the grid and GI^2's index cells
+        (wide, [0, 0, 10**6, 10**6]),  # wide: never split into index cells, checked all the same
+        ([["a"]], [-1, 0, 3, 3]),
+        ([["a"]], [5, 0, 3, 3]),  # inverted
+    ]:
+        damaged = state_document([["s", 1, [0.0, 0.0, 1.0, 1.0], dnf, box]], BLOCK_KEY)
+        with pytest.raises(EvaluatorError, match="damaged.*not within the fine grid"):
+            Evaluator.restore(0, deployment(evaluators=1), Vocabulary(), {0: damaged})
+    fine = state_document([["s", 1, [0.0, 0.0, 1.0, 1.0], wide, [0, 0, 99, 99]]], BLOCK_KEY)
+    assert "s" in Evaluator.restore(0, deployment(evaluators=1, grid_size=100), Vocabulary(), {0: fine}).index
     with pytest.raises(EvaluatorError, match="damaged window"):
         decode_segment(b'{"format": 2, "objects": []}')
     assert len(decode_segment(encode_segment(decode_segment(b'{"format": 1, "objects": []}')))) == 0
