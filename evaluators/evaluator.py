@@ -122,8 +122,10 @@ class Evaluator:
         monitor keeps them in its window as columns and scores, one by one,
         only those sharing a term with a top-k/kNN subscription
         (:meth:`_apply_ranked`). The other rows (subscription changes, marks:
-        few) become records (:func:`~skpub.kernel.wire.from_columns`) and are
-        applied in stream order, with those objects.
+        few) become records (:func:`~skpub.kernel.wire.from_columns`); the
+        range subscribes are indexed all at once (:meth:`GI2Index.insert_many`:
+        liveness by position keeps them in stream order with the objects), the
+        rest applied in stream order, with those objects.
 
         Returns
         -------
@@ -148,8 +150,15 @@ class Evaluator:
         is_object = kind == OBJECT
         objects = rows.filter(pa.array(is_object))
         routed = from_columns(table_columns(rows.filter(pa.array(~is_object))), self.evaluator_id)
-        # 1. range subscription changes: they only set the positions their subscriptions are live between
-        ranked_rows = [row for row in routed if not self._apply_range(row.record, row.cells, out)]
+        # 1. range subscription changes: they only set the positions their subscriptions are live between; the
+        # subscribes first, all at once (ids are never reused, so no unsubscribe here names a later subscribe)
+        subscribes = [row for row in routed if type(row.record) is RangeSubscription]
+        try:
+            self._insert_many([row.record for row in subscribes], [row.cells for row in subscribes])
+            rest = [row for row in routed if type(row.record) is not RangeSubscription]
+        except Exception:  # noqa: BLE001 - nothing was indexed: each is applied alone below, so only those that fail are lost
+            rest = routed
+        ranked_rows = [row for row in rest if not self._apply_range(row.record, row.cells, out)]
         # 2. every object against the subscriptions live at its position (in bulk; should that fail, one by one)
         deliveries, examined, lost = self._match(objects, out)
         # 3. the ranked monitor, in stream order, without the objects that failed above or fail here
@@ -326,13 +335,20 @@ class Evaluator:
         return Deliveries.concat(parts), examined, lost
 
     def _insert(self, sub: RangeSubscription, box: CellBox) -> None:
-        """Index ``sub`` over ``box``, mark its state block changed and count it; should a step fail, undo and raise."""
-        self.index.insert(sub, box)  # first: one it refuses is counted nowhere
+        """:meth:`_insert_many` of one."""
+        self._insert_many([sub], [box])
+
+    def _insert_many(self, subs: list[RangeSubscription], boxes: list[CellBox]) -> None:
+        """Index ``subs`` over ``boxes`` (:meth:`GI2Index.insert_many`), mark their state blocks changed, count them.
+
+        All or nothing: should a step fail, what was indexed is removed and the error raised.
+        """
+        self.index.insert_many(subs, boxes)  # first: what it refuses is counted nowhere
         try:
-            self._changed(box)
-            self.load.add_subscription(box)
+            self.dirty.update(state_block(box) for box in boxes)
+            self.load.add_subscriptions(boxes)
         except BaseException:
-            self.index.remove_many([sub.id])
+            self.index.remove_many([sub.id for sub in subs])
             raise
 
     def _box_of(self, sub_id: str) -> CellBox:
@@ -489,9 +505,10 @@ class Evaluator:
             if sub.id in boxes:
                 box = union_boxes(boxes[sub.id][1], box)
             boxes[sub.id] = (sub, box)
+        fresh = {sid: part for sid, part in boxes.items() if sid not in self.index}
+        self._insert_many([sub for sub, _ in fresh.values()], [box for _, box in fresh.values()])
         for sid, (sub, box) in boxes.items():
-            if sid not in self.index:
-                self._insert(sub, box)
+            if sid in fresh:
                 continue
             old = self._box_of(sid)
             union = union_boxes(old, box)
@@ -576,12 +593,13 @@ class Evaluator:
         """
         ev = cls(evaluator_id, deployment, vocabulary, durable)
         side = deployment.grid_size
-        for data in blocks.values():
-            for sub, box in decode_block(data).values():
-                x0, y0, x1, y1 = box
-                if not (0 <= x0 <= x1 < side and 0 <= y0 <= y1 < side):
-                    raise EvaluatorError(f"damaged evaluator state block: cell box {box} is not within the fine grid")
-                ev.index.insert(sub, box)  # a box within the grid is within GI^2's index cells (Deployment checks)
+        parts = [part for data in blocks.values() for part in decode_block(data).values()]
+        for _, box in parts:
+            x0, y0, x1, y1 = box
+            if not (0 <= x0 <= x1 < side and 0 <= y0 <= y1 < side):
+                raise EvaluatorError(f"damaged evaluator state block: cell box {box} is not within the fine grid")
+        # a box within the grid is within GI^2's index cells (Deployment checks), all indexed at once
+        ev.index.insert_many([sub for sub, _ in parts], [box for _, box in parts])
         ev.dirty = set()
         if not ev.load.kept or load is None:  # none kept: the partition set next counts the parts held
             return ev

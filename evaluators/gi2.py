@@ -61,7 +61,7 @@ cells, so ordinary rectangles with a few keywords stay in their cells.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -275,21 +275,6 @@ class GI2Index:
 
     # ------------------------------------------------------------------ keys
 
-    def _cell_keys(self, box: CellBox) -> list[int]:
-        """Return the keys of the index cells ``box`` (fine cells) meets, row by row.
-
-        Raises
-        ------
-        ValueError
-            If ``box`` reaches index cell :data:`SIDE` on a side.
-        """
-        b = self.index_block
-        x0, y0, x1, y1 = (c // b for c in box)
-        if max(x1, y1) >= SIDE:
-            raise ValueError(f"cell box {box} reaches past {SIDE} index cells a side")
-        xs = range(x0, x1 + 1)
-        return [gy * SIDE + gx for gy in range(y0, y1 + 1) for gx in xs]
-
     def _added_cell_keys(self, old: CellBox, new: CellBox) -> list[int]:
         """Return the keys of the index cells ``new`` meets and ``old`` does not, row by row.
 
@@ -341,31 +326,102 @@ class GI2Index:
     # ------------------------------------------------------------------ changes
 
     def insert(self, sub: RangeSubscription, box: CellBox) -> None:
-        """Index ``sub`` over the fine-cell box ``box`` (rectangle ∩ partition), live from ``sub.pos`` on.
+        """Index ``sub`` over the fine-cell box ``box``: :meth:`insert_many` of one."""
+        self.insert_many([sub], [box])
 
-        Cost O(index cells in box x clauses), at most ``WIDE_ENTRIES``; a
-        wider subscription costs O(clauses).
+    def insert_many(self, subs: Sequence[RangeSubscription], boxes: Sequence[CellBox]) -> None:
+        """Index each of ``subs`` over its fine-cell box in ``boxes`` (rectangle ∩ partition), live from its ``pos`` on.
+
+        What :meth:`insert` of each in turn gives, computed for all at once
+        (issue 43: a micro-batch's subscribes, a restore's blocks, a move's
+        parts): each clause is filed under its least frequent term
+        (:meth:`~skpub.kernel.text.Vocabulary.least_frequent`'s order: document
+        frequency, then longest, then code point order, ranked once per
+        distinct term), the entries of every (index cell, summary keyword)
+        pair are laid out with ``repeat``, and the slots' columns join the
+        pending lists with one ``extend`` each. Python work is one pass over
+        the subscriptions' clause terms plus one sort of the distinct terms;
+        O(entries) in numpy, at most ``WIDE_ENTRIES`` a subscription (a wider
+        one costs O(clauses)). All or nothing: nothing changes before every
+        entry is computed.
+
+        Raises
+        ------
+        ValueError
+            If a box reaches index cell :data:`SIDE` on a side, or a clause
+            has no term (nothing is indexed then).
         """
-        keywords = self.vocabulary.summary_keywords(sub.dnf)
-        wide = self._is_wide(box, keywords)
-        cells = [_WIDE] if wide else self._cell_keys(box)
-        slot = len(self.sids)
-        self.slot_of[sub.id] = slot
-        self.sids.append(sub.id)
-        new, r, term_id = self.pending, sub.rect, self._term_id
-        new.rects.append((r.xmin, r.ymin, r.xmax, r.ymax))
-        new.boxes.append(box)
-        new.born.append(sub.pos)
-        new.died.append(_NEVER)
-        new.trivial.append(len(sub.dnf) == 1 and len(sub.dnf[0]) == 1)
-        new.clauses.append(len(sub.dnf))
-        least = self.vocabulary.least_frequent
-        for clause in sub.dnf:
-            new.clause_lengths.append(len(clause))
-            new.clause_keys.append(term_id(least(clause)))
-            new.terms.extend(term_id(t) for t in clause)
-        self.wide += wide
-        self._enter(slot, cells, keywords)
+        n = len(subs)
+        if not n:
+            return
+        b = self.index_block
+        box = np.array(boxes, dtype=np.int64).reshape(n, 4)
+        gx0, gy0, gx1, gy1 = (box[:, k] // b for k in range(4))
+        past = np.flatnonzero(np.maximum(gx1, gy1) >= SIDE)
+        if len(past):
+            raise ValueError(f"cell box {tuple(boxes[past[0]])} reaches past {SIDE} index cells a side")
+        clauses = [clause for sub in subs for clause in sub.dnf]
+        counts = np.fromiter((len(sub.dnf) for sub in subs), np.int64, n)
+        lengths = np.fromiter(map(len, clauses), np.int64, len(clauses))
+        if len(lengths) and lengths.min() == 0:
+            raise ValueError("a clause has no term")
+        words = [term for clause in clauses for term in clause]
+        names = list(dict.fromkeys(words))
+        index_of = {t: i for i, t in enumerate(names)}
+        occurrence = np.fromiter(map(index_of.__getitem__, words), np.int64, len(words))
+        # every distinct term's rank in least_frequent's order: df, then longest, then code points
+        df = self.vocabulary.df
+        lexical = np.empty(len(names), np.int64)
+        lexical[np.fromiter(map(index_of.__getitem__, sorted(names)), np.int64, len(names))] = np.arange(len(names))
+        frequency = np.fromiter(map(df.get, names, itertools.repeat(1)), np.int64, len(names))
+        size = np.fromiter(map(len, names), np.int64, len(names))
+        by_rank = np.lexsort((lexical, -size, frequency))
+        rank = np.empty(len(names), np.int64)
+        rank[by_rank] = np.arange(len(names))
+        clause_starts = np.cumsum(lengths) - lengths
+        least = by_rank[np.minimum.reduceat(rank[occurrence], clause_starts)] if len(clauses) else occurrence[:0]
+        tid = np.fromiter(map(self.term_ids.get, names, itertools.repeat(-1)), np.int64, len(names))
+        new_terms = np.flatnonzero(tid < 0)  # numbered in order of first appearance, after those known
+        tid[new_terms] = np.arange(len(self.term_ids), len(self.term_ids) + len(new_terms))
+        self.term_ids.update(zip([names[i] for i in new_terms.tolist()], tid[new_terms].tolist(), strict=True))
+        # summary keywords: each subscription's distinct clause keywords
+        owner = np.repeat(np.arange(n), counts)
+        pairs = np.unique(owner * max(len(names), 1) + least)
+        kw_owner, kw_term = pairs // max(len(names), 1), pairs % max(len(names), 1)
+        keywords = np.bincount(kw_owner, minlength=n)
+        cells = (gx1 - gx0 + 1) * (gy1 - gy0 + 1)
+        wide = cells * keywords > WIDE_ENTRIES
+        cells = np.where(wide, 1, cells)
+        # every (index cell, keyword) entry, row by row within a subscription
+        cell_owner = np.repeat(np.arange(n), cells)
+        k = np.arange(int(cells.sum())) - np.repeat(np.cumsum(cells) - cells, cells)
+        width = (gx1 - gx0 + 1)[cell_owner]
+        cell = (gy0[cell_owner] + k // width) * SIDE + gx0[cell_owner] + k % width
+        cell = np.where(wide[cell_owner], _WIDE, cell)
+        per_cell = keywords[cell_owner]
+        entry_owner = np.repeat(cell_owner, per_cell)
+        j = np.arange(int(per_cell.sum())) - np.repeat(np.cumsum(per_cell) - per_cell, per_cell)
+        kw_first = np.cumsum(keywords) - keywords
+        keys = (np.repeat(cell, per_cell) << 32) | tid[kw_term[kw_first[entry_owner] + j]]
+        first = len(self.sids)
+        new = self.pending
+        new.rects.extend((r.xmin, r.ymin, r.xmax, r.ymax) for r in (sub.rect for sub in subs))
+        new.boxes.extend(map(tuple, boxes))
+        new.born.extend(sub.pos for sub in subs)
+        new.died.extend([_NEVER] * n)
+        new.trivial.extend(((counts == 1) & (lengths[np.cumsum(counts) - 1] == 1 if len(lengths) else False)).tolist())
+        new.clauses.extend(counts.tolist())
+        new.clause_lengths.extend(lengths.tolist())
+        new.clause_keys.extend(tid[least].tolist())
+        new.terms.extend(tid[occurrence].tolist())
+        new.keys.extend(keys.tolist())
+        new.slots.extend((entry_owner + first).tolist())
+        for i, sub in enumerate(subs):
+            self.slot_of[sub.id] = first + i
+        self.sids.extend(sub.id for sub in subs)
+        self.wide += int(np.count_nonzero(wide))
+        if len(new.keys) > _PENDING_MAX:
+            self._flush()
 
     def widen(self, sub: RangeSubscription, old: CellBox, new: CellBox) -> None:
         """Index ``sub``, indexed here over ``old``, over ``new`` (a box containing ``old``), adding entries only.

@@ -26,6 +26,7 @@ them, so a live subscription costs the statistics nothing but its note
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 
 import numpy as np
 import orjson
@@ -344,25 +345,32 @@ class CellLoad:
             r.queries += counted
 
     def add_subscription(self, box: CellBox) -> None:
-        """Count a range subscription part over cell box ``box`` (``queryCount`` +1 where it lies); O(1).
+        """Count a range subscription part over cell box ``box``: :meth:`add_subscriptions` of one."""
+        self.add_subscriptions([box])
+
+    def add_subscriptions(self, boxes: Sequence[CellBox]) -> None:
+        """Count range subscription parts over cell boxes ``boxes`` (``queryCount`` +1 where each lies); O(len).
 
         The caller counts each subscription once, over the box it indexes
         it over (a part carried to an evaluator that holds one already:
         :meth:`remove_subscription` of the old box, then this of the
-        union). Nothing when not kept.
+        union). All or nothing; nothing when not kept.
         """
         if self.kept:
-            self._note(box, 1)
+            self._note(boxes, 1)
 
     def remove_subscription(self, box: CellBox) -> None:
         """Stop counting a part over cell box ``box``, counted before (an unsubscribe or a drop); O(1)."""
         if self.kept:
-            self._note(box, -1)
+            self._note([box], -1)
 
-    def _note(self, box: CellBox, step: int) -> None:
-        """Note a part's box and sign for :meth:`_flush`; O(1) amortized (a flush every :data:`_PENDING_MAX`)."""
-        self._pending.extend(box)
-        self._pending.append(step)
+    def _note(self, boxes: Sequence[CellBox], step: int) -> None:
+        """Note parts' boxes and sign for :meth:`_flush`, in one append; a flush every :data:`_PENDING_MAX`."""
+        if not len(boxes):
+            return
+        notes = np.full((len(boxes), 5), step, dtype=np.int64)
+        notes[:, :4] = boxes
+        self._pending.frombytes(notes.tobytes())
         if len(self._pending) >= 5 * _PENDING_MAX:
             self._flush()
 

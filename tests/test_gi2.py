@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from skpub.evaluators import gi2
-from skpub.evaluators.gi2 import GI2Index
+from skpub.evaluators.gi2 import SIDE, GI2Index
 from skpub.kernel.geometry import Rect
 from skpub.kernel.grid import FineGrid
 from skpub.kernel.records import ObjectRecord, RangeSubscription
@@ -160,8 +160,13 @@ def test_added_index_cells_are_those_of_the_new_box_the_old_does_not_meet(block,
     if nested:  # the take-over's case: ``new`` is the union box of the held and the carried part
         new = (min(old[0], new[0]), min(old[1], new[1]), max(old[2], new[2]), max(old[3], new[3]))
     index = GI2Index(block, Vocabulary())
-    held = set(index._cell_keys(old))
-    assert index._added_cell_keys(old, new) == [k for k in index._cell_keys(new) if k not in held]
+
+    def cells(box):  # the index cells a box meets, row by row, as GI^2 keys them
+        x0, y0, x1, y1 = (c // block for c in box)
+        return [gy * SIDE + gx for gy in range(y0, y1 + 1) for gx in range(x0, x1 + 1)]
+
+    held = set(cells(old))
+    assert index._added_cell_keys(old, new) == [k for k in cells(new) if k not in held]
 
 
 SMALL = {"COMPACT_MIN_DELETED": 2, "_DELTA_MIN": 4, "_PENDING_MAX": 8, "CHUNK_OBJECTS": 3, "EXPANSION": 5}
@@ -369,3 +374,60 @@ def test_the_rows_written_from_the_slot_arrays_are_the_rows_of_the_subscriptions
         assert range_from_row(row) == (sub, held_box)
         assert (pos, tuple(box)) == (sub.pos, held_box)
     assert index.row_texts(slots[::-1]).to_pylist() == texts[::-1] and len(index.row_texts(slots[:0])) == 0
+
+
+_TERMS = st.sampled_from(["a", "b", "bb", "B", "é", "e\u0301", "zz", "ab", "\U0001f600", "x"])
+_CLAUSES = st.lists(st.frozensets(_TERMS, min_size=1, max_size=3), min_size=1, max_size=4).map(tuple)
+_SUBSCRIBES = st.lists(st.tuples(_CLAUSES, _boxes), min_size=1, max_size=12)
+
+
+@examples(2)
+@given(_SUBSCRIBES, st.integers(1, 4), st.sampled_from([3, 12, gi2.WIDE_ENTRIES]), st.integers(0, 11))
+def test_inserting_many_at_once_indexes_what_each_insert_would(subscribes, block, wide_entries, cut):
+    """insert_many's vectorized filing equals the definition, subscription by subscription (PS2Stream IV-C).
+
+    Each clause is filed under ``Vocabulary.least_frequent`` (document
+    frequency ties, length ties and code point order all occur among the
+    terms), each summary keyword in every index cell the box meets, or once
+    in the wide cell past ``wide_entries`` entries. Inserting the same
+    subscriptions in two calls (cut anywhere) or one by one gives the same
+    entries, rows and matches.
+    """
+    vocabulary = Vocabulary(100, {"a": 7, "b": 7, "bb": 7, "B": 3, "é": 3, "zz": 50, "x": 1})
+    subs = [
+        RangeSubscription(10 + i, f"s{i}", Rect(float(i), 0.0, i + 1.5, 2.0), clauses)
+        for i, (clauses, _) in enumerate(subscribes)
+    ]
+    boxes = [box for _, box in subscribes]
+    gi2.WIDE_ENTRIES, default = wide_entries, gi2.WIDE_ENTRIES
+    try:
+        at_once, in_two, one_by_one = (GI2Index(block, vocabulary) for _ in range(3))
+        at_once.insert_many(subs, boxes)
+        in_two.insert_many(subs[:cut], boxes[:cut])
+        in_two.insert_many(subs[cut:], boxes[cut:])
+        for sub, box in zip(subs, boxes, strict=True):
+            one_by_one.insert(sub, box)
+        filed = [_entries(index) for index in (at_once, in_two, one_by_one)]
+    finally:
+        gi2.WIDE_ENTRIES = default
+    expected = set()
+    for slot, (sub, box) in enumerate(zip(subs, boxes, strict=True)):
+        keywords = {vocabulary.least_frequent(clause) for clause in sub.dnf}
+        x0, y0, x1, y1 = (c // block for c in box)
+        cells = [gy * SIDE + gx for gy in range(y0, y1 + 1) for gx in range(x0, x1 + 1)]
+        if len(cells) * len(keywords) > wide_entries:
+            cells = [gi2._WIDE]
+        expected |= {(cell, keyword, slot) for cell in cells for keyword in keywords}
+    assert filed[0] == filed[1] == filed[2] == (expected, [vocabulary.least_frequent(c) for s in subs for c in s.dnf])
+    rows = [index.row_texts(np.arange(len(subs))).to_pylist() for index in (at_once, in_two, one_by_one)]
+    assert rows[0] == rows[1] == rows[2]
+    assert [at_once.box_of(s.id) for s in subs] == [tuple(b) for b in boxes]
+
+
+def _entries(index):
+    """Return an index's entries as (cell, term, slot) and its clauses' keywords in slot order, by term name."""
+    index._flush()
+    names = list(index.term_ids)
+    keys, slots = (np.concatenate([index.main[k], index.delta[k]]) for k in (0, 1))
+    entries = {(int(k) >> 32, names[int(k) & 0xFFFFFFFF], int(s)) for k, s in zip(keys, slots, strict=True)}
+    return entries, [names[t] for t in index.clause_keys.view.tolist()]

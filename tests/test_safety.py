@@ -426,19 +426,19 @@ def test_a_subscription_that_fails_to_be_counted_is_a_dead_letter_and_never_matc
     dep = deployment(evaluators=3, batch_size=25).replace(balancer=BalancerConfig(mode="adaptive"))
     expected = replay(lines, dep).deliveries
     victim = next(d["sub"] for d in expected if d["event"] == "match")
-    real_insert, real_count, inserted = GI2Index.insert, CellLoad.add_subscription, []
+    real_insert, real_count, inserted = GI2Index.insert_many, CellLoad.add_subscriptions, []
 
-    def insert(self, sub, box):
-        inserted.append(sub.id)
-        return real_insert(self, sub, box)
+    def insert_many(self, subs, boxes):
+        inserted[:] = [sub.id for sub in subs]
+        return real_insert(self, subs, boxes)
 
-    def add_subscription(self, box):  # counting the victim fails, after GI^2 indexed it
-        if inserted and inserted[-1] == victim:
+    def add_subscriptions(self, boxes):  # counting the victim fails, after GI^2 indexed it (with a batch's others)
+        if victim in inserted:
             raise ValueError("injected failure")
-        return real_count(self, box)
+        return real_count(self, boxes)
 
-    monkeypatch.setattr(GI2Index, "insert", insert)
-    monkeypatch.setattr(CellLoad, "add_subscription", add_subscription)
+    monkeypatch.setattr(GI2Index, "insert_many", insert_many)
+    monkeypatch.setattr(CellLoad, "add_subscriptions", add_subscriptions)
     out, _ = local(tmp_path, lines, dep)
     letters = read_stream(out, "dead_letters")
     assert letters and {json.loads(d["line"])["id"] for d in letters} == {victim}
