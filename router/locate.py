@@ -33,7 +33,6 @@ import pyarrow as pa
 
 from skpub.kernel.config import Deployment
 from skpub.kernel.grid import CellBox
-from skpub.kernel.messages import Routed
 from skpub.kernel.objects import ObjectColumns, decode_objects
 from skpub.kernel.records import (
     DeadLetter,
@@ -47,7 +46,7 @@ from skpub.kernel.records import (
 )
 from skpub.kernel.registry import kind_of
 from skpub.kernel.text import Vocabulary
-from skpub.kernel.wire import LOCATED_SCHEMA, OBJECT, to_columns
+from skpub.kernel.wire import LOCATED_SCHEMA, OBJECT, record_columns
 from skpub.router.table import RoutingTable
 
 
@@ -221,8 +220,9 @@ def located_table(batch: LocatedBatch) -> pa.Table:
 
 def _others_table(others: list[Located]) -> pa.Table:
     """Return the :data:`LOCATED_SCHEMA` rows of records other than objects (subscriptions with their targets)."""
-    cols = to_columns([Routed(-1, item.record) for item in others])
+    cols = record_columns([item.record for item in others])
     n = len(others)
+    cols["evaluator"] = [-1] * n
     targets: list = [None] * n
     boxes: list = [None] * n
     keywords: list = [None] * n

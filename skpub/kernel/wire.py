@@ -23,10 +23,11 @@ answers for, and false where it does not keep the object for top-k/kNN.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pyarrow as pa
@@ -37,6 +38,7 @@ from skpub.kernel.records import (
     KnnSubscription,
     ObjectRecord,
     RangeSubscription,
+    Record,
     SnapshotMarker,
     TopkSubscription,
     Unsubscribe,
@@ -158,36 +160,67 @@ def read_rows_file(path: str | Path, rows: int, noun: str, owner: str) -> pa.Tab
 
 def to_columns(rows: Sequence[Routed], evaluator_keys: Sequence[int] | None = None) -> dict[str, list]:
     """Convert routed rows to columns; ``evaluator`` holds ``evaluator_keys[row.evaluator]`` (or the index)."""
-    cols: dict[str, list] = {name: [None] * len(rows) for name in NAMES}
-    for i, row in enumerate(rows):
-        rec = row.record
-        cols["evaluator"][i] = row.evaluator if evaluator_keys is None else evaluator_keys[row.evaluator]
-        cols["pos"][i], cols["id"][i] = rec.pos, rec.id
-        cols["accepted"][i], cols["watermark"][i] = row.accepted, row.watermark
-        if row.only is not None:
-            cols["only"][i] = sorted(row.only)
-        if not row.window:
-            cols["window"][i] = False
-        if row.cells is not None:
-            cols["cx0"][i], cols["cy0"][i], cols["cx1"][i], cols["cy1"][i] = row.cells
-        if isinstance(rec, ObjectRecord):
-            cols["kind"][i] = OBJECT
-            cols["x"][i], cols["y"][i] = rec.x, rec.y
-            cols["terms"][i], cols["ts"][i], cols["expires_at"][i] = list(rec.terms), rec.ts, rec.expires_at
-        elif isinstance(rec, RangeSubscription):
-            cols["kind"][i] = SUBSCRIBE
-            cols["rect"][i] = rec.rect.as_list()
-            cols["dnf"][i] = orjson.dumps([sorted(clause) for clause in rec.dnf]).decode()
-        elif isinstance(rec, TopkSubscription | KnnSubscription):
-            cols["kind"][i] = SUBSCRIBE
-            cols["spec"][i] = ranked_spec(rec)
-        elif isinstance(rec, Unsubscribe):
-            cols["kind"][i] = UNSUBSCRIBE
-        elif isinstance(rec, SnapshotMarker):
-            cols["kind"][i] = SNAPSHOT
-        else:
-            cols["kind"][i] = MARK
+    cols = record_columns([row.record for row in rows])
+    cols["evaluator"] = [row.evaluator if evaluator_keys is None else evaluator_keys[row.evaluator] for row in rows]
+    cols["accepted"] = [row.accepted for row in rows]
+    cols["watermark"] = [row.watermark for row in rows]
+    cols["only"] = [None if row.only is None else sorted(row.only) for row in rows]
+    cols["window"] = [None if row.window else False for row in rows]
+    boxes = [row.cells or _NO_CELLS for row in rows]
+    for c, name in enumerate(("cx0", "cy0", "cx1", "cy1")):
+        cols[name] = [box[c] for box in boxes]
     return cols
+
+
+_NO_CELLS = (None, None, None, None)
+
+
+def record_columns(records: Sequence[Record]) -> dict[str, list]:
+    """Return the columns of :data:`NAMES` a record fills (its position, id, kind and fields); the others None.
+
+    One writer per record type (:data:`_WRITERS`), found by the record's
+    exact type: O(records) plus each record's fields.
+    """
+    n = len(records)
+    cols: dict[str, list] = {name: [None] * n for name in NAMES}
+    cols["pos"] = [rec.pos for rec in records]
+    cols["id"] = [rec.id for rec in records]
+    for i, rec in enumerate(records):
+        _WRITERS[type(rec)](cols, i, rec)
+    return cols
+
+
+def _object_fields(cols: dict[str, list], i: int, rec: ObjectRecord) -> None:
+    cols["kind"][i], cols["x"][i], cols["y"][i] = OBJECT, rec.x, rec.y
+    cols["terms"][i], cols["ts"][i], cols["expires_at"][i] = list(rec.terms), rec.ts, rec.expires_at
+
+
+def _range_fields(cols: dict[str, list], i: int, rec: RangeSubscription) -> None:
+    cols["kind"][i], cols["rect"][i] = SUBSCRIBE, rec.rect.as_list()
+    cols["dnf"][i] = orjson.dumps([sorted(clause) for clause in rec.dnf]).decode()
+
+
+def _ranked_fields(cols: dict[str, list], i: int, rec: TopkSubscription | KnnSubscription) -> None:
+    cols["kind"][i], cols["spec"][i] = SUBSCRIBE, ranked_spec(rec)
+
+
+def _kind_writer(code: int) -> Callable[[dict[str, list], int, Record], None]:
+    def write(cols: dict[str, list], i: int, rec: Record) -> None:
+        cols["kind"][i] = code
+
+    return write
+
+
+_WRITERS: dict[type, Callable[[dict[str, list], int, Any], None]] = {
+    ObjectRecord: _object_fields,
+    RangeSubscription: _range_fields,
+    TopkSubscription: _ranked_fields,
+    KnnSubscription: _ranked_fields,
+    Unsubscribe: _kind_writer(UNSUBSCRIBE),
+    SnapshotMarker: _kind_writer(SNAPSHOT),
+    Mark: _kind_writer(MARK),
+}
+"""How each record type fills its columns (:func:`record_columns`)."""
 
 
 def ranked_spec(sub: TopkSubscription | KnnSubscription) -> str:
