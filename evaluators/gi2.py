@@ -91,6 +91,8 @@ EXPANSION = 1 << 22
 _PENDING_MAX = 1 << 14
 """Most entries kept in Python lists before they become arrays (a Python int in a list takes ~36 bytes, an entry
 in the arrays 12)."""
+_INSERT_ENTRIES = 1 << 16
+"""Most entries :meth:`GI2Index.insert_many` lays out at once (one subscription at least)."""
 
 
 @dataclass
@@ -332,7 +334,7 @@ class GI2Index:
     def insert_many(self, subs: Sequence[RangeSubscription], boxes: Sequence[CellBox]) -> None:
         """Index each of ``subs`` over its fine-cell box in ``boxes`` (rectangle ∩ partition), live from its ``pos`` on.
 
-        What :meth:`insert` of each in turn gives, computed for all at once
+        What :meth:`insert` of each in turn gives, computed for many at once
         (issue 43: a micro-batch's subscribes, a restore's blocks, a move's
         parts): each clause is filed under its least frequent term
         (:meth:`~skpub.kernel.text.Vocabulary.least_frequent`'s order: document
@@ -342,8 +344,13 @@ class GI2Index:
         pending lists with one ``extend`` each. Python work is one pass over
         the subscriptions' clause terms plus one sort of the distinct terms;
         O(entries) in numpy, at most ``WIDE_ENTRIES`` a subscription (a wider
-        one costs O(clauses)). All or nothing: nothing changes before every
-        entry is computed.
+        one costs O(clauses)). The subscriptions go in runs of at most
+        :data:`_INSERT_ENTRIES` entries (one subscription at least), the
+        pending entries flushed past :data:`_PENDING_MAX` after each, so a
+        restore of millions holds no more transient entries than one
+        subscription at a time did. All or nothing: what cannot be indexed is
+        refused before anything changes, and should a later run fail, the
+        earlier runs' subscriptions are removed (:meth:`remove_many`).
 
         Raises
         ------
@@ -354,17 +361,35 @@ class GI2Index:
         n = len(subs)
         if not n:
             return
-        b = self.index_block
         box = np.array(boxes, dtype=np.int64).reshape(n, 4)
-        gx0, gy0, gx1, gy1 = (box[:, k] // b for k in range(4))
-        past = np.flatnonzero(np.maximum(gx1, gy1) >= SIDE)
+        g = box // self.index_block
+        past = np.flatnonzero(np.maximum(g[:, 2], g[:, 3]) >= SIDE)
         if len(past):
             raise ValueError(f"cell box {tuple(boxes[past[0]])} reaches past {SIDE} index cells a side")
-        clauses = [clause for sub in subs for clause in sub.dnf]
-        counts = np.fromiter((len(sub.dnf) for sub in subs), np.int64, n)
-        lengths = np.fromiter(map(len, clauses), np.int64, len(clauses))
-        if len(lengths) and lengths.min() == 0:
+        if not all(clause for sub in subs for clause in sub.dnf):
             raise ValueError("a clause has no term")
+        counts = np.fromiter((len(sub.dnf) for sub in subs), np.int64, n)
+        cells = (g[:, 2] - g[:, 0] + 1) * (g[:, 3] - g[:, 1] + 1)
+        most = np.minimum(cells * counts, np.maximum(WIDE_ENTRIES, counts))  # entries a subscription may take
+        ends = np.cumsum(most)
+        lo = done = 0
+        try:
+            while lo < n:
+                hi = max(lo + 1, int(np.searchsorted(ends, ends[lo] - most[lo] + _INSERT_ENTRIES, side="right")))
+                self._insert_run(subs[lo:hi], boxes[lo:hi], g[lo:hi], counts[lo:hi])
+                lo = done = hi
+        except BaseException:
+            self.remove_many([sub.id for sub in subs[:done]])
+            raise
+
+    def _insert_run(
+        self, subs: Sequence[RangeSubscription], boxes: Sequence[CellBox], g: np.ndarray, counts: np.ndarray
+    ) -> None:
+        """Index one run of :meth:`insert_many` (``g``: their boxes in index cells, ``counts``: their clauses)."""
+        n = len(subs)
+        gx0, gy0, gx1, gy1 = g.T
+        clauses = [clause for sub in subs for clause in sub.dnf]
+        lengths = np.fromiter(map(len, clauses), np.int64, len(clauses))
         words = [term for clause in clauses for term in clause]
         names = list(dict.fromkeys(words))
         index_of = {t: i for i, t in enumerate(names)}

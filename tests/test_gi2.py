@@ -382,8 +382,14 @@ _SUBSCRIBES = st.lists(st.tuples(_CLAUSES, _boxes), min_size=1, max_size=12)
 
 
 @examples(2)
-@given(_SUBSCRIBES, st.integers(1, 4), st.sampled_from([3, 12, gi2.WIDE_ENTRIES]), st.integers(0, 11))
-def test_inserting_many_at_once_indexes_what_each_insert_would(subscribes, block, wide_entries, cut):
+@given(
+    _SUBSCRIBES,
+    st.integers(1, 4),
+    st.sampled_from([3, 12, gi2.WIDE_ENTRIES]),
+    st.integers(0, 11),
+    st.sampled_from([1, 7, gi2._INSERT_ENTRIES]),
+)
+def test_inserting_many_at_once_indexes_what_each_insert_would(subscribes, block, wide_entries, cut, run_entries):
     """insert_many's vectorized filing equals the definition, subscription by subscription (PS2Stream IV-C).
 
     Each clause is filed under ``Vocabulary.least_frequent`` (document
@@ -400,6 +406,7 @@ def test_inserting_many_at_once_indexes_what_each_insert_would(subscribes, block
     ]
     boxes = [box for _, box in subscribes]
     gi2.WIDE_ENTRIES, default = wide_entries, gi2.WIDE_ENTRIES
+    gi2._INSERT_ENTRIES, default_run = run_entries, gi2._INSERT_ENTRIES  # runs of one or a few subscriptions too
     try:
         at_once, in_two, one_by_one = (GI2Index(block, vocabulary) for _ in range(3))
         at_once.insert_many(subs, boxes)
@@ -409,7 +416,7 @@ def test_inserting_many_at_once_indexes_what_each_insert_would(subscribes, block
             one_by_one.insert(sub, box)
         filed = [_entries(index) for index in (at_once, in_two, one_by_one)]
     finally:
-        gi2.WIDE_ENTRIES = default
+        gi2.WIDE_ENTRIES, gi2._INSERT_ENTRIES = default, default_run
     expected = set()
     for slot, (sub, box) in enumerate(zip(subs, boxes, strict=True)):
         keywords = {vocabulary.least_frequent(clause) for clause in sub.dnf}
@@ -431,3 +438,27 @@ def _entries(index):
     keys, slots = (np.concatenate([index.main[k], index.delta[k]]) for k in (0, 1))
     entries = {(int(k) >> 32, names[int(k) & 0xFFFFFFFF], int(s)) for k, s in zip(keys, slots, strict=True)}
     return entries, [names[t] for t in index.clause_keys.view.tolist()]
+
+
+def test_a_failed_run_of_inserts_leaves_none_of_the_batch_indexed(monkeypatch):
+    """insert_many is all or nothing across its runs: the runs before a failure are removed again."""
+    grid = FineGrid(SPACE, 20)
+    subs = [RangeSubscription(i, f"s{i}", Rect(0.0, 0.0, 50.0, 50.0), parse_expression("a OR b")) for i in range(6)]
+    index = GI2Index(2, Vocabulary())
+    monkeypatch.setattr(gi2, "_INSERT_ENTRIES", 1)  # one subscription a run
+    real, runs = GI2Index._insert_run, []
+
+    def failing(self, *args):
+        runs.append(len(args[0]))
+        if len(runs) == 3:
+            raise MemoryError("injected")
+        return real(self, *args)
+
+    monkeypatch.setattr(GI2Index, "_insert_run", failing)
+    with pytest.raises(MemoryError):
+        index.insert_many(subs, [grid.cell_box(s.rect) for s in subs])
+    assert runs == [1, 1, 1] and len(index) == 0
+    found = index.match_many(object_batch([make_object(10, 1.0, 1.0, ["a"])], [grid.cell_of(1.0, 1.0)]))
+    assert found.sids.to_pylist() == []
+    with pytest.raises(ValueError, match="no term"):
+        index.insert_many([RangeSubscription(9, "s9", Rect(0.0, 0.0, 1.0, 1.0), (frozenset(),))], [(0, 0, 0, 0)])
