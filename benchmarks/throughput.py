@@ -44,15 +44,19 @@ def matching_rate(stream: Path, deployment: Deployment) -> tuple[float, int, int
     vocabulary = load_vocabulary(deployment.vocabulary, deployment.vocabulary_digest)
     grid = FineGrid(deployment.space, deployment.grid_size)
     index = GI2Index(deployment.index_block, vocabulary)
-    objects = []
+    objects, subscribes, unsubscribes = [], [], []
     for pos, line in enumerate(iter_lines(stream)):
         record = parse_line(line, pos, deployment.space, deployment.max_record_bytes)
         if isinstance(record, RangeSubscription):
-            index.insert(record, grid.cell_box(record.rect))
+            subscribes.append(record)
         elif isinstance(record, Unsubscribe):
-            index.delete(record.id, record.pos)
+            unsubscribes.append(record)
         elif isinstance(record, ObjectRecord):
             objects.append(record)
+    # all at once, then the unsubscribes: ids are never reused, and liveness goes by position
+    index.insert_many(subscribes, [grid.cell_box(sub.rect) for sub in subscribes])
+    for record in unsubscribes:
+        index.delete(record.id, record.pos)
     cells = [grid.cell_of(o.x, o.y) for o in objects]
     batch = ObjectBatch(
         np.array([o.pos for o in objects], dtype=np.int64),

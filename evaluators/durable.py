@@ -48,17 +48,21 @@ def json_lists(items: pa.LargeListArray) -> pa.LargeBinaryArray:
 
 
 def json_numbers(values: np.ndarray) -> pa.LargeBinaryArray:
-    """Return integers, or finite floats as their shortest round-trip digits, as JSON texts.
+    """Return integers, or floats as their shortest round-trip digits, as JSON texts: what orjson writes.
 
     ``values`` is an int or float numpy array; -0.0 is written ``-0.0`` (Arrow
-    would write 0). A float may be written without a fraction (``1`` for
-    1.0): the same number once read back as float64. O(len(values)) in C.
+    would write 0) and a float that is not finite ``null`` (as orjson writes
+    NaN and the infinities). A float may be written without a fraction
+    (``1`` for 1.0): the same number once read back as float64. O(len(values)) in C.
     """
     texts = pc.cast(pa.array(values), pa.large_string()).cast(pa.large_binary())
     if values.dtype.kind == "f":
         negative_zero = (values == 0) & np.signbit(values)
         if negative_zero.any():
             texts = pc.if_else(pa.array(negative_zero), json_token("-0.0"), texts)
+        infinite = ~np.isfinite(values)
+        if infinite.any():
+            texts = pc.if_else(pa.array(infinite), NULL, texts)
     return texts
 
 

@@ -593,13 +593,16 @@ class Evaluator:
         """
         ev = cls(evaluator_id, deployment, vocabulary, durable)
         side = deployment.grid_size
-        parts = [part for data in blocks.values() for part in decode_block(data).values()]
-        for _, box in parts:
-            x0, y0, x1, y1 = box
-            if not (0 <= x0 <= x1 < side and 0 <= y0 <= y1 < side):
-                raise EvaluatorError(f"damaged evaluator state block: cell box {box} is not within the fine grid")
-        # a box within the grid is within GI^2's index cells (Deployment checks), all indexed at once
-        ev.index.insert_many([sub for sub, _ in parts], [box for _, box in parts])
+        for data in blocks.values():  # a block at a time: the decoded records of one block are held at once
+            parts = list(decode_block(data).values())
+            for _, box in parts:
+                x0, y0, x1, y1 = box
+                if not (0 <= x0 <= x1 < side and 0 <= y0 <= y1 < side):
+                    raise EvaluatorError(f"damaged evaluator state block: cell box {box} is not within the fine grid")
+            try:  # a box within the grid is within GI^2's index cells (Deployment checks)
+                ev.index.insert_many([sub for sub, _ in parts], [box for _, box in parts])
+            except ValueError as exc:  # a subscription in two blocks
+                raise EvaluatorError(f"damaged evaluator state block: {exc}") from None
         ev.dirty = set()
         if not ev.load.kept or load is None:  # none kept: the partition set next counts the parts held
             return ev

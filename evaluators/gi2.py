@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import pyarrow as pa
@@ -363,11 +363,17 @@ class GI2Index:
             return
         box = np.array(boxes, dtype=np.int64).reshape(n, 4)
         g = box // self.index_block
-        past = np.flatnonzero(np.maximum(g[:, 2], g[:, 3]) >= SIDE)
-        if len(past):
-            raise ValueError(f"cell box {tuple(boxes[past[0]])} reaches past {SIDE} index cells a side")
+        bad = np.flatnonzero(
+            (np.maximum(g[:, 2], g[:, 3]) >= SIDE) | (box[:, 0] < 0) | (box[:, 1] < 0)
+            | (box[:, 0] > box[:, 2]) | (box[:, 1] > box[:, 3])
+        )  # fmt: skip
+        if len(bad):
+            raise ValueError(f"cell box {tuple(boxes[bad[0]])} is not a box within {SIDE} index cells a side")
         if not all(clause for sub in subs for clause in sub.dnf):
             raise ValueError("a clause has no term")
+        ids = [sub.id for sub in subs]
+        if len(set(ids)) < n or any(sid in self.slot_of for sid in ids):
+            raise ValueError("a subscription is indexed here already, or named twice")
         counts = np.fromiter((len(sub.dnf) for sub in subs), np.int64, n)
         cells = (g[:, 2] - g[:, 0] + 1) * (g[:, 3] - g[:, 1] + 1)
         most = np.minimum(cells * counts, np.maximum(WIDE_ENTRIES, counts))  # entries a subscription may take
@@ -378,14 +384,21 @@ class GI2Index:
                 hi = max(lo + 1, int(np.searchsorted(ends, ends[lo] - most[lo] + _INSERT_ENTRIES, side="right")))
                 self._insert_run(subs[lo:hi], boxes[lo:hi], g[lo:hi], counts[lo:hi])
                 lo = done = hi
+                if len(self.pending.keys) > _PENDING_MAX:
+                    self._flush()
         except BaseException:
-            self.remove_many([sub.id for sub in subs[:done]])
+            self.remove_many(ids[:done])
             raise
 
     def _insert_run(
         self, subs: Sequence[RangeSubscription], boxes: Sequence[CellBox], g: np.ndarray, counts: np.ndarray
     ) -> None:
-        """Index one run of :meth:`insert_many` (``g``: their boxes in index cells, ``counts``: their clauses)."""
+        """Index one run of :meth:`insert_many` (``g``: their boxes in index cells, ``counts``: their clauses).
+
+        The same filing as :meth:`widen` (:meth:`_is_wide`, :meth:`_enter`), vectorized. Every value is
+        computed first; should appending them fail, the pending lists are cut back, so the run is all or
+        nothing.
+        """
         n = len(subs)
         gx0, gy0, gx1, gy1 = g.T
         clauses = [clause for sub in subs for clause in sub.dnf]
@@ -428,25 +441,32 @@ class GI2Index:
         j = np.arange(int(per_cell.sum())) - np.repeat(np.cumsum(per_cell) - per_cell, per_cell)
         kw_first = np.cumsum(keywords) - keywords
         keys = (np.repeat(cell, per_cell) << 32) | tid[kw_term[kw_first[entry_owner] + j]]
-        first = len(self.sids)
-        new = self.pending
-        new.rects.extend((r.xmin, r.ymin, r.xmax, r.ymax) for r in (sub.rect for sub in subs))
-        new.boxes.extend(map(tuple, boxes))
-        new.born.extend(sub.pos for sub in subs)
-        new.died.extend([_NEVER] * n)
-        new.trivial.extend(((counts == 1) & (lengths[np.cumsum(counts) - 1] == 1 if len(lengths) else False)).tolist())
-        new.clauses.extend(counts.tolist())
-        new.clause_lengths.extend(lengths.tolist())
-        new.clause_keys.extend(tid[least].tolist())
-        new.terms.extend(tid[occurrence].tolist())
-        new.keys.extend(keys.tolist())
-        new.slots.extend((entry_owner + first).tolist())
-        for i, sub in enumerate(subs):
-            self.slot_of[sub.id] = first + i
-        self.sids.extend(sub.id for sub in subs)
+        trivial = (counts == 1) & (lengths[np.cumsum(counts) - 1] == 1) if len(lengths) else np.zeros(n, bool)
+        first, new = len(self.sids), self.pending
+        lists = [getattr(new, f.name) for f in fields(_Pending) if f.name != "first"]
+        before = [len(column) for column in lists]
+        try:
+            new.rects.extend((r.xmin, r.ymin, r.xmax, r.ymax) for r in (sub.rect for sub in subs))
+            new.boxes.extend(map(tuple, boxes))
+            new.born.extend(sub.pos for sub in subs)
+            new.died.extend([_NEVER] * n)
+            new.trivial.extend(trivial.tolist())
+            new.clauses.extend(counts.tolist())
+            new.clause_lengths.extend(lengths.tolist())
+            new.clause_keys.extend(tid[least].tolist())
+            new.terms.extend(tid[occurrence].tolist())
+            new.keys.extend(keys.tolist())
+            new.slots.extend((entry_owner + first).tolist())
+            self.sids.extend(sub.id for sub in subs)
+            self.slot_of.update(zip((sub.id for sub in subs), range(first, first + n), strict=True))
+        except BaseException:  # memory: cut every list back, so the run is all or nothing
+            for column, length in zip(lists, before, strict=True):
+                del column[length:]
+            del self.sids[first:]
+            for sub in subs:
+                self.slot_of.pop(sub.id, None)
+            raise
         self.wide += int(np.count_nonzero(wide))
-        if len(new.keys) > _PENDING_MAX:
-            self._flush()
 
     def widen(self, sub: RangeSubscription, old: CellBox, new: CellBox) -> None:
         """Index ``sub``, indexed here over ``old``, over ``new`` (a box containing ``old``), adding entries only.

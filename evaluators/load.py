@@ -365,14 +365,15 @@ class CellLoad:
             self._note([box], -1)
 
     def _note(self, boxes: Sequence[CellBox], step: int) -> None:
-        """Note parts' boxes and sign for :meth:`_flush`, in one append; a flush every :data:`_PENDING_MAX`."""
-        if not len(boxes):
-            return
-        notes = np.full((len(boxes), 5), step, dtype=np.int64)
-        notes[:, :4] = boxes
-        self._pending.frombytes(notes.tobytes())
-        if len(self._pending) >= 5 * _PENDING_MAX:
+        """Note parts' boxes and sign for :meth:`_flush`, all or nothing; O(len(boxes)) amortized.
+
+        The notes held are counted first when these would take them past
+        :data:`_PENDING_MAX` parts, so a count that fails leaves these unnoted.
+        """
+        notes = array("q", [value for box in boxes for value in (*box, step)])
+        if len(self._pending) + len(notes) > 5 * _PENDING_MAX:
             self._flush()
+        self._pending.extend(notes)
 
     def summary(self, evaluator: int, batch: int) -> LoadSummary:
         """Return the load summary sent to the balancer.

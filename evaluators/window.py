@@ -50,7 +50,6 @@ from skpub.evaluators.durable import (
     CLOSE,
     COMMA,
     NOTHING,
-    NULL,
     OPEN,
     json_lists,
     json_numbers,
@@ -791,10 +790,10 @@ def encode_segment(cols: WindowColumns) -> bytes:
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     words = pa.LargeListArray.from_arrays(pa.array(offsets), json_strings(pc.list_flatten(cols.terms)))
-    expires = pc.if_else(pa.array(cols.expires == math.inf), NULL, json_numbers(cols.expires))
     pieces = [OPEN, json_numbers(cols.pos), COMMA, json_strings(cols.ids), COMMA, json_numbers(cols.x), COMMA,
-              json_numbers(cols.y), COMMA, json_lists(words), COMMA, json_numbers(cols.ts), COMMA, expires, COMMA,
-              json_numbers(cols.number), COMMA, json_numbers(cols.block), CLOSE]  # fmt: skip
+              json_numbers(cols.y), COMMA, json_lists(words), COMMA, json_numbers(cols.ts), COMMA,
+              json_numbers(cols.expires), COMMA, json_numbers(cols.number), COMMA, json_numbers(cols.block),
+              CLOSE]  # fmt: skip
     rows = pc.binary_join_element_wise(*pieces, NOTHING)
     return state_documents_of(pa.LargeListArray.from_arrays(pa.array([0, len(rows)], pa.int64()), rows), "objects")[
         0

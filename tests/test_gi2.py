@@ -462,3 +462,41 @@ def test_a_failed_run_of_inserts_leaves_none_of_the_batch_indexed(monkeypatch):
     assert found.sids.to_pylist() == []
     with pytest.raises(ValueError, match="no term"):
         index.insert_many([RangeSubscription(9, "s9", Rect(0.0, 0.0, 1.0, 1.0), (frozenset(),))], [(0, 0, 0, 0)])
+
+
+def test_insert_many_refuses_before_changing_anything_and_undoes_a_failed_flush(monkeypatch):
+    """Bad boxes and ids already held (or named twice) change nothing; a flush that fails leaves nothing live.
+
+    After the failed flush the same subscriptions index again and each matches once (no slot of the failed
+    call stays live beside the new one).
+    """
+    grid = FineGrid(SPACE, 20)
+    subs = [RangeSubscription(i, f"s{i}", Rect(0.0, 0.0, 50.0, 50.0), parse_expression("a OR b")) for i in range(4)]
+    boxes = [grid.cell_box(s.rect) for s in subs]
+    index = GI2Index(2, Vocabulary())
+    index.insert(subs[0], boxes[0])
+    for wrong_subs, wrong_boxes in [
+        (subs[1:3], [boxes[1], (5, 0, 3, 3)]),  # inverted
+        (subs[1:3], [boxes[1], (-1, 0, 3, 3)]),
+        ([subs[1], subs[1]], boxes[1:3]),  # named twice
+        (subs[:2], boxes[:2]),  # s0 is held
+    ]:
+        with pytest.raises(ValueError):
+            index.insert_many(wrong_subs, wrong_boxes)
+        assert len(index) == 1 and len(index.sids) == 1
+    monkeypatch.setattr(gi2, "_PENDING_MAX", 1)
+    real, calls = GI2Index._flush, []
+
+    def failing(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise MemoryError("injected")
+        return real(self)
+
+    monkeypatch.setattr(GI2Index, "_flush", failing)
+    with pytest.raises(MemoryError):
+        index.insert_many(subs[1:], boxes[1:])
+    assert len(index) == 1
+    index.insert_many(subs[1:], boxes[1:])
+    found = index.match_many(object_batch([make_object(10, 1.0, 1.0, ["a"])], [grid.cell_of(1.0, 1.0)]))
+    assert sorted(found.sids.to_pylist()) == ["s0", "s1", "s2", "s3"]

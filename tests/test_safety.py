@@ -606,6 +606,11 @@ def test_durable_state_is_versioned_json_and_refuses_anything_else():
         damaged = state_document([["s", 1, [0.0, 0.0, 1.0, 1.0], dnf, box]], BLOCK_KEY)
         with pytest.raises(EvaluatorError, match="damaged.*not within the fine grid"):
             Evaluator.restore(0, deployment(evaluators=1), Vocabulary(), {0: damaged})
+    with pytest.raises(EvaluatorError, match="damaged"):  # a clause without a term
+        decode_block(state_document([["s", 1, [0.0, 0.0, 1.0, 1.0], [["a"], []], [0, 0, 1, 1]]], BLOCK_KEY))
+    twice = [state_document([["s", 1, [0.0, 0.0, 1.0, 1.0], [["a"]], [0, 0, 1, 1]]], BLOCK_KEY)] * 2
+    with pytest.raises(EvaluatorError, match="damaged.*indexed here already"):  # one subscription in two blocks
+        Evaluator.restore(0, deployment(evaluators=1), Vocabulary(), dict(enumerate(twice)))
     fine = state_document([["s", 1, [0.0, 0.0, 1.0, 1.0], wide, [0, 0, 99, 99]]], BLOCK_KEY)
     assert "s" in Evaluator.restore(0, deployment(evaluators=1, grid_size=100), Vocabulary(), {0: fine}).index
     with pytest.raises(EvaluatorError, match="damaged window"):

@@ -117,8 +117,8 @@ def range_from_row(row: list) -> tuple[RangeSubscription, tuple[int, int, int, i
             raise TypeError("clause terms must be strings")
         clauses.append(frozenset(clause))
     cells = tuple(int(c) for c in box)
-    if len(cells) != 4 or not clauses:
-        raise ValueError("a cell box has 4 cells and a subscription at least one clause")
+    if len(cells) != 4 or not clauses or not all(clauses):
+        raise ValueError("a cell box has 4 cells and a subscription at least one clause, each with a term")
     return RangeSubscription(pos, sid, Rect(*(float(v) for v in rect)), tuple(clauses)), cells
 
 

@@ -175,18 +175,26 @@ def to_columns(rows: Sequence[Routed], evaluator_keys: Sequence[int] | None = No
 _NO_CELLS = (None, None, None, None)
 
 
-def record_columns(records: Sequence[Record]) -> dict[str, list]:
+def record_columns(records: Sequence[Record | Mark]) -> dict[str, list]:
     """Return the columns of :data:`NAMES` a record fills (its position, id, kind and fields); the others None.
 
     One writer per record type (:data:`_WRITERS`), found by the record's
     exact type: O(records) plus each record's fields.
+
+    Raises
+    ------
+    TypeError
+        If a record is of no type the wire carries.
     """
     n = len(records)
     cols: dict[str, list] = {name: [None] * n for name in NAMES}
     cols["pos"] = [rec.pos for rec in records]
     cols["id"] = [rec.id for rec in records]
     for i, rec in enumerate(records):
-        _WRITERS[type(rec)](cols, i, rec)
+        writer = _WRITERS.get(type(rec))
+        if writer is None:
+            raise TypeError(f"the routed rows carry no {type(rec).__name__}")
+        writer(cols, i, rec)
     return cols
 
 
@@ -204,8 +212,8 @@ def _ranked_fields(cols: dict[str, list], i: int, rec: TopkSubscription | KnnSub
     cols["kind"][i], cols["spec"][i] = SUBSCRIBE, ranked_spec(rec)
 
 
-def _kind_writer(code: int) -> Callable[[dict[str, list], int, Record], None]:
-    def write(cols: dict[str, list], i: int, rec: Record) -> None:
+def _kind_writer(code: int) -> Callable[[dict[str, list], int, Record | Mark], None]:
+    def write(cols: dict[str, list], i: int, rec: Record | Mark) -> None:
         cols["kind"][i] = code
 
     return write
