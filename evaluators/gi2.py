@@ -91,7 +91,7 @@ EXPANSION = 1 << 22
 _PENDING_MAX = 1 << 14
 """Most entries kept in Python lists before they become arrays (a Python int in a list takes ~36 bytes, an entry
 in the arrays 12)."""
-_INSERT_ENTRIES = 1 << 16
+_INSERT_ENTRIES = 1 << 13
 """Most entries :meth:`GI2Index.insert_many` lays out at once (one subscription at least)."""
 
 
@@ -166,8 +166,9 @@ class _Pending:
     clause_lengths: list = field(default_factory=list)
     clause_keys: list = field(default_factory=list)
     terms: list = field(default_factory=list)
-    keys: list = field(default_factory=list)  # entries of new and widened slots
-    slots: list = field(default_factory=list)
+    keys: list = field(default_factory=list)  # entries of new and widened slots, in int64 arrays
+    slots: list = field(default_factory=list)  # their slots, in int32 arrays
+    entries: int = 0  # in ``keys``
 
 
 class _Grow:
@@ -320,9 +321,11 @@ class GI2Index:
         """Queue the entries of ``slot`` in the lists of ``keywords`` in index cells ``cells``."""
         tids = [self._term_id(k) for k in keywords]
         keys = [cell << 32 | t for cell in cells for t in tids]
-        self.pending.keys.extend(keys)
-        self.pending.slots.extend([slot] * len(keys))
-        if len(self.pending.keys) > _PENDING_MAX:
+        new = self.pending
+        new.keys.append(np.array(keys, dtype=np.int64))
+        new.slots.append(np.full(len(keys), slot, dtype=np.int32))
+        new.entries += len(keys)
+        if new.entries > _PENDING_MAX:
             self._flush()
 
     # ------------------------------------------------------------------ changes
@@ -384,7 +387,7 @@ class GI2Index:
                 hi = max(lo + 1, int(np.searchsorted(ends, ends[lo] - most[lo] + _INSERT_ENTRIES, side="right")))
                 self._insert_run(subs[lo:hi], boxes[lo:hi], g[lo:hi], counts[lo:hi])
                 lo = done = hi
-                if len(self.pending.keys) > _PENDING_MAX:
+                if self.pending.entries > _PENDING_MAX:
                     self._flush()
         except BaseException:
             self.remove_many(ids[:done])
@@ -443,7 +446,7 @@ class GI2Index:
         keys = (np.repeat(cell, per_cell) << 32) | tid[kw_term[kw_first[entry_owner] + j]]
         trivial = (counts == 1) & (lengths[np.cumsum(counts) - 1] == 1) if len(lengths) else np.zeros(n, bool)
         first, new = len(self.sids), self.pending
-        lists = [getattr(new, f.name) for f in fields(_Pending) if f.name != "first"]
+        lists = [getattr(new, f.name) for f in fields(_Pending) if f.name not in ("first", "entries")]
         before = [len(column) for column in lists]
         try:
             new.rects.extend((r.xmin, r.ymin, r.xmax, r.ymax) for r in (sub.rect for sub in subs))
@@ -455,8 +458,8 @@ class GI2Index:
             new.clause_lengths.extend(lengths.tolist())
             new.clause_keys.extend(tid[least].tolist())
             new.terms.extend(tid[occurrence].tolist())
-            new.keys.extend(keys.tolist())
-            new.slots.extend((entry_owner + first).tolist())
+            new.keys.append(keys)
+            new.slots.append((entry_owner + first).astype(np.int32))
             self.sids.extend(sub.id for sub in subs)
             self.slot_of.update(zip((sub.id for sub in subs), range(first, first + n), strict=True))
         except BaseException:  # memory: cut every list back, so the run is all or nothing
@@ -466,6 +469,7 @@ class GI2Index:
             for sub in subs:
                 self.slot_of.pop(sub.id, None)
             raise
+        new.entries += len(keys)
         self.wide += int(np.count_nonzero(wide))
 
     def widen(self, sub: RangeSubscription, old: CellBox, new: CellBox) -> None:
@@ -666,9 +670,9 @@ class GI2Index:
             slot_ends = self.clause_terms.n - len(lengths) + np.cumsum(counts)
             self.clauses.extend(np.stack([slot_ends - counts, slot_ends], axis=1))
         if new.keys:
-            keys = np.array(new.keys, dtype=np.int64)
+            keys = np.concatenate(new.keys)
             order = np.argsort(keys, kind="stable")
-            self.delta = _merge(self.delta, (keys[order], np.array(new.slots, dtype=np.int32)[order]))
+            self.delta = _merge(self.delta, (keys[order], np.concatenate(new.slots)[order]))
             if len(self.delta[0]) > max(_DELTA_MIN, len(self.main[0]) // 4):
                 self.main = _merge(self.main, self.delta)
                 self.delta = (self.delta[0][:0], self.delta[1][:0])
