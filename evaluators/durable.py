@@ -60,9 +60,9 @@ def json_numbers(values: np.ndarray) -> pa.LargeBinaryArray:
         negative_zero = (values == 0) & np.signbit(values)
         if negative_zero.any():
             texts = pc.if_else(pa.array(negative_zero), json_token("-0.0"), texts)
-        infinite = ~np.isfinite(values)
-        if infinite.any():
-            texts = pc.if_else(pa.array(infinite), NULL, texts)
+        not_finite = ~np.isfinite(values)
+        if not_finite.any():
+            texts = pc.if_else(pa.array(not_finite), NULL, texts)
     return texts
 
 

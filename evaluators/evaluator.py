@@ -589,7 +589,8 @@ class Evaluator:
         ------
         EvaluatorError
             If a block is not a state block of :data:`skpub.evaluators.durable.FORMAT`, a cell box
-            in it is not within the fine grid (narrow or wide alike), or ``load`` is damaged.
+            in it is not within the fine grid (narrow or wide alike), a subscription is in two blocks,
+            or ``load`` is damaged.
         """
         ev = cls(evaluator_id, deployment, vocabulary, durable)
         side = deployment.grid_size
@@ -678,6 +679,6 @@ def decode_block(data: bytes) -> dict[str, tuple[RangeSubscription, CellBox]]:
         for row in state_rows(data, "subscriptions"):
             sub, box = range_from_row(row)
             block[sub.id] = (sub, box)
-    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError) as exc:
+    except (orjson.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError, OverflowError) as exc:
         raise EvaluatorError(f"damaged evaluator state block: {exc}") from None
     return block

@@ -25,10 +25,11 @@ than a Python step per (object, candidate) pair:
   subscription's slot beside it; kept sorted in a main array and a smaller
   delta array, merged when the delta grows past a fraction of the main one
   (a log-structured merge, so an insert costs O(its entries) amortized and a
-  batch's inserts one sort). A new subscription and its entries wait in
-  Python lists (:class:`_Pending`) until the next lookup, or until they
-  hold 16,384 entries, turns them into arrays at once: an insert costs a
-  few list appends.
+  batch's inserts one sort). New subscriptions wait in Python lists and
+  their entries in arrays (:class:`_Pending`) until the next lookup, or
+  until they hold 16,384 entries, which turns them into the sorted arrays
+  at once; a batch's subscriptions are filed together
+  (:meth:`GI2Index.insert_many`).
 - *Subscriptions.* One slot per indexed subscription: rectangle (``float64``),
   the cell box it is indexed over (``int32``), the stream positions it is
   live between (``born`` its subscribe, ``died`` its unsubscribe), and its
@@ -89,8 +90,7 @@ CHUNK_OBJECTS = 1 << 14
 EXPANSION = 1 << 22
 """Most (candidate, clause term) pairs a clause test expands at once."""
 _PENDING_MAX = 1 << 14
-"""Most entries kept in Python lists before they become arrays (a Python int in a list takes ~36 bytes, an entry
-in the arrays 12)."""
+"""Most entries kept pending (:class:`_Pending`) before they are merged into the sorted arrays."""
 _INSERT_ENTRIES = 1 << 13
 """Most entries :meth:`GI2Index.insert_many` lays out at once (one subscription at least)."""
 
@@ -154,7 +154,11 @@ class BatchMatches:
 
 @dataclass
 class _Pending:
-    """Subscriptions inserted since the last lookup, as Python lists (slot ``first + i`` is row ``i``)."""
+    """Subscriptions inserted since the last lookup (slot ``first + i`` is row ``i``) and their entries.
+
+    The subscriptions' columns are Python lists; the entries are int64 key and int32 slot arrays, one per
+    insert run or widening, ``entries`` of them in all.
+    """
 
     first: int = 0
     rects: list = field(default_factory=list)
@@ -317,16 +321,21 @@ class GI2Index:
         b = self.index_block
         return (box[2] // b - box[0] // b + 1) * (box[3] // b - box[1] // b + 1) * len(keywords) > WIDE_ENTRIES
 
-    def _enter(self, slot: int, cells: list[int], keywords: frozenset[str]) -> None:
-        """Queue the entries of ``slot`` in the lists of ``keywords`` in index cells ``cells``."""
+    def _queue(self, slot: int, cells: list[int], keywords: frozenset[str]) -> None:
+        """Queue the entries of ``slot`` in the lists of ``keywords`` in index cells ``cells`` (no flush)."""
         tids = [self._term_id(k) for k in keywords]
-        keys = [cell << 32 | t for cell in cells for t in tids]
+        keys = np.array([cell << 32 | t for cell in cells for t in tids], dtype=np.int64)
+        if not len(keys):
+            return
+        slots = np.full(len(keys), slot, dtype=np.int32)
         new = self.pending
-        new.keys.append(np.array(keys, dtype=np.int64))
-        new.slots.append(np.full(len(keys), slot, dtype=np.int32))
+        new.keys.append(keys)
+        try:
+            new.slots.append(slots)
+        except BaseException:
+            new.keys.pop()
+            raise
         new.entries += len(keys)
-        if new.entries > _PENDING_MAX:
-            self._flush()
 
     # ------------------------------------------------------------------ changes
 
@@ -344,7 +353,7 @@ class GI2Index:
         frequency, then longest, then code point order, ranked once per
         distinct term), the entries of every (index cell, summary keyword)
         pair are laid out with ``repeat``, and the slots' columns join the
-        pending lists with one ``extend`` each. Python work is one pass over
+        pending state with one ``extend`` (or array ``append``) each. Python work is one pass over
         the subscriptions' clause terms plus one sort of the distinct terms;
         O(entries) in numpy, at most ``WIDE_ENTRIES`` a subscription (a wider
         one costs O(clauses)). The subscriptions go in runs of at most
@@ -358,8 +367,9 @@ class GI2Index:
         Raises
         ------
         ValueError
-            If a box reaches index cell :data:`SIDE` on a side, or a clause
-            has no term (nothing is indexed then).
+            If a box is inverted, negative or reaches index cell :data:`SIDE`
+            on a side, a clause has no term, or a subscription is indexed here
+            already or named twice (nothing is indexed then).
         """
         n = len(subs)
         if not n:
@@ -398,9 +408,9 @@ class GI2Index:
     ) -> None:
         """Index one run of :meth:`insert_many` (``g``: their boxes in index cells, ``counts``: their clauses).
 
-        The same filing as :meth:`widen` (:meth:`_is_wide`, :meth:`_enter`), vectorized. Every value is
-        computed first; should appending them fail, the pending lists are cut back, so the run is all or
-        nothing.
+        The same filing as :meth:`widen` (:meth:`_is_wide`, :meth:`_queue`), vectorized. Every value is
+        computed first; should appending them fail, the pending lists and the new term ids are cut back, so
+        the run is all or nothing.
         """
         n = len(subs)
         gx0, gy0, gx1, gy1 = g.T
@@ -424,7 +434,7 @@ class GI2Index:
         tid = np.fromiter(map(self.term_ids.get, names, itertools.repeat(-1)), np.int64, len(names))
         new_terms = np.flatnonzero(tid < 0)  # numbered in order of first appearance, after those known
         tid[new_terms] = np.arange(len(self.term_ids), len(self.term_ids) + len(new_terms))
-        self.term_ids.update(zip([names[i] for i in new_terms.tolist()], tid[new_terms].tolist(), strict=True))
+        new_names = [names[i] for i in new_terms.tolist()]
         # summary keywords: each subscription's distinct clause keywords
         owner = np.repeat(np.arange(n), counts)
         pairs = np.unique(owner * max(len(names), 1) + least)
@@ -462,9 +472,12 @@ class GI2Index:
             new.slots.append((entry_owner + first).astype(np.int32))
             self.sids.extend(sub.id for sub in subs)
             self.slot_of.update(zip((sub.id for sub in subs), range(first, first + n), strict=True))
+            self.term_ids.update(zip(new_names, tid[new_terms].tolist(), strict=True))
         except BaseException:  # memory: cut every list back, so the run is all or nothing
             for column, length in zip(lists, before, strict=True):
                 del column[length:]
+            for name in new_names:
+                self.term_ids.pop(name, None)
             del self.sids[first:]
             for sub in subs:
                 self.slot_of.pop(sub.id, None)
@@ -491,8 +504,10 @@ class GI2Index:
                 self._set(self.boxes, "boxes", self.slot_of[sub.id], new)
             return
         slot = self.slot_of[sub.id]
-        self._enter(slot, self._added_cell_keys(old, new), keywords)
-        self._set(self.boxes, "boxes", slot, new)
+        self._queue(slot, self._added_cell_keys(old, new), keywords)
+        self._set(self.boxes, "boxes", slot, new)  # before a flush: one that fails leaves box and entries in step
+        if self.pending.entries > _PENDING_MAX:
+            self._flush()
 
     def box_of(self, sub_id: str) -> CellBox:
         """Return the cell box live subscription ``sub_id`` is indexed over.

@@ -500,3 +500,30 @@ def test_insert_many_refuses_before_changing_anything_and_undoes_a_failed_flush(
     index.insert_many(subs[1:], boxes[1:])
     found = index.match_many(object_batch([make_object(10, 1.0, 1.0, ["a"])], [grid.cell_of(1.0, 1.0)]))
     assert sorted(found.sids.to_pylist()) == ["s0", "s1", "s2", "s3"]
+
+
+def test_a_widening_whose_flush_fails_keeps_its_box_and_entries_in_step(monkeypatch):
+    """The entries a widening adds are queued with its new box, then flushed: a failed flush loses neither."""
+    grid = FineGrid(SPACE, 20)
+    sub = RangeSubscription(1, "s1", Rect(0.0, 0.0, 30.0, 30.0), parse_expression("a"))
+    index = GI2Index(1, Vocabulary())
+    index.insert(sub, (0, 0, 1, 1))
+    index._flush()
+    monkeypatch.setattr(gi2, "_PENDING_MAX", 0)
+    real, calls = GI2Index._flush, []
+
+    def failing(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise MemoryError("injected")
+        return real(self)
+
+    monkeypatch.setattr(GI2Index, "_flush", failing)
+    with pytest.raises(MemoryError):
+        index.widen(sub, (0, 0, 1, 1), (0, 0, 3, 1))
+    assert index.box_of("s1") == (0, 0, 3, 1)
+    index.widen(sub, (0, 0, 3, 1), (0, 0, 3, 1))  # a retried take-over: nothing more to add
+    entries, _ = _entries(index)
+    assert sorted(cell for cell, _, _ in entries) == [0, 1, 2, 3, SIDE, SIDE + 1, SIDE + 2, SIDE + 3]
+    found = index.match_many(object_batch([make_object(10, 16.0, 1.0, ["a"])], [grid.cell_of(16.0, 1.0)]))
+    assert found.sids.to_pylist() == ["s1"]

@@ -606,6 +606,8 @@ def test_durable_state_is_versioned_json_and_refuses_anything_else():
         damaged = state_document([["s", 1, [0.0, 0.0, 1.0, 1.0], dnf, box]], BLOCK_KEY)
         with pytest.raises(EvaluatorError, match="damaged.*not within the fine grid"):
             Evaluator.restore(0, deployment(evaluators=1), Vocabulary(), {0: damaged})
+    with pytest.raises(EvaluatorError, match="damaged"):  # a position past int64, which GI^2's arrays cannot hold
+        decode_block(state_document([["s", 2**63, [0.0, 0.0, 1.0, 1.0], [["a"]], [0, 0, 1, 1]]], BLOCK_KEY))
     with pytest.raises(EvaluatorError, match="damaged"):  # a clause without a term
         decode_block(state_document([["s", 1, [0.0, 0.0, 1.0, 1.0], [["a"], []], [0, 0, 1, 1]]], BLOCK_KEY))
     twice = [state_document([["s", 1, [0.0, 0.0, 1.0, 1.0], [["a"]], [0, 0, 1, 1]]], BLOCK_KEY)] * 2

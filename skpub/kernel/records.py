@@ -109,8 +109,8 @@ def range_from_row(row: list) -> tuple[RangeSubscription, tuple[int, int, int, i
         If ``row`` is not such a row.
     """
     sid, pos, rect, dnf, box = row
-    if not isinstance(sid, str) or type(pos) is not int:
-        raise TypeError("a subscription id is a string and its position an integer")
+    if not isinstance(sid, str) or type(pos) is not int or not 0 <= pos < 2**63:
+        raise TypeError("a subscription id is a string and its position an integer from 0 to 2**63 - 1")
     clauses = []
     for clause in dnf:
         if not all(isinstance(term, str) for term in clause):
