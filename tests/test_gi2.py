@@ -484,16 +484,7 @@ def test_insert_many_refuses_before_changing_anything_and_undoes_a_failed_flush(
         with pytest.raises(ValueError):
             index.insert_many(wrong_subs, wrong_boxes)
         assert len(index) == 1 and len(index.sids) == 1
-    monkeypatch.setattr(gi2, "_PENDING_MAX", 1)
-    real, calls = GI2Index._flush, []
-
-    def failing(self):
-        calls.append(1)
-        if len(calls) == 1:
-            raise MemoryError("injected")
-        return real(self)
-
-    monkeypatch.setattr(GI2Index, "_flush", failing)
+    _fail_the_next_flush(monkeypatch, pending_max=1)
     with pytest.raises(MemoryError):
         index.insert_many(subs[1:], boxes[1:])
     assert len(index) == 1
@@ -509,7 +500,20 @@ def test_a_widening_whose_flush_fails_keeps_its_box_and_entries_in_step(monkeypa
     index = GI2Index(1, Vocabulary())
     index.insert(sub, (0, 0, 1, 1))
     index._flush()
-    monkeypatch.setattr(gi2, "_PENDING_MAX", 0)
+    _fail_the_next_flush(monkeypatch, pending_max=0)
+    with pytest.raises(MemoryError):
+        index.widen(sub, (0, 0, 1, 1), (0, 0, 3, 1))
+    assert index.box_of("s1") == (0, 0, 3, 1)
+    index.widen(sub, (0, 0, 3, 1), (0, 0, 3, 1))  # a retried take-over: nothing more to add
+    entries, _ = _entries(index)
+    assert sorted(cell for cell, _, _ in entries) == [0, 1, 2, 3, SIDE, SIDE + 1, SIDE + 2, SIDE + 3]
+    found = index.match_many(object_batch([make_object(10, 16.0, 1.0, ["a"])], [grid.cell_of(16.0, 1.0)]))
+    assert found.sids.to_pylist() == ["s1"]
+
+
+def _fail_the_next_flush(monkeypatch, pending_max):
+    """Make GI^2 flush past ``pending_max`` pending entries, and the next flush fail (as memory would)."""
+    monkeypatch.setattr(gi2, "_PENDING_MAX", pending_max)
     real, calls = GI2Index._flush, []
 
     def failing(self):
@@ -519,11 +523,3 @@ def test_a_widening_whose_flush_fails_keeps_its_box_and_entries_in_step(monkeypa
         return real(self)
 
     monkeypatch.setattr(GI2Index, "_flush", failing)
-    with pytest.raises(MemoryError):
-        index.widen(sub, (0, 0, 1, 1), (0, 0, 3, 1))
-    assert index.box_of("s1") == (0, 0, 3, 1)
-    index.widen(sub, (0, 0, 3, 1), (0, 0, 3, 1))  # a retried take-over: nothing more to add
-    entries, _ = _entries(index)
-    assert sorted(cell for cell, _, _ in entries) == [0, 1, 2, 3, SIDE, SIDE + 1, SIDE + 2, SIDE + 3]
-    found = index.match_many(object_batch([make_object(10, 16.0, 1.0, ["a"])], [grid.cell_of(16.0, 1.0)]))
-    assert found.sids.to_pylist() == ["s1"]
