@@ -47,6 +47,13 @@ def json_lists(items: pa.LargeListArray) -> pa.LargeBinaryArray:
     return pc.binary_join_element_wise(OPEN, pc.binary_join(items, COMMA), CLOSE, NOTHING)
 
 
+def json_runs(texts: pa.Array, lengths: np.ndarray) -> pa.LargeListArray:
+    """Return ``texts`` cut into consecutive runs of ``lengths`` items (int array), as lists for :func:`json_lists`."""
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.LargeListArray.from_arrays(pa.array(offsets), texts)
+
+
 def json_numbers(values: np.ndarray) -> pa.LargeBinaryArray:
     """Return integers, or floats as their shortest round-trip digits, as JSON texts: what orjson writes.
 

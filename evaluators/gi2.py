@@ -69,7 +69,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from skpub.evaluators.durable import COMMA, NOTHING, OPEN, json_lists, json_numbers, json_token
+from skpub.evaluators.durable import COMMA, NOTHING, OPEN, json_lists, json_numbers, json_runs, json_token
 from skpub.kernel.config import INDEX_SIDE
 from skpub.kernel.grid import CellBox
 from skpub.kernel.parts import json_strings
@@ -209,13 +209,6 @@ def _expand(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 _COMMA_OPEN, _CLOSE_COMMA, _CLOSE_CLOSE = map(json_token, (",[", "],", "]]"))
-
-
-def _offsets(lengths: np.ndarray) -> np.ndarray:
-    """Return the offsets ``[0, l0, l0 + l1, ...]`` of runs of ``lengths`` (int64, one longer)."""
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    return offsets
 
 
 def _member(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
@@ -554,8 +547,8 @@ class GI2Index:
         names = self._names().take(pa.array(self.terms.view[term_at]))
         by_clause = pa.table({"clause": owner, "term": names})
         names = names.take(pc.sort_indices(by_clause, sort_keys=[("clause", "ascending"), ("term", "ascending")]))
-        terms = pa.LargeListArray.from_arrays(pa.array(_offsets(runs[:, 1] - runs[:, 0])), json_strings(names))
-        clauses = pa.LargeListArray.from_arrays(pa.array(_offsets(spans[:, 1] - spans[:, 0])), json_lists(terms))
+        terms = json_runs(json_strings(names), runs[:, 1] - runs[:, 0])
+        clauses = json_runs(json_lists(terms), spans[:, 1] - spans[:, 0])
         rects, boxes = self.rects.view[slots], self.boxes.view[slots]
         pieces = [OPEN, json_strings(pa.array([self.sids[i] for i in slots.tolist()], pa.string())), COMMA,
                   json_numbers(self.born.view[slots]), _COMMA_OPEN]  # fmt: skip

@@ -53,6 +53,7 @@ from skpub.evaluators.durable import (
     OPEN,
     json_lists,
     json_numbers,
+    json_runs,
     state_documents_of,
     state_rows,
 )
@@ -787,9 +788,7 @@ def encode_segment(cols: WindowColumns) -> bytes:
     :func:`decode_segment` reads back the same columns. O(objects + terms) in C.
     """
     lengths = pc.list_value_length(cols.terms).to_numpy(zero_copy_only=False)
-    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    words = pa.LargeListArray.from_arrays(pa.array(offsets), json_strings(pc.list_flatten(cols.terms)))
+    words = json_runs(json_strings(pc.list_flatten(cols.terms)), lengths)
     pieces = [OPEN, json_numbers(cols.pos), COMMA, json_strings(cols.ids), COMMA, json_numbers(cols.x), COMMA,
               json_numbers(cols.y), COMMA, json_lists(words), COMMA, json_numbers(cols.ts), COMMA,
               json_numbers(cols.expires), COMMA, json_numbers(cols.number), COMMA, json_numbers(cols.block),
