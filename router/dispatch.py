@@ -77,7 +77,7 @@ def marks(decisions: Decisions, items: pa.Table, end: int) -> list[tuple[int, st
     """
     out = []
     if decisions.snapshots:
-        taken = items.take(pa.array(decisions.snapshots, pa.int64()))
+        taken = items.select(["pos", "id"]).take(pa.array(decisions.snapshots, pa.int64()))
         out = list(zip(taken.column("pos").to_pylist(), taken.column("id").to_pylist(), strict=True))
     return [*out, (end, "")] if decisions.mark else out
 
@@ -98,7 +98,7 @@ def accepted_controls(decisions: Decisions, items: pa.Table) -> list[tuple[int, 
     rows = np.flatnonzero(wanted)
     if not len(rows):
         return []
-    taken = items.take(pa.array(rows, pa.int64()))
+    taken = items.select(["pos", "kind", "id"]).take(pa.array(rows, pa.int64()))
     return [
         (pos, CONTROL_TYPES[kind], rid)
         for pos, kind, rid in zip(

@@ -589,7 +589,7 @@ def _subscriptions(items: pa.Table) -> dict[int, tuple[Targets, frozenset[str], 
     rows = np.flatnonzero(pc.equal(items.column("kind"), SUBSCRIBE).to_numpy(zero_copy_only=False))
     if not len(rows):
         return {}
-    subset = items.take(pa.array(rows)).select(["targets", "boxes", "keywords", "spec"]).to_pydict()
+    subset = items.select(["targets", "boxes", "keywords", "spec"]).take(pa.array(rows)).to_pydict()
     out = {}
     columns = (rows.tolist(), subset["targets"], subset["boxes"], subset["keywords"], subset["spec"])
     for i, targets, boxes, keywords, spec in zip(*columns, strict=True):

@@ -142,3 +142,39 @@ def test_a_sequencer_caught_up_by_journals_equals_one_rebuilt_from_them():
         assert stale.registry.active == live.registry.active
         assert stale.registry.objects.ages(ids).tolist() == live.registry.objects.ages(ids).tolist()
         assert stale.summaries.counts == live.summaries.counts
+
+
+@examples(0.5)
+@given(seed=st.integers(0, 10_000), start=st.integers(0, 300), size=st.integers(0, 300))
+def test_located_rows_are_in_stream_order_with_every_value(seed: int, start: int, size: int) -> None:
+    """The located table equals its objects' and other records' rows concatenated, then sorted by position."""
+    from skpub.kernel.config import Deployment
+    from skpub.kernel.text import Vocabulary
+    from skpub.kernel.wire import OBJECT
+    from skpub.router.initial import initial_table
+    from skpub.router.locate import Locator, located_table
+    from tests.workloads import random_workload
+
+    dep = Deployment(evaluators=3, grid_size=20, index_block=2, sample_size=100)
+    lines = [line.encode() for line in random_workload(seed=seed, n=600)]
+    locator = Locator(dep, Vocabulary(), initial_table(dep, Vocabulary(), [line.decode() for line in lines[:100]]))
+    located = locator.locate_lines(lines[start : start + size], 7)
+    table = located_table(located)
+    kinds = table.column("kind").to_numpy()
+    objects = table.filter(pa.array(kinds == OBJECT))
+    others = table.filter(pa.array(kinds != OBJECT))
+    expected = pa.concat_tables([others, objects]).sort_by("pos")  # an independent merge: Arrow's sort
+    assert table.equals(expected)
+    assert objects.num_rows == len(located.objects) and others.num_rows == len(located.others)
+    assert objects.column("terms").to_pylist() == located.objects.terms.to_pylist()
+
+
+def test_spread_lists_keeps_nulls_of_its_own_and_adds_the_others() -> None:
+    """A list column spread over rows keeps its values, its own nulls, and is null at the rows it does not fill."""
+    from skpub.router.locate import _spread_lists
+
+    lists = pa.array([["a"], None, [], ["b", "c"]], pa.list_(pa.string())).slice(1)
+    rows = np.array([False, True, True, False, True, False])
+    spread = _spread_lists(lists, rows)
+    assert spread.to_pylist() == [None, None, [], None, ["b", "c"], None]
+    assert _spread_lists(lists.slice(0, 0), np.zeros(2, bool)).to_pylist() == [None, None]

@@ -369,7 +369,8 @@ def _arrow_lane(lines: Sequence[bytes], indexes: list[int]) -> tuple[_Taken, lis
     terms = table["terms"].chunk(0)
     starts = np.zeros(len(chunk), dtype=np.int64)
     np.cumsum(lengths[:-1] + 1, out=starts[1:])
-    colons = np.add.reduceat((np.frombuffer(buffer, np.uint8) == _COLON).astype(np.int64), starts)
+    at = np.flatnonzero(np.frombuffer(buffer, np.uint8) == _COLON)  # a few per line: cheaper than a count per byte
+    colons = np.searchsorted(at, starts + lengths) - np.searchsorted(at, starts)
     ok = (
         pc.equal(table["type"], "object").fill_null(False).to_numpy()  # noqa: FBT003 - pyarrow's API
         & pc.greater(pc.binary_length(table["id"]), 0).fill_null(False).to_numpy()  # noqa: FBT003

@@ -141,10 +141,9 @@ def normalize_array(terms: Sequence[str] | pa.Array) -> pa.LargeStringArray:
     lowered = pc.ascii_lower(array)
     if ascii.false_count == 0:
         return lowered
-    others = array.filter(pc.invert(ascii))
-    distinct = pc.unique(others)
-    normalized = pa.array([_normalize(term) for term in distinct.to_pylist()], pa.large_string())
-    return pc.replace_with_mask(lowered, pc.invert(ascii), normalized.take(pc.index_in(others, distinct)))
+    others = array.filter(pc.invert(ascii)).dictionary_encode()  # the distinct terms and where each is, one pass
+    normalized = pa.array([_normalize(term) for term in others.dictionary.to_pylist()], pa.large_string())
+    return pc.replace_with_mask(lowered, pc.invert(ascii), normalized.take(others.indices))
 
 
 def parse_expression(expr: str) -> DNF:
