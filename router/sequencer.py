@@ -497,10 +497,13 @@ class Sequencer:
             text = (items.column("kind").to_numpy() == OBJECT) & partitioning.text_cells[cy, cx]
 
         def admit(summaries: TextualSummaries, objects: np.ndarray) -> np.ndarray:
-            plain = objects if text is None else objects[~text[objects]]  # text objects go by spread
-            admitted = np.zeros(len(owners), bool)
-            if len(plain):
-                admitted[plain] = summaries.admits_many(owners[plain], terms.take(pa.array(plain)))
+            if text is None:  # every item at once, without taking the objects' terms: other records hold none
+                admitted = summaries.admits_many(owners, terms)
+            else:  # text objects go by spread
+                plain = objects[~text[objects]]
+                admitted = np.zeros(len(owners), bool)
+                if len(plain):
+                    admitted[plain] = summaries.admits_many(owners[plain], terms.take(pa.array(plain)))
             return self._window_needs(terms)[objects] | admitted[objects]
 
         def spread(summaries: TextualSummaries, objects: np.ndarray) -> tuple[np.ndarray, TermRoutes]:

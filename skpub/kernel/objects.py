@@ -260,13 +260,12 @@ def decode_objects(
         whole, and the rows it reads but cannot vouch for, go through one
         ``msgspec`` decode each (about 4 us).
     """
-    candidates: list[int] = []
-    rest: list[int] = []
-    for i, line in enumerate(lines):
-        if len(line) > max_record_bytes or line[:1] != b"{" or b'"object"' not in line:
-            rest.append(i)
-        else:
-            candidates.append(i)
+    candidates = [
+        i for i, line in enumerate(lines) if len(line) <= max_record_bytes and line[:1] == b"{" and b'"object"' in line
+    ]
+    others = np.ones(len(lines), bool)
+    others[candidates] = False
+    rest: list[int] = np.flatnonzero(others).tolist()
     taken: list[_Taken] = []
     slow: list[int] = []
     for at in range(0, len(candidates), ARROW_CHUNK_LINES):
