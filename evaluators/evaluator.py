@@ -158,6 +158,16 @@ class Evaluator:
             rest = [row for row in routed if type(row.record) is not RangeSubscription]
         except Exception:  # noqa: BLE001 - nothing was indexed: each is applied alone below, so only those that fail are lost
             rest = routed
+        # then the unsubscribes of range subscriptions held here, all at once too
+        held, others = [], []
+        for row in rest:
+            (held if type(row.record) is Unsubscribe and row.record.id in self.index else others).append(row)
+        if held:
+            try:
+                self._delete_many([row.record.id for row in held], [row.record.pos for row in held])
+                rest = others
+            except Exception:  # noqa: BLE001 - nothing was deleted: each is applied alone below
+                pass
         ranked_rows = [row for row in rest if not self._apply_range(row.record, row.cells, out)]
         # 2. every object against the subscriptions live at its position (in bulk; should that fail, one by one)
         deliveries, examined, lost = self._match(objects, out)
@@ -530,12 +540,31 @@ class Evaluator:
         return [sid for sid, met in zip(held, meets.tolist(), strict=True) if not met]
 
     def _delete(self, sub_id: str, pos: int) -> None:
-        if sub_id not in self.index:
-            raise EvaluatorError(f"unsubscribe of {sub_id!r}, which evaluator {self.evaluator_id} does not hold")
-        box = self._box_of(sub_id)
-        self._changed(box)
-        self.index.delete(sub_id, pos)
-        self.load.remove_subscription(box)
+        """:meth:`_delete_many` of one."""
+        self._delete_many([sub_id], [pos])
+
+    def _delete_many(self, sub_ids: list[str], positions: list[int]) -> None:
+        """Unsubscribe range subscriptions ``sub_ids`` held here, each at its stream position in ``positions``.
+
+        All or nothing: the load statistics stop counting them first, and
+        count them again should GI^2 refuse (:meth:`GI2Index.delete_many`).
+
+        Raises
+        ------
+        EvaluatorError
+            If one of ``sub_ids`` is not held here (nothing changes then).
+        """
+        missing = [sid for sid in sub_ids if sid not in self.index]
+        if missing:
+            raise EvaluatorError(f"unsubscribe of {missing[0]!r}, which evaluator {self.evaluator_id} does not hold")
+        boxes = [self._box_of(sid) for sid in sub_ids]
+        self.load.remove_subscriptions(boxes)
+        try:
+            self.index.delete_many(sub_ids, positions)
+        except BaseException:
+            self.load.add_subscriptions(boxes)
+            raise
+        self.dirty.update(state_block(box) for box in boxes)
 
     def take_dirty_blocks(self) -> dict[int, bytes | None]:
         """Return the blocks changed since the last call, serialized; None for a block left empty."""

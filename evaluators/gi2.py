@@ -573,19 +573,30 @@ class GI2Index:
                 self.dead += 1
 
     def delete(self, sub_id: str, pos: int) -> None:
-        """Unsubscribe ``sub_id`` at stream position ``pos``: it matches no object after ``pos``.
+        """Unsubscribe ``sub_id`` at stream position ``pos``: :meth:`delete_many` of one."""
+        self.delete_many([sub_id], [pos])
 
-        Its entries go at a compaction (:meth:`end_batch`), after the batch's
-        objects before ``pos`` are matched. O(1).
+    def delete_many(self, sub_ids: Sequence[str], positions: Sequence[int]) -> None:
+        """Unsubscribe each of ``sub_ids`` at its stream position in ``positions``: it matches no object after it.
+
+        Their entries go at a compaction (:meth:`end_batch`), after the batch's
+        objects before those positions are matched. All or nothing; O(1) each.
 
         Raises
         ------
         KeyError
-            If ``sub_id`` is not indexed here.
+            If one of ``sub_ids`` is not indexed here (nothing is deleted then).
+        ValueError
+            If an id is named twice, or ``positions`` is not as long as ``sub_ids``.
         """
-        slot = self.slot_of.pop(sub_id)
-        self._set(self.died, "died", slot, pos)
-        self.dead += 1
+        slots = [self.slot_of[sid] for sid in sub_ids]
+        if len(set(slots)) < len(slots) or len(positions) != len(slots):
+            raise ValueError("a subscription is named twice, or ids and positions differ in number")
+        for sid in sub_ids:
+            del self.slot_of[sid]
+        for slot, pos in zip(slots, positions, strict=True):
+            self._set(self.died, "died", slot, pos)
+        self.dead += len(slots)
 
     def _set(self, column: _Grow, name: str, slot: int, value: object) -> None:
         """Set ``slot``'s value in ``column`` (the pending list ``name`` while the slot is pending)."""

@@ -360,9 +360,16 @@ class CellLoad:
             self._note(boxes, 1)
 
     def remove_subscription(self, box: CellBox) -> None:
-        """Stop counting a part over cell box ``box``, counted before (an unsubscribe or a drop); O(1)."""
+        """Stop counting a part over cell box ``box``: :meth:`remove_subscriptions` of one."""
+        self.remove_subscriptions([box])
+
+    def remove_subscriptions(self, boxes: Sequence[CellBox]) -> None:
+        """Stop counting parts over cell boxes ``boxes``, counted before (unsubscribes or drops); O(len).
+
+        All or nothing; nothing when not kept.
+        """
         if self.kept:
-            self._note([box], -1)
+            self._note(boxes, -1)
 
     def _note(self, boxes: Sequence[CellBox], step: int) -> None:
         """Note parts' boxes and sign for :meth:`_flush`, all or nothing; O(len(boxes)) amortized.

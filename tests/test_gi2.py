@@ -523,3 +523,42 @@ def _fail_the_next_flush(monkeypatch, pending_max):
         return real(self)
 
     monkeypatch.setattr(GI2Index, "_flush", failing)
+
+
+@examples(0.3)
+@given(seed=st.integers(0, 10_000), flushed=st.integers(0, 12))
+def test_deleting_many_at_once_matches_what_deleting_each_in_turn_does(seed, flushed):
+    """delete_many gives each subscription the end position delete gives it, flushed slots and pending ones alike."""
+    rng = np.random.default_rng(seed)
+    grid = FineGrid(SPACE, 20)
+    subs = [random_subscription(rng, pos, mixed=True) for pos in range(12)]
+    at_once, one_by_one = GI2Index(2, Vocabulary()), GI2Index(2, Vocabulary())
+    for index in (at_once, one_by_one):
+        index.insert_many(subs[:flushed], [grid.cell_box(s.rect) for s in subs[:flushed]])
+        index.match_many(object_batch([make_object(100, 1.0, 1.0, ["a"])], [grid.cell_of(1.0, 1.0)]))  # flushes
+        index.insert_many(subs[flushed:], [grid.cell_box(s.rect) for s in subs[flushed:]])
+    gone = [s.id for s in subs if rng.random() < 0.5]
+    ends = [int(p) for p in rng.integers(20, 40, len(gone))]
+    at_once.delete_many(gone, ends)
+    for sid, end in zip(gone, ends, strict=True):
+        one_by_one.delete(sid, end)
+    objects = [make_object(pos, *rng.uniform(0, 100, 2), list(rng.choice(WORDS, 2))) for pos in range(15, 45)]
+    batch = object_batch(objects, [grid.cell_of(o.x, o.y) for o in objects])
+    found, expected = at_once.match_many(batch), one_by_one.match_many(batch)
+    assert found.sids.to_pylist() == expected.sids.to_pylist() and len(at_once) == len(one_by_one)
+    assert found.rows.tolist() == expected.rows.tolist()
+
+
+def test_delete_many_refuses_an_unknown_or_repeated_id_before_deleting_any():
+    """An id not held, or named twice, raises and leaves every subscription live."""
+    grid = FineGrid(SPACE, 20)
+    subs = [RangeSubscription(i, f"s{i}", Rect(0.0, 0.0, 50.0, 50.0), parse_expression("a")) for i in range(3)]
+    index = GI2Index(2, Vocabulary())
+    index.insert_many(subs, [grid.cell_box(s.rect) for s in subs])
+    with pytest.raises(KeyError):
+        index.delete_many(["s0", "nobody"], [5, 6])
+    with pytest.raises(ValueError, match="twice"):
+        index.delete_many(["s1", "s1"], [5, 6])
+    assert len(index) == 3 and all(sid in index for sid in ("s0", "s1", "s2"))
+    found = index.match_many(object_batch([make_object(10, 1.0, 1.0, ["a"])], [grid.cell_of(1.0, 1.0)]))
+    assert sorted(found.sids.to_pylist()) == ["s0", "s1", "s2"]

@@ -446,6 +446,33 @@ def test_a_subscription_that_fails_to_be_counted_is_a_dead_letter_and_never_matc
     assert canonical(read_stream(out, "deliveries")) == canonical(kept)
 
 
+def test_an_unsubscribe_that_fails_is_a_dead_letter_and_the_other_unsubscribes_apply(tmp_path, monkeypatch):
+    """Should a batch's unsubscribes fail to be applied at once, each is applied alone: only the failing one is a
+    dead letter, and every other subscription delivers exactly what the oracle does (fails if the others were lost
+    with it, or applied twice)."""
+    from skpub.kernel.config import BalancerConfig
+
+    lines = random_workload(seed=6, n=300, invalid=False)
+    dep = deployment(evaluators=3, batch_size=25).replace(balancer=BalancerConfig(mode="adaptive"))
+    expected = replay(lines, dep).deliveries
+    unsubscribed = [json.loads(line)["id"] for line in lines if '"unsubscribe"' in line]
+    matched = {d["sub"] for d in expected if d["event"] == "match"}
+    victim = next(sid for sid in unsubscribed if sid in matched)
+    real = GI2Index.delete_many
+
+    def delete_many(self, sub_ids, positions):
+        if victim in sub_ids:
+            raise ValueError("injected failure")
+        return real(self, sub_ids, positions)
+
+    monkeypatch.setattr(GI2Index, "delete_many", delete_many)
+    out, _ = local(tmp_path, lines, dep)
+    letters = read_stream(out, "dead_letters")
+    assert [json.loads(d["line"]) for d in letters] == [{"record": "Unsubscribe", "id": victim}]
+    got = [d for d in read_stream(out, "deliveries") if d["sub"] != victim]
+    assert canonical(got) == canonical([d for d in expected if d["sub"] != victim])
+
+
 def test_an_evaluator_failure_on_one_object_becomes_internal_error(tmp_path, monkeypatch):
     """Inject a failure for chosen objects inside GI^2; every other record's output is untouched."""
     lines = random_workload(seed=6, n=300, invalid=False)
