@@ -125,9 +125,10 @@ class Locator:
             objects, rest = decode_objects(lines, first_pos, space, max_bytes)
         except Exception:  # noqa: BLE001 - the line-by-line path below handles every line
             objects, rest = ObjectColumns.from_records([]), list(range(len(lines)))
-        others: list[Located] = []
+        others: list[Located | None] = []
         dead: list[DeadLetter] = []
         parsed: list[ObjectRecord] = []
+        ranges: list[tuple[int, int, RangeSubscription]] = []  # (slot in others, line, subscription)
         for i in rest:
             line, pos = lines[i], first_pos + i
             try:
@@ -136,10 +137,15 @@ class Locator:
                     parsed.append(record)
                 elif type(record) is DeadLetter:
                     dead.append(record)
+                elif type(record) is RangeSubscription:
+                    ranges.append((len(others), i, record))
+                    others.append(None)  # located below, with the batch's other range subscriptions
                 else:
                     others.append(self._locate(record))
             except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
                 dead.append(DeadLetter.internal_error(pos, line, exc))
+        if ranges:
+            others = self._locate_ranges(ranges, others, lines, first_pos, dead)
         if parsed:
             objects = ObjectColumns.concat([objects, ObjectColumns.from_records(parsed)])
         try:
@@ -167,6 +173,53 @@ class Locator:
         dead.sort(key=lambda d: d.pos)
         located = np.array(cells, dtype=np.int64).reshape(-1, 3)
         return objects.take(np.array(kept, dtype=np.int64)), located[:, 0], located[:, 1], located[:, 2]
+
+    def _locate_ranges(
+        self,
+        ranges: list[tuple[int, int, RangeSubscription]],
+        others: list[Located | None],
+        lines: Sequence[bytes],
+        first_pos: int,
+        dead: list[DeadLetter],
+    ) -> list[Located]:
+        """Locate range subscriptions ``ranges`` into their slots of ``others``; return ``others`` without gaps.
+
+        In bulk (:meth:`_locate_range_batch`); should that fail, each alone
+        (:meth:`_locate`), one that fails becoming an ``internal_error`` dead
+        letter of its line (SEMANTICS 1).
+        """
+        try:
+            located: list[Located | None] = list(self._locate_range_batch([sub for _, _, sub in ranges]))
+        except Exception:  # noqa: BLE001 - located one by one below, so only those that fail are lost
+            located = []
+            for _, i, sub in ranges:
+                try:
+                    located.append(self._locate(sub))
+                except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
+                    located.append(None)
+                    dead.append(DeadLetter.internal_error(first_pos + i, lines[i], exc))
+            dead.sort(key=lambda d: d.pos)
+        for (slot, _, _), item in zip(ranges, located, strict=True):
+            others[slot] = item
+        return [item for item in others if item is not None]
+
+    def _locate_range_batch(self, subs: list[RangeSubscription]) -> list[Located]:
+        """Return what :meth:`_locate` gives each of ``subs``, their cell boxes computed at once.
+
+        A box inside one rectangle that is not text-partitioned goes to its
+        owner alone (:meth:`RoutingTable.sole_owners`, numpy); the others
+        through :meth:`RoutingTable.route_parts`. O(len(subs)) numpy, plus the
+        summary keywords and the routes that span rectangles in Python.
+        """
+        table, summary_keywords = self.table, self.vocabulary.summary_keywords
+        boxes = table.grid.cell_boxes([sub.rect.as_list() for sub in subs])
+        owners = table.sole_owners(boxes).tolist()
+        out = []
+        for sub, box, owner in zip(subs, map(tuple, boxes.tolist()), owners, strict=True):
+            keywords = summary_keywords(sub.dnf)
+            targets = ((owner, box),) if owner >= 0 else tuple(table.route_parts(box, keywords))
+            out.append(Located(sub, "subscribe", targets, keywords))
+        return out
 
     def _locate(self, record: Record) -> Located:
         """Locate a record other than an object."""

@@ -32,6 +32,7 @@ class RoutingTable(ABC):
         self._boxes = [tuple(b) for b in partitioning.boxes.tolist()]
         self._owners = partitioning.owners.tolist()
         self._texts = partitioning.texts
+        self._plain = np.array([table is None for table in partitioning.texts], dtype=bool)
 
     @property
     def count(self) -> int:
@@ -62,6 +63,20 @@ class RoutingTable(ABC):
     def route_cells(self, box: CellBox) -> list[int]:
         """Return every partition owning a rectangle the inclusive cell box overlaps, once; O(rectangles overlapped)."""
         return list(dict.fromkeys(self._owners[i] for i in self.route_rects(box)))
+
+    def sole_owners(self, boxes: np.ndarray) -> np.ndarray:
+        """Per cell box, the owner of the one rectangle holding it whole, or -1.
+
+        ``boxes`` is ``(n, 4)`` int64, within the grid. A box whose two
+        corners lie in the same rectangle lies in it whole (rectangles are
+        boxes); such a box goes to that rectangle's owner alone, over itself,
+        as :meth:`route_parts` sends it, unless the rectangle is
+        text-partitioned (-1 then too). O(n) in numpy.
+        """
+        boxes = np.asarray(boxes, dtype=np.int64).reshape(-1, 4)
+        first = self._rect_of[boxes[:, 1], boxes[:, 0]]
+        sole = (first == self._rect_of[boxes[:, 3], boxes[:, 2]]) & self._plain[first]
+        return np.where(sole, self.partitioning.owners[first], -1).astype(np.int64)
 
     def route_parts(self, box: CellBox, keys: Iterable[str] = ()) -> list[tuple[int, CellBox]]:
         """Return ``(partition, cells)`` for every partition that must index a range subscription over ``box``.

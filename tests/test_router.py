@@ -359,3 +359,41 @@ def test_the_epoch_prune_removes_what_a_killed_publish_left_of_older_epochs_and_
     assert log.prune(5) == [0]  # epoch 1 is in force for batch 5
     assert not older.exists() and newer.exists() and kept.exists() and all(p.exists() for p in foreign)
     assert log.numbers() == [1, 2]
+
+
+@examples(2)
+@given(st.data())
+def test_range_subscriptions_located_at_once_go_where_each_alone_goes(data):
+    """Cell boxes in numpy and sole owners take the place of route_parts only where it would give the same parts:
+    boxes inside one plain rectangle (fails if a box spanning rectangles, or one in a text rectangle, took the
+    shortcut). Rectangles of any tiling, some text-partitioned; corners beyond the space clamp alike."""
+    from skpub.kernel.config import Deployment
+    from skpub.kernel.records import RangeSubscription
+    from skpub.kernel.text import Vocabulary, parse_expression
+    from skpub.router.gridt import TermTable
+    from skpub.router.locate import Locator
+
+    plain = data.draw(tilings())
+    n = int(plain.owners.max()) + 1
+    texts = [
+        TermTable((int(owner), *(e for e in range(n) if e != owner)))
+        if n > 1 and data.draw(st.booleans(), label=f"text {i}") else None
+        for i, owner in enumerate(plain.owners.tolist())
+    ]  # fmt: skip
+    partitioning = Partitioning(plain.size, plain.boxes, plain.owners, texts)
+    table = AGrid(FineGrid(SPACE, partitioning.size), partitioning)
+    locator = Locator(Deployment(), Vocabulary(), table)
+    coordinate = st.one_of(st.floats(-10, 110), st.sampled_from([-1.7e308, 0.0, 50.0, 100.0, 1.7e308]))
+    subs = []
+    for pos in range(data.draw(st.integers(1, 12))):
+        x0, x1 = sorted(data.draw(st.lists(coordinate, min_size=2, max_size=2)))
+        y0, y1 = sorted(data.draw(st.lists(coordinate, min_size=2, max_size=2)))
+        expr = data.draw(st.sampled_from(["a", "a OR b", "b AND c", "(a OR b) AND c"]))
+        subs.append(RangeSubscription(pos, f"s{pos}", Rect(x0, y0, x1, y1), parse_expression(expr)))
+    assert locator._locate_range_batch(subs) == [locator._locate(sub) for sub in subs]
+    boxes = table.grid.cell_boxes([sub.rect.as_list() for sub in subs])
+    assert [tuple(b) for b in boxes.tolist()] == [table.grid.cell_box(sub.rect) for sub in subs]
+    for box, owner in zip(boxes.tolist(), table.sole_owners(boxes).tolist(), strict=True):
+        if owner >= 0:
+            assert table.route_parts(tuple(box), ["a"]) == [(owner, tuple(box))]
+            assert len(set(partitioning.rect_of[box[1] : box[3] + 1, box[0] : box[2] + 1].ravel().tolist())) == 1

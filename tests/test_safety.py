@@ -516,6 +516,32 @@ def test_a_router_failure_on_one_line_keeps_the_batch(tmp_path, monkeypatch):
     assert_only_the_poison_is_lost(tmp_path, lines, dep, poison)
 
 
+def test_a_range_subscription_that_fails_to_locate_is_the_only_one_lost(tmp_path, monkeypatch):
+    """Should locating a batch's range subscriptions at once fail, each is located alone: only the one that fails
+    is a dead letter (fails if the batch's other subscriptions were lost with it)."""
+    from skpub.router.locate import Locator
+
+    lines = random_workload(seed=7, n=200, invalid=False)
+    dep = deployment(evaluators=2, batch_size=50)
+    poison = '{"type": "subscribe", "id": "poison", "kind": "range", "rect": [0, 0, 60, 60], "keywords": ["sushi"]}'
+    lines.insert(77, poison)
+    real = Locator._locate
+
+    def locate_batch(self, subs):
+        if any(sub.id == "poison" for sub in subs):
+            raise MemoryError("injected")
+        return [real(self, sub) for sub in subs]
+
+    def locate(self, record):
+        if record.id == "poison":
+            raise MemoryError("injected")
+        return real(self, record)
+
+    monkeypatch.setattr(Locator, "_locate_range_batch", locate_batch)
+    monkeypatch.setattr(Locator, "_locate", locate)
+    assert_only_the_poison_is_lost(tmp_path, lines, dep, poison)
+
+
 def test_an_object_that_fails_to_locate_is_the_only_one_lost(tmp_path, monkeypatch):
     lines = random_workload(seed=7, n=400, invalid=False)
     dep = deployment(evaluators=2, batch_size=50)

@@ -66,6 +66,13 @@ class FineGrid:
         cx1, cy1 = self.cell_of(rect.xmax, rect.ymax)
         return cx0, cy0, cx1, cy1
 
+    def cell_boxes(self, rects: np.ndarray) -> np.ndarray:
+        """Vectorized :meth:`cell_box`: ``(n, 4)`` float64 ``[xmin, ymin, xmax, ymax]`` -> ``(n, 4)`` int64 boxes."""
+        rects = np.asarray(rects, dtype=np.float64).reshape(-1, 4)
+        cx0, cy0 = self.cells_of(rects[:, 0], rects[:, 1])
+        cx1, cy1 = self.cells_of(rects[:, 2], rects[:, 3])
+        return np.stack([cx0, cy0, cx1, cy1], axis=1)
+
 
 def intersect_boxes(a: CellBox, b: CellBox) -> CellBox | None:
     """Return the intersection of two inclusive cell boxes, or None if disjoint."""
