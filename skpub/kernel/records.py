@@ -367,7 +367,10 @@ def _parse_range(raw: dict[str, Any], pos: int, sid: str) -> RangeSubscription:
     rect = _required(raw, "rect")
     if not isinstance(rect, list) or len(rect) != 4:
         raise LineRejected("wrong_field", f"'rect' must be [xmin, ymin, xmax, ymax], got {_show(rect)}")
-    xmin, ymin, xmax, ymax = (_number(raw, f"rect[{i}]", v) for i, v in enumerate(rect))
+    if all(type(v) is float for v in rect):  # the common case: decode_line never yields a non-finite float
+        xmin, ymin, xmax, ymax = rect
+    else:
+        xmin, ymin, xmax, ymax = (_number(raw, f"rect[{i}]", v) for i, v in enumerate(rect))
     if xmin > xmax or ymin > ymax:
         raise LineRejected("bad_rect", f"rect {_show(rect)} has xmin > xmax or ymin > ymax")
     source = _exactly_one(raw, "keywords", "expr")
