@@ -295,14 +295,21 @@ class GI2Index:
         return keys
 
     def _names(self) -> pa.Array:
-        """Return the terms this index knows, as an Arrow array in term-id order (rebuilt when they change)."""
-        if (
-            self._names_array is None
-            or self._names_of is not self.term_ids
-            or len(self._names_array) != len(self.term_ids)
-        ):
-            self._names_array, self._names_of = pa.array(list(self.term_ids), pa.string()), self.term_ids
-        return self._names_array
+        """Return the terms this index knows, as an Arrow array in term-id order.
+
+        Ids are dense in arrival order (the dict's order), so new terms only
+        extend it: O(new terms) to take them from the dict's end, plus a copy
+        in C. Rebuilt, O(terms), when the terms were numbered anew (a
+        compaction makes a new dict) or cut back.
+        """
+        names, known = self._names_array, len(self.term_ids)
+        if names is None or self._names_of is not self.term_ids or len(names) > known:
+            names = pa.array(list(self.term_ids), pa.string())
+        elif len(names) < known:
+            new = list(itertools.islice(reversed(self.term_ids), known - len(names)))
+            names = pa.concat_arrays([names, pa.array(new[::-1], pa.string())])
+        self._names_array, self._names_of = names, self.term_ids
+        return names
 
     def _term_id(self, term: str) -> int:
         tid = self.term_ids.get(term)

@@ -562,3 +562,32 @@ def test_delete_many_refuses_an_unknown_or_repeated_id_before_deleting_any():
     assert len(index) == 3 and all(sid in index for sid in ("s0", "s1", "s2"))
     found = index.match_many(object_batch([make_object(10, 1.0, 1.0, ["a"])], [grid.cell_of(1.0, 1.0)]))
     assert sorted(found.sids.to_pylist()) == ["s0", "s1", "s2"]
+
+
+@examples(0.3)
+@given(seed=st.integers(0, 10_000))
+def test_the_term_names_follow_the_term_ids_through_inserts_deletions_and_compactions(seed):
+    """The Arrow array of known terms GI^2 matches with is extended as terms arrive and rebuilt when they are
+    numbered anew (fails if a stale array were kept: an object's term would map to another term's id)."""
+    rng = np.random.default_rng(seed)
+    grid = FineGrid(SPACE, 20)
+    vocabulary = Vocabulary()
+    index = GI2Index(2, vocabulary)
+    words = [f"w{i}" for i in range(30)]
+    pos = 0
+    for _ in range(12):
+        subs = []
+        for _ in range(int(rng.integers(1, 6))):
+            terms = rng.choice(words, size=int(rng.integers(1, 4)), replace=False)
+            x0, y0 = rng.uniform(0, 90, 2)
+            subs.append(RangeSubscription(pos, f"s{pos}", Rect(x0, y0, x0 + 10, y0 + 10), (frozenset(terms),)))
+            pos += 1
+        index.insert_many(subs, [grid.cell_box(s.rect) for s in subs])
+        if rng.random() < 0.3:
+            index.delete_many([s.id for s in subs], [pos] * len(subs))
+            index.compact()
+        assert index._names().to_pylist() == list(index.term_ids)
+        objects = [make_object(pos + k, *rng.uniform(0, 100, 2), list(rng.choice(words, 3))) for k in range(5)]
+        found = index.match_many(object_batch(objects, [grid.cell_of(o.x, o.y) for o in objects]))
+        assert len(found.rows) == len(found.sids)
+    assert index._names().to_pylist() == list(index.term_ids)
