@@ -403,6 +403,14 @@ class Evaluator:
         self.load.end_batch()
         return summary
 
+    def age_load(self) -> None:
+        """Age the statistics by one batch without a summary: after a plan's transfer batch, which decides nothing.
+
+        The parts noted stay pending until the next summary counts them
+        (counts are sums: when they are counted changes no summary).
+        """
+        self.load.end_batch()
+
     def export_cells(self, moved: list[CellBox]) -> list[list[tuple[RangeSubscription, CellBox]]]:
         """Return, for each box of ``moved`` in turn, the range subscriptions indexed over it, each clipped to it.
 
@@ -437,7 +445,7 @@ class Evaluator:
         of the subscriptions and no cost: :meth:`_moved`); and the
         subscriptions that meet none of its new rectangles, which it drops at
         :meth:`take_over`.
-        Call after :meth:`load_summary` of the transfer batch. O(s log s +
+        Call after :meth:`age_load` of the transfer batch. O(s log s +
         parts + moves x cells with cost) in Python for ``s`` subscriptions
         held, O(moves x s) in numpy.
         """

@@ -415,29 +415,31 @@ def take_over(evaluator: Evaluator, batch: BatchInput) -> None:
 
 
 def hand_off(evaluator: Evaluator, batch: BatchInput) -> dict:
-    """After the batch: the load summary for the driver, and the hand-off when the batch is a plan's transfer batch.
+    """After the batch: the load summary for the driver, or the hand-off when the batch is a plan's transfer batch.
 
-    Returns the counters' ``load`` (:meth:`~skpub.kernel.load.LoadSummary.to_json`) and, for a source,
-    ``handoff`` (:meth:`~skpub.kernel.transfer.Handoff.counters`); the hand-off is written atomically
-    (a replay writes the same document again).
+    Returns the counters' ``load`` (:meth:`~skpub.kernel.load.LoadSummary.to_json`) when the driver
+    decides after this batch; in a transfer batch (which decides nothing) the statistics only age, and a
+    source returns its ``handoff`` (:meth:`~skpub.kernel.transfer.Handoff.counters`); the hand-off is
+    written atomically (a replay writes the same document again).
 
     Raises
     ------
     EvaluatorError
         If the plan is damaged.
     """
-    out = {"load": evaluator.load_summary(batch.batch_id).to_json()}
     try:
         plan = read_plan(batch.balancer_dir, batch.batch_id - 1)
     except ValueError as exc:
         raise EvaluatorError(str(exc)) from None
-    if plan is not None:
-        start = time.thread_time()
-        handoff = evaluator.hand_off(plan)
-        if handoff is not None:
-            nbytes = write_handoff(batch.balancer_dir, handoff)
-            out["handoff"] = handoff.counters(nbytes, time.thread_time() - start)
-    return out
+    if plan is None:
+        return {"load": evaluator.load_summary(batch.batch_id).to_json()}
+    evaluator.age_load()
+    start = time.thread_time()
+    handoff = evaluator.hand_off(plan)
+    if handoff is None:
+        return {}
+    nbytes = write_handoff(batch.balancer_dir, handoff)
+    return {"handoff": handoff.counters(nbytes, time.thread_time() - start)}
 
 
 def read_rows(batch: BatchInput) -> pa.Table:

@@ -862,3 +862,30 @@ def test_a_count_of_noted_parts_that_fails_changes_nothing_and_is_made_at_the_ne
         loads[0].summary(0, 1)
     monkeypatch.setattr(load_module, "_signed_count", real)
     assert loads[0].summary(0, 1).to_json() == loads[1].summary(0, 1).to_json()
+
+
+@examples(0.5)
+@given(seed=st.integers(0, 10_000), skipped=st.sets(st.integers(0, 7)))
+def test_a_batch_without_a_summary_changes_no_later_summary(seed, skipped):
+    """A transfer batch only ages the statistics (no summary, its parts left uncounted): every later summary equals
+    the one of statistics summarized after every batch (fails if a skipped summary's counting were lost)."""
+    rng = np.random.default_rng(seed)
+    every, some = (CellLoad(12, [(0, 0, 5, 11), (6, 0, 11, 11)], 3, decay=0.5) for _ in range(2))
+    held: list = []
+    for batch in range(8):
+        costs = {int(c): float(rng.uniform(0, 5)) for c in rng.integers(0, 144, 6)}
+        boxes = [tuple(int(v) for v in (x, y, x + rng.integers(0, 4), y + rng.integers(0, 4)))
+                 for x, y in rng.integers(0, 8, (3, 2))]  # fmt: skip
+        gone = held[: int(rng.integers(0, len(held) + 1))]
+        held = held[len(gone) :] + boxes
+        for load in (every, some):
+            load.add_costs(costs)
+            load.add_subscriptions(boxes)
+            load.remove_subscriptions(gone)
+        expected = every.summary(0, batch)
+        every.end_batch()
+        if batch in skipped:
+            some.end_batch()  # Evaluator.age_load
+        else:
+            assert some.summary(0, batch).to_json() == expected.to_json()
+            some.end_batch()

@@ -79,14 +79,19 @@ class Balancing:
     def end(self, batch_id: int, epoch: RoutingEpoch, evaluators: list[Evaluator], report: BatchReport) -> None:
         """After micro-batch ``batch_id``: hand off when it is a plan's transfer batch, else decide.
 
-        A hand-off goes through its JSON document, as on Spark, so both
-        engines carry the same bytes and floats; the rest is
-        :func:`~skpub.balancer.transfer.balancer_step`, as on Spark.
+        A transfer batch decides nothing, so its evaluators only age their
+        statistics (no load summary). A hand-off goes through its JSON
+        document, as on Spark, so both engines carry the same bytes and
+        floats; the rest is :func:`~skpub.balancer.transfer.balancer_step`,
+        as on Spark.
         """
         summaries, counters = [], []
         for e, ev in enumerate(evaluators):
             start = time.thread_time()
-            summaries.append(ev.load_summary(batch_id))
+            if self.plan is None:
+                summaries.append(ev.load_summary(batch_id))
+            else:
+                ev.age_load()
             handoff_start = time.thread_time()
             handoff = ev.hand_off(self.plan) if self.plan is not None else None
             if handoff is not None:
