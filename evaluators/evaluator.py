@@ -560,8 +560,10 @@ class Evaluator:
     def _delete_many(self, sub_ids: list[str], positions: list[int]) -> None:
         """Unsubscribe range subscriptions ``sub_ids`` held here, each at its stream position in ``positions``.
 
-        All or nothing: the load statistics stop counting them first, and
-        count them again should GI^2 refuse (:meth:`GI2Index.delete_many`).
+        All or nothing: their state blocks are marked changed first (a block
+        marked for nothing is only written again as it is), then the load
+        statistics stop counting them, and count them again should GI^2
+        refuse (:meth:`GI2Index.delete_many`).
 
         Raises
         ------
@@ -572,13 +574,13 @@ class Evaluator:
         if missing:
             raise EvaluatorError(f"unsubscribe of {missing[0]!r}, which evaluator {self.evaluator_id} does not hold")
         boxes = [self._box_of(sid) for sid in sub_ids]
+        self.dirty.update({state_block(box) for box in boxes})
         self.load.remove_subscriptions(boxes)
         try:
             self.index.delete_many(sub_ids, positions)
         except BaseException:
             self.load.add_subscriptions(boxes)
             raise
-        self.dirty.update(state_block(box) for box in boxes)
 
     def take_dirty_blocks(self) -> dict[int, bytes | None]:
         """Return the blocks changed since the last call, serialized; None for a block left empty."""

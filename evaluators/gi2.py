@@ -599,10 +599,17 @@ class GI2Index:
         slots = [self.slot_of[sid] for sid in sub_ids]
         if len(set(slots)) < len(slots) or len(positions) != len(slots):
             raise ValueError("a subscription is named twice, or ids and positions differ in number")
+        done = 0
+        try:
+            for slot, pos in zip(slots, positions, strict=True):
+                self._set(self.died, "died", slot, pos)
+                done += 1
+        except BaseException:
+            for slot in slots[:done]:  # live slots: they never died before
+                self._set(self.died, "died", slot, _NEVER)
+            raise
         for sid in sub_ids:
             del self.slot_of[sid]
-        for slot, pos in zip(slots, positions, strict=True):
-            self._set(self.died, "died", slot, pos)
         self.dead += len(slots)
 
     def _set(self, column: _Grow, name: str, slot: int, value: object) -> None:

@@ -889,3 +889,39 @@ def test_a_batch_without_a_summary_changes_no_later_summary(seed, skipped):
         else:
             assert some.summary(0, batch).to_json() == expected.to_json()
             some.end_batch()
+
+
+@pytest.mark.parametrize("failing", ["state_block", "delete_many", "remove_subscriptions"])
+def test_unsubscribes_that_fail_at_once_leave_the_evaluator_as_it_was(monkeypatch, failing):
+    """Evaluator._delete_many is all or nothing: whichever step fails, every subscription stays held, the load
+    statistics count what they counted, and no block lost its mark (fails if the load were left short, or GI^2
+    kept a deletion the statistics undid)."""
+    from skpub.evaluators import evaluator as evaluator_module
+    from skpub.evaluators.evaluator import Evaluator
+    from skpub.evaluators.gi2 import GI2Index
+    from skpub.kernel.geometry import Rect
+    from skpub.kernel.records import RangeSubscription
+    from skpub.kernel.text import Vocabulary, parse_expression
+
+    dep = deployment(evaluators=2).replace(balancer=BalancerConfig(mode="adaptive"))
+    ev = Evaluator(0, dep, Vocabulary())
+    ev.set_partition([(0, 0, dep.grid_size - 1, dep.grid_size - 1)])
+    boxes = [(0, 0, 3, 3), (10, 10, 12, 19), (30, 5, 30, 5)]
+    for i, box in enumerate(boxes):
+        ev._insert(RangeSubscription(i, f"s{i}", Rect(0, 0, 1, 1), parse_expression("a")), box)
+    ev.take_dirty_blocks()
+    before = ev.load.summary(0, 0).to_json()
+
+    def fail(*args, **kwargs):
+        raise MemoryError("injected")
+
+    target = {"state_block": evaluator_module, "delete_many": GI2Index, "remove_subscriptions": CellLoad}[failing]
+    monkeypatch.setattr(target, failing, fail)
+    with pytest.raises(MemoryError):
+        ev._delete_many(["s0", "s2"], [5, 6])
+    monkeypatch.undo()
+    assert all(f"s{i}" in ev.index for i in range(3))
+    assert ev.load.summary(0, 0).to_json() == before
+    ev._delete_many(["s0", "s2"], [5, 6])  # and it can be applied again, once
+    assert "s0" not in ev.index and "s1" in ev.index and "s2" not in ev.index
+    assert len(ev.take_dirty_blocks()) >= 1

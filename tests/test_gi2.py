@@ -591,3 +591,27 @@ def test_the_term_names_follow_the_term_ids_through_inserts_deletions_and_compac
         found = index.match_many(object_batch(objects, [grid.cell_of(o.x, o.y) for o in objects]))
         assert len(found.rows) == len(found.sids)
     assert index._names().to_pylist() == list(index.term_ids)
+
+
+def test_a_delete_many_that_fails_midway_leaves_every_subscription_live(monkeypatch):
+    """Should setting an end position fail after others were set, those are set back: every subscription still
+    matches (fails if a slot kept its end while its id stayed listed)."""
+    grid = FineGrid(SPACE, 20)
+    subs = [RangeSubscription(i, f"s{i}", Rect(0.0, 0.0, 50.0, 50.0), parse_expression("a")) for i in range(3)]
+    index = GI2Index(2, Vocabulary())
+    index.insert_many(subs, [grid.cell_box(s.rect) for s in subs])
+    real, calls = GI2Index._set, []
+
+    def failing(self, column, name, slot, value):
+        calls.append(slot)
+        if len(calls) == 2:
+            raise MemoryError("injected")
+        return real(self, column, name, slot, value)
+
+    monkeypatch.setattr(GI2Index, "_set", failing)
+    with pytest.raises(MemoryError):
+        index.delete_many(["s0", "s1", "s2"], [5, 5, 5])
+    monkeypatch.undo()
+    assert len(index) == 3 and index.dead == 0
+    found = index.match_many(object_batch([make_object(10, 1.0, 1.0, ["a"])], [grid.cell_of(1.0, 1.0)]))
+    assert sorted(found.sids.to_pylist()) == ["s0", "s1", "s2"]

@@ -275,3 +275,22 @@ def test_a_moving_cluster_in_metres_equals_the_oracle_while_the_balancer_acts(
     out, summary = run(tmp_path, "out", lines, dep)
     assert_outputs_equal_oracle(out, lines, dep)
     assert summary.balancer["subscriptions"] > 0, "subscriptions moved while the results stayed the oracle's"
+
+
+def test_transfer_batches_without_load_summaries_decide_and_deliver_as_with_them(tmp_path, monkeypatch):
+    """A transfer batch's evaluators only age their statistics: the operation log and the deliveries equal those of
+    a run that builds (and discards) every summary there, as before (fails if ageing were skipped or a pending
+    count lost)."""
+    from skpub.evaluators.evaluator import Evaluator
+
+    lines = random_workload(seed=8, n=400, invalid=False)
+    dep = deployment(evaluators=5, batch_size=20).replace(balancer=BalancerConfig(mode="adaptive", beta=1.0))
+    ageing, _ = run(tmp_path, "ageing", lines, dep)
+    monkeypatch.setattr(Evaluator, "age_load", lambda self: self.load_summary(-1) and None)
+    summarizing, _ = run(tmp_path, "summarizing", lines, dep)
+
+    def log(out):
+        return [{k: v for k, v in row.items() if not k.endswith("seconds")} for row in read_stream(out, "balancer")]
+
+    assert log(ageing) and log(ageing) == log(summarizing)
+    assert per_batch(ageing) == per_batch(summarizing)

@@ -55,8 +55,9 @@ class FineGrid:
         cx, cy : ndarray, shape (n,), int64
         """
         s = self.space
-        cx = np.floor((np.asarray(xs, dtype=np.float64) - s.xmin) / s.width * self.size)
-        cy = np.floor((np.asarray(ys, dtype=np.float64) - s.ymin) / s.height * self.size)
+        with np.errstate(over="ignore"):  # a far corner (up to +-1.7e308) scales to +-inf: clipped below
+            cx = np.floor((np.asarray(xs, dtype=np.float64) - s.xmin) / s.width * self.size)
+            cy = np.floor((np.asarray(ys, dtype=np.float64) - s.ymin) / s.height * self.size)
         last = self.size - 1
         return np.clip(cx, 0, last).astype(np.int64), np.clip(cy, 0, last).astype(np.int64)
 
