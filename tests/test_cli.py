@@ -200,3 +200,39 @@ def test_progress_is_a_live_bar_on_a_terminal_and_sparse_plain_lines_elsewhere(m
     live.note("a note")
     live.close()
     assert "drift" in screen.getvalue() and "2/3" in screen.getvalue() and "[skpub] a note" in screen.getvalue()
+
+
+def test_a_token_is_one_printable_ascii_word_from_its_file_or_the_environment(tmp_path, monkeypatch):
+    """load_token: the file's one token (surrounding blanks dropped), else $SKPUB_TOKEN, else None; an empty,
+    non-ASCII, spaced or oversized file is a ConfigError naming the flag."""
+    from skpub.app.bearer import MAX_TOKEN_BYTES, TOKEN_ENV, load_token
+    from skpub.kernel.errors import ConfigError
+
+    good = tmp_path / "good"
+    good.write_bytes(b"  s3cr3t-token\n")
+    assert load_token(str(good)) == "s3cr3t-token"
+    monkeypatch.setenv(TOKEN_ENV, "from-env")
+    assert load_token(None) == "from-env"
+    monkeypatch.delenv(TOKEN_ENV)
+    assert load_token(None) is None
+    for name, content in [("empty", b"\n"), ("accent", "caf\u00e9".encode()), ("two", b"a b"),
+                          ("huge", b"x" * (MAX_TOKEN_BYTES + 1))]:  # fmt: skip
+        path = tmp_path / name
+        path.write_bytes(content)
+        with pytest.raises(ConfigError, match="--token-file"):
+            load_token(str(path))
+
+
+def test_the_cli_starts_without_the_daemon_the_engines_or_the_balancer():
+    """Importing the CLI (every command's start, ``--help`` included) loads none of the daemon's, engines' or
+    balancer's modules: a client verb needs none of them (fails if a top-level import pulls them in again)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, skpub.app.cli; "
+        "print(sorted(m for m in sys.modules if m.startswith(('skpub.app.daemon', 'skpub.app.serve', "
+        "'skpub.app.engines', 'skpub.balancer', 'scipy'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

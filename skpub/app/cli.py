@@ -237,8 +237,9 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from skpub.app.bearer import load_token
     from skpub.app.daemon import Limits, recorded_deployment
-    from skpub.app.serve import load_targets, load_token, serve
+    from skpub.app.serve import load_targets, serve
 
     recorded = recorded_deployment(args.data) if args.config is None else None  # a restart: flags apply to it
     deployment = (recorded or load_deployment(args.config)).replace(

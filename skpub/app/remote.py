@@ -23,7 +23,7 @@ from typing import IO
 
 import httpx
 
-from skpub.app.serve import load_token
+from skpub.app.bearer import load_token
 from skpub.client import FLUSH, LOGS, Client, Refused, live_lines, save_cursor
 from skpub.kernel.errors import ConfigError
 

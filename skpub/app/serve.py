@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
-import os
 import signal
 import sys
 from collections.abc import Iterator, Sequence
@@ -27,6 +26,7 @@ from typing import TextIO
 import orjson
 import stamina.instrumentation
 
+from skpub.app.bearer import TOKEN_ENV
 from skpub.app.console import lines_to_file
 from skpub.app.daemon import LOG, Daemon, Limits
 from skpub.app.output import ENGINE_LOG
@@ -35,8 +35,6 @@ from skpub.kernel.config import Deployment
 from skpub.kernel.errors import ConfigError
 
 DEFAULT_LISTEN = "127.0.0.1:8750"
-TOKEN_ENV = "SKPUB_TOKEN"
-MAX_TOKEN_BYTES = 4096
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -71,7 +69,8 @@ def load_targets(path: str | Path) -> list[TargetSpec]:
     ConfigError
         If the file is not such a JSON object, or a definition cannot be used (the sentence names it).
     """
-    raw = Path(path).read_bytes()[: MAX_TARGETS_BYTES + 1]
+    with open(path, "rb") as fh:
+        raw = fh.read(MAX_TARGETS_BYTES + 1)  # a larger file is refused, not read to its end
     if len(raw) > MAX_TARGETS_BYTES:
         raise ConfigError(f"--targets {path}: larger than {MAX_TARGETS_BYTES} bytes")
     try:
@@ -87,26 +86,6 @@ def load_targets(path: str | Path) -> list[TargetSpec]:
         except TargetError as exc:
             raise ConfigError(f"--targets {path}: target {name!r}: {exc}") from None
     return specs
-
-
-def load_token(token_file: str | None) -> str | None:
-    """Return the bearer token from ``token_file`` (its first line) or ``$SKPUB_TOKEN``, or None.
-
-    Raises
-    ------
-    ConfigError
-        If the file is empty, too long or not text.
-    """
-    if token_file is None:
-        return os.environ.get(TOKEN_ENV) or None
-    raw = Path(token_file).read_bytes()[: MAX_TOKEN_BYTES + 1]
-    try:
-        token = raw.decode("ascii").strip()
-    except UnicodeDecodeError:
-        raise ConfigError(f"--token-file {token_file}: the token is printable ASCII") from None
-    if not token or len(raw) > MAX_TOKEN_BYTES or not token.isprintable() or " " in token:
-        raise ConfigError(f"--token-file {token_file}: one printable token of at most {MAX_TOKEN_BYTES} bytes")
-    return token
 
 
 def serve(
