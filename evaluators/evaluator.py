@@ -381,10 +381,9 @@ class Evaluator:
         missing = [sid for sid in ids if sid not in self.index]
         if missing:
             raise KeyError(missing[0])
-        for sub_id in ids:
-            box = self._box_of(sub_id)
-            self._changed(box)
-            self.load.remove_subscription(box)
+        boxes = [self._box_of(sid) for sid in ids]
+        self.dirty.update({state_block(box) for box in boxes})
+        self.load.remove_subscriptions(boxes)
         self.index.remove_many(ids)
 
     def set_partition(self, rectangles: list[CellBox]) -> None:

@@ -222,7 +222,12 @@ class Locator:
         return out
 
     def _locate(self, record: Record) -> Located:
-        """Locate a record other than an object."""
+        """Locate a record other than an object.
+
+        A range subscription goes its own way here, not through
+        :meth:`_locate_range_batch`, of which it is the fallback: should the
+        bulk path fail, this one must not fail with it.
+        """
         kind = kind_of(record)
         if isinstance(record, TopkSubscription | KnnSubscription):
             return Located(record, kind, keywords=record.keywords)
