@@ -38,7 +38,7 @@ from skpub.kernel.registry import IdRegistry
 from skpub.kernel.text import Vocabulary
 from skpub.kernel.wire import ROUTED_SCHEMA, SNAPSHOT, SUBSCRIBE, UNSUBSCRIBE
 from skpub.router.epoch import RoutingEpoch
-from skpub.router.locate import Locator, located_table
+from skpub.router.locate import LocatedItems, Locator
 from skpub.router.sequencer import Decisions, Sequencer, evaluator_tables, routed_table
 
 
@@ -138,7 +138,13 @@ class Router:
         """The id registry (with the placements): the routing unit's durable state."""
         return self.sequencer.registry
 
-    def route_many(self, lines: Sequence[bytes], batch_id: int, epoch: RoutingEpoch) -> RoutedBatch:
+    def locate(self, lines: Sequence[bytes], batch_id: int, epoch: RoutingEpoch) -> LocatedItems:
+        """Run the parse stage of micro-batch ``batch_id`` under ``epoch`` (what :meth:`route_many` does first)."""
+        return Locator(self.deployment, self.vocabulary, epoch.table).locate_items(lines, batch_id, epoch.number)
+
+    def route_many(
+        self, lines: Sequence[bytes], batch_id: int, epoch: RoutingEpoch, located: LocatedItems | None = None
+    ) -> RoutedBatch:
         """Route one micro-batch of raw lines, in stream order.
 
         Parameters
@@ -149,6 +155,11 @@ class Router:
             Micro-batch id; positions are ``stream_position(batch_id, i)``.
         epoch : RoutingEpoch
             The routing epoch in force for this batch.
+        located : LocatedItems, optional
+            The batch's parse stage, already run elsewhere (the local
+            engine's parse worker, :mod:`skpub.app.engines.parse_ahead`);
+            used only if it is this batch's under this epoch, else the
+            stage runs here.
 
         Returns
         -------
@@ -159,10 +170,10 @@ class Router:
             ``internal_error`` dead letter and the batch goes on.
         """
         start = time.perf_counter()
-        located = Locator(self.deployment, self.vocabulary, epoch.table).locate_lines(lines, batch_id)
-        parse = time.thread_time()
-        items = located_table(located)
-        parse = time.thread_time() - parse + located.cpu_seconds
+        ahead = located is not None and (located.batch_id, located.epoch) == (batch_id, epoch.number)
+        if located is None or not ahead:
+            located = self.locate(lines, batch_id, epoch)
+        items = located.items
         serial = time.thread_time()
         decisions = self.sequencer.sequence_table(items, epoch.table.partitioning)
         end = stream_position(batch_id, len(lines))
@@ -175,8 +186,8 @@ class Router:
             located.dead_letters + dead,
             decisions.objects,
             decisions.forwarded,
-            time.perf_counter() - start,
-            parse,
+            time.perf_counter() - start + (located.cpu_seconds if ahead else 0.0),  # its parse CPU when ahead
+            located.cpu_seconds,
             serial,
             marks(decisions, items, end),
             accepted_controls(decisions, items),

@@ -86,6 +86,23 @@ class LocatedBatch:
     cpu_seconds: float = 0.0
 
 
+@dataclass
+class LocatedItems:
+    """The parse stage's output for one micro-batch, as the serial stage reads it.
+
+    ``items`` are :func:`located_table`'s rows (:data:`~skpub.kernel.wire.LOCATED_SCHEMA`,
+    stream order) for micro-batch ``batch_id`` located under routing epoch
+    ``epoch`` (its number); ``dead_letters`` the lines rejected while parsing;
+    ``cpu_seconds`` the thread CPU seconds the stage took, wherever it ran.
+    """
+
+    batch_id: int
+    epoch: int
+    items: pa.Table
+    dead_letters: list[DeadLetter]
+    cpu_seconds: float
+
+
 class Locator:
     """Parses and locates lines for one routing epoch (stateless between calls)."""
 
@@ -154,6 +171,17 @@ class Locator:
         except Exception:  # noqa: BLE001 - locate one by one, so only the objects that fail are lost
             objects, cx, cy, owners = self._locate_objects_one_by_one(objects, lines, first_pos, dead)
         return LocatedBatch(objects, owners, cx, cy, others, dead, len(lines), time.thread_time() - start)
+
+    def locate_items(self, lines: Sequence[bytes], batch_id: int, epoch: int) -> LocatedItems:
+        """Return micro-batch ``batch_id``'s :class:`LocatedItems`: :meth:`locate_lines` then :func:`located_table`.
+
+        ``epoch`` is the number of the routing epoch whose table this locator
+        holds; the serial stage checks it. Never raises for a line.
+        """
+        start = time.thread_time()
+        located = self.locate_lines(lines, batch_id)
+        items = located_table(located)
+        return LocatedItems(batch_id, epoch, items, located.dead_letters, time.thread_time() - start)
 
     def _locate_objects_one_by_one(
         self, objects: ObjectColumns, lines: Sequence[bytes], first_pos: int, dead: list[DeadLetter]

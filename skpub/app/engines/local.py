@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from skpub.app.checkpoint import CHECKPOINT_DIR, Checkpoint
+from skpub.app.engines.parse_ahead import ParseAhead, worth_a_worker
 from skpub.app.engines.sink import unique_letters, write_batch
 from skpub.app.output import claim_output, mark_success
 from skpub.app.summary import BatchReport, EvaluatorCounts, RoutingCounts, RunObserver, RunSummary, count_batch
@@ -34,6 +35,7 @@ from skpub.kernel.transfer import Handoff, TransferPlan
 from skpub.router.dispatch import Router
 from skpub.router.epoch import RoutingEpoch
 from skpub.router.initial import initial_table
+from skpub.router.locate import LocatedItems
 
 
 def _replay_then(sample: list[bytes], lines: Iterator[bytes]) -> Iterator[bytes]:
@@ -137,12 +139,28 @@ class LocalPipeline:
             ev.set_partition(epoch.table.partitioning.boxes_of(e))
         return cls(root, deployment, epoch, Router(deployment, vocabulary), evaluators, RankedMerge())
 
-    def step(self, batch_id: int, batch: list[bytes], sink: Sink) -> BatchReport:
+    def epoch_for(self, batch_id: int) -> RoutingEpoch:
+        """Return the routing epoch of micro-batch ``batch_id``, the next one to step or the one after it.
+
+        Known a batch ahead: a plan decided after batch ``b`` routes from
+        ``b + 2`` on (:attr:`~skpub.kernel.transfer.TransferPlan.first_batch`),
+        so the one after the next batch to step is routed by the plan in
+        flight if that plan's first batch has come, else by the current epoch.
+        """
+        balancing = self.balancing
+        if balancing is not None and balancing.plan is not None and balancing.plan.first_batch <= batch_id:
+            assert balancing.epoch is not None  # set with the plan
+            return balancing.epoch
+        return self.epoch
+
+    def step(self, batch_id: int, batch: list[bytes], sink: Sink, located: LocatedItems | None = None) -> BatchReport:
         """Run micro-batch ``batch_id`` of lines ``batch`` and hand its outputs to ``sink``; return its report.
 
         ``sink`` is called as :func:`~skpub.app.engines.sink.write_batch` is,
-        without its ``root``, and completes the report. Never raises for a
-        line (SEMANTICS 1).
+        without its ``root``, and completes the report. ``located``: the
+        batch's parse stage if a parse worker ran it
+        (:mod:`skpub.app.engines.parse_ahead`; used only if it was run under
+        the batch's epoch). Never raises for a line (SEMANTICS 1).
         """
         evaluators, balancing = self.evaluators, self.balancing
         report = BatchReport(batch_id, records=len(batch), input_bytes=sum(map(len, batch)) + len(batch))
@@ -151,7 +169,7 @@ class LocalPipeline:
             self.epoch = balancing.start(batch_id, self.epoch, evaluators, self.router, report)
             report.stage_cpu["balancer"] = time.thread_time() - balance_start
         epoch = self.epoch
-        routed = self.router.route_many(batch, batch_id, epoch)
+        routed = self.router.route_many(batch, batch_id, epoch, located)
         split = time.thread_time()
         per_evaluator = routed.rows_for(len(evaluators))  # the Spark sequencer task's files, one per evaluator
         split = time.thread_time() - split
@@ -199,12 +217,22 @@ def _charge(report: BatchReport, evaluator: int, start: float) -> None:
     cpu[evaluator] = cpu.get(evaluator, 0.0) + time.thread_time() - start
 
 
+def _with_next(items: Iterator[list[bytes]]) -> Iterator[tuple[list[bytes], list[bytes] | None]]:
+    """Yield each item with the one after it (None after the last); reads one item ahead."""
+    current = next(items, None)
+    while current is not None:
+        upcoming = next(items, None)
+        yield current, upcoming
+        current = upcoming
+
+
 def run_local(
     input_path: str | Path,
     output_dir: str | Path,
     deployment: Deployment,
     observer: RunObserver,
     overwrite: bool = False,
+    parse_ahead: bool | None = None,
 ) -> RunSummary:
     """Run the stream at ``input_path`` through the local engine into ``output_dir``.
 
@@ -213,6 +241,11 @@ def run_local(
     ``_SUCCESS`` is written last; a run stopped before it leaves partial
     output, and running again (same arguments) replaces it with exactly what
     a clean run writes.
+
+    While a micro-batch is routed and evaluated, a worker process parses the
+    next one (:mod:`skpub.app.engines.parse_ahead`) if ``parse_ahead`` is
+    true, or by default (None) when :func:`~skpub.app.engines.parse_ahead.worth_a_worker`
+    says so for ``deployment.batch_size``; the results are the same either way.
 
     Returns
     -------
@@ -236,9 +269,20 @@ def run_local(
     root = claim_output(output_dir, run_id, overwrite)
     Checkpoint(root / CHECKPOINT_DIR).clear()
     pipeline = LocalPipeline.new(root, deployment, vocabulary, sample)
+    if parse_ahead is None:
+        parse_ahead = worth_a_worker(deployment.batch_size)
     tune_gc()
     observer.start()
-    for batch_id, batch in enumerate(batches(_replay_then(sample, lines), deployment.batch_size)):
-        observer.on_batch(pipeline.step(batch_id, batch, functools.partial(write_batch, root)))
+    sink = functools.partial(write_batch, root)
+    with ParseAhead(deployment) as ahead:
+        stream = _with_next(batches(_replay_then(sample, lines), deployment.batch_size))
+        for batch_id, (batch, upcoming) in enumerate(stream):
+            located = ahead.take(batch_id)
+            if parse_ahead and upcoming is not None:
+                ahead.submit(batch_id + 1, upcoming, pipeline.epoch_for(batch_id + 1))
+            observer.on_batch(pipeline.step(batch_id, batch, sink, located))
+            if ahead.failure is not None and parse_ahead:
+                observer.note(f"parse worker stopped ({ahead.failure}); parsing in this process from now on")
+                parse_ahead = False
     mark_success(root, run_id)
     return observer.finish()

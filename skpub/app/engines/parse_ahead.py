@@ -1,0 +1,243 @@
+"""The local engine's parse worker: the next micro-batch's parse stage runs in a second process.
+
+The parse stage (:meth:`~skpub.router.locate.Locator.locate_items`: parse,
+validate, normalize, locate) depends on a micro-batch's lines and its routing
+epoch alone, never on the stream before it (``skpub.router.locate``). So
+while the engine's process runs micro-batch ``b``'s serial stage, evaluators
+and sink, one worker process parses and locates ``b + 1``, as the Spark
+engine's parse tasks run apart from its sequencer task. On the sparse
+GeoNames stream the parse stage is about half of a micro-batch's CPU
+(docs/benchmarks.md (s)), so on two cores the two halves overlap.
+
+The worker is ``python -m skpub.app.engines.parse_ahead FD``, our own
+interpreter and module (never the caller's main module, which a
+``multiprocessing`` spawn would import again), talking over a socket pair in
+:func:`~skpub.kernel.host.send_message` frames: a JSON header and binary
+blobs, nothing unpickled. A request carries a batch's lines (their lengths as
+int64, then their bytes), its routing epoch's JSON when the worker does not
+hold it yet, and the deployment's JSON in the first request; the answer, the
+located rows as an Arrow IPC stream (:func:`~skpub.kernel.wire.table_bytes`),
+the dead letters and the worker's CPU seconds. Requests and answers
+alternate: the engine takes batch ``b``'s answer before it sends ``b + 1``,
+so one batch is in flight and the worker holds at most one micro-batch of
+lines more than the engine does.
+
+Results never depend on the worker: the serial stage uses an answer only for
+the batch and epoch it asked for
+(:meth:`~skpub.router.dispatch.Router.route_many`), and should the worker
+fail, time out or die, that batch and every later one are parsed in the
+engine's process, as without a worker (:attr:`ParseAhead.failure` says why).
+The epoch a batch is parsed under is known a batch ahead
+(:meth:`~skpub.app.engines.local.LocalPipeline.epoch_for`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from skpub.kernel.config import Deployment, deployment_from_text
+from skpub.kernel.host import HostError, recv_message, send_message
+from skpub.kernel.records import DeadLetter
+from skpub.kernel.runtime import tune_gc
+from skpub.kernel.text import load_vocabulary
+from skpub.kernel.wire import bytes_table, table_bytes
+from skpub.router.epoch import RoutingEpoch
+from skpub.router.locate import LocatedItems, Locator
+
+MIN_BATCH_LINES = 10_000
+"""Below this many lines a micro-batch is parsed in the engine's process: the worker's start (about a second of
+imports) and each batch's hand-over would cost more than the overlap wins."""
+ANSWER_SECONDS = 600.0
+"""The longest the engine waits for the worker's answer on one micro-batch, seconds; then it parses itself."""
+
+
+def worth_a_worker(batch_lines: int, cpus: int | None = None) -> bool:
+    """Whether a run whose micro-batches hold ``batch_lines`` lines should parse ahead in a worker.
+
+    Only with at least two CPUs available to this process (``cpus``; by
+    default ``os.sched_getaffinity``) and batches of at least
+    :data:`MIN_BATCH_LINES`.
+    """
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cpus >= 2 and batch_lines >= MIN_BATCH_LINES
+
+
+class ParseAhead:
+    """One worker process that runs the parse stage of the micro-batch after the one being routed.
+
+    For each batch ``b``: :meth:`take` ``b``'s result (None: parse it
+    yourself), :meth:`submit` ``b + 1``, then route ``b``. :meth:`close` at
+    the end, or use it as a context manager. The worker starts at the first
+    submit.
+    """
+
+    def __init__(self, deployment: Deployment) -> None:
+        self._deployment_json: str | None = json.dumps(deployment.to_json())
+        self._process: subprocess.Popen | None = None
+        self._socket: socket.socket | None = None
+        self._pending: int | None = None
+        self._epoch_sent: int | None = None
+        self._handover = 0.0
+        self.failure: str | None = None
+        """Why the worker stopped being used (None while it is): every batch is then parsed in the engine."""
+
+    def submit(self, batch_id: int, lines: list[bytes], epoch: RoutingEpoch) -> None:
+        """Send micro-batch ``batch_id`` (``lines``, as read) to the worker, to be parsed under ``epoch``.
+
+        Any answer not yet taken is dropped first. Never raises: a failure
+        is kept in :attr:`failure` and the worker stopped.
+        """
+        if self.failure is not None:
+            return
+        start = time.thread_time()
+        try:
+            if self._pending is not None:
+                self.take(self._pending)
+            if self._socket is None:
+                self._start()
+            header = {"batch_id": batch_id, "epoch": epoch.number}
+            if self._deployment_json is not None:
+                header["deployment"], self._deployment_json = self._deployment_json, None
+            if epoch.number != self._epoch_sent:
+                header["epoch_json"] = json.dumps(epoch.to_json())
+            lengths = np.fromiter(map(len, lines), np.int64, len(lines))
+            assert self._socket is not None
+            send_message(self._socket, header, [lengths.tobytes(), b"".join(lines)])
+            self._pending, self._epoch_sent = batch_id, epoch.number
+        except Exception as exc:  # noqa: BLE001 - the engine's process parses instead
+            self._fail(f"sending batch {batch_id}: {type(exc).__name__}: {exc}")
+        self._handover += time.thread_time() - start
+
+    def take(self, batch_id: int) -> LocatedItems | None:
+        """Return micro-batch ``batch_id``'s parse stage from the worker; None if it was not sent or failed.
+
+        Waits for the worker (at most :data:`ANSWER_SECONDS`). The CPU
+        seconds include the worker's and this process's hand-over. Never
+        raises.
+        """
+        if self._pending != batch_id or self._socket is None:
+            return None
+        self._pending = None
+        start = time.thread_time()
+        try:
+            header, blobs = recv_message(self._socket)
+            if header.get("status") != "ok":
+                self._fail(f"batch {batch_id}: {header.get('error', 'no status')}")
+                return None
+            items = bytes_table(blobs[0])
+            letters = [DeadLetter(*letter) for letter in header["dead_letters"]]
+            seconds = self._handover + time.thread_time() - start
+            self._handover = 0.0
+            return LocatedItems(batch_id, int(header["epoch"]), items, letters, float(header["cpu_seconds"]) + seconds)
+        except Exception as exc:  # noqa: BLE001 - the engine's process parses instead
+            code = self._process.poll() if self._process is not None else None
+            died = f" (the worker exited with {code})" if code is not None else ""
+            self._fail(f"batch {batch_id}: {type(exc).__name__}: {exc}{died}")
+            return None
+
+    def _start(self) -> None:
+        ours, theirs = socket.socketpair()
+        try:
+            self._process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+                [sys.executable, "-P", "-m", __name__, str(theirs.fileno())],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+                start_new_session=True,  # an interrupt reaches the engine, which stops the worker
+            )
+        finally:
+            theirs.close()
+        ours.settimeout(ANSWER_SECONDS)
+        self._socket = ours
+
+    def _fail(self, why: str) -> None:
+        self.failure = why
+        self.close()
+
+    def close(self) -> None:
+        """Stop the worker: close its socket (it exits at the end of its input), kill it if it lingers; idempotent."""
+        self._pending = None
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+        if self._process is not None:
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+
+    def __enter__(self) -> ParseAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- in the worker process
+
+
+def split_lines(lengths: bytes, data: bytes) -> list[bytes]:
+    """Return the lines whose int64 ``lengths`` (native byte order) cut ``data``, as sent by :meth:`ParseAhead.submit`.
+
+    Raises
+    ------
+    ValueError
+        If the lengths are negative or do not add up to ``len(data)``.
+    """
+    sizes = np.frombuffer(lengths, np.int64)
+    if (sizes < 0).any() or int(sizes.sum()) != len(data):
+        raise ValueError("line lengths do not cut the lines' bytes")
+    ends = np.cumsum(sizes).tolist()
+    return [data[a:b] for a, b in zip([0, *ends][:-1], ends, strict=True)]
+
+
+def serve(sock: socket.socket) -> None:
+    """Answer requests on ``sock`` until the engine closes it (the worker's main loop).
+
+    A request that fails is answered with its error; the engine then parses
+    itself and stops the worker.
+    """
+    deployment = vocabulary = epoch = None
+    tune_gc()
+    while True:
+        try:
+            header, blobs = recv_message(sock)
+        except HostError:
+            return  # the engine closed the socket: the run is over
+        start = time.thread_time()
+        try:
+            if "deployment" in header:
+                deployment = deployment_from_text(header["deployment"])
+                vocabulary = load_vocabulary(deployment.vocabulary, deployment.vocabulary_digest)
+            if "epoch_json" in header:
+                epoch = RoutingEpoch.from_json(json.loads(header["epoch_json"]))
+            if deployment is None or vocabulary is None or epoch is None or epoch.number != header["epoch"]:
+                raise RuntimeError(f"the worker holds no deployment or no routing epoch {header['epoch']}")
+            lines = split_lines(*blobs)
+            located = Locator(deployment, vocabulary, epoch.table).locate_items(lines, header["batch_id"], epoch.number)
+            answer = {
+                "status": "ok",
+                "epoch": epoch.number,
+                "dead_letters": [(d.pos, d.line, d.reason, d.message) for d in located.dead_letters],
+            }
+            data = table_bytes(located.items)
+            answer["cpu_seconds"] = time.thread_time() - start
+            send_message(sock, answer, [data])
+        except Exception as exc:  # noqa: BLE001 - reported to the engine, which parses itself
+            with contextlib.suppress(OSError, HostError):
+                send_message(sock, {"status": "error", "error": f"{type(exc).__name__}: {exc}"})
+
+
+if __name__ == "__main__":
+    serve(socket.socket(fileno=int(sys.argv[1])))

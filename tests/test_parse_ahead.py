@@ -1,0 +1,165 @@
+"""The local engine's parse worker (skpub.app.engines.parse_ahead): same results, every batch parsed ahead, and a
+worker that fails or dies costs speed, never a result."""
+
+import os
+import signal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from skpub.app.engines import parse_ahead
+from skpub.app.engines.local import run_local
+from skpub.app.engines.parse_ahead import ParseAhead, split_lines, worth_a_worker
+from skpub.app.summary import RunObserver, RunSummary
+from skpub.kernel.config import BalancerConfig, Window
+from skpub.kernel.parts import read_stream
+from skpub.kernel.text import Vocabulary
+from skpub.router.dispatch import Router
+from skpub.router.epoch import RoutingEpoch
+from skpub.router.initial import initial_table
+from tests.profiles import examples
+from tests.test_rebalancing import per_batch
+from tests.workloads import assert_outputs_equal_oracle, deployment, random_workload, ranked_workload, write_lines
+
+
+class Notes(RunObserver):
+    def __init__(self, dep):
+        super().__init__(RunSummary("local", dep.router, dep.evaluators), stream=None)
+        self.notes = []
+
+    def note(self, text):
+        self.notes.append(text)
+
+
+def run(tmp_path, name, lines, dep, ahead):
+    source = tmp_path / "in.jsonl"
+    write_lines(source, lines)
+    observer = Notes(dep)
+    run_local(source, tmp_path / name, dep, observer, parse_ahead=ahead)
+    return tmp_path / name, observer.notes
+
+
+def decisions_of(out):
+    """The balancer log's lines without their measured seconds."""
+    return [{k: v for k, v in line.items() if not k.endswith("seconds")} for line in read_stream(out, "balancer")]
+
+
+def count_parses_here(monkeypatch):
+    """Record the batch ids the engine's own process parses."""
+    here = []
+    locate = Router.locate
+
+    def counted(self, lines, batch_id, epoch):
+        here.append(batch_id)
+        return locate(self, lines, batch_id, epoch)
+
+    monkeypatch.setattr(Router, "locate", counted)
+    return here
+
+
+@pytest.mark.parametrize("router", ["agrid", "kdt", "text", "uniform"])
+def test_a_worker_parses_every_batch_after_the_first_under_chaos_and_changes_no_result(tmp_path, monkeypatch, router):
+    """Under the chaos balancer (an epoch change every other batch) every batch from the second on is parsed by
+    the worker under its own epoch, and the output is the oracle's and, batch by batch, that of a run without."""
+    lines = random_workload(seed=41, n=400)
+    dep = deployment(evaluators=3, router=router, batch_size=9).replace(balancer=BalancerConfig(mode="chaos", seed=2))
+    here = count_parses_here(monkeypatch)
+    ahead, notes = run(tmp_path, "ahead", lines, dep, ahead=True)
+    assert here == [0] and notes == []
+    assert_outputs_equal_oracle(ahead, lines, dep)
+    inline, _ = run(tmp_path, "inline", lines, dep, ahead=False)
+    assert here[1:] == list(range(-(-len(lines) // 9)))
+    assert per_batch(ahead) == per_batch(inline)
+    assert per_batch(ahead, "dead_letters") == per_batch(inline, "dead_letters")
+    decisions = [decisions_of(out) for out in (ahead, inline)]
+    assert decisions[0] == decisions[1]
+    assert decisions[0], "the balancer must have changed epochs for this test to mean anything"
+
+
+def test_ranked_results_with_a_window_are_the_oracles_when_parsed_ahead(tmp_path, monkeypatch):
+    lines = ranked_workload(seed=8, n=300)
+    dep = deployment(evaluators=4, batch_size=11).replace(
+        window=Window("count", 40), balancer=BalancerConfig(mode="chaos", seed=5)
+    )
+    here = count_parses_here(monkeypatch)
+    out, _ = run(tmp_path, "ahead", lines, dep, ahead=True)
+    assert here == [0]
+    assert_outputs_equal_oracle(out, lines, dep)
+
+
+def test_a_worker_killed_mid_run_costs_no_result(tmp_path, monkeypatch):
+    """The worker is killed after it took batch 3: that batch and the rest are parsed in the engine, with a note."""
+    submit = ParseAhead.submit
+
+    def submit_then_kill(self, batch_id, lines, epoch):
+        submit(self, batch_id, lines, epoch)
+        if batch_id == 3:
+            os.kill(self._process.pid, signal.SIGKILL)
+
+    monkeypatch.setattr(ParseAhead, "submit", submit_then_kill)
+    here = count_parses_here(monkeypatch)
+    lines = random_workload(seed=42, n=300)
+    dep = deployment(evaluators=3, batch_size=25)
+    out, notes = run(tmp_path, "killed", lines, dep, ahead=True)
+    assert here == [0, *range(3, -(-len(lines) // 25))]
+    assert len(notes) == 1 and "parse worker stopped" in notes[0] and "batch 3" in notes[0]
+    assert_outputs_equal_oracle(out, lines, dep)
+
+
+def test_a_worker_without_the_epoch_answers_an_error_and_is_stopped():
+    """The epoch is sent with the first batch routed by it; a request naming another one is refused, the worker
+    stopped, and nothing more is sent to it."""
+    dep = deployment(evaluators=3, batch_size=50)
+    lines = [line.encode() for line in random_workload(seed=43, n=100)]
+    vocabulary = Vocabulary()
+    epoch = RoutingEpoch(0, 0, initial_table(dep, vocabulary, lines))
+    with ParseAhead(dep) as ahead:
+        ahead.submit(1, lines, epoch)
+        located = ahead.take(1)
+        expected = Router(dep, vocabulary).locate(lines, 1, epoch)
+        assert located.items.equals(expected.items)
+        assert located.dead_letters == expected.dead_letters and located.epoch == 0 and located.cpu_seconds > 0
+        ahead._epoch_sent = 7  # as if epoch 7 had been sent: the next request carries no epoch
+        ahead.submit(2, lines, RoutingEpoch(7, 2, epoch.table))
+        assert ahead.take(2) is None
+        assert "no routing epoch 7" in ahead.failure and ahead._process is None
+        ahead.submit(3, lines, epoch)
+        assert ahead.take(3) is None
+
+
+def test_an_answer_not_taken_is_dropped_before_the_next_request():
+    dep = deployment(evaluators=2, batch_size=50)
+    lines = [line.encode() for line in random_workload(seed=44, n=60)]
+    epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), lines))
+    with ParseAhead(dep) as ahead:
+        ahead.submit(1, lines, epoch)
+        ahead.submit(2, lines[:30], epoch)
+        assert ahead.take(1) is None
+        assert ahead.take(2).items.num_rows == len(Router(dep, Vocabulary()).locate(lines[:30], 2, epoch).items)
+        assert ahead.failure is None
+
+
+@examples(3)
+@given(st.lists(st.binary(max_size=40), max_size=30))
+def test_split_lines_returns_the_lines_sent_whatever_bytes_they_hold(lines):
+    import numpy as np
+
+    lengths = np.array([len(line) for line in lines], np.int64).tobytes()
+    assert split_lines(lengths, b"".join(lines)) == lines
+
+
+def test_split_lines_refuses_lengths_that_do_not_cut_the_bytes():
+    import numpy as np
+
+    with pytest.raises(ValueError, match="do not cut"):
+        split_lines(np.array([3, 4], np.int64).tobytes(), b"abcdef")
+    with pytest.raises(ValueError, match="do not cut"):
+        split_lines(np.array([-1, 7], np.int64).tobytes(), b"abcdef")
+
+
+def test_a_worker_is_worth_it_only_with_two_cpus_and_large_batches():
+    big = parse_ahead.MIN_BATCH_LINES
+    assert worth_a_worker(big, cpus=2)
+    assert not worth_a_worker(big, cpus=1)
+    assert not worth_a_worker(big - 1, cpus=8)
