@@ -138,9 +138,13 @@ class Router:
         """The id registry (with the placements): the routing unit's durable state."""
         return self.sequencer.registry
 
-    def locate(self, lines: Sequence[bytes], batch_id: int, epoch: RoutingEpoch) -> LocatedItems:
-        """Run the parse stage of micro-batch ``batch_id`` under ``epoch`` (what :meth:`route_many` does first)."""
-        return Locator(self.deployment, self.vocabulary, epoch.table).locate_items(lines, batch_id, epoch.number)
+    def locate(self, lines: Sequence[bytes], batch_id: int, epoch: RoutingEpoch, first: int = 0) -> LocatedItems:
+        """Run the parse stage of ``lines``, lines ``first``, ... of micro-batch ``batch_id``, under ``epoch``.
+
+        What :meth:`route_many` does first, for the whole batch.
+        """
+        locator = Locator(self.deployment, self.vocabulary, epoch.table)
+        return locator.locate_items(lines, batch_id, epoch.number, first)
 
     def route_many(
         self, lines: Sequence[bytes], batch_id: int, epoch: RoutingEpoch, located: LocatedItems | None = None
@@ -158,8 +162,8 @@ class Router:
         located : LocatedItems, optional
             The batch's parse stage, already run elsewhere (the local
             engine's parse worker, :mod:`skpub.app.engines.parse_ahead`);
-            used only if it is this batch's under this epoch, else the
-            stage runs here.
+            used only if it is all of this batch's lines under this
+            epoch, else the stage runs here.
 
         Returns
         -------
@@ -170,7 +174,8 @@ class Router:
             ``internal_error`` dead letter and the batch goes on.
         """
         start = time.perf_counter()
-        ahead = located is not None and (located.batch_id, located.epoch) == (batch_id, epoch.number)
+        whole = (batch_id, epoch.number, 0, len(lines))
+        ahead = located is not None and (located.batch_id, located.epoch, located.first, located.lines) == whole
         if located is None or not ahead:
             located = self.locate(lines, batch_id, epoch)
         items = located.items

@@ -24,6 +24,7 @@ the sequencer's (:mod:`skpub.router.sequencer`).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -88,19 +89,51 @@ class LocatedBatch:
 
 @dataclass
 class LocatedItems:
-    """The parse stage's output for one micro-batch, as the serial stage reads it.
+    """The parse stage's output for a run of a micro-batch's lines, as the serial stage reads it.
 
     ``items`` are :func:`located_table`'s rows (:data:`~skpub.kernel.wire.LOCATED_SCHEMA`,
-    stream order) for micro-batch ``batch_id`` located under routing epoch
-    ``epoch`` (its number); ``dead_letters`` the lines rejected while parsing;
-    ``cpu_seconds`` the thread CPU seconds the stage took, wherever it ran.
+    stream order) of lines ``first`` .. ``first + lines - 1`` of micro-batch
+    ``batch_id``, located under routing epoch ``epoch`` (its number);
+    ``dead_letters`` the lines rejected while parsing; ``cpu_seconds`` the
+    thread CPU seconds the stage took, wherever it ran.
     """
 
     batch_id: int
     epoch: int
+    first: int
+    lines: int
     items: pa.Table
     dead_letters: list[DeadLetter]
     cpu_seconds: float
+
+    @classmethod
+    def concat(cls, parts: Sequence[LocatedItems]) -> LocatedItems:
+        """Return consecutive runs of one batch's lines, parsed under one epoch, as one run.
+
+        The rows are the runs' in order (each run's positions follow the
+        previous run's), so they are what one parse of all the lines gives.
+
+        Raises
+        ------
+        ValueError
+            If ``parts`` is empty, or its runs are of different batches or
+            epochs, or do not follow each other.
+        """
+        if not parts:
+            raise ValueError("no runs to concatenate")
+        head = parts[0]
+        for before, after in itertools.pairwise(parts):
+            if (after.batch_id, after.epoch, after.first) != (head.batch_id, head.epoch, before.first + before.lines):
+                raise ValueError("the runs are not consecutive runs of one batch under one epoch")
+        return cls(
+            head.batch_id,
+            head.epoch,
+            head.first,
+            sum(p.lines for p in parts),
+            pa.concat_tables([p.items for p in parts]),
+            [d for p in parts for d in p.dead_letters],
+            sum(p.cpu_seconds for p in parts),
+        )
 
 
 class Locator:
@@ -172,16 +205,17 @@ class Locator:
             objects, cx, cy, owners = self._locate_objects_one_by_one(objects, lines, first_pos, dead)
         return LocatedBatch(objects, owners, cx, cy, others, dead, len(lines), time.thread_time() - start)
 
-    def locate_items(self, lines: Sequence[bytes], batch_id: int, epoch: int) -> LocatedItems:
-        """Return micro-batch ``batch_id``'s :class:`LocatedItems`: :meth:`locate_lines` then :func:`located_table`.
+    def locate_items(self, lines: Sequence[bytes], batch_id: int, epoch: int, first: int = 0) -> LocatedItems:
+        """Return the :class:`LocatedItems` of ``lines``, lines ``first``, ... of micro-batch ``batch_id``.
 
-        ``epoch`` is the number of the routing epoch whose table this locator
-        holds; the serial stage checks it. Never raises for a line.
+        :meth:`locate_lines` then :func:`located_table`. ``epoch`` is the
+        number of the routing epoch whose table this locator holds; the
+        serial stage checks it. Never raises for a line.
         """
         start = time.thread_time()
-        located = self.locate_lines(lines, batch_id)
+        located = self.locate_lines(lines, batch_id, first)
         items = located_table(located)
-        return LocatedItems(batch_id, epoch, items, located.dead_letters, time.thread_time() - start)
+        return LocatedItems(batch_id, epoch, first, len(lines), items, located.dead_letters, time.thread_time() - start)
 
     def _locate_objects_one_by_one(
         self, objects: ObjectColumns, lines: Sequence[bytes], first_pos: int, dead: list[DeadLetter]
@@ -284,7 +318,7 @@ def located_table(batch: LocatedBatch) -> pa.Table:
         "evaluator": pa.array(batch.owners, pa.int32()),
         "pos": pa.array(objects.pos, pa.int64()),
         "kind": pa.array(np.full(n, OBJECT, dtype=np.int8)),
-        "id": pa.array(objects.ids, pa.string()),
+        "id": objects.ids,
         "x": pa.array(objects.x),
         "y": pa.array(objects.y),
         "terms": objects.terms.cast(LOCATED_SCHEMA.field("terms").type),

@@ -98,3 +98,58 @@ def test_expansion_is_bounded_in_terms_too():
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert peak < 64 << 20
+
+
+def _full(term):
+    import unicodedata
+
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", term).casefold())
+
+
+# characters where normalization has context or changes length: combining marks (composing or not), Hangul jamo L, V,
+# T and syllables LV, LVT, Indic vowel signs that compose as starters, kana voicing marks, sigma forms, ß/ẞ, dotted
+# I, Kelvin and Angstrom signs, ligatures, fullwidth, Roman numerals, Tibetan U+0F73, iota subscript, NUL
+_EDGES = (
+    "aeAEoOiIuUsSkK\u00c5\u00e5\u00e9\u00c9\u0301\u0300\u0308\u0323\u0345\u0327\u1100\u1112\u1161\u1175\u11a8"
+    "\u11c2\uac00\uac01\ud7a3\u0b47\u0b3e\u0b57\u0bc6\u0bbe\u0bd7\u0dd9\u0dcf\u1025\u102e\u304b\u3099\u309a\u30ab"
+    "\u03a3\u03c3\u03c2\u00df\u1e9e\u0130\u0131\u212a\u212b\ufb01\ufb00\uff21\uff41\u2160\u0f73\u0f71\u0f72\u1fb3"
+    "\u1f00\u0391\u0410\u0430\u0419\u0439\u0418\u0306\u00a8\u3131\u0000\u00b5\u017f\u0149\u01c4\u01c5\u01c6"
+)
+
+
+def test_plain_characters_keep_terms_exact_one_by_one_and_exclude_what_composes():
+    """Every code point alone, normalized in Arrow where plain, is SEMANTICS 2's normalization; and none of the
+    characters that compose with the one before them, or fold to two, or that NFKC changes, is plain."""
+    from skpub.kernel.text import normalize_array, plain_characters
+
+    every = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    assert normalize_array(every).to_pylist() == [_full(c) for c in every]
+    plain = plain_characters()
+    assert len(plain) > 40_000 and "\u00e9" in plain and "\uac00" in plain and "\u03a3" in plain
+    for ch in "\u0301\u1161\u11a8\u0bbe\u3099\u00df\u1e9e\u0130\u212a\ufb01\uff21\u2160\u0f73\u0345\u01c5":
+        assert ch not in plain, hex(ord(ch))
+
+
+def test_plain_fast_path_equals_the_full_normalization_on_every_pair_and_triple_of_edge_characters():
+    from itertools import product
+
+    from skpub.kernel.text import normalize_array
+
+    terms = ["".join(t) for t in product(_EDGES, repeat=2)] + ["".join(t) for t in product(_EDGES[::3], repeat=3)]
+    assert normalize_array(terms).to_pylist() == [_full(t) for t in terms]
+
+
+@given(st.lists(st.text(alphabet=_EDGES + "\u4e1c\u4eac\u0416\u00fc\u00f1", min_size=1, max_size=10), max_size=30))
+def test_plain_fast_path_equals_the_full_normalization_on_edge_texts(terms):
+    from skpub.kernel.text import normalize_array
+
+    assert normalize_array(terms).to_pylist() == [_full(t) for t in terms]
+
+
+def test_without_plain_characters_every_non_ascii_term_takes_the_exact_path(monkeypatch):
+    """Should Arrow lower with context (or fold differently everywhere), nothing is plain and the result holds."""
+    from skpub.kernel import text
+
+    monkeypatch.setattr(text, "_not_plain_pattern", lambda: None)
+    terms = ["Zürich", "ΟΔΟΣ", "\u1100\u1161", "abc", "straße", "東京", "İ"]
+    assert text.normalize_array(terms).to_pylist() == [_full(t) for t in terms]

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,8 +74,8 @@ class HostTimeout(HostError):
     """A read or write on a host's connection timed out."""
 
 
-def send_message(sock: socket.socket, header: dict, blobs: list[bytes] = ()) -> None:  # type: ignore[assignment]
-    """Send one frame: the header as JSON, then the blobs, each preceded by its length (bytes).
+def send_message(sock: socket.socket, header: dict, blobs: Sequence[bytes | memoryview] = ()) -> None:
+    """Send one frame: the header as JSON, then the blobs (bytes, or views of bytes), each preceded by its length.
 
     Raises
     ------
@@ -86,7 +86,7 @@ def send_message(sock: socket.socket, header: dict, blobs: list[bytes] = ()) -> 
     try:
         sock.sendall(_LENGTH.pack(len(head)) + head + _LENGTH.pack(len(blobs)))
         for blob in blobs:
-            sock.sendall(_LENGTH.pack(len(blob)))
+            sock.sendall(_LENGTH.pack(memoryview(blob).nbytes))
             sock.sendall(blob)
     except TimeoutError:
         raise HostTimeout("a write on the host connection timed out") from None

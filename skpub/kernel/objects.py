@@ -82,7 +82,7 @@ class ObjectColumns:
     ----------
     pos : ndarray, shape (n,), int64
         Stream positions.
-    ids : list of str, length n
+    ids : pyarrow StringArray, length n
     x, y : ndarray, shape (n,), float64
         Coordinates, in space units.
     terms : pyarrow LargeListArray of large_string, length n
@@ -93,7 +93,7 @@ class ObjectColumns:
     """
 
     pos: np.ndarray
-    ids: list[str]
+    ids: pa.StringArray
     x: np.ndarray
     y: np.ndarray
     terms: pa.LargeListArray
@@ -101,14 +101,14 @@ class ObjectColumns:
     expires_at: np.ndarray
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.pos)
 
     @classmethod
     def from_records(cls, records: Sequence[ObjectRecord]) -> ObjectColumns:
         """Return the columns of ``records`` (in their order)."""
         return cls(
             np.fromiter((r.pos for r in records), np.int64, len(records)),
-            [r.id for r in records],
+            pa.array([r.id for r in records], pa.string()),
             np.fromiter((r.x for r in records), np.float64, len(records)),
             np.fromiter((r.y for r in records), np.float64, len(records)),
             _list_array([t for r in records for t in r.terms], np.fromiter((len(r.terms) for r in records), np.int64)),
@@ -121,7 +121,7 @@ class ObjectColumns:
         """Return the rows of ``parts`` one after the other, ordered by position."""
         joined = cls(
             np.concatenate([p.pos for p in parts]),
-            [i for p in parts for i in p.ids],
+            pa.concat_arrays([p.ids for p in parts]),
             np.concatenate([p.x for p in parts]),
             np.concatenate([p.y for p in parts]),
             pa.concat_arrays([p.terms for p in parts]),
@@ -136,7 +136,7 @@ class ObjectColumns:
         rows = np.asarray(rows, dtype=np.int64)
         return ObjectColumns(
             self.pos[rows],
-            [self.ids[r] for r in rows.tolist()],
+            self.ids.take(pa.array(rows)),
             self.x[rows],
             self.y[rows],
             self.terms.take(pa.array(rows)),
@@ -150,7 +150,7 @@ class ObjectColumns:
         out = []
         columns = (
             part.pos.tolist(),
-            part.ids,
+            part.ids.to_pylist(),
             part.x.tolist(),
             part.y.tolist(),
             part.terms.to_pylist(),
@@ -194,7 +194,7 @@ class _Taken:
     """
 
     lines: np.ndarray
-    ids: list[str]
+    ids: pa.StringArray
     x: np.ndarray
     y: np.ndarray
     terms: pa.Array
@@ -205,8 +205,8 @@ class _Taken:
     @classmethod
     def none(cls) -> _Taken:
         empty = np.empty(0, dtype=np.float64)
-        return cls(np.empty(0, dtype=np.int64), [], empty, empty, pa.array([], pa.large_string()),
-                   np.empty(0, dtype=np.int64), empty, empty)  # fmt: skip
+        return cls(np.empty(0, dtype=np.int64), pa.array([], pa.string()), empty, empty,
+                   pa.array([], pa.large_string()), np.empty(0, dtype=np.int64), empty, empty)  # fmt: skip
 
     def columns(self, first_pos: int, space: Rect) -> tuple[ObjectColumns, list[int]]:
         """Return the objects whose point lies in ``space`` as columns, and the other lines' indexes."""
@@ -219,7 +219,7 @@ class _Taken:
             owner = np.repeat(np.arange(len(counts)), counts)
             terms = terms.filter(pa.array(inside[owner]))
             counts, lines, x, y = counts[keep], lines[keep], x[keep], y[keep]
-            ids = [ids[k] for k in keep.tolist()]
+            ids = ids.filter(pa.array(inside))
         columns = ObjectColumns(
             first_pos + lines,
             ids,
@@ -305,7 +305,7 @@ def _msgspec_lane(lines: Sequence[bytes], indexes: list[int]) -> tuple[_Taken, l
     n = len(decoded)
     lane = _Taken(
         np.asarray(taken, dtype=np.int64),
-        [o.id for o in decoded],
+        pa.array([o.id for o in decoded], pa.string()),
         np.fromiter((o.x for o in decoded), np.float64, n),
         np.fromiter((o.y for o in decoded), np.float64, n),
         pa.array([t for o in decoded for t in o.terms], pa.large_string()),
@@ -389,7 +389,7 @@ def _arrow_lane(lines: Sequence[bytes], indexes: list[int]) -> tuple[_Taken, lis
     kept = terms.filter(pa.array(ok))
     lane = _Taken(
         np.asarray(indexes, dtype=np.int64)[keep],
-        table["id"].filter(pa.array(ok)).to_pylist(),
+        table["id"].chunk(0).filter(pa.array(ok)),
         x[keep],
         y[keep],
         pc.list_flatten(kept).cast(pa.large_string()),

@@ -20,7 +20,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import product
+from itertools import pairwise, product
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -117,17 +117,98 @@ def normalize_each(terms: list[str]) -> list[str]:
     return [term.lower() if term.isascii() else cache.get(term) or normalize_term(term) for term in terms]
 
 
+_PLAIN_CANDIDATES = ((0x0000, 0x2FFF), (0x3000, 0x9FFF), (0xAC00, 0xD7A3))
+"""Where :func:`plain_characters` looks: scripts, symbols, CJK ideographs and Hangul syllables (the rest is never
+plain, which only sends it to the exact path in Python)."""
+
+
+_HANGUL_FOLLOWERS = (*range(0x1161, 0x1176), *range(0x11A8, 0x11C3))
+"""Hangul vowel and trailing jamo: they compose with the jamo or syllable before them by the algorithm of Unicode
+section 3.12, which ``unicodedata.decomposition`` does not list."""
+
+
+def _composition_followers() -> set[int]:
+    """Return the code points that may compose with the character before them.
+
+    The second of every two-character canonical decomposition, and the
+    Hangul vowel and trailing jamo: a superset of NFC_QC=Maybe's starters and
+    of the combining marks that compose.
+    """
+    followers = set(_HANGUL_FOLLOWERS)
+    for code in range(0x20000):  # canonical pairs lie in planes 0 and 1
+        mapping = unicodedata.decomposition(chr(code))
+        if mapping and not mapping.startswith("<"):
+            parts = mapping.split()
+            if len(parts) == 2:
+                followers.add(int(parts[1], 16))
+    return followers
+
+
+@lru_cache(maxsize=1)
+def plain_characters() -> frozenset[str]:
+    """Return the characters whose terms Arrow's ``utf8_lower`` normalizes exactly as SEMANTICS section 2 does.
+
+    A character ``c`` is *plain* if NFKC leaves it as it is, its canonical
+    decomposition starts with a starter (combining class 0) that is not the
+    second character of any canonical pair, ``casefold(c)`` is one such
+    character too, and Arrow's ``utf8_lower`` of ``c`` equals
+    ``casefold(c)``. For a term of plain characters alone, then, NFKC
+    changes nothing (composition can only join a starter to a following
+    character that is a pair's second, and reordering never crosses a
+    starter), casefold is the concatenation of each character's (it has no
+    context), the second NFKC changes nothing again, and ``utf8_lower``
+    (one code point for one, without context, checked here on every
+    character and on a final sigma) gives the same string. Computed once per
+    process from the running Python's ``unicodedata`` and the installed
+    Arrow (about 0.4 s), so a newer Unicode in either is checked, not
+    assumed. Empty if Arrow lowers with context.
+    """
+    if pc.utf8_lower(pa.array(["ΟΔΟΣ"])).to_pylist() != ["οδοσ"]:
+        return frozenset()
+    followers = _composition_followers()
+
+    def stable(text: str) -> bool:
+        for ch in text:
+            first = unicodedata.normalize("NFD", ch)[:1]
+            if unicodedata.normalize("NFKC", ch) != ch or unicodedata.combining(first) or ord(first) in followers:
+                return False
+        return len(text) == 1
+
+    chars = [chr(c) for lo, hi in _PLAIN_CANDIDATES for c in range(lo, hi + 1) if not 0xD800 <= c <= 0xDFFF]
+    chars = [ch for ch in chars if stable(ch) and stable(ch.casefold())]
+    lowered = pc.utf8_lower(pa.array(chars, pa.large_string())).to_pylist()
+    return frozenset(ch for ch, low in zip(chars, lowered, strict=True) if low == ch.casefold())
+
+
+@lru_cache(maxsize=1)
+def _not_plain_pattern() -> str | None:
+    """Return an RE2 pattern that finds a character outside :func:`plain_characters` (None: none is plain)."""
+    plain = sorted(map(ord, plain_characters()))
+    if not plain:
+        return None
+    ranges, lo = [], plain[0]
+    for before, code in pairwise(plain):
+        if code != before + 1:
+            ranges.append((lo, before))
+            lo = code
+    ranges.append((lo, plain[-1]))
+    return "[^" + "".join(f"\\x{{{a:x}}}-\\x{{{b:x}}}" if a != b else f"\\x{{{a:x}}}" for a, b in ranges) + "]"
+
+
 def normalize_array(terms: Sequence[str] | pa.Array) -> pa.LargeStringArray:
     """Return the normalization of every element of ``terms`` as an Arrow array, aligned with it (empty kept).
 
     The same result as :func:`normalize_each`, for a whole micro-batch's
     object terms (a list of str, or an Arrow string array): ASCII terms are
     lowered in Arrow (``ascii_lower``, which on ASCII is what NFKC,
-    casefold, NFKC give); each distinct other term is normalized once, in
-    Python, without the memo of :func:`normalize_term` (a batch of GeoNames
-    names holds more distinct non-ASCII terms than the memo keeps, and a miss
-    costs about 4x a plain normalization: 0.5 against 0.13 us). O(total
-    characters) in C plus O(distinct non-ASCII terms) in Python.
+    casefold, NFKC give), and so are the other terms made of
+    :func:`plain_characters` alone (``utf8_lower``; most Latin, Greek,
+    Cyrillic, CJK and Hangul words); each distinct remaining term is
+    normalized once, in Python, without the memo of :func:`normalize_term`
+    (a batch of GeoNames names holds more distinct non-ASCII terms than the
+    memo keeps, and a miss costs about 4x a plain normalization: 0.5
+    against 0.13 us). O(total characters) in C plus O(distinct other terms)
+    in Python.
 
     Raises
     ------
@@ -141,9 +222,27 @@ def normalize_array(terms: Sequence[str] | pa.Array) -> pa.LargeStringArray:
     lowered = pc.ascii_lower(array)
     if ascii.false_count == 0:
         return lowered
-    others = array.filter(pc.invert(ascii)).dictionary_encode()  # the distinct terms and where each is, one pass
-    normalized = pa.array([_normalize(term) for term in others.dictionary.to_pylist()], pa.large_string())
-    return pc.replace_with_mask(lowered, pc.invert(ascii), normalized.take(others.indices))
+    others = pc.invert(ascii)
+    return pc.replace_with_mask(lowered, others, _normalize_non_ascii(array.filter(others)))
+
+
+def _normalize_non_ascii(terms: pa.LargeStringArray) -> pa.LargeStringArray:
+    """Normalize terms that are not all ASCII: ``utf8_lower`` where all characters are plain, else in Python."""
+    pattern = _not_plain_pattern()
+    if pattern is None:
+        return _normalize_distinct(terms)
+    hard = pc.match_substring_regex(terms, pattern)
+    lowered = pc.utf8_lower(terms)
+    if hard.true_count == 0:
+        return lowered
+    return pc.replace_with_mask(lowered, hard, _normalize_distinct(terms.filter(hard)))
+
+
+def _normalize_distinct(terms: pa.LargeStringArray) -> pa.LargeStringArray:
+    """Normalize each distinct term of ``terms`` once, in Python; return all of them, aligned."""
+    distinct = terms.dictionary_encode()  # the distinct terms and where each is, one pass
+    normalized = pa.array([_normalize(term) for term in distinct.dictionary.to_pylist()], pa.large_string())
+    return normalized.take(distinct.indices)
 
 
 def parse_expression(expr: str) -> DNF:

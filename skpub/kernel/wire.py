@@ -120,12 +120,25 @@ ROUTED_SCHEMA = arrow_schema(ROUTED_COLUMNS)
 LOCATED_SCHEMA = arrow_schema(LOCATED_COLUMNS)
 
 
+def table_buffer(table: pa.Table) -> pa.Buffer:
+    """Return ``table`` as an Arrow IPC stream in an Arrow buffer (with the buffer protocol; not copied to bytes).
+
+    The stream is measured first (``MockOutputStream``) and written into a
+    buffer of that size: a growing buffer copies itself at each doubling,
+    several times slower on tens of MB.
+    """
+    size = pa.MockOutputStream()
+    with pa.ipc.new_stream(size, table.schema) as writer:
+        writer.write_table(table)
+    buffer = pa.allocate_buffer(size.size())
+    with pa.ipc.new_stream(pa.FixedSizeBufferWriter(buffer), table.schema) as writer:
+        writer.write_table(table)
+    return buffer
+
+
 def table_bytes(table: pa.Table) -> bytes:
     """Return ``table`` as an Arrow IPC stream (how the Spark engine's tasks hand rows on, through files)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return table_buffer(table).to_pybytes()
 
 
 def bytes_table(data: bytes) -> pa.Table:

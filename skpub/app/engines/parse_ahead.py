@@ -48,7 +48,7 @@ from skpub.kernel.host import HostError, recv_message, send_message
 from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.text import load_vocabulary
-from skpub.kernel.wire import bytes_table, table_bytes
+from skpub.kernel.wire import bytes_table, table_buffer
 from skpub.router.epoch import RoutingEpoch
 from skpub.router.locate import LocatedItems, Locator
 
@@ -84,7 +84,7 @@ class ParseAhead:
         self._deployment_json: str | None = json.dumps(deployment.to_json())
         self._process: subprocess.Popen | None = None
         self._socket: socket.socket | None = None
-        self._pending: int | None = None
+        self._pending: tuple[int, int] | None = None  # (batch id, lines) sent and not answered yet
         self._epoch_sent: int | None = None
         self._handover = 0.0
         self.failure: str | None = None
@@ -101,7 +101,7 @@ class ParseAhead:
         start = time.thread_time()
         try:
             if self._pending is not None:
-                self.take(self._pending)
+                self.take(self._pending[0])
             if self._socket is None:
                 self._start()
             header = {"batch_id": batch_id, "epoch": epoch.number}
@@ -112,7 +112,7 @@ class ParseAhead:
             lengths = np.fromiter(map(len, lines), np.int64, len(lines))
             assert self._socket is not None
             send_message(self._socket, header, [lengths.tobytes(), b"".join(lines)])
-            self._pending, self._epoch_sent = batch_id, epoch.number
+            self._pending, self._epoch_sent = (batch_id, len(lines)), epoch.number
         except Exception as exc:  # noqa: BLE001 - the engine's process parses instead
             self._fail(f"sending batch {batch_id}: {type(exc).__name__}: {exc}")
         self._handover += time.thread_time() - start
@@ -124,9 +124,9 @@ class ParseAhead:
         seconds include the worker's and this process's hand-over. Never
         raises.
         """
-        if self._pending != batch_id or self._socket is None:
+        if self._pending is None or self._pending[0] != batch_id or self._socket is None:
             return None
-        self._pending = None
+        lines, self._pending = self._pending[1], None
         start = time.thread_time()
         try:
             header, blobs = recv_message(self._socket)
@@ -137,7 +137,8 @@ class ParseAhead:
             letters = [DeadLetter(*letter) for letter in header["dead_letters"]]
             seconds = self._handover + time.thread_time() - start
             self._handover = 0.0
-            return LocatedItems(batch_id, int(header["epoch"]), items, letters, float(header["cpu_seconds"]) + seconds)
+            cpu = float(header["cpu_seconds"]) + seconds
+            return LocatedItems(batch_id, int(header["epoch"]), 0, lines, items, letters, cpu)
         except Exception as exc:  # noqa: BLE001 - the engine's process parses instead
             code = self._process.poll() if self._process is not None else None
             died = f" (the worker exited with {code})" if code is not None else ""
@@ -231,7 +232,7 @@ def serve(sock: socket.socket) -> None:
                 "epoch": epoch.number,
                 "dead_letters": [(d.pos, d.line, d.reason, d.message) for d in located.dead_letters],
             }
-            data = table_bytes(located.items)
+            data = memoryview(table_buffer(located.items))  # the IPC stream as Arrow wrote it, not copied
             answer["cpu_seconds"] = time.thread_time() - start
             send_message(sock, answer, [data])
         except Exception as exc:  # noqa: BLE001 - reported to the engine, which parses itself
