@@ -135,6 +135,27 @@ class LocatedItems:
             sum(p.cpu_seconds for p in parts),
         )
 
+    def since(self, first: int) -> LocatedItems:
+        """Return the run of this run's lines from line ``first`` on (its rows and dead letters from there).
+
+        O(rows) in Arrow, O(dead letters) in Python.
+
+        Raises
+        ------
+        ValueError
+            If line ``first`` is not in this run nor just after it.
+        """
+        if not self.first <= first <= self.first + self.lines:
+            raise ValueError(f"line {first} is not in lines {self.first}..{self.first + self.lines - 1}")
+        if first == self.first:
+            return self
+        start = stream_position(self.batch_id, first)
+        pos = self.items.column("pos").to_numpy()
+        items = self.items.slice(int(np.searchsorted(pos, start)))  # rows are in position order
+        letters = [d for d in self.dead_letters if d.pos >= start]
+        rest = self.first + self.lines - first
+        return LocatedItems(self.batch_id, self.epoch, first, rest, items, letters, self.cpu_seconds)
+
 
 class Locator:
     """Parses and locates lines for one routing epoch (stateless between calls)."""

@@ -45,14 +45,17 @@ def decisions_of(out):
     return [{k: v for k, v in line.items() if not k.endswith("seconds")} for line in read_stream(out, "balancer")]
 
 
-def count_parses_here(monkeypatch):
-    """Record the batch ids the engine's own process parses."""
+def count_parses_here(monkeypatch, claims=None):
+    """Record the batch ids the engine's own process parses whole (and in ``claims``, the runs it claims)."""
     here = []
     locate = Router.locate
 
-    def counted(self, lines, batch_id, epoch):
-        here.append(batch_id)
-        return locate(self, lines, batch_id, epoch)
+    def counted(self, lines, batch_id, epoch, first=0):
+        if first == 0:
+            here.append(batch_id)
+        elif claims is not None:
+            claims.append((batch_id, first, len(lines)))
+        return locate(self, lines, batch_id, epoch, first)
 
     monkeypatch.setattr(Router, "locate", counted)
     return here
@@ -114,7 +117,7 @@ def test_a_worker_without_the_epoch_answers_an_error_and_is_stopped():
     lines = [line.encode() for line in random_workload(seed=43, n=100)]
     vocabulary = Vocabulary()
     epoch = RoutingEpoch(0, 0, initial_table(dep, vocabulary, lines))
-    with ParseAhead(dep) as ahead:
+    with ParseAhead(dep, Router(dep, vocabulary).locate) as ahead:
         ahead.submit(1, lines, epoch)
         located = ahead.take(1)
         expected = Router(dep, vocabulary).locate(lines, 1, epoch)
@@ -132,7 +135,7 @@ def test_an_answer_not_taken_is_dropped_before_the_next_request():
     dep = deployment(evaluators=2, batch_size=50)
     lines = [line.encode() for line in random_workload(seed=44, n=60)]
     epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), lines))
-    with ParseAhead(dep) as ahead:
+    with ParseAhead(dep, Router(dep, Vocabulary()).locate) as ahead:
         ahead.submit(1, lines, epoch)
         ahead.submit(2, lines[:30], epoch)
         assert ahead.take(1) is None
@@ -163,3 +166,63 @@ def test_a_worker_is_worth_it_only_with_two_cpus_and_large_batches():
     assert worth_a_worker(big, cpus=2)
     assert not worth_a_worker(big, cpus=1)
     assert not worth_a_worker(big - 1, cpus=8)
+
+
+def test_the_engine_claims_the_lines_the_worker_has_not_reached_and_the_result_is_one_parse(monkeypatch):
+    """Taken at once, a batch is split: the worker parses runs until the engine's claim, the engine the rest, and
+    the joined result is exactly what one parse of the whole batch gives (rows, dead letters)."""
+    monkeypatch.setattr(parse_ahead, "CHUNK_LINES", 16)
+    monkeypatch.setattr(parse_ahead, "MIN_CLAIM_LINES", 8)
+    dep = deployment(evaluators=3, batch_size=1000)
+    lines = [line.encode() for line in random_workload(seed=45, n=600)]
+    vocabulary = Vocabulary()
+    router = Router(dep, vocabulary)
+    epoch = RoutingEpoch(0, 0, initial_table(dep, vocabulary, lines))
+    whole = router.locate(lines, 5, epoch)
+    assert whole.dead_letters, "the workload must hold invalid lines for this test to mean anything"
+    claims = []
+    count_parses_here(monkeypatch, claims)
+    with ParseAhead(dep, router.locate) as ahead:
+        for batch_id in (5, 6):  # the second with the worker started: it may have gone past the claim
+            ahead.submit(batch_id, lines, epoch)
+            located = ahead.take(batch_id)
+            expected = whole if batch_id == 5 else router.locate(lines, 6, epoch)
+            assert (located.batch_id, located.first, located.lines) == (batch_id, 0, len(lines))
+            assert located.items.equals(expected.items)
+            assert sorted(located.dead_letters, key=lambda d: d.pos) == expected.dead_letters
+        assert ahead.failure is None
+    assert claims and claims[0][0] == 5 and claims[0][1] + claims[0][2] == len(lines)
+    assert ahead.claimed == sum(n for _, _, n in claims)
+
+
+def test_a_run_with_claims_in_most_batches_equals_the_oracle(tmp_path, monkeypatch):
+    monkeypatch.setattr(parse_ahead, "CHUNK_LINES", 2)
+    monkeypatch.setattr(parse_ahead, "MIN_CLAIM_LINES", 1)
+    lines = random_workload(seed=46, n=500)
+    dep = deployment(evaluators=3, batch_size=60).replace(balancer=BalancerConfig(mode="chaos", seed=4))
+    claims = []
+    here = count_parses_here(monkeypatch, claims)
+    out, notes = run(tmp_path, "claims", lines, dep, ahead=True)
+    assert here == [0] and notes == [] and claims
+    assert_outputs_equal_oracle(out, lines, dep)
+
+
+def test_since_keeps_the_rows_and_dead_letters_of_the_lines_from_there():
+    from skpub.router.locate import LocatedItems
+
+    dep = deployment(evaluators=3)
+    lines = [line.encode() for line in random_workload(seed=47, n=300)]
+    router = Router(dep, Vocabulary())
+    epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), lines))
+    whole = router.locate(lines, 2, epoch)
+    for cut in (0, 1, 77, 150, len(lines) - 1, len(lines)):
+        tail = router.locate(lines[cut:], 2, epoch, cut)
+        since = whole.since(cut)
+        assert (since.first, since.lines) == (cut, len(lines) - cut)
+        assert since.items.equals(tail.items) and since.dead_letters == tail.dead_letters
+        joined = LocatedItems.concat([router.locate(lines[:cut], 2, epoch), tail])
+        assert joined.items.equals(whole.items) and joined.dead_letters == whole.dead_letters
+    with pytest.raises(ValueError, match="not in lines"):
+        whole.since(len(lines) + 1)
+    with pytest.raises(ValueError, match="not consecutive"):
+        LocatedItems.concat([router.locate(lines[:10], 2, epoch), router.locate(lines[11:], 2, epoch, 11)])

@@ -274,7 +274,7 @@ def run_local(
     tune_gc()
     observer.start()
     sink = functools.partial(write_batch, root)
-    with ParseAhead(deployment) as ahead:
+    with ParseAhead(deployment, pipeline.router.locate) as ahead:
         stream = _with_next(batches(_replay_then(sample, lines), deployment.batch_size))
         for batch_id, (batch, upcoming) in enumerate(stream):
             located = ahead.take(batch_id)
