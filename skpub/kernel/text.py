@@ -166,16 +166,14 @@ def plain_characters() -> frozenset[str]:
     if pc.utf8_lower(pa.array(["ΟΔΟΣ"])).to_pylist() != ["οδοσ"]:
         return frozenset()
     followers = _composition_followers()
-
-    def stable(text: str) -> bool:
-        for ch in text:
-            first = unicodedata.normalize("NFD", ch)[:1]
-            if unicodedata.normalize("NFKC", ch) != ch or unicodedata.combining(first) or ord(first) in followers:
-                return False
-        return len(text) == 1
-
-    chars = [chr(c) for lo, hi in _PLAIN_CANDIDATES for c in range(lo, hi + 1) if not 0xD800 <= c <= 0xDFFF]
-    chars = [ch for ch in chars if stable(ch) and stable(ch.casefold())]
+    normalize, combining = unicodedata.normalize, unicodedata.combining
+    stable = set()  # NFKC leaves it, and its decomposition starts with a starter that composes with nothing before
+    for lo, hi in _PLAIN_CANDIDATES:
+        for ch in map(chr, range(lo, hi + 1)):
+            first = normalize("NFD", ch)[:1]
+            if normalize("NFKC", ch) == ch and not combining(first) and ord(first) not in followers:
+                stable.add(ch)
+    chars = [ch for ch in stable if ch.casefold() in stable]  # folds to one stable character
     lowered = pc.utf8_lower(pa.array(chars, pa.large_string())).to_pylist()
     return frozenset(ch for ch, low in zip(chars, lowered, strict=True) if low == ch.casefold())
 
