@@ -149,9 +149,9 @@ class ParseAhead:
     def take(self, batch_id: int) -> LocatedItems | None:
         """Return micro-batch ``batch_id``'s parse stage; None if it was not sent or the worker failed.
 
-        If the worker has not answered yet, the engine first claims the
-        second half of the lines the worker has not reached (past the chunk
-        it is in), parses them itself, and then waits for the worker's
+        If the worker has not answered yet, the engine first claims two
+        thirds of the lines the worker has not reached (past the run it is
+        in), parses them itself, and then waits for the worker's
         answer on the rest (at most :data:`ANSWER_SECONDS`). The CPU seconds
         include the worker's, the engine's claimed part and its hand-over.
         Never raises.
@@ -184,14 +184,20 @@ class ParseAhead:
             return None
 
     def _claim(self, pending: _Pending) -> LocatedItems | None:
-        """Claim and parse the second half of what the worker has left of ``pending``, if worth it; else None."""
+        """Claim and parse two thirds of what the worker has left of ``pending``, if worth it; else None.
+
+        Two thirds, not half: the worker also ends the run it is in, then
+        writes and sends its rows, while the engine only reads them
+        (measured on the sparse stream: the engine's wait at the second
+        steady batch 0.11-0.18 s with half, 0.04-0.09 s with two thirds).
+        """
         shared, n = self._shared, len(pending.lines)
         if shared is None or select.select([self._socket], [], [], 0)[0]:
             return None  # no shared words, or the answer is (being) sent
         left = n - int(shared[0]) - CHUNK_LINES  # the worker ends the chunk it is in
         if left < MIN_CLAIM_LINES:
             return None
-        first = n - left // 2
+        first = n - (2 * left) // 3
         shared[1] = first  # the worker starts no chunk at or past it, and ends its chunk there
         self.claimed += n - first
         return self._locate(pending.lines[first:], pending.batch_id, pending.epoch, first)
