@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from skpub.app.engines import parse_ahead
 from skpub.app.engines.local import run_local
-from skpub.app.engines.parse_ahead import ParseAhead, split_lines, worth_a_worker
+from skpub.app.engines.parse_ahead import ParseAhead, pack_lines, unpack_lines, worth_a_worker
 from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.config import BalancerConfig, Window
 from skpub.kernel.parts import read_stream
@@ -145,20 +145,22 @@ def test_an_answer_not_taken_is_dropped_before_the_next_request():
 
 @examples(3)
 @given(st.lists(st.binary(max_size=40), max_size=30))
-def test_split_lines_returns_the_lines_sent_whatever_bytes_they_hold(lines):
-    import numpy as np
+def test_lines_unpack_as_packed_whatever_bytes_they_hold(lines):
+    """Newlines inside a line (never in lines as read) and empty batches take the lengths; the rest newlines."""
+    cut, blobs = pack_lines(lines)
+    assert cut == ("newline" if lines and not any(b"\n" in line for line in lines) else "lengths")
+    assert unpack_lines(cut, blobs) == lines
 
-    lengths = np.array([len(line) for line in lines], np.int64).tobytes()
-    assert split_lines(lengths, b"".join(lines)) == lines
 
-
-def test_split_lines_refuses_lengths_that_do_not_cut_the_bytes():
+def test_unpack_lines_refuses_lengths_that_do_not_cut_the_bytes():
     import numpy as np
 
     with pytest.raises(ValueError, match="do not cut"):
-        split_lines(np.array([3, 4], np.int64).tobytes(), b"abcdef")
+        unpack_lines("lengths", [np.array([3, 4], np.int64).tobytes(), b"abcdef"])
     with pytest.raises(ValueError, match="do not cut"):
-        split_lines(np.array([-1, 7], np.int64).tobytes(), b"abcdef")
+        unpack_lines("lengths", [np.array([-1, 7], np.int64).tobytes(), b"abcdef"])
+    with pytest.raises(ValueError, match="unknown cut"):
+        unpack_lines("commas", [b"a,b"])
 
 
 def test_a_worker_is_worth_it_only_with_two_cpus_and_large_batches():

@@ -13,8 +13,8 @@ The worker is ``python -m skpub.app.engines.parse_ahead FD``, our own
 interpreter and module (never the caller's main module, which a
 ``multiprocessing`` spawn would import again), talking over a socket pair in
 :func:`~skpub.kernel.host.send_message` frames: a JSON header and binary
-blobs, nothing unpickled. A request carries a batch's lines (their lengths as
-int64, then their bytes), its routing epoch's JSON when the worker does not
+blobs, nothing unpickled. A request carries a batch's lines (joined by newlines,
+which lines as read never hold), its routing epoch's JSON when the worker does not
 hold it yet, and the deployment's JSON in the first request; the answer, the
 located rows as an Arrow IPC stream (:func:`~skpub.kernel.wire.table_bytes`),
 the dead letters and the worker's CPU seconds. Requests and answers
@@ -138,9 +138,9 @@ class ParseAhead:
                 header["epoch_json"] = json.dumps(epoch.to_json())
             if self._shared is not None:
                 self._shared[:] = (0, len(lines))  # set before the worker can read them for this batch
-            lengths = np.fromiter(map(len, lines), np.int64, len(lines))
+            header["cut"], blobs = pack_lines(lines)
             assert self._socket is not None
-            send_message(self._socket, header, [lengths.tobytes(), b"".join(lines)])
+            send_message(self._socket, header, blobs)
             self._pending, self._epoch_sent = _Pending(batch_id, lines, epoch), epoch.number
         except Exception as exc:  # noqa: BLE001 - the engine's process parses instead
             self._fail(f"sending batch {batch_id}: {type(exc).__name__}: {exc}")
@@ -263,14 +263,32 @@ def _shared_words() -> tuple[int, np.ndarray] | None:
 # --------------------------------------------------------------------------- in the worker process
 
 
-def split_lines(lengths: bytes, data: bytes) -> list[bytes]:
-    """Return the lines whose int64 ``lengths`` (native byte order) cut ``data``, as sent by :meth:`ParseAhead.submit`.
+def pack_lines(lines: list[bytes]) -> tuple[str, list[bytes]]:
+    """Return how ``lines`` are cut and the blobs that carry them, for :func:`unpack_lines`.
+
+    Joined by newlines when none holds one (lines as read never do: one
+    C-speed split in the worker), else their int64 lengths and their bytes.
+    """
+    joined = b"\n".join(lines)
+    if lines and joined.count(b"\n") == len(lines) - 1:
+        return "newline", [joined]
+    return "lengths", [np.fromiter(map(len, lines), np.int64, len(lines)).tobytes(), b"".join(lines)]
+
+
+def unpack_lines(cut: str, blobs: list[bytes]) -> list[bytes]:
+    """Return the lines :func:`pack_lines` packed.
 
     Raises
     ------
     ValueError
-        If the lengths are negative or do not add up to ``len(data)``.
+        If ``cut`` is unknown, or the lengths are negative or do not add up
+        to the bytes sent.
     """
+    if cut == "newline":
+        return blobs[0].split(b"\n")
+    if cut != "lengths":
+        raise ValueError(f"unknown cut {cut!r}")
+    lengths, data = blobs
     sizes = np.frombuffer(lengths, np.int64)
     if (sizes < 0).any() or int(sizes.sum()) != len(data):
         raise ValueError("line lengths do not cut the lines' bytes")
@@ -302,7 +320,7 @@ def serve(sock: socket.socket, shared: np.ndarray | None) -> None:
                 epoch = RoutingEpoch.from_json(json.loads(header["epoch_json"]))
             if deployment is None or vocabulary is None or epoch is None or epoch.number != header["epoch"]:
                 raise RuntimeError(f"the worker holds no deployment or no routing epoch {header['epoch']}")
-            lines = split_lines(*blobs)
+            lines = unpack_lines(header["cut"], blobs)
             locator = Locator(deployment, vocabulary, epoch.table)
             located = _locate_until_claimed(locator, lines, header["batch_id"], epoch.number, header["chunk"], shared)
             answer = {
