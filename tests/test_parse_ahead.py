@@ -163,11 +163,14 @@ def test_unpack_lines_refuses_lengths_that_do_not_cut_the_bytes():
         unpack_lines("commas", [b"a,b"])
 
 
-def test_a_worker_is_worth_it_only_with_two_cpus_and_large_batches():
+def test_a_worker_is_worth_it_only_with_two_cpus_and_large_batches_unless_turned_off(monkeypatch):
     big = parse_ahead.MIN_BATCH_LINES
+    monkeypatch.delenv(parse_ahead.PARSE_WORKER_ENV, raising=False)
     assert worth_a_worker(big, cpus=2)
     assert not worth_a_worker(big, cpus=1)
     assert not worth_a_worker(big - 1, cpus=8)
+    monkeypatch.setenv(parse_ahead.PARSE_WORKER_ENV, "0")
+    assert not worth_a_worker(big, cpus=8)
 
 
 def test_the_engine_claims_the_lines_the_worker_has_not_reached_and_the_result_is_one_parse(monkeypatch):

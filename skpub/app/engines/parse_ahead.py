@@ -71,13 +71,19 @@ ANSWER_SECONDS = 600.0
 """The longest the engine waits for the worker's answer on one micro-batch, seconds; then it parses itself."""
 
 
+PARSE_WORKER_ENV = "SKPUB_PARSE_WORKER"
+"""Set to ``0``, the local engine parses every batch in its own process (as on one CPU)."""
+
+
 def worth_a_worker(batch_lines: int, cpus: int | None = None) -> bool:
     """Whether a run whose micro-batches hold ``batch_lines`` lines should parse ahead in a worker.
 
     Only with at least two CPUs available to this process (``cpus``; by
-    default ``os.sched_getaffinity``) and batches of at least
-    :data:`MIN_BATCH_LINES`.
+    default ``os.sched_getaffinity``), batches of at least
+    :data:`MIN_BATCH_LINES`, and :data:`PARSE_WORKER_ENV` not ``0``.
     """
+    if os.environ.get(PARSE_WORKER_ENV) == "0":
+        return False
     if cpus is None:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return cpus >= 2 and batch_lines >= MIN_BATCH_LINES
