@@ -176,7 +176,7 @@ class Router:
         start = time.perf_counter()
         whole = (batch_id, epoch.number, 0, len(lines))
         ahead = located is not None and (located.batch_id, located.epoch, located.first, located.lines) == whole
-        if located is None or not ahead:
+        if not ahead:
             located = self.locate(lines, batch_id, epoch)
         items = located.items
         serial = time.thread_time()

@@ -74,7 +74,7 @@ class LocatedBatch:
     ``objects`` are the run's objects in stream order, ``owners``, ``cx`` and
     ``cy`` (ndarray, shape (len(objects),), int64) their owner evaluator and
     fine cell; ``others`` the other records in stream order; then the dead
-    letters, the number of lines and the CPU seconds spent.
+    letters and the number of lines.
     """
 
     objects: ObjectColumns
@@ -84,7 +84,6 @@ class LocatedBatch:
     others: list[Located] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     lines: int = 0
-    cpu_seconds: float = 0.0
 
 
 @dataclass
@@ -189,7 +188,6 @@ class Locator:
             O(len(lines)) plus O(N_p) per range subscription and the
             expansion of its ``expr``.
         """
-        start = time.thread_time()
         space, max_bytes = self.deployment.space, self.deployment.max_record_bytes
         first_pos = stream_position(batch_id, first)
         try:
@@ -224,7 +222,7 @@ class Locator:
             owners = self.table.owners_of_cells(cx, cy)
         except Exception:  # noqa: BLE001 - locate one by one, so only the objects that fail are lost
             objects, cx, cy, owners = self._locate_objects_one_by_one(objects, lines, first_pos, dead)
-        return LocatedBatch(objects, owners, cx, cy, others, dead, len(lines), time.thread_time() - start)
+        return LocatedBatch(objects, owners, cx, cy, others, dead, len(lines))
 
     def locate_items(self, lines: Sequence[bytes], batch_id: int, epoch: int, first: int = 0) -> LocatedItems:
         """Return the :class:`LocatedItems` of ``lines``, lines ``first``, ... of micro-batch ``batch_id``.

@@ -40,6 +40,11 @@ def run(tmp_path, name, lines, dep, ahead):
     return tmp_path / name, observer.notes
 
 
+def by_pos(letters):
+    """Dead letters in position order: they carry no order (SEMANTICS 5), and parsed in runs they come run by run."""
+    return sorted(letters, key=lambda d: d.pos)
+
+
 def decisions_of(out):
     """The balancer log's lines without their measured seconds."""
     return [{k: v for k, v in line.items() if not k.endswith("seconds")} for line in read_stream(out, "balancer")]
@@ -176,7 +181,7 @@ def test_a_worker_is_worth_it_only_with_two_cpus_and_large_batches_unless_turned
 def test_the_engine_claims_the_lines_the_worker_has_not_reached_and_the_result_is_one_parse(monkeypatch):
     """Taken at once, a batch is split: the worker parses runs until the engine's claim, the engine the rest, and
     the joined result is exactly what one parse of the whole batch gives (rows, dead letters)."""
-    monkeypatch.setattr(parse_ahead, "CHUNK_LINES", 16)
+    monkeypatch.setattr(parse_ahead, "RUN_LINES", 16)
     monkeypatch.setattr(parse_ahead, "MIN_CLAIM_LINES", 8)
     dep = deployment(evaluators=3, batch_size=1000)
     lines = [line.encode() for line in random_workload(seed=45, n=600)]
@@ -194,14 +199,14 @@ def test_the_engine_claims_the_lines_the_worker_has_not_reached_and_the_result_i
             expected = whole if batch_id == 5 else router.locate(lines, 6, epoch)
             assert (located.batch_id, located.first, located.lines) == (batch_id, 0, len(lines))
             assert located.items.equals(expected.items)
-            assert sorted(located.dead_letters, key=lambda d: d.pos) == expected.dead_letters
+            assert by_pos(located.dead_letters) == by_pos(expected.dead_letters)
         assert ahead.failure is None
     assert claims and claims[0][0] == 5 and claims[0][1] + claims[0][2] == len(lines)
     assert ahead.claimed == sum(n for _, _, n in claims)
 
 
 def test_a_run_with_claims_in_most_batches_equals_the_oracle(tmp_path, monkeypatch):
-    monkeypatch.setattr(parse_ahead, "CHUNK_LINES", 2)
+    monkeypatch.setattr(parse_ahead, "RUN_LINES", 2)
     monkeypatch.setattr(parse_ahead, "MIN_CLAIM_LINES", 1)
     lines = random_workload(seed=46, n=500)
     dep = deployment(evaluators=3, batch_size=60).replace(balancer=BalancerConfig(mode="chaos", seed=4))
@@ -231,3 +236,76 @@ def test_since_keeps_the_rows_and_dead_letters_of_the_lines_from_there():
         whole.since(len(lines) + 1)
     with pytest.raises(ValueError, match="not consecutive"):
         LocatedItems.concat([router.locate(lines[:10], 2, epoch), router.locate(lines[11:], 2, epoch, 11)])
+
+
+def test_a_run_the_worker_began_before_the_claim_is_kept_once(monkeypatch):
+    """The claim lands behind the worker: it stops past it, and the engine keeps its own rows only from there."""
+    import time
+
+    from skpub.router.locate import LocatedItems
+
+    monkeypatch.setattr(parse_ahead, "RUN_LINES", 4)
+    dep = deployment(evaluators=3, batch_size=10_000)
+    lines = [line.encode() for line in random_workload(seed=48, n=3000)]
+    vocabulary = Vocabulary()
+    router = Router(dep, vocabulary)
+    epoch = RoutingEpoch(0, 0, initial_table(dep, vocabulary, lines))
+
+    def late_claim(self, pending):
+        deadline = time.monotonic() + 60
+        while self._words.words[0] < 200 and time.monotonic() < deadline:  # the worker is past line 200
+            time.sleep(0.001)
+        self._words.words[1] = 100
+        return self._locate(pending.lines[100:], pending.batch_id, pending.epoch, 100)
+
+    kept_from = []
+    since = LocatedItems.since
+
+    def recorded(self, first):
+        kept_from.append((self.first, first))
+        return since(self, first)
+
+    monkeypatch.setattr(ParseAhead, "_claim", late_claim)
+    monkeypatch.setattr(LocatedItems, "since", recorded)
+    with ParseAhead(dep, router.locate) as ahead:
+        ahead.submit(3, lines, epoch)
+        located = ahead.take(3)
+        assert ahead.failure is None
+    expected = router.locate(lines, 3, epoch)
+    assert located.items.equals(expected.items)
+    assert by_pos(located.dead_letters) == by_pos(expected.dead_letters)
+    assert len(kept_from) == 1 and kept_from[0][0] == 100 and 200 <= kept_from[0][1] < len(lines)
+
+
+def test_closing_with_a_batch_in_flight_lets_the_worker_end_by_itself():
+    """An interrupt or an error closes the engine's side mid-batch: the worker sees it (its answer cannot be sent,
+    its next read ends) and exits by itself, not killed after the grace period."""
+    dep = deployment(evaluators=3, batch_size=10_000)
+    lines = [line.encode() for line in random_workload(seed=49, n=3000)]
+    epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), lines))
+    ahead = ParseAhead(dep, Router(dep, Vocabulary()).locate)
+    ahead.submit(1, lines, epoch)
+    worker = ahead._process
+    ahead.close()
+    assert worker.returncode == 0
+    assert ahead.take(1) is None
+
+
+def test_a_read_that_fails_holding_the_socket_open_still_lets_the_worker_end_by_itself(monkeypatch):
+    """A read that fails while something still holds the socket's descriptor (a traceback keeping a file object
+    made from it, as an interrupt leaves): closing shuts the socket down, so the worker is not left blocked."""
+    held = []
+
+    def failing_read(sock):
+        held.append(sock.makefile("rb"))
+        raise OSError("the read failed")
+
+    monkeypatch.setattr(parse_ahead, "recv_message", failing_read)
+    dep = deployment(evaluators=3, batch_size=10_000)
+    lines = [line.encode() for line in random_workload(seed=50, n=3000)]
+    epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), lines))
+    ahead = ParseAhead(dep, Router(dep, Vocabulary()).locate)
+    ahead.submit(1, lines, epoch)
+    worker = ahead._process
+    assert ahead.take(1) is None and "the read failed" in ahead.failure
+    assert worker.returncode == 0  # ended by itself, not killed after the grace period

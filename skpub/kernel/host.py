@@ -109,7 +109,7 @@ def recv_message(sock: socket.socket) -> tuple[dict, list[bytes]]:
     HostTimeout
         If the socket's timeout passes first.
     """
-    stream = sock.makefile("rb")
+    stream = sock.makefile("rb")  # closed here: an open one keeps the socket's descriptor open after its close()
     try:
         size = _LENGTH.unpack(_read_exact(stream, 8))[0]
         if size > MAX_HEADER:
@@ -121,6 +121,8 @@ def recv_message(sock: socket.socket) -> tuple[dict, list[bytes]]:
         blobs = [_read_exact(stream, _LENGTH.unpack(_read_exact(stream, 8))[0]) for _ in range(count)]
     except TimeoutError:
         raise HostTimeout("a read on the host connection timed out") from None
+    finally:
+        stream.close()
     return header, blobs
 
 

@@ -130,12 +130,14 @@ section 3.12, which ``unicodedata.decomposition`` does not list."""
 def _composition_followers() -> set[int]:
     """Return the code points that may compose with the character before them.
 
-    The second of every two-character canonical decomposition, and the
-    Hangul vowel and trailing jamo: a superset of NFC_QC=Maybe's starters and
-    of the combining marks that compose.
+    The second of every two-character canonical decomposition in planes 0
+    and 1, and the Hangul vowel and trailing jamo: a superset of
+    NFC_QC=Maybe's starters and of the combining marks that compose. Pairs
+    elsewhere, and every pair encoded after Unicode 3.1, are composition
+    exclusions (UAX #15's stability policy): they never compose.
     """
     followers = set(_HANGUL_FOLLOWERS)
-    for code in range(0x20000):  # canonical pairs lie in planes 0 and 1
+    for code in range(0x20000):  # the composing pairs: planes 0 and 1, fixed since Unicode 3.1 (UAX #15)
         mapping = unicodedata.decomposition(chr(code))
         if mapping and not mapping.startswith("<"):
             parts = mapping.split()

@@ -1,4 +1,4 @@
-"""The local engine: the whole pipeline embedded in one process.
+"""The local engine: the whole pipeline embedded in one process, with a parse worker beside it.
 
 Micro-batches of ``deployment.batch_size`` lines go through
 :class:`skpub.router.dispatch.Router` (the locator and the sequencer the Spark
@@ -6,7 +6,9 @@ engine runs in separate tasks), the same
 :class:`skpub.evaluators.evaluator.Evaluator` and the part-file encoding of
 :mod:`skpub.kernel.parts`. Evaluators run one after the other; each one's
 thread CPU time is measured, so ``max(evaluator time) + routing time`` gives
-the parallel time of a batch (DESIGN "Measuring load honestly").
+the parallel time of a batch (DESIGN "Measuring load honestly"). While a
+batch is routed, one worker process may parse the next
+(:mod:`skpub.app.engines.parse_ahead`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from skpub.balancer.transfer import balancer_step
 from skpub.evaluators.evaluator import Evaluator
 from skpub.evaluators.merge import RankedMerge
 from skpub.kernel.config import Deployment
-from skpub.kernel.inputs import batches, iter_lines, take_sample
+from skpub.kernel.inputs import STDIN, batches, iter_lines, take_sample
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.text import Vocabulary, load_vocabulary, pin_vocabulary
 from skpub.kernel.transfer import Handoff, TransferPlan
@@ -244,8 +246,11 @@ def run_local(
 
     While a micro-batch is routed and evaluated, a worker process parses the
     next one (:mod:`skpub.app.engines.parse_ahead`) if ``parse_ahead`` is
-    true, or by default (None) when :func:`~skpub.app.engines.parse_ahead.worth_a_worker`
-    says so for ``deployment.batch_size``; the results are the same either way.
+    true, or by default (None) when the input is files (not standard input,
+    where a batch would wait for the next to be read) and
+    :func:`~skpub.app.engines.parse_ahead.worth_a_worker` says so for
+    ``deployment.batch_size``; the results are the same either way. With
+    the worker, batch ``b`` is routed once batch ``b + 1`` is read.
 
     Returns
     -------
@@ -270,12 +275,13 @@ def run_local(
     Checkpoint(root / CHECKPOINT_DIR).clear()
     pipeline = LocalPipeline.new(root, deployment, vocabulary, sample)
     if parse_ahead is None:
-        parse_ahead = worth_a_worker(deployment.batch_size)
+        parse_ahead = str(input_path) != STDIN and worth_a_worker(deployment.batch_size)
     tune_gc()
     observer.start()
     sink = functools.partial(write_batch, root)
     with ParseAhead(deployment, pipeline.router.locate) as ahead:
-        stream = _with_next(batches(_replay_then(sample, lines), deployment.batch_size))
+        cut = batches(_replay_then(sample, lines), deployment.batch_size)
+        stream = _with_next(cut) if parse_ahead else ((batch, None) for batch in cut)
         for batch_id, (batch, upcoming) in enumerate(stream):
             located = ahead.take(batch_id)
             if parse_ahead and upcoming is not None:

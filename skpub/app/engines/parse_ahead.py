@@ -34,6 +34,7 @@ The epoch a batch is parsed under is known a batch ahead
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import mmap
 import os
@@ -56,7 +57,7 @@ from skpub.kernel.wire import bytes_table, table_buffer
 from skpub.router.epoch import RoutingEpoch
 from skpub.router.locate import LocatedItems, Locator
 
-CHUNK_LINES = 8_192
+RUN_LINES = 8_192
 """The worker parses a batch in runs of this many lines and reads the engine's claim before each (parsing a batch
 of 100,000 sparse lines in runs of 8,192 costs about 4% more than in one)."""
 MIN_CLAIM_LINES = 4_096
@@ -114,79 +115,96 @@ class ParseAhead:
         self._locate = locate
         self._process: subprocess.Popen | None = None
         self._socket: socket.socket | None = None
-        self._shared: np.ndarray | None = None  # [progress, limit] of the batch the worker parses
+        self._words: SharedWords | None = None
         self._pending: _Pending | None = None
         self._epoch_sent: int | None = None
-        self._handover = 0.0
+        self._exchange_cpu = 0.0  # this process's CPU sending and reading since the last answer taken
         self.failure: str | None = None
         """Why the worker stopped being used (None while it is): every batch is then parsed in the engine."""
         self.claimed = 0
-        """Lines the engine parsed itself out of those sent to the worker (its share of the work)."""
+        """Lines the engine claimed from the worker and parsed itself (the worker may have parsed a few too)."""
 
     def submit(self, batch_id: int, lines: list[bytes], epoch: RoutingEpoch) -> None:
         """Send micro-batch ``batch_id`` (``lines``, as read) to the worker, to be parsed under ``epoch``.
 
-        Any answer not yet taken is dropped first. Never raises: a failure
-        is kept in :attr:`failure` and the worker stopped.
+        An answer not taken is read and dropped first. Never raises: a
+        failure is kept in :attr:`failure` and the worker stopped for good.
         """
-        if self.failure is not None:
-            return
         start = time.thread_time()
         try:
             if self._pending is not None:
-                self.take(self._pending.batch_id)
+                self._answer(self._pending)
+            if self.failure is not None:
+                return
             if self._socket is None:
                 self._start()
-            header = {"batch_id": batch_id, "epoch": epoch.number, "chunk": CHUNK_LINES}
+            header = {"batch_id": batch_id, "epoch": epoch.number, "run": RUN_LINES}
             if self._deployment_json is not None:
                 header["deployment"], self._deployment_json = self._deployment_json, None
             if epoch.number != self._epoch_sent:
                 header["epoch_json"] = json.dumps(epoch.to_json())
-            if self._shared is not None:
-                self._shared[:] = (0, len(lines))  # set before the worker can read them for this batch
+            if self._words is not None:
+                self._words.words[:] = (0, len(lines))  # set before the worker can read them for this batch
             header["cut"], blobs = pack_lines(lines)
             assert self._socket is not None
             send_message(self._socket, header, blobs)
             self._pending, self._epoch_sent = _Pending(batch_id, lines, epoch), epoch.number
         except Exception as exc:  # noqa: BLE001 - the engine's process parses instead
             self._fail(f"sending batch {batch_id}: {type(exc).__name__}: {exc}")
-        self._handover += time.thread_time() - start
+        finally:
+            self._exchange_cpu += time.thread_time() - start
 
     def take(self, batch_id: int) -> LocatedItems | None:
         """Return micro-batch ``batch_id``'s parse stage; None if it was not sent or the worker failed.
 
         If the worker has not answered yet, the engine first claims two
         thirds of the lines the worker has not reached (past the run it is
-        in), parses them itself, and then waits for the worker's
-        answer on the rest (at most :data:`ANSWER_SECONDS`). The CPU seconds
-        include the worker's, the engine's claimed part and its hand-over.
-        Never raises.
+        in), parses them itself, and then waits for the worker's answer on
+        the rest (at most :data:`ANSWER_SECONDS`). The CPU seconds are the
+        worker's (without sending its answer), the engine's claimed part and
+        this process's side of the exchange. Never raises.
         """
         pending = self._pending
-        if pending is None or pending.batch_id != batch_id or self._socket is None:
+        if pending is None or pending.batch_id != batch_id or self.failure is not None:
             return None
-        self._pending = None
         try:
             own = self._claim(pending)
-            start = time.thread_time()
+        except Exception as exc:  # noqa: BLE001 - the engine's process parses instead
+            self._fail(f"claiming from batch {batch_id}: {type(exc).__name__}: {exc}")
+            return None
+        head = self._answer(pending)
+        if head is None or own is None:
+            return head
+        if head.lines < own.first:
+            self._fail(f"batch {batch_id}: the worker stopped at line {head.lines}, before the claim at {own.first}")
+            return None
+        if head.lines == len(pending.lines):  # the worker got there first: the claimed part is only CPU spent
+            return dataclasses.replace(head, cpu_seconds=head.cpu_seconds + own.cpu_seconds)
+        try:
+            return LocatedItems.concat([head, own.since(head.lines)])
+        except ValueError as exc:
+            self._fail(f"batch {batch_id}: {exc}")
+            return None
+
+    def _answer(self, pending: _Pending) -> LocatedItems | None:
+        """Read the worker's answer on ``pending``: the lines it parsed from the first; None if it failed."""
+        self._pending = None
+        start = time.thread_time()
+        try:
+            assert self._socket is not None
             header, blobs = recv_message(self._socket)
             if header.get("status") != "ok":
-                self._fail(f"batch {batch_id}: {header.get('error', 'no status')}")
+                self._fail(f"batch {pending.batch_id}: {header.get('error', 'no status')}")
                 return None
             items = bytes_table(blobs[0])
             letters = [DeadLetter(*letter) for letter in header["dead_letters"]]
-            cpu = float(header["cpu_seconds"]) + self._handover + time.thread_time() - start
-            self._handover = 0.0
-            head = LocatedItems(batch_id, int(header["epoch"]), 0, int(header["lines"]), items, letters, cpu)
-            if own is None:
-                return head
-            if head.lines < own.first:
-                raise RuntimeError(f"the worker stopped at line {head.lines}, before the engine's claim {own.first}")
-            return LocatedItems.concat([head, own.since(head.lines)]) if head.lines < own.first + own.lines else head
+            cpu = float(header["cpu_seconds"]) + self._exchange_cpu + time.thread_time() - start
+            self._exchange_cpu = 0.0
+            return LocatedItems(pending.batch_id, int(header["epoch"]), 0, int(header["lines"]), items, letters, cpu)
         except Exception as exc:  # noqa: BLE001 - the engine's process parses instead
             code = self._process.poll() if self._process is not None else None
             died = f" (the worker exited with {code})" if code is not None else ""
-            self._fail(f"batch {batch_id}: {type(exc).__name__}: {exc}{died}")
+            self._fail(f"batch {pending.batch_id}: {type(exc).__name__}: {exc}{died}")
             return None
 
     def _claim(self, pending: _Pending) -> LocatedItems | None:
@@ -197,21 +215,21 @@ class ParseAhead:
         (measured on the sparse stream: the engine's wait at the second
         steady batch 0.11-0.18 s with half, 0.04-0.09 s with two thirds).
         """
-        shared, n = self._shared, len(pending.lines)
-        if shared is None or select.select([self._socket], [], [], 0)[0]:
+        words, n = self._words, len(pending.lines)
+        if words is None or _readable(self._socket):
             return None  # no shared words, or the answer is (being) sent
-        left = n - int(shared[0]) - CHUNK_LINES  # the worker ends the chunk it is in
+        left = n - int(words.words[0]) - RUN_LINES  # the worker ends the run it is in
         if left < MIN_CLAIM_LINES:
             return None
         first = n - (2 * left) // 3
-        shared[1] = first  # the worker starts no chunk at or past it, and ends its chunk there
+        words.words[1] = first  # the worker starts no run at or past it, and ends its run there
         self.claimed += n - first
         return self._locate(pending.lines[first:], pending.batch_id, pending.epoch, first)
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
-        words = _shared_words()
-        passed = [theirs.fileno()] if words is None else [theirs.fileno(), words[0]]
+        words = SharedWords.create()
+        passed = [theirs.fileno()] if words is None else [theirs.fileno(), words.fd]
         try:
             self._process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
                 [sys.executable, "-P", "-m", __name__, *map(str, passed)],
@@ -220,22 +238,33 @@ class ParseAhead:
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
                 start_new_session=True,  # an interrupt reaches the engine, which stops the worker
             )
+        except BaseException:
+            ours.close()
+            if words is not None:
+                words.close()
+            raise
         finally:
             theirs.close()
             if words is not None:
-                os.close(words[0])
+                words.close_fd()
         ours.settimeout(ANSWER_SECONDS)
-        self._socket = ours
-        self._shared = None if words is None else words[1]
+        self._socket, self._words = ours, words
 
     def _fail(self, why: str) -> None:
         self.failure = why
         self.close()
 
     def close(self) -> None:
-        """Stop the worker: close its socket (it exits at the end of its input), kill it if it lingers; idempotent."""
+        """Stop the worker and free what it shares; idempotent.
+
+        The socket is shut down (the worker ends at its next read or write,
+        after the batch it is parsing at most), then the worker is waited
+        for, and killed after 10 seconds.
+        """
         self._pending = None
         if self._socket is not None:
+            with contextlib.suppress(OSError):
+                self._socket.shutdown(socket.SHUT_RDWR)
             self._socket.close()
             self._socket = None
         if self._process is not None:
@@ -245,6 +274,9 @@ class ParseAhead:
                 self._process.kill()
                 self._process.wait()
             self._process = None
+        if self._words is not None:
+            self._words.close()
+            self._words = None
 
     def __enter__(self) -> ParseAhead:
         return self
@@ -253,17 +285,50 @@ class ParseAhead:
         self.close()
 
 
-def _shared_words() -> tuple[int, np.ndarray] | None:
-    """Return an anonymous shared memory file's descriptor and its two int64 words; None where there is none.
+def _readable(sock: socket.socket | None) -> bool:
+    """Whether ``sock`` has something to read now (``poll``: any descriptor number, unlike ``select``)."""
+    if sock is None:
+        return True
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
 
-    Linux's ``memfd_create``: nothing on a file system to clean up, and the
-    worker maps it through the inherited descriptor.
+
+class SharedWords:
+    """Two int64 words the engine and its worker both map: the worker's progress and the engine's claim.
+
+    An anonymous shared memory file (Linux's ``memfd_create``): nothing on
+    a file system to clean up; the worker maps it through the inherited
+    descriptor. Aligned 8-byte stores and loads; a stale read only makes a
+    claim smaller or a run end later, which :class:`ParseAhead` allows for.
     """
-    if not hasattr(os, "memfd_create"):
-        return None
-    fd = os.memfd_create("skpub-parse-ahead")
-    os.ftruncate(fd, _SHARED_BYTES)
-    return fd, np.frombuffer(mmap.mmap(fd, _SHARED_BYTES), np.int64)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._memory = mmap.mmap(fd, _SHARED_BYTES)
+        self.words = np.frombuffer(self._memory, np.int64)
+        """``[progress, claim]``: lines the worker has parsed, and the line the engine claimed from."""
+
+    @classmethod
+    def create(cls) -> SharedWords | None:
+        """Return new words, or None where there is no ``memfd_create``."""
+        if not hasattr(os, "memfd_create"):
+            return None
+        fd = os.memfd_create("skpub-parse-ahead")
+        os.ftruncate(fd, _SHARED_BYTES)
+        return cls(fd)
+
+    def close_fd(self) -> None:
+        """Close the descriptor (the mapping stays); idempotent."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def close(self) -> None:
+        """Close the descriptor and unmap the words; idempotent."""
+        self.close_fd()
+        self.words = np.zeros(2, np.int64)  # the view of the mapping goes before the mapping
+        self._memory.close()
 
 
 # --------------------------------------------------------------------------- in the worker process
@@ -302,22 +367,23 @@ def unpack_lines(cut: str, blobs: list[bytes]) -> list[bytes]:
     return [data[a:b] for a, b in zip([0, *ends][:-1], ends, strict=True)]
 
 
-def serve(sock: socket.socket, shared: np.ndarray | None) -> None:
+def serve(sock: socket.socket, words: SharedWords | None) -> None:
     """Answer requests on ``sock`` until the engine closes it (the worker's main loop).
 
-    ``shared`` are the words [progress, limit] of :class:`ParseAhead`, or
-    None (then every batch is parsed whole). A request that fails is
-    answered with its error; the engine then parses itself and stops the
-    worker.
+    ``words`` are :class:`SharedWords` with the engine, or None (then every
+    batch is parsed whole). A request that fails is answered with its
+    error; the engine then parses itself and stops the worker. The CPU
+    seconds answered count reading the request and parsing, not sending
+    the answer.
     """
     deployment = vocabulary = epoch = None
     tune_gc()
     while True:
+        start = time.thread_time()  # waiting costs no thread CPU; reading the request does
         try:
             header, blobs = recv_message(sock)
         except HostError:
             return  # the engine closed the socket: the run is over
-        start = time.thread_time()
         try:
             if "deployment" in header:
                 deployment = deployment_from_text(header["deployment"])
@@ -328,7 +394,7 @@ def serve(sock: socket.socket, shared: np.ndarray | None) -> None:
                 raise RuntimeError(f"the worker holds no deployment or no routing epoch {header['epoch']}")
             lines = unpack_lines(header["cut"], blobs)
             locator = Locator(deployment, vocabulary, epoch.table)
-            located = _locate_until_claimed(locator, lines, header["batch_id"], epoch.number, header["chunk"], shared)
+            located = _locate_until_claimed(locator, lines, header["batch_id"], epoch.number, header["run"], words)
             answer = {
                 "status": "ok",
                 "epoch": epoch.number,
@@ -344,31 +410,28 @@ def serve(sock: socket.socket, shared: np.ndarray | None) -> None:
 
 
 def _locate_until_claimed(
-    locator: Locator, lines: list[bytes], batch_id: int, epoch: int, chunk: int, shared: np.ndarray | None
+    locator: Locator, lines: list[bytes], batch_id: int, epoch: int, run: int, words: SharedWords | None
 ) -> LocatedItems:
-    """Parse ``lines`` from the first in runs of ``chunk``, each ending at the engine's claim; return those parsed.
+    """Parse ``lines`` from the first in runs of ``run`` lines, up to the engine's claim; return what was parsed.
 
-    Before each run the claim (``shared[1]``) is read: no run starts at or
-    past it, and a run ends there; ``shared[0]`` is set to the lines done
-    after each run. Without ``shared``, all the lines in one run.
+    Before each run the claim is read: no run starts at or past it, and a
+    run ends there; the progress is set after each run. Without ``words``,
+    all the lines in one run.
     """
-    if shared is None or not lines:
+    if words is None or not lines:
         return locator.locate_items(lines, batch_id, epoch)
     parts, done = [], 0
-    while done < min(len(lines), int(shared[1])):
-        end = min(done + chunk, len(lines), int(shared[1]))
+    while done < min(len(lines), int(words.words[1])):
+        end = min(done + run, len(lines), int(words.words[1]))
         parts.append(locator.locate_items(lines[done:end], batch_id, epoch, done))
         done = end
-        shared[0] = done
+        words.words[0] = done
     return LocatedItems.concat(parts)
 
 
 def _main(argv: list[str]) -> None:
     """Serve on the socket and shared-memory descriptors given on the command line (:meth:`ParseAhead._start`)."""
-    shared = None
-    if len(argv) > 1:
-        shared = np.frombuffer(mmap.mmap(int(argv[1]), _SHARED_BYTES), np.int64)
-    serve(socket.socket(fileno=int(argv[0])), shared)
+    serve(socket.socket(fileno=int(argv[0])), SharedWords(int(argv[1])) if len(argv) > 1 else None)
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ from skpub.kernel.wire import (
 )
 from skpub.router.dispatch import accepted_controls, marks, rejected_letters
 from skpub.router.epoch import EpochLog
-from skpub.router.locate import Locator, located_table
+from skpub.router.locate import Locator
 from skpub.router.sequencer import Sequencer, evaluator_tables, routed_table
 from skpub.router.state import decode_journal, decode_registry, encode_journal, registry_buffers
 
@@ -132,8 +132,8 @@ class ParseTask:
                 piece = _slice(raw)
                 lines = _lines(self.files, piece, self.entries)
                 part, first = piece.part, piece.first
-                located = locator.locate_lines(lines, batch_id, first)
-                rows = located_table(located)
+                located = locator.locate_items(lines, batch_id, epoch.number, first)
+                rows = located.items
                 rows_file = checkpoint.located_file(batch_id, part)
                 atomic_write_bytes(rows_file, table_bytes(rows))
                 letters = located.dead_letters
