@@ -244,9 +244,9 @@ def test_a_run_the_worker_began_before_the_claim_is_kept_once(monkeypatch):
 
     from skpub.router.locate import LocatedItems
 
-    monkeypatch.setattr(parse_ahead, "RUN_LINES", 4)
+    monkeypatch.setattr(parse_ahead, "RUN_LINES", 2)  # thousands of runs: the claim lands long before the end
     dep = deployment(evaluators=3, batch_size=10_000)
-    lines = [line.encode() for line in random_workload(seed=48, n=3000)]
+    lines = [line.encode() for line in random_workload(seed=48, n=6000)]
     vocabulary = Vocabulary()
     router = Router(dep, vocabulary)
     epoch = RoutingEpoch(0, 0, initial_table(dep, vocabulary, lines))
@@ -309,3 +309,43 @@ def test_a_read_that_fails_holding_the_socket_open_still_lets_the_worker_end_by_
     worker = ahead._process
     assert ahead.take(1) is None and "the read failed" in ahead.failure
     assert worker.returncode == 0  # ended by itself, not killed after the grace period
+
+
+def test_closing_with_the_answer_unread_lets_the_worker_end_by_itself():
+    """The worker answered and the engine closes without reading it (an error in the batch being routed): the
+    worker's next read is a reset, which ends it quietly; nothing is sent to a closed one."""
+    import select
+
+    dep = deployment(evaluators=3, batch_size=10_000)
+    lines = [line.encode() for line in random_workload(seed=51, n=3000)]
+    epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), lines))
+    ahead = ParseAhead(dep, Router(dep, Vocabulary()).locate)
+    ahead.submit(1, lines, epoch)
+    worker = ahead._process
+    poller = select.poll()
+    poller.register(ahead._socket, select.POLLIN)
+    assert poller.poll(60_000), "the worker must answer for this test to mean anything"
+    ahead.close()
+    assert worker.returncode == 0
+    ahead.submit(2, lines, epoch)
+    assert ahead._process is None and ahead.take(2) is None
+
+
+def test_batches_are_read_ahead_only_while_the_worker_works():
+    from skpub.app.engines.local import _with_next
+
+    read = []
+
+    def items():
+        for i in range(6):
+            read.append(i)
+            yield [str(i).encode()]
+
+    working = [True]
+    seen = []
+    for batch, upcoming in _with_next(items(), lambda: working[0]):
+        seen.append((batch, upcoming, len(read)))
+        if batch == [b"2"]:
+            working[0] = False  # the worker failed while batch 2 was routed
+    assert [n for *_, n in seen] == [2, 3, 4, 4, 5, 6]  # lines read when each batch is routed
+    assert [u for _, u, _ in seen] == [[b"1"], [b"2"], [b"3"], None, None, None]

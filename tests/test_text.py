@@ -154,3 +154,17 @@ def test_without_plain_characters_every_non_ascii_term_takes_the_exact_path(monk
     monkeypatch.setattr(text, "_not_plain_pattern", lambda: None)
     terms = ["Zürich", "ΟΔΟΣ", "\u1100\u1161", "abc", "straße", "東京", "İ"]
     assert text.normalize_array(terms).to_pylist() == [_full(t) for t in terms]
+
+
+def test_every_canonical_pair_lies_below_the_planes_the_followers_scan():
+    """The composition followers are found by scanning planes 0 and 1: no canonical pair may lie beyond them."""
+    import unicodedata
+
+    from skpub.kernel.text import PAIRED_PLANES_END
+
+    beyond = []
+    for code in range(PAIRED_PLANES_END, 0x110000):
+        mapping = unicodedata.decomposition(chr(code))
+        if mapping and not mapping.startswith("<") and len(mapping.split()) == 2:
+            beyond.append(hex(code))
+    assert beyond == []

@@ -122,6 +122,8 @@ _PLAIN_CANDIDATES = ((0x0000, 0x2FFF), (0x3000, 0x9FFF), (0xAC00, 0xD7A3))
 plain, which only sends it to the exact path in Python)."""
 
 
+PAIRED_PLANES_END = 0x20000
+"""Every two-character canonical decomposition is of a code point below this (planes 0 and 1)."""
 _HANGUL_FOLLOWERS = (*range(0x1161, 0x1176), *range(0x11A8, 0x11C3))
 """Hangul vowel and trailing jamo: they compose with the jamo or syllable before them by the algorithm of Unicode
 section 3.12, which ``unicodedata.decomposition`` does not list."""
@@ -130,14 +132,14 @@ section 3.12, which ``unicodedata.decomposition`` does not list."""
 def _composition_followers() -> set[int]:
     """Return the code points that may compose with the character before them.
 
-    The second of every two-character canonical decomposition in planes 0
-    and 1, and the Hangul vowel and trailing jamo: a superset of
-    NFC_QC=Maybe's starters and of the combining marks that compose. Pairs
-    elsewhere, and every pair encoded after Unicode 3.1, are composition
-    exclusions (UAX #15's stability policy): they never compose.
+    The second of every two-character canonical decomposition, and the
+    Hangul vowel and trailing jamo: a superset of NFC_QC=Maybe's starters
+    and of the combining marks that compose. Canonical pairs lie in planes
+    0 and 1 (plane 2's decompositions are single characters); a test checks
+    that on the running Python's ``unicodedata``.
     """
     followers = set(_HANGUL_FOLLOWERS)
-    for code in range(0x20000):  # the composing pairs: planes 0 and 1, fixed since Unicode 3.1 (UAX #15)
+    for code in range(PAIRED_PLANES_END):
         mapping = unicodedata.decomposition(chr(code))
         if mapping and not mapping.startswith("<"):
             parts = mapping.split()

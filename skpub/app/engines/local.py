@@ -219,10 +219,20 @@ def _charge(report: BatchReport, evaluator: int, start: float) -> None:
     cpu[evaluator] = cpu.get(evaluator, 0.0) + time.thread_time() - start
 
 
-def _with_next(items: Iterator[list[bytes]]) -> Iterator[tuple[list[bytes], list[bytes] | None]]:
-    """Yield each item with the one after it (None after the last); reads one item ahead."""
+def _with_next(
+    items: Iterator[list[bytes]], ahead: Callable[[], bool]
+) -> Iterator[tuple[list[bytes], list[bytes] | None]]:
+    """Yield each item with the one after it (None after the last), reading ahead only while ``ahead()`` holds.
+
+    When ``ahead()`` is false an item is yielded with None, and the next is
+    read only once the consumer asks for it.
+    """
     current = next(items, None)
     while current is not None:
+        if not ahead():
+            yield current, None
+            current = next(items, None)
+            continue
         upcoming = next(items, None)
         yield current, upcoming
         current = upcoming
@@ -280,11 +290,14 @@ def run_local(
     observer.start()
     sink = functools.partial(write_batch, root)
     with ParseAhead(deployment, pipeline.router.locate) as ahead:
-        cut = batches(_replay_then(sample, lines), deployment.batch_size)
-        stream = _with_next(cut) if parse_ahead else ((batch, None) for batch in cut)
+
+        def working() -> bool:  # read as the run goes on: a worker that failed reads nothing ahead
+            return bool(parse_ahead) and ahead.failure is None
+
+        stream = _with_next(batches(_replay_then(sample, lines), deployment.batch_size), working)
         for batch_id, (batch, upcoming) in enumerate(stream):
             located = ahead.take(batch_id)
-            if parse_ahead and upcoming is not None:
+            if upcoming is not None:
                 ahead.submit(batch_id + 1, upcoming, pipeline.epoch_for(batch_id + 1))
             observer.on_batch(pipeline.step(batch_id, batch, sink, located))
             if ahead.failure is not None and parse_ahead:

@@ -9,8 +9,8 @@ engine's parse tasks run apart from its sequencer task. On the sparse
 GeoNames stream the parse stage is about half of a micro-batch's CPU
 (docs/benchmarks.md (s)), so on two cores the two halves overlap.
 
-The worker is ``python -m skpub.app.engines.parse_ahead FD``, our own
-interpreter and module (never the caller's main module, which a
+The worker is ``python -P -m skpub.app.engines.parse_ahead SOCKET_FD [MEMFD_FD]``,
+our own interpreter and module (never the caller's main module, which a
 ``multiprocessing`` spawn would import again), talking over a socket pair in
 :func:`~skpub.kernel.host.send_message` frames: a JSON header and binary
 blobs, nothing unpickled. A request carries a batch's lines (joined by newlines,
@@ -65,7 +65,7 @@ MIN_CLAIM_LINES = 4_096
 _SHARED_BYTES = 16
 MIN_BATCH_LINES = 10_000
 """Below this many lines a micro-batch is parsed in the engine's process: the worker's start (about a second of
-imports) and each batch's hand-over would cost more than the overlap wins."""
+imports) and each batch's exchange would cost more than the overlap wins."""
 Locate = Callable[[Sequence[bytes], int, RoutingEpoch, int], LocatedItems]
 """The engine's own parse stage, ``locate(lines, batch_id, epoch, first)`` (``Router.locate``)."""
 ANSWER_SECONDS = 600.0
@@ -227,8 +227,8 @@ class ParseAhead:
         return self._locate(pending.lines[first:], pending.batch_id, pending.epoch, first)
 
     def _start(self) -> None:
-        ours, theirs = socket.socketpair()
         words = SharedWords.create()
+        ours, theirs = socket.socketpair()
         passed = [theirs.fileno()] if words is None else [theirs.fileno(), words.fd]
         try:
             self._process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
@@ -257,11 +257,16 @@ class ParseAhead:
     def close(self) -> None:
         """Stop the worker and free what it shares; idempotent.
 
-        The socket is shut down (the worker ends at its next read or write,
-        after the batch it is parsing at most), then the worker is waited
-        for, and killed after 10 seconds.
+        The engine claims every line of a batch being parsed (the worker
+        stops at its next run) and shuts the socket down (the worker ends at
+        its next read or write), then waits for the worker, and kills it
+        after 10 seconds. Nothing is sent to a closed one.
         """
         self._pending = None
+        if self.failure is None:
+            self.failure = "closed"
+        if self._words is not None:
+            self._words.words[1] = 0  # a batch being parsed stops at its next run
         if self._socket is not None:
             with contextlib.suppress(OSError):
                 self._socket.shutdown(socket.SHUT_RDWR)
@@ -311,12 +316,19 @@ class SharedWords:
 
     @classmethod
     def create(cls) -> SharedWords | None:
-        """Return new words, or None where there is no ``memfd_create``."""
+        """Return new words, or None where they cannot be made (no ``memfd_create``, or it fails)."""
         if not hasattr(os, "memfd_create"):
             return None
-        fd = os.memfd_create("skpub-parse-ahead")
-        os.ftruncate(fd, _SHARED_BYTES)
-        return cls(fd)
+        try:
+            fd = os.memfd_create("skpub-parse-ahead")
+        except OSError:
+            return None
+        try:
+            os.ftruncate(fd, _SHARED_BYTES)
+            return cls(fd)
+        except OSError:
+            os.close(fd)
+            return None
 
     def close_fd(self) -> None:
         """Close the descriptor (the mapping stays); idempotent."""
@@ -382,8 +394,8 @@ def serve(sock: socket.socket, words: SharedWords | None) -> None:
         start = time.thread_time()  # waiting costs no thread CPU; reading the request does
         try:
             header, blobs = recv_message(sock)
-        except HostError:
-            return  # the engine closed the socket: the run is over
+        except (HostError, OSError):
+            return  # the engine closed the socket (a reset, when it left an answer unread): the run is over
         try:
             if "deployment" in header:
                 deployment = deployment_from_text(header["deployment"])
@@ -426,7 +438,7 @@ def _locate_until_claimed(
         parts.append(locator.locate_items(lines[done:end], batch_id, epoch, done))
         done = end
         words.words[0] = done
-    return LocatedItems.concat(parts)
+    return LocatedItems.concat(parts) if parts else locator.locate_items([], batch_id, epoch)
 
 
 def _main(argv: list[str]) -> None:
