@@ -277,14 +277,20 @@ def test_a_run_the_worker_began_before_the_claim_is_kept_once(monkeypatch):
     assert len(kept_from) == 1 and kept_from[0][0] == 100 and 200 <= kept_from[0][1] < len(lines)
 
 
-def test_closing_with_a_batch_in_flight_lets_the_worker_end_by_itself():
-    """An interrupt or an error closes the engine's side mid-batch: the worker sees it (its answer cannot be sent,
-    its next read ends) and exits by itself, not killed after the grace period."""
+def submitted(seed):
+    """A parse worker sent a batch of about 3,000 lines (a few hundred KB of answer): (ParseAhead, lines, epoch)."""
     dep = deployment(evaluators=3, batch_size=10_000)
-    lines = [line.encode() for line in random_workload(seed=49, n=3000)]
+    lines = [line.encode() for line in random_workload(seed=seed, n=3000)]
     epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), lines))
     ahead = ParseAhead(dep, Router(dep, Vocabulary()).locate)
     ahead.submit(1, lines, epoch)
+    return ahead, lines, epoch
+
+
+def test_closing_with_a_batch_in_flight_lets_the_worker_end_by_itself():
+    """An interrupt or an error closes the engine's side mid-batch: the worker sees it (its answer cannot be sent,
+    its next read ends) and exits by itself, not killed after the grace period."""
+    ahead, lines, epoch = submitted(seed=49)
     worker = ahead._process
     ahead.close()
     assert worker.returncode == 0
@@ -301,11 +307,7 @@ def test_a_read_that_fails_holding_the_socket_open_still_lets_the_worker_end_by_
         raise OSError("the read failed")
 
     monkeypatch.setattr(parse_ahead, "recv_message", failing_read)
-    dep = deployment(evaluators=3, batch_size=10_000)
-    lines = [line.encode() for line in random_workload(seed=50, n=3000)]
-    epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), lines))
-    ahead = ParseAhead(dep, Router(dep, Vocabulary()).locate)
-    ahead.submit(1, lines, epoch)
+    ahead, lines, epoch = submitted(seed=50)
     worker = ahead._process
     assert ahead.take(1) is None and "the read failed" in ahead.failure
     assert worker.returncode == 0  # ended by itself, not killed after the grace period
@@ -316,11 +318,7 @@ def test_closing_with_the_answer_unread_lets_the_worker_end_by_itself():
     worker's next read is a reset, which ends it quietly; nothing is sent to a closed one."""
     import select
 
-    dep = deployment(evaluators=3, batch_size=10_000)
-    lines = [line.encode() for line in random_workload(seed=51, n=3000)]
-    epoch = RoutingEpoch(0, 0, initial_table(dep, Vocabulary(), lines))
-    ahead = ParseAhead(dep, Router(dep, Vocabulary()).locate)
-    ahead.submit(1, lines, epoch)
+    ahead, lines, epoch = submitted(seed=51)
     worker = ahead._process
     poller = select.poll()
     poller.register(ahead._socket, select.POLLIN)
