@@ -347,3 +347,16 @@ def test_batches_are_read_ahead_only_while_the_worker_works():
             working[0] = False  # the worker failed while batch 2 was routed
     assert [n for *_, n in seen] == [2, 3, 4, 4, 5, 6]  # lines read when each batch is routed
     assert [u for _, u, _ in seen] == [[b"1"], [b"2"], [b"3"], None, None, None]
+
+
+def test_a_batch_too_large_to_send_is_parsed_in_the_engine_and_the_worker_goes_on(tmp_path, monkeypatch):
+    """Batches over MAX_SENT_BYTES stay in the engine (no failure, no note); the others still go to the worker."""
+    lines = random_workload(seed=52, n=300)
+    dep = deployment(evaluators=3, batch_size=25)
+    sizes = [sum(len(line.encode()) + 1 for line in lines[i : i + 25]) for i in range(0, len(lines), 25)]
+    monkeypatch.setattr(parse_ahead, "MAX_SENT_BYTES", sorted(sizes)[len(sizes) // 2])
+    here = count_parses_here(monkeypatch)
+    out, notes = run(tmp_path, "large", lines, dep, ahead=True)
+    too_large = [b for b, size in enumerate(sizes) if size > parse_ahead.MAX_SENT_BYTES and b > 0]
+    assert too_large and here == [0, *too_large] and notes == []
+    assert_outputs_equal_oracle(out, lines, dep)

@@ -68,6 +68,9 @@ MIN_BATCH_LINES = 10_000
 imports) and each batch's exchange would cost more than the overlap wins."""
 Locate = Callable[[Sequence[bytes], int, RoutingEpoch, int], LocatedItems]
 """The engine's own parse stage, ``locate(lines, batch_id, epoch, first)`` (``Router.locate``)."""
+MAX_SENT_BYTES = 128 << 20
+"""A batch of more bytes of lines is parsed in the engine's process: sent, it would be held three more times (joined,
+received, cut) besides the engine's own copy, where micro-batches may reach 512 MiB (``kernel.inputs.BATCH_BYTES``)."""
 ANSWER_SECONDS = 600.0
 """The longest the engine waits for the worker's answer on one micro-batch, seconds; then it parses itself."""
 
@@ -127,15 +130,17 @@ class ParseAhead:
     def submit(self, batch_id: int, lines: list[bytes], epoch: RoutingEpoch) -> None:
         """Send micro-batch ``batch_id`` (``lines``, as read) to the worker, to be parsed under ``epoch``.
 
-        An answer not taken is read and dropped first. Never raises: a
-        failure is kept in :attr:`failure` and the worker stopped for good.
+        An answer not taken is read and dropped first. A batch of more than
+        :data:`MAX_SENT_BYTES` is not sent (:meth:`take` then returns None
+        for it). Never raises: a failure is kept in :attr:`failure` and the
+        worker stopped for good.
         """
         start = time.thread_time()
         try:
             if self._pending is not None:
                 self._answer(self._pending)
-            if self.failure is not None:
-                return
+            if self.failure is not None or sum(map(len, lines)) + len(lines) > MAX_SENT_BYTES:
+                return  # failed, or too large to hold again: the engine parses it
             if self._socket is None:
                 self._start()
             header = {"batch_id": batch_id, "epoch": epoch.number, "run": RUN_LINES}
