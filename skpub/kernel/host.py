@@ -195,6 +195,16 @@ _FAILED_START: dict[str, str] = {}
 """Entry module -> why a host of it that this worker started did not answer: then the worker uses none of it."""
 
 
+def module_command(module: str, *args: str) -> list[str]:
+    """Return the command line that runs ``module`` with ``args`` in this interpreter (``-P``: no script folder)."""
+    return [sys.executable, "-P", "-m", module, *args]
+
+
+def module_environment() -> dict[str, str]:
+    """Return this process's environment with its import path, so a child imports skpub as this process does."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+
 def connect(address: HostAddress) -> tuple[socket.socket, int]:
     """Connect to the host at ``address``, starting it first if none runs.
 
@@ -227,12 +237,12 @@ def connect(address: HostAddress) -> tuple[socket.socket, int]:
             path.unlink()
         with open(f"{path}.log", "wb") as log:
             child = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-                [sys.executable, "-P", "-m", address.module, str(path), str(address.watch)],
+                module_command(address.module, str(path), str(address.watch)),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
                 cwd="/",
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+                env=module_environment(),
                 start_new_session=True,
                 close_fds=True,
             )

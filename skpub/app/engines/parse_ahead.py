@@ -49,7 +49,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from skpub.kernel.config import Deployment, deployment_from_text
-from skpub.kernel.host import HostError, recv_message, send_message
+from skpub.kernel.host import HostError, module_command, module_environment, recv_message, send_message
 from skpub.kernel.records import DeadLetter
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.text import load_vocabulary
@@ -237,10 +237,10 @@ class ParseAhead:
         passed = [theirs.fileno()] if words is None else [theirs.fileno(), words.fd]
         try:
             self._process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-                [sys.executable, "-P", "-m", __name__, *map(str, passed)],
+                module_command(__name__, *map(str, passed)),
                 stdin=subprocess.DEVNULL,
                 pass_fds=passed,
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+                env=module_environment(),
                 start_new_session=True,  # an interrupt reaches the engine, which stops the worker
             )
         except BaseException:
