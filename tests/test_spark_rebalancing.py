@@ -165,14 +165,18 @@ def test_a_run_killed_after_a_transfer_batch_commits_resumes_exactly(tmp_path):
 @pytest.mark.slow
 def test_the_drivers_balancer_step_is_counted_once_in_the_stage_cpu(spark, tmp_path, monkeypatch):
     """On Spark the driver's balancer step is the ``balancer`` stage, not also part of ``sink`` (the summary's
-    serial fraction sums the stages): a step made to spend 0.3 s of CPU a batch shows in the one, not the other."""
+    serial fraction sums the stages): a step made to spend 1 s of CPU a batch shows in the one, not the other.
+
+    The sink's own CPU is about 0.16 s a batch, and up to 0.21 s under a second suite; a second count of the step
+    would add 1 s, so the bound of half of that leaves the sink's own work a wide margin on a busy machine."""
     from skpub.app.engines import spark as spark_engine
 
     real = spark_engine.Sink._balance
+    step_seconds = 1.0
 
     def slow_balance(self, batch_id, counters, report):  # noqa: ANN001, ANN202
         start = time.thread_time()
-        while time.thread_time() - start < 0.3:
+        while time.thread_time() - start < step_seconds:
             pass
         return real(self, batch_id, counters, report)
 
@@ -181,5 +185,5 @@ def test_the_drivers_balancer_step_is_counted_once_in_the_stage_cpu(spark, tmp_p
     _, summary = run(spark, tmp_path, lines, chaos(deployment(evaluators=3, batch_size=40), seed=1))
     batches = summary.batches
     assert batches == 3
-    assert summary.stage_cpu["balancer"] >= 0.3 * batches
-    assert summary.stage_cpu["sink"] < 0.3 * batches / 2, summary.stage_cpu
+    assert summary.stage_cpu["balancer"] >= step_seconds * batches
+    assert summary.stage_cpu["sink"] < step_seconds * batches / 2, summary.stage_cpu
