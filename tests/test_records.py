@@ -1,7 +1,7 @@
 import json
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from skpub.kernel.geometry import Rect
@@ -70,25 +70,27 @@ def test_rejected_subscription_does_not_reserve_its_id():
     assert result.deliveries == [{"sub": "s", "obj": "o", "event": "match"}]
 
 
+_RAW = ("1e400", "-1e999", "NaN")  # written raw below: not JSON numbers a float can hold
 _RECT_VALUES = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False),
     st.integers(-(2**70), 2**70),
     st.booleans(),
     st.none(),
     st.text(max_size=3),
-    st.sampled_from(["1e400", "-1e999", "NaN"]),  # written raw below: not JSON numbers a float can hold
+    st.sampled_from(_RAW),
 )
 
 
 @given(st.lists(_RECT_VALUES, min_size=4, max_size=4))
+@example(["@", 0.0, '"@', "1e400"])  # a text that holds JSON's own characters
+@example(['@"', None, 1, 2.5])
 def test_a_rect_of_any_four_values_is_parsed_as_its_numbers_say(values):
     """Floats pass as they are and integers become floats; a value that is no number is wrong_field, one no
     float holds non_finite (the whole line), and an inverted rect bad_rect."""
-    raw = [v if not (isinstance(v, str) and v in ("1e400", "-1e999", "NaN")) else f"@{v}@" for v in values]
-    text = json.dumps(raw).replace('"@', "").replace('@"', "")
+    text = "[" + ", ".join(v if v in _RAW else json.dumps(v) for v in values) + "]"
     line = f'{{"type": "subscribe", "id": "s", "kind": "range", "rect": {text}, "keywords": ["a"]}}'
     got = parse_line(line.encode(), 3, Rect(-10.0, -10.0, 10.0, 10.0))
-    if any(isinstance(v, str) and v in ("1e400", "-1e999", "NaN") for v in values):
+    if any(v in _RAW for v in values):
         assert isinstance(got, DeadLetter) and got.reason == "non_finite"  # refused while decoding, fields unread
         return
     if not any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
