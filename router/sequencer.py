@@ -22,6 +22,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import NamedTuple
 
 import numpy as np
@@ -33,7 +34,7 @@ from skpub.kernel.decode import clip
 from skpub.kernel.grid import CellBox
 from skpub.kernel.registry import IdRegistry
 from skpub.kernel.transfer import Handoff, holders_after
-from skpub.kernel.wire import KINDS, MARK, OBJECT, ROUTED_SCHEMA, SUBSCRIBE
+from skpub.kernel.wire import KINDS, MARK, OBJECT, ROUTED_SCHEMA, SUBSCRIBE, UNSUBSCRIBE
 from skpub.router.gridt import TermRoutes, route_objects
 from skpub.router.partitioning import Partitioning
 from skpub.router.summary import TextualSummaries
@@ -126,9 +127,11 @@ class TextRows:
 class Decisions:
     """What the sequencer decided for one micro-batch.
 
-    Row ``r`` sends item ``index[r]`` to ``evaluator[r]``, in stream order;
-    ``box[r]`` is a subscription's cell box there (None: the item's own cells,
-    an object's cell or nothing). ``rejected`` holds ``(item, reason,
+    Row ``r`` sends item ``index[r]`` to ``evaluator[r]`` (int64 arrays of
+    shape (rows,)), in stream order; the rows ``box_rows`` (int64, ascending)
+    carry a subscription's cell box there, ``boxes[k]`` (int64, shape (k, 4),
+    fine-grid cells) for row ``box_rows[k]``; every other row keeps the
+    item's own cells (an object's cell, or nothing). ``rejected`` holds ``(item, reason,
     message)`` for records the stream so far rejects (``duplicate_id``,
     ``unknown_id``) and for items that failed
     (``internal_error``). ``objects`` counts accepted objects, ``forwarded``
@@ -141,9 +144,10 @@ class Decisions:
     accepted, watermark)`` at the batch's end.
     """
 
-    index: list[int] = field(default_factory=list)
-    evaluator: list[int] = field(default_factory=list)
-    box: list[CellBox | None] = field(default_factory=list)
+    index: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    evaluator: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    box_rows: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    boxes: np.ndarray = field(default_factory=lambda: np.empty((0, 4), np.int64))
     only: TextRows | None = None
     """Rows of objects in text-partitioned rectangles, when the batch has some."""
     rejected: list[tuple[int, str, str]] = field(default_factory=list)
@@ -154,6 +158,20 @@ class Decisions:
     mark: bool = False
     clock: Clock | None = None
     end_clock: tuple[int, float] = (0, math.nan)
+
+
+class OtherRows(NamedTuple):
+    """The rows a micro-batch's subscribes, unsubscribes and snapshots send, in no particular order.
+
+    ``items``, ``evaluators`` (int64, shape (rows,)): row ``r`` sends item
+    ``items[r]`` to evaluator ``evaluators[r]``; an item's rows are in its
+    targets' order. ``boxes`` (int64, shape (rows, 4)): a range subscribe's
+    cell box at that evaluator, -1 in every column for a row without one.
+    """
+
+    items: np.ndarray
+    evaluators: np.ndarray
+    boxes: np.ndarray
 
 
 Admit = Callable[[TextualSummaries, np.ndarray], Sequence[bool]]
@@ -334,25 +352,21 @@ class Sequencer:
         out.mark = bool(ranked_before or self.ranked_active or any(p.ranked for p in ended))
         for placement in ended:
             self._remove_placement(placement)
-        index = np.concatenate(
-            [admitted, routed_item[beyond], np.fromiter((i for i, _, _ in rows), np.int64, len(rows))]
-        )
         out.forwarded = len(admitted) + len(beyond)
+        index = np.concatenate([admitted, routed_item[beyond], rows.items])
         order = np.argsort(index, kind="stable")
-        evaluator = np.concatenate(
-            [
-                owners[admitted].astype(np.int64),
-                routes.evaluators[beyond],
-                np.fromiter((e for _, e, _ in rows), np.int64, len(rows)),
-            ]
-        )
-        box: list[CellBox | None] = [None] * (len(admitted) + len(beyond)) + [b for _, _, b in rows]
-        out.index = index[order].tolist()
-        out.evaluator = evaluator[order].tolist()
-        out.box = [box[r] for r in order.tolist()]
+        out.index = index[order]
+        out.evaluator = np.concatenate([owners[admitted].astype(np.int64), routes.evaluators[beyond], rows.evaluators])[
+            order
+        ]
+        at = np.empty(len(order), np.int64)
+        at[order] = np.arange(len(order))  # the output row of each row above
+        boxed = np.flatnonzero(rows.boxes[:, 0] >= 0)
+        out.box_rows = at[out.forwarded + boxed]
+        out.boxes = rows.boxes[boxed]
         if len(chosen):
             out.only = _text_rows(admitted, chosen, routed_item[at_owner], np.flatnonzero(at_owner), beyond, routes,
-                                  len(rows), order)  # fmt: skip
+                                  len(rows.items), order)  # fmt: skip
         out.rejected.sort(key=lambda r: r[0])
         return out
 
@@ -395,20 +409,96 @@ class Sequencer:
         ids: Sequence[str],
         subscriptions: Mapping[int, tuple[Targets, frozenset[str], bool]],
         out: Decisions,
-    ) -> tuple[list[tuple[int, int, CellBox | None]], list[Placement]]:
+    ) -> tuple[OtherRows, list[Placement]]:
         """Decide the batch's subscribes, unsubscribes and snapshots in stream order.
 
-        Returns the rows ``(item, evaluator, box)`` they send and the
-        placements their unsubscribes end (removed from the summaries after
-        the batch's objects are tested). A topk or knn subscribe, its
-        unsubscribe, and a snapshot while one is active go to every evaluator.
+        Returns the rows they send and the placements their unsubscribes end
+        (removed from the summaries after the batch's objects are tested). A
+        topk or knn subscribe, its unsubscribe, and a snapshot while one is
+        active go to every evaluator. A batch of range subscribes and
+        unsubscribes (the common case) is decided at once
+        (:meth:`_sequence_in_bulk`), any other record by record
+        (:meth:`_sequence_one_by_one`); both decide the same.
+        """
+        others = np.flatnonzero(kinds != OBJECT)
+        codes = kinds[others]
+        if len(others):
+            bulk = self._sequence_in_bulk(others, codes, ids, subscriptions, out)
+            if bulk is not None:
+                return bulk
+        return self._sequence_one_by_one(others, codes, ids, subscriptions, out)
+
+    def _sequence_in_bulk(
+        self,
+        others: np.ndarray,
+        codes: np.ndarray,
+        ids: Sequence[str],
+        subscriptions: Mapping[int, tuple[Targets, frozenset[str], bool]],
+        out: Decisions,
+    ) -> tuple[OtherRows, list[Placement]] | None:
+        """:meth:`_sequence_one_by_one` for a batch of range subscribes and unsubscribes only (the common case).
+
+        Returns None, having changed nothing, for any other batch: one with a
+        snapshot or a ranked subscribe, or a target naming no evaluator. The
+        registry checks and accepts the changes in one pass
+        (:meth:`IdRegistry.accept_subscriptions`: duplicate and unknown ids
+        are rejected as one by one), the placements are built in one pass
+        over the subscribes, and the rows in numpy.
+        """
+        is_subscribe = codes == SUBSCRIBE
+        if np.count_nonzero(is_subscribe) + np.count_nonzero(codes == UNSUBSCRIBE) < len(others):
+            return None
+        items = others.tolist()
+        try:  # everything that can fail comes before the first state change; a failure leaves it to the records
+            specs = [subscriptions[i] for i in others[is_subscribe].tolist()]
+            if any(ranked for _, _, ranked in specs):
+                return None
+            targets = [target for spec in specs for target in spec[0]]
+            evaluators = np.fromiter((e for e, _ in targets), np.int64, len(targets))
+            if len(targets) and not (0 <= evaluators.min() and evaluators.max() < len(self.summaries.counts)):
+                return None
+            boxes = np.array([box for _, box in targets], np.int64).reshape(len(targets), 4)
+            placements = iter([Placement.of((e for e, _ in spec[0]), spec[1]) for spec in specs])
+            changes = [("subscribe", ids[i], next(placements)) if sub else ("unsubscribe", ids[i], None)
+                       for i, sub in zip(items, is_subscribe.tolist(), strict=True)]  # fmt: skip
+        except Exception:  # noqa: BLE001 - decided record by record, where one that fails is rejected alone
+            return None
+        rejections, ended = self.registry.accept_subscriptions(changes)
+        out.rejected.extend((items[k], *rejection) for k, rejection in rejections.items())
+        accepted = np.ones(len(others), bool)
+        accepted[list(rejections)] = False
+        for k in np.flatnonzero(accepted & is_subscribe).tolist():
+            self._add_placement(changes[k][2])
+        per_subscribe = np.fromiter((len(spec[0]) for spec in specs), np.int64, len(specs))
+        taken = np.repeat(accepted[is_subscribe], per_subscribe)
+        ended_at = [p.evaluators for p in ended]
+        ended_count = np.fromiter(map(len, ended_at), np.int64, len(ended_at))
+        ended_rows = int(ended_count.sum())
+        rows = OtherRows(
+            np.concatenate([np.repeat(others[is_subscribe], per_subscribe)[taken],
+                            np.repeat(others[~is_subscribe & accepted], ended_count)]),
+            np.concatenate([evaluators[taken], np.fromiter(chain.from_iterable(ended_at), np.int64, ended_rows)]),
+            np.concatenate([boxes[taken], np.full((ended_rows, 4), -1, np.int64)]),
+        )  # fmt: skip
+        return rows, ended
+
+    def _sequence_one_by_one(
+        self,
+        others: np.ndarray,
+        codes: np.ndarray,
+        ids: Sequence[str],
+        subscriptions: Mapping[int, tuple[Targets, frozenset[str], bool]],
+        out: Decisions,
+    ) -> tuple[OtherRows, list[Placement]]:
+        """:meth:`_sequence_others` record by record, in stream order.
+
+        A record that fails becomes an ``internal_error`` rejection, and the batch goes on.
         """
         registry, summaries, rejected = self.registry, self.summaries, out.rejected
         everyone = tuple(range(len(summaries.counts)))
         rows: list[tuple[int, int, CellBox | None]] = []
         ended: list[Placement] = []
-        others = np.flatnonzero(kinds != OBJECT)
-        for i, code in zip(others.tolist(), kinds[others].tolist(), strict=True):
+        for i, code in zip(others.tolist(), codes.tolist(), strict=True):
             kind = KINDS[code]
             try:
                 rejection = registry.check(kind, ids[i])
@@ -436,7 +526,12 @@ class Sequencer:
                         rows.extend((i, e, None) for e in everyone)
             except Exception as exc:  # noqa: BLE001 - one record must never stop the run (SEMANTICS 1)
                 rejected.append((i, "internal_error", clip(f"{type(exc).__name__}: {exc}", 500)))
-        return rows, ended
+        no_box = (-1, -1, -1, -1)
+        return OtherRows(
+            np.fromiter((i for i, _, _ in rows), np.int64, len(rows)),
+            np.fromiter((e for _, e, _ in rows), np.int64, len(rows)),
+            np.array([no_box if box is None else box for _, _, box in rows], np.int64).reshape(-1, 4),
+        ), ended
 
     def clock(self, items: pa.Table, accepted: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Stamp the batch's items with the stream clock and advance it (SEMANTICS section 4).
@@ -625,7 +720,7 @@ def routed_table(items: pa.Table, decisions: Decisions, keys: Sequence[int], end
 
     Row ``r`` is item ``decisions.index[r]`` with ``evaluator`` set to
     ``keys[decisions.evaluator[r]]`` and, for a subscription, its cell box
-    there. Records are taken from the columns (Arrow ``take``), never rebuilt
+    there (``decisions.boxes``). Records are taken from the columns (Arrow ``take``), never rebuilt
     as Python objects. ``decisions.clock`` stamps ``accepted``,
     ``watermark`` and objects' ``ts``; when ``decisions.mark``, every
     evaluator also gets a mark row at position ``end`` (the batch's end).
@@ -636,14 +731,12 @@ def routed_table(items: pa.Table, decisions: Decisions, keys: Sequence[int], end
         for name, values in (("accepted", pa.array(count)), ("watermark", pa.array(watermark)), ("ts", pa.array(ts))):
             selected = selected.set_column(selected.schema.get_field_index(name), name, values)
     taken = selected.take(pa.array(decisions.index, type=pa.int64()))
-    evaluator = pa.array(np.asarray(keys, dtype=np.int32)[np.asarray(decisions.evaluator, dtype=np.int64)], pa.int32())
+    evaluator = pa.array(np.asarray(keys, dtype=np.int32)[decisions.evaluator], pa.int32())
     taken = taken.set_column(0, "evaluator", evaluator)
-    override = [(r, box) for r, box in enumerate(decisions.box) if box is not None]
-    if override:
-        rows = np.fromiter((r for r, _ in override), dtype=np.int64, count=len(override))
+    if len(decisions.box_rows):
         for c, name in enumerate(("cx0", "cy0", "cx1", "cy1")):
             column = pc.fill_null(taken.column(name), -1).to_numpy().copy()
-            column[rows] = [box[c] for _, box in override]
+            column[decisions.box_rows] = decisions.boxes[:, c]
             taken = taken.set_column(taken.schema.get_field_index(name), name, pa.array(column, pa.int32()))
     if decisions.only is not None:
         text = decisions.only

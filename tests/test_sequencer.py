@@ -179,3 +179,105 @@ def test_spread_lists_keeps_nulls_of_its_own_and_adds_the_others() -> None:
     spread = _spread_lists(lists, rows)
     assert spread.to_pylist() == [None, None, [], None, ["b", "c"], None]
     assert _spread_lists(lists.slice(0, 0), np.zeros(2, bool)).to_pylist() == [None, None]
+
+
+_CHANGE = st.one_of(
+    st.tuples(  # a range subscribe: (evaluator, cell box) targets and summary keywords
+        st.just("subscribe"),
+        st.sampled_from([f"s{i}" for i in range(10)]),
+        st.lists(st.tuples(st.integers(0, 3), st.tuples(*[st.integers(0, 9)] * 4)), max_size=3),
+        st.frozensets(st.sampled_from(WORDS), max_size=3),
+        st.just(False),
+    ),
+    st.tuples(  # a ranked subscribe: no targets of its own (it goes to every evaluator), its keywords
+        st.just("subscribe"),
+        st.sampled_from([f"s{i}" for i in range(10)]),
+        st.just(()),
+        st.frozensets(st.sampled_from(WORDS), max_size=2),
+        st.just(True),
+    ),
+    st.tuples(st.just("unsubscribe"), st.sampled_from([f"s{i}" for i in range(10)])),
+    st.tuples(
+        st.just("subscribe"),
+        st.uuids().map(str),
+        st.just(((1, (2, 2, 3, 3)),)),
+        st.just(frozenset("a")),
+        st.just(False),
+    ),  # fmt: skip - a new id, never rejected
+    st.tuples(st.just("snapshot"), st.sampled_from(["n0", "n1"])),
+    st.tuples(st.just("object"), st.sampled_from([f"o{i}" for i in range(6)]), st.integers(0, 2)),
+)
+
+
+def _sequence_changes(sequencer, batch):
+    """Sequence one batch of :data:`_CHANGE` tuples (3 evaluators: a target of evaluator 3 names none)."""
+    kinds = np.array([KIND_CODES[change[0]] for change in batch], np.int8)
+    ids = [change[1] for change in batch]
+    owners = np.array([change[2] if change[0] == "object" else 0 for change in batch], np.int64)
+    subscriptions = {i: change[2:] for i, change in enumerate(batch) if change[0] == "subscribe"}
+    return sequencer.sequence(kinds, ids, owners, subscriptions, lambda summaries, objects: [True] * len(objects))
+
+
+def _plain(change):
+    """Whether ``change`` may go in bulk: no snapshot, no ranked subscribe, every target an evaluator."""
+    if change[0] == "snapshot":
+        return False
+    return change[0] != "subscribe" or (not change[4] and all(e < 3 for e, _ in change[2]))
+
+
+@examples(3)
+@given(batches=st.lists(st.tuples(st.booleans(), st.lists(_CHANGE, max_size=30)), max_size=6))
+def test_a_batch_decided_in_bulk_equals_it_decided_record_by_record(batches):
+    """Range subscribes and unsubscribes decided at once give the rows, rejections, registry, journal and summaries
+    that deciding each in stream order gives: with duplicates, unknown ids, a subscribe and its unsubscribe in one
+    batch, ranked subscribes, snapshots and targets naming no evaluator among them (which go record by record).
+    Half the batches hold only what may go in bulk, so that the bulk path is taken."""
+    bulk = Sequencer(3, IdRegistry(16, journal=[]))
+    one_by_one = Sequencer(3, IdRegistry(16, journal=[]))
+    one_by_one._sequence_in_bulk = lambda *args: None  # noqa: SLF001 - the reference path
+    for plain, batch in batches:
+        batch = [change for change in batch if _plain(change)] if plain else batch
+        got, want = _sequence_changes(bulk, batch), _sequence_changes(one_by_one, batch)
+        for name in ("index", "evaluator", "box_rows", "boxes"):
+            assert getattr(got, name).tolist() == getattr(want, name).tolist(), name
+        assert (got.rejected, got.snapshots, got.mark) == (want.rejected, want.snapshots, want.mark)
+        assert list(bulk.registry.active.items()) == list(one_by_one.registry.active.items())
+        assert bulk.registry.subscription_ids == one_by_one.registry.subscription_ids
+        assert bulk.registry.take_journal() == one_by_one.registry.take_journal()
+        assert bulk.summaries.counts == one_by_one.summaries.counts
+        assert (bulk.ranked_keywords, bulk.ranked_active) == (one_by_one.ranked_keywords, one_by_one.ranked_active)
+
+
+def test_a_batch_of_range_changes_the_registry_accepts_is_decided_in_bulk():
+    """The bulk path is the one taken on a batch of range changes, rejections among them (else the test above
+    would compare the loop with itself), and the journal holds its changes in stream order."""
+    sequencer = Sequencer(3, IdRegistry(16, journal=[]))
+    taken = []
+    real = sequencer._sequence_in_bulk  # noqa: SLF001
+    sequencer._sequence_in_bulk = lambda *args: (taken.append(r := real(*args)), r)[1]  # noqa: SLF001
+    first = [("subscribe", "s1", ((0, (1, 1, 2, 2)), (2, (3, 3, 4, 4))), frozenset({"a"}), False),
+             ("object", "o1", 1), ("subscribe", "s2", ((1, (0, 0, 0, 0)),), frozenset({"b", "c"}), False)]  # fmt: skip
+    decisions = _sequence_changes(sequencer, first)
+    assert taken[-1] is not None
+    assert decisions.index.tolist() == [0, 0, 1, 2] and decisions.evaluator.tolist() == [0, 2, 1, 1]
+    assert decisions.box_rows.tolist() == [0, 1, 3]
+    assert decisions.boxes.tolist() == [[1, 1, 2, 2], [3, 3, 4, 4], [0, 0, 0, 0]]
+    assert sequencer.summaries.counts == [{"a": 1}, {"b": 1, "c": 1}, {"a": 1}]
+    sequencer.registry.take_journal()
+    _sequence_changes(
+        sequencer, [("unsubscribe", "s2"), ("subscribe", "s3", ((2, (5, 5, 5, 5)),), frozenset("d"), False)]
+    )
+    assert taken[-1] is not None
+    assert [(kind, rid) for kind, rid, _ in sequencer.registry.take_journal()] == [
+        ("unsubscribe", "s2"),
+        ("subscribe", "s3"),
+    ]
+    again = ("subscribe", "s1", ((1, (6, 6, 6, 6)),), frozenset("e"), False)
+    decisions = _sequence_changes(sequencer, [("unsubscribe", "s1"), again, ("unsubscribe", "s9")])
+    assert taken[-1] is not None
+    assert decisions.rejected == [
+        (1, "duplicate_id", "subscription id 's1' was already accepted"),
+        (2, "unknown_id", "no active subscription 's9'"),
+    ]
+    assert decisions.index.tolist() == [0, 0] and decisions.evaluator.tolist() == [0, 2]
+    assert len(decisions.box_rows) == 0 and "e" not in sequencer.summaries.counts[1]

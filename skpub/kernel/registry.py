@@ -21,7 +21,7 @@ ever unpickles or executes what it loads.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any
@@ -187,12 +187,12 @@ class IdRegistry:
                 return _duplicate_object(rid, self.object_id_horizon)
         elif kind == "unsubscribe":
             if rid not in self.active:
-                return "unknown_id", f"no active subscription {_show(rid)}"
+                return _unknown_subscription(rid)
         elif kind == "snapshot":
             if rid in self.snapshot_ids:
                 return "duplicate_id", f"snapshot id {_show(rid)} was already accepted"
         elif rid in self.subscription_ids:
-            return "duplicate_id", f"subscription id {_show(rid)} was already accepted"
+            return _duplicate_subscription(rid)
         return None
 
     def accept_id(self, kind: str, rid: str, placement: Any = None) -> Any:
@@ -216,6 +216,37 @@ class IdRegistry:
             self.journal.append((kind, rid, placement))
         return ended
 
+    def accept_subscriptions(self, changes: Sequence[tuple[str, str, Any]]) -> tuple[dict[int, Rejection], list[Any]]:
+        """Check and accept a batch's ``(kind, id, placement)`` subscribes and unsubscribes, in stream order.
+
+        What :meth:`check`, then :meth:`accept_id` if it passes, of each in
+        turn does (journal included), in one pass of set and dict operations.
+        ``kind`` is ``subscribe`` or ``unsubscribe`` (whose placement is not
+        read). Returns ``index -> (reason, message)`` of the changes
+        rejected, and the placements the accepted unsubscribes end, in their
+        order. O(changes).
+        """
+        active, accepted, journal = self.active, self.subscription_ids, self.journal
+        rejections: dict[int, Rejection] = {}
+        ended = []
+        for k, (kind, rid, placement) in enumerate(changes):
+            if kind == "subscribe":
+                if rid in accepted:
+                    rejections[k] = _duplicate_subscription(rid)
+                    continue
+                accepted.add(rid)
+                active[rid] = placement
+            else:
+                placement = active.pop(rid, None)
+                if placement is None:
+                    rejections[k] = _unknown_subscription(rid)
+                    continue
+                ended.append(placement)
+                placement = None
+            if journal is not None:
+                journal.append((kind, rid, placement))
+        return rejections, ended
+
     def place(self, rid: str, placement: Any) -> Any:
         """Give active subscription ``rid`` a new placement (a rebalancing moved it); return the old one.
 
@@ -237,6 +268,14 @@ def kind_of(record: Record) -> str:
     if isinstance(record, SnapshotMarker):
         return "snapshot"
     return "subscribe"
+
+
+def _duplicate_subscription(rid: str) -> Rejection:
+    return "duplicate_id", f"subscription id {_show(rid)} was already accepted"
+
+
+def _unknown_subscription(rid: str) -> Rejection:
+    return "unknown_id", f"no active subscription {_show(rid)}"
 
 
 def _duplicate_object(oid: str, horizon: int) -> Rejection:
