@@ -19,6 +19,7 @@ from the placements when a sequencer is built from a registry.
 from __future__ import annotations
 
 import math
+import operator
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -129,8 +130,8 @@ class Decisions:
 
     Row ``r`` sends item ``index[r]`` to ``evaluator[r]`` (int64 arrays of
     shape (rows,)), in stream order; the rows ``box_rows`` (int64, ascending)
-    carry a subscription's cell box there, ``boxes[k]`` (int64, shape (k, 4),
-    fine-grid cells) for row ``box_rows[k]``; every other row keeps the
+    carry a subscription's cell box there, ``boxes[k]`` (int64, shape
+    (len(box_rows), 4), fine-grid cells) for row ``box_rows[k]``; every other row keeps the
     item's own cells (an object's cell, or nothing). ``rejected`` holds ``(item, reason,
     message)`` for records the stream so far rejects (``duplicate_id``,
     ``unknown_id``) and for items that failed
@@ -164,8 +165,9 @@ class OtherRows(NamedTuple):
     """The rows a micro-batch's subscribes, unsubscribes and snapshots send, in no particular order.
 
     ``items``, ``evaluators`` (int64, shape (rows,)): row ``r`` sends item
-    ``items[r]`` to evaluator ``evaluators[r]``; an item's rows are in its
-    targets' order. ``boxes`` (int64, shape (rows, 4)): a range subscribe's
+    ``items[r]`` to evaluator ``evaluators[r]``; an item's rows are in the
+    order of its targets (a subscribe), of its placement's evaluators (an
+    unsubscribe) or of the evaluators (a snapshot). ``boxes`` (int64, shape (rows, 4)): a range subscribe's
     cell box at that evaluator, -1 in every column for a row without one.
     """
 
@@ -438,8 +440,12 @@ class Sequencer:
     ) -> tuple[OtherRows, list[Placement]] | None:
         """:meth:`_sequence_one_by_one` for a batch of range subscribes and unsubscribes only (the common case).
 
-        Returns None, having changed nothing, for any other batch: one with a
-        snapshot or a ranked subscribe, or a target naming no evaluator. The
+        Returns None, having changed nothing but the placements' shared parts,
+        for any other batch: one with a snapshot or a ranked subscribe, a
+        target naming no evaluator, or one that is not what
+        :meth:`sequence_table` gives (an evaluator or a cell that is no
+        integer, a box of other than four cells, an unhashable id, a
+        subscribe missing from ``subscriptions``). The
         registry checks and accepts the changes in one pass
         (:meth:`IdRegistry.accept_subscriptions`: duplicate and unknown ids
         are rejected as one by one), the placements are built in one pass
@@ -454,10 +460,16 @@ class Sequencer:
             if any(ranked for _, _, ranked in specs):
                 return None
             targets = [target for spec in specs for target in spec[0]]
-            evaluators = np.fromiter((e for e, _ in targets), np.int64, len(targets))
-            if len(targets) and not (0 <= evaluators.min() and evaluators.max() < len(self.summaries.counts)):
+            evaluators = np.array([e for e, _ in targets]).reshape(len(targets))
+            boxes = np.array([box for _, box in targets]).reshape(len(targets), 4)
+            if len(targets) and not (
+                evaluators.dtype.kind == boxes.dtype.kind == "i"  # integers only, as one by one (no None, no float)
+                and 0 <= evaluators.min()
+                and evaluators.max() < len(self.summaries.counts)
+            ):
                 return None
-            boxes = np.array([box for _, box in targets], np.int64).reshape(len(targets), 4)
+            evaluators, boxes = evaluators.astype(np.int64), boxes.astype(np.int64)
+            hash(tuple(ids[i] for i in items))  # an id the registry cannot hold fails here, not in its pass
             placements = iter([Placement.of((e for e, _ in spec[0]), spec[1]) for spec in specs])
             changes = [("subscribe", ids[i], next(placements)) if sub else ("unsubscribe", ids[i], None)
                        for i, sub in zip(items, is_subscribe.tolist(), strict=True)]  # fmt: skip
@@ -509,6 +521,7 @@ class Sequencer:
                     targets, keywords, ranked = subscriptions[i]
                     if ranked:
                         targets = tuple((e, None) for e in everyone)
+                    targets = tuple((operator.index(e), None if box is None else _cell_box(box)) for e, box in targets)
                     placement = Placement.of((e for e, _ in targets), keywords, ranked)
                     if not all(0 <= e < len(everyone) for e in placement.evaluators):
                         raise ValueError(f"targets {placement.evaluators} name an evaluator that does not exist")
@@ -680,6 +693,12 @@ def _text_rows(
         return None
     copyless = np.concatenate([np.zeros(len(admitted), bool), np.ones(len(beyond), bool), np.zeros(others, bool)])
     return TextRows(entry, terms, copyless[order])
+
+
+def _cell_box(box: Sequence[int]) -> CellBox:
+    """Return ``box`` as four ints; raise TypeError or ValueError if it is not four integers."""
+    x0, y0, x1, y1 = map(operator.index, box)
+    return x0, y0, x1, y1
 
 
 def _subscriptions(items: pa.Table) -> dict[int, tuple[Targets, frozenset[str], bool]]:

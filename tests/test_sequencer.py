@@ -185,7 +185,7 @@ _CHANGE = st.one_of(
     st.tuples(  # a range subscribe: (evaluator, cell box) targets and summary keywords
         st.just("subscribe"),
         st.sampled_from([f"s{i}" for i in range(10)]),
-        st.lists(st.tuples(st.integers(0, 3), st.tuples(*[st.integers(0, 9)] * 4)), max_size=3),
+        st.lists(st.tuples(st.integers(-1, 3), st.tuples(*[st.integers(0, 9)] * 4)), max_size=3),
         st.frozensets(st.sampled_from(WORDS), max_size=3),
         st.just(False),
     ),
@@ -210,7 +210,7 @@ _CHANGE = st.one_of(
 
 
 def _sequence_changes(sequencer, batch):
-    """Sequence one batch of :data:`_CHANGE` tuples (3 evaluators: a target of evaluator 3 names none)."""
+    """Sequence one batch of :data:`_CHANGE` tuples (3 evaluators: a target of evaluator -1 or 3 names none)."""
     kinds = np.array([KIND_CODES[change[0]] for change in batch], np.int8)
     ids = [change[1] for change in batch]
     owners = np.array([change[2] if change[0] == "object" else 0 for change in batch], np.int64)
@@ -222,7 +222,7 @@ def _plain(change):
     """Whether ``change`` may go in bulk: no snapshot, no ranked subscribe, every target an evaluator."""
     if change[0] == "snapshot":
         return False
-    return change[0] != "subscribe" or (not change[4] and all(e < 3 for e, _ in change[2]))
+    return change[0] != "subscribe" or (not change[4] and all(0 <= e < 3 for e, _ in change[2]))
 
 
 @examples(3)
@@ -281,3 +281,20 @@ def test_a_batch_of_range_changes_the_registry_accepts_is_decided_in_bulk():
     ]
     assert decisions.index.tolist() == [0, 0] and decisions.evaluator.tolist() == [0, 2]
     assert len(decisions.box_rows) == 0 and "e" not in sequencer.summaries.counts[1]
+
+
+def test_a_subscribe_with_targets_that_are_not_integers_is_rejected_alone_and_changes_nothing():
+    """``sequence`` never raises for an item: a target whose evaluator or cells are not integers (what no located
+    table gives, but a direct caller might), or that names no evaluator, is an internal_error of that subscribe
+    alone, before any state change, whichever path the batch takes."""
+    for bad in [(1.5, (0, 0, 1, 1)), (1, (0, None, 1, 1)), (1, (0, 0, 1)), ("1", (0, 0, 1, 1)), (-1, (0, 0, 1, 1)),
+                (3, (0, 0, 1, 1))]:  # fmt: skip
+        sequencer = Sequencer(3, IdRegistry(16, journal=[]))
+        batch = [("subscribe", "good", ((0, (1, 1, 1, 1)),), frozenset("a"), False),
+                 ("subscribe", "bad", (bad,), frozenset("b"), False)]  # fmt: skip
+        decisions = _sequence_changes(sequencer, batch)
+        assert [(item, reason) for item, reason, _ in decisions.rejected] == [(1, "internal_error")], bad
+        assert list(sequencer.registry.active) == ["good"]
+        assert [rid for _, rid, _ in sequencer.registry.take_journal()] == ["good"]
+        assert sequencer.summaries.counts == [{"a": 1}, {}, {}]
+        assert decisions.index.tolist() == [0] and decisions.boxes.tolist() == [[1, 1, 1, 1]]

@@ -237,11 +237,10 @@ class IdRegistry:
                 accepted.add(rid)
                 active[rid] = placement
             else:
-                placement = active.pop(rid, None)
-                if placement is None:
+                if rid not in active:
                     rejections[k] = _unknown_subscription(rid)
                     continue
-                ended.append(placement)
+                ended.append(active.pop(rid))
                 placement = None
             if journal is not None:
                 journal.append((kind, rid, placement))
