@@ -42,6 +42,8 @@ from skpub.router.summary import TextualSummaries
 
 Targets = tuple[tuple[int, CellBox], ...]
 """A range subscription's ``(evaluator, cell box)`` pairs."""
+Subscriptions = Mapping[int, tuple[Targets, frozenset[str], bool]]
+"""Per ``subscribe`` item of a batch: its targets, its summary keywords, and whether it is ranked (topk or knn)."""
 Clock = tuple[np.ndarray, np.ndarray, np.ndarray]
 """Per item: objects accepted so far, the watermark, an object's time (:meth:`Sequencer.clock`)."""
 
@@ -287,7 +289,7 @@ class Sequencer:
         kinds: np.ndarray,
         ids: Sequence[str],
         owners: np.ndarray,
-        subscriptions: Mapping[int, tuple[Targets, frozenset[str]]],
+        subscriptions: Subscriptions,
         admit: Admit,
         spread: Spread | None = None,
     ) -> Decisions:
@@ -302,7 +304,8 @@ class Sequencer:
         owners : ndarray, shape (n,), int
             An object's owner evaluator (ignored for other kinds).
         subscriptions : mapping
-            ``item -> (targets, summary keywords)`` for every ``subscribe`` item.
+            ``item -> (targets, summary keywords, ranked)`` for every
+            ``subscribe`` item (:data:`Subscriptions`).
         admit : callable
             Tests the batch's accepted objects against the textual summaries
             (:meth:`TextualSummaries.admits` or its vectorized form).
@@ -409,7 +412,7 @@ class Sequencer:
         self,
         kinds: np.ndarray,
         ids: Sequence[str],
-        subscriptions: Mapping[int, tuple[Targets, frozenset[str], bool]],
+        subscriptions: Subscriptions,
         out: Decisions,
     ) -> tuple[OtherRows, list[Placement]]:
         """Decide the batch's subscribes, unsubscribes and snapshots in stream order.
@@ -435,7 +438,7 @@ class Sequencer:
         others: np.ndarray,
         codes: np.ndarray,
         ids: Sequence[str],
-        subscriptions: Mapping[int, tuple[Targets, frozenset[str], bool]],
+        subscriptions: Subscriptions,
         out: Decisions,
     ) -> tuple[OtherRows, list[Placement]] | None:
         """:meth:`_sequence_one_by_one` for a batch of range subscribes and unsubscribes only (the common case).
@@ -499,7 +502,7 @@ class Sequencer:
         others: np.ndarray,
         codes: np.ndarray,
         ids: Sequence[str],
-        subscriptions: Mapping[int, tuple[Targets, frozenset[str], bool]],
+        subscriptions: Subscriptions,
         out: Decisions,
     ) -> tuple[OtherRows, list[Placement]]:
         """:meth:`_sequence_others` record by record, in stream order.
