@@ -259,6 +259,18 @@ def test_local_cluster_with_separate_executor_jvms_equals_oracle_under_chaos(tmp
     assert "engine log" in output
 
 
+def test_evaluator_keys_spread_the_evaluators_evenly_over_at_most_one_partition_per_core(spark):
+    """Evaluator e's key hashes to partition e % partitions; partitions are the evaluators, at most the cores (2)."""
+    from skpub.app.engines.spark import evaluator_keys, evaluator_partitions
+
+    assert [evaluator_partitions(spark, n) for n in (1, 2, 3, 8)] == [1, 2, 2, 2]
+    for evaluators, partitions in ((1, 1), (4, 2), (5, 2), (8, 8), (7, 3)):
+        keys = evaluator_keys(spark, evaluators, partitions)
+        assert len(set(keys)) == evaluators
+        placed = spark.createDataFrame([(k,) for k in keys], "k int").selectExpr(f"pmod(hash(k), {partitions}) as p")
+        assert [row.p for row in placed.collect()] == [e % partitions for e in range(evaluators)]
+
+
 @pytest.mark.slow
 def test_every_task_writes_its_own_parts(spark, tmp_path):
     """Parse tasks write their dead letters, evaluators their deliveries and statistics: one file per writer."""

@@ -202,22 +202,44 @@ def parse_parallelism(spark) -> int:  # noqa: ANN001
     return max(1, min(64, int(spark.sparkContext.defaultParallelism)))
 
 
-def evaluator_keys(spark, evaluators: int) -> list[int]:  # noqa: ANN001
-    """Return one grouping-key value per evaluator, each hashed by Spark to its own partition.
+def evaluator_partitions(spark, evaluators: int) -> int:  # noqa: ANN001
+    """Return how many shuffle partitions (evaluator-stage tasks a micro-batch) a new checkpoint's query gets.
 
-    Spark places a key in shuffle partition ``pmod(hash(key), n)``; small
-    consecutive ids collide (DESIGN), so search for values that cover every
-    partition once.
+    One per evaluator, but no more than Spark's default parallelism (the
+    cores, :func:`parse_parallelism`): a task pays a fixed cost besides its
+    evaluators' work (its Python worker's state-API set-up and the state
+    store's load and commit, 0.2-0.25 s a task on ``local[2]``), so two
+    evaluators a task on two cores are faster than one (docs/benchmarks.md
+    (u)). The number is fixed in the checkpoint, as Spark fixes it: a
+    cluster that grows later runs the evaluator stage on at most this many
+    cores.
+    """
+    return max(1, min(evaluators, parse_parallelism(spark)))
+
+
+def evaluator_keys(spark, evaluators: int, partitions: int) -> list[int]:  # noqa: ANN001
+    """Return one grouping-key value per evaluator, hashed by Spark to shuffle partition ``e % partitions``.
+
+    Spark places a key in shuffle partition ``pmod(hash(key), partitions)``;
+    small consecutive ids collide (DESIGN), so search for distinct values
+    that spread the evaluators evenly, each partition getting
+    ``evaluators // partitions`` or one more.
     """
     rows = (
         spark.range(0, 64 * evaluators + 64)
-        .selectExpr("cast(id as int) as k", f"pmod(hash(cast(id as int)), {evaluators}) as p")
+        .selectExpr("cast(id as int) as k", f"pmod(hash(cast(id as int)), {partitions}) as p")
         .collect()
     )
-    keys: dict[int, int] = {}
+    free: dict[int, list[int]] = {p: [] for p in range(partitions)}
     for row in rows:
-        keys.setdefault(row.p, row.k)
-    return [keys[p] for p in range(evaluators)]
+        free[row.p].append(row.k)
+    return [free[e % partitions].pop(0) for e in range(evaluators)]
+
+
+def _evaluator_layout(spark, evaluators: int) -> dict:  # noqa: ANN001
+    """Return a new checkpoint's manifest entries for the evaluator stage: its partitions and the evaluators' keys."""
+    partitions = evaluator_partitions(spark, evaluators)
+    return {"evaluator_partitions": partitions, "evaluator_keys": evaluator_keys(spark, evaluators, partitions)}
 
 
 class Sink:
@@ -435,7 +457,7 @@ def _open_checkpoint(
     manifest = {
         **wanted,
         "run_id": run_id,
-        "evaluator_keys": evaluator_keys(spark, deployment.evaluators),
+        **_evaluator_layout(spark, deployment.evaluators),
         "parts": parts,
     }
     checkpoint.router.mkdir(parents=True, exist_ok=True)
@@ -564,7 +586,8 @@ def start_query(  # noqa: PLR0913 - the query's whole configuration
     """
     from skpub.evaluators.spark_processor import CONTROL_DDL, EvaluatorProcessor
 
-    spark.conf.set("spark.sql.shuffle.partitions", str(deployment.evaluators))
+    # a checkpoint made before skpub recorded the partitions had one per evaluator (Spark restores its own number)
+    spark.conf.set("spark.sql.shuffle.partitions", str(manifest.get("evaluator_partitions", deployment.evaluators)))
     for name in ckpt.drop_interrupted_writes():
         print(f"[skpub] removed {ckpt.query / name}: a write Spark left unfinished when it was killed", file=sys.stderr)
     deployment_json = json.dumps(deployment.to_json())
@@ -721,7 +744,7 @@ def _open_daemon_checkpoint(  # noqa: ANN001
     manifest = {
         **wanted,
         "run_id": uuid.uuid4().hex,
-        "evaluator_keys": evaluator_keys(spark, deployment.evaluators),
+        **_evaluator_layout(spark, deployment.evaluators),
         "parts": parse_parallelism(spark),
     }
     for folder in (ckpt.router, ckpt.merge, ckpt.balancer):
