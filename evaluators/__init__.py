@@ -30,6 +30,8 @@ Durable state and hosting:
 - :mod:`skpub.evaluators.durable`: versioned JSON documents of evaluator state (never pickle).
 - :mod:`skpub.evaluators.state`: an evaluator's whole state as the Spark state store keeps it (and the local
   engine's checkpoints hold it), and its restore.
+- :mod:`skpub.evaluators.batch`: one micro-batch of one evaluator on the Spark engine, and applying it (in a host
+  or a worker).
 - :mod:`skpub.evaluators.spark_processor`: the Spark stateful processor that hosts one evaluator per grouping key.
 - :mod:`skpub.evaluators.host`: the evaluator host: one process per evaluator and executor JVM that keeps it hot.
 - :mod:`skpub.evaluators.errors`: the evaluators' exceptions.

@@ -9,7 +9,7 @@ micro-batches: the worker sends it the file of the batch's routed rows (the
 sequencer task wrote it) and the state store's version, the host reads and
 applies them (rebuilding e first, from state the worker sends, only when its
 copy is not of that version) and returns what the worker writes to the state
-store (:func:`skpub.evaluators.spark_processor.host_handler`). The state
+store (:func:`skpub.evaluators.batch.host_handler`). The state
 store stays the truth: a host that dies, or answers with an error, costs a
 rebuild, never a result (the worker then applies the batch itself). The host
 writes no output itself: the task writes what it returns.
@@ -32,6 +32,6 @@ def host_for(evaluator: int) -> HostAddress:
 
 
 if __name__ == "__main__":
-    from skpub.evaluators.spark_processor import host_handler
+    from skpub.evaluators.batch import host_handler
 
     serve(Path(sys.argv[1]), int(sys.argv[2]), host_handler())

@@ -13,7 +13,7 @@ import pytest
 
 from skpub.app.engines.spark_tasks import SequencerTask, sequencer_host_handler
 from skpub.app.journal import SegmentFiles
-from skpub.evaluators.spark_processor import BatchOutcome, host_handler
+from skpub.evaluators.batch import BatchOutcome, host_handler
 from skpub.evaluators.state import EvaluatorState
 from skpub.kernel import host
 

@@ -149,8 +149,8 @@ def test_routed_rows_go_to_one_file_per_evaluator_with_rows_in_stream_order(tmp_
 
 
 def test_an_evaluator_refuses_a_routed_file_that_is_missing_or_not_of_the_counted_rows(tmp_path):
+    from skpub.evaluators.batch import BatchInput, read_rows
     from skpub.evaluators.errors import EvaluatorError
-    from skpub.evaluators.spark_processor import BatchInput, read_rows
 
     path = tmp_path / "rows-00000002-001.arrow"
     path.write_bytes(table_bytes(pa.table({"pos": pa.array([4, 8, 15], pa.int64())})))
