@@ -259,6 +259,24 @@ def test_local_cluster_with_separate_executor_jvms_equals_oracle_under_chaos(tmp
     assert "engine log" in output
 
 
+def test_the_daemon_takes_only_the_installed_pysparks_own_zip_off_the_path(tmp_path):
+    from skpub.app.engines.spark_daemon import without_own_zip
+
+    site, other = tmp_path / "site", tmp_path / "spark-home"
+    (site / "pyspark" / "python" / "lib").mkdir(parents=True)
+    (site / "pyspark" / "__init__.py").write_text("")
+    own = str(site / "pyspark" / "python" / "lib" / "pyspark.zip")
+    foreign, py4j = str(other / "python" / "lib" / "pyspark.zip"), str(site / "pyspark" / "python" / "lib" / "py4j.zip")
+    assert without_own_zip([own, py4j, foreign, str(site)]) == [py4j, foreign, str(site)]
+    assert without_own_zip([own, py4j, str(other)]) == [own, py4j, str(other)], "no installed PySpark: keep its zip"
+
+
+def test_spark_workers_import_pyspark_from_the_installed_package_not_its_zip(spark):
+    """Spark puts pyspark.zip first on a worker's path; skpub's daemon takes it off, so PySpark's bytecode is cached."""
+    files = spark.sparkContext.parallelize([0, 1], 2).map(lambda _: __import__("pyspark").__file__).collect()
+    assert files and all(".zip" not in f for f in files), files
+
+
 def test_evaluator_keys_spread_the_evaluators_evenly_over_at_most_one_partition_per_core(spark):
     """Evaluator e's key hashes to partition e % partitions; partitions are the evaluators, at most the cores (2)."""
     from skpub.app.engines.spark import evaluator_keys, evaluator_partitions

@@ -166,6 +166,7 @@ def spark_session(master: str, evaluators: int, app_name: str = "skpub"):  # noq
         .config("spark.sql.shuffle.partitions", str(evaluators))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.python.daemon.module", "skpub.app.engines.spark_daemon")
         .config("spark.sql.execution.arrow.maxBytesPerBatch", str(ARROW_MAX_BYTES_PER_BATCH))
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
