@@ -3,9 +3,10 @@
 The Spark stateful processor (:mod:`skpub.evaluators.spark_processor`)
 applies a batch in the evaluator's host (:mod:`skpub.evaluators.host`,
 served by :func:`host_handler`) or, when the host cannot, in its own Python
-worker; both call :func:`apply_batch`. Nothing here imports PySpark or
-pandas, so a host starts without them (about 0.6 s of imports a host, PySpark
-being compiled from ``pyspark.zip`` in every process Spark starts).
+worker; both call :func:`apply_batch`. Nothing here imports PySpark, so a
+host starts without it: with the path Spark gives its workers (``pyspark.zip``
+first, compiled anew in every process), importing this module took 0.34 s,
+the processor module 0.72 s (an import-linter contract keeps it so).
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """The Spark engine against the oracle: local[2], restarts, and separate executor JVMs."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -65,6 +67,8 @@ def test_spark_engine_equals_oracle(spark, tmp_path, router, evaluators, batch_s
     assert summary.batches == -(-len(lines) // batch_size)
     stats = read_stream(out, "statistics")
     assert {row["evaluator"] for row in stats} <= set(range(evaluators))
+    offsets = json.loads((out / "_checkpoint" / "query" / "offsets" / "0").read_text().splitlines()[1])
+    assert offsets["conf"]["spark.sql.shuffle.partitions"] == str(min(evaluators, 2)), "one task a core, at most"
 
 
 @pytest.mark.parametrize(
@@ -282,6 +286,8 @@ def test_evaluator_keys_spread_the_evaluators_evenly_over_at_most_one_partition_
     from skpub.app.engines.spark import evaluator_keys, evaluator_partitions
 
     assert [evaluator_partitions(spark, n) for n in (1, 2, 3, 8)] == [1, 2, 2, 2]
+    cluster = SimpleNamespace(sparkContext=SimpleNamespace(master="local-cluster[2,1,1024]", defaultParallelism=2))
+    assert evaluator_partitions(cluster, 8) == 8, "a cluster's cores are not known when its checkpoint is made"
     for evaluators, partitions in ((1, 1), (4, 2), (5, 2), (8, 8), (7, 3)):
         keys = evaluator_keys(spark, evaluators, partitions)
         assert len(set(keys)) == evaluators

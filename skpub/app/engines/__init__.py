@@ -21,7 +21,9 @@ Both run the same cores: the parallel stage of routing (:mod:`skpub.router.locat
   serial ``SequencerTask``.
 - :mod:`skpub.app.engines.sequencer_host`: the sequencer's host: one process per executor JVM that keeps the
   Spark engine's sequencer hot.
+- :mod:`skpub.app.engines.spark_daemon`: the daemon of Spark's Python workers: PySpark's own, importing PySpark
+  from its installed package rather than ``pyspark.zip``.
 
 The evaluators' Spark side lives with them (:mod:`skpub.evaluators.spark_processor`,
-:mod:`skpub.evaluators.host`).
+:mod:`skpub.evaluators.batch`, :mod:`skpub.evaluators.host`).
 """

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import threading
@@ -163,7 +164,7 @@ def spark_session(master: str, evaluators: int, app_name: str = "skpub"):  # noq
         .config("spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
-        .config("spark.sql.shuffle.partitions", str(evaluators))
+        .config("spark.sql.shuffle.partitions", str(evaluators))  # a query sets its own (start_query)
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.python.worker.reuse", "true")
         .config("spark.python.daemon.module", "skpub.app.engines.spark_daemon")
@@ -203,19 +204,26 @@ def parse_parallelism(spark) -> int:  # noqa: ANN001
     return max(1, min(64, int(spark.sparkContext.defaultParallelism)))
 
 
+LOCAL_MASTER = re.compile(r"local(\[(\d+|\*)(,\d+)?\])?")
+"""Spark masters that run the executors in the driver's JVM (``local``, ``local[2]``, ``local[*]``, ``local[2,3]``)."""
+
+
 def evaluator_partitions(spark, evaluators: int) -> int:  # noqa: ANN001
     """Return how many shuffle partitions (evaluator-stage tasks a micro-batch) a new checkpoint's query gets.
 
-    One per evaluator, but no more than Spark's default parallelism (the
-    cores, :func:`parse_parallelism`): a task pays a fixed cost besides its
+    One per evaluator; on a local master no more than its cores
+    (:func:`parse_parallelism`): a task pays a fixed cost besides its
     evaluators' work (its Python worker's state-API set-up and the state
     store's load and commit, 0.2-0.25 s a task on ``local[2]``), so two
     evaluators a task on two cores are faster than one (docs/benchmarks.md
-    (u)). The number is fixed in the checkpoint, as Spark fixes it: a
-    cluster that grows later runs the evaluator stage on at most this many
-    cores.
+    (u)). On a cluster, one per evaluator: executors register after the
+    session starts, so the cores known when the checkpoint is made may be
+    fewer than the cluster will have, and Spark fixes the number for the
+    checkpoint's life.
     """
-    return max(1, min(evaluators, parse_parallelism(spark)))
+    if LOCAL_MASTER.fullmatch(spark.sparkContext.master):
+        return max(1, min(evaluators, parse_parallelism(spark)))
+    return evaluators
 
 
 def evaluator_keys(spark, evaluators: int, partitions: int) -> list[int]:  # noqa: ANN001

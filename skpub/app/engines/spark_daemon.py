@@ -3,7 +3,7 @@
 Spark puts its ``pyspark.zip`` first on every Python worker's path. Python
 compiles a module imported from a zip anew in each process (zipimport keeps
 no bytecode), so each daemon paid about 0.5 s of CPU importing PySpark, and
-each worker it forked about 0.1 s more for the modules a task needs (about
+each worker it forked about 0.07 s more for the modules a task needs (about
 17 s of a sparse quick run's CPU went to imports, docs/benchmarks.md (u)).
 When that zip is the installed PySpark package's own copy
 (``<site>/pyspark/python/lib/pyspark.zip`` beside ``<site>/pyspark``), the
