@@ -277,8 +277,16 @@ def test_the_daemon_takes_only_the_installed_pysparks_own_zip_off_the_path(tmp_p
 
 def test_spark_workers_import_pyspark_from_the_installed_package_not_its_zip(spark):
     """Spark puts pyspark.zip first on a worker's path; skpub's daemon takes it off, so PySpark's bytecode is cached."""
-    files = spark.sparkContext.parallelize([0, 1], 2).map(lambda _: __import__("pyspark").__file__).collect()
-    assert files and all(".zip" not in f for f in files), files
+
+    def where(_):  # noqa: ANN001, ANN202
+        import sys
+
+        import pyspark
+
+        return pyspark.__file__, [k for k in sys.path_importer_cache if k.endswith("pyspark.zip")]
+
+    found = spark.sparkContext.parallelize([0, 1], 2).map(where).collect()
+    assert found and all(".zip" not in f and not cached for f, cached in found), found
 
 
 def test_evaluator_keys_spread_the_evaluators_evenly_over_at_most_one_partition_per_core(spark):

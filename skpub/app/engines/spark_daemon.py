@@ -9,7 +9,9 @@ When that zip is the installed PySpark package's own copy
 (``<site>/pyspark/python/lib/pyspark.zip`` beside ``<site>/pyspark``), the
 two hold the same code, and this daemon takes the zip off its path before
 anything imports PySpark, so PySpark comes from the package and its cached
-bytecode; the workers it forks inherit that path. Any other zip (a Spark
+bytecode; the workers it forks inherit that path, and no cached importer of
+the zip (which ``importlib.invalidate_caches``, run by Spark before every
+task, would read again: about 16 ms a task). Any other zip (a Spark
 distribution's, or an executor without PySpark installed) stays where Spark
 put it. Then it runs PySpark's daemon unchanged
 (``spark.python.daemon.module``; :func:`~skpub.app.engines.spark.spark_session`).
@@ -42,7 +44,12 @@ def without_own_zip(path: list[str]) -> list[str]:
 
 
 def _main() -> None:
-    sys.path[:] = without_own_zip(sys.path)
+    kept = without_own_zip(sys.path)
+    for entry in set(sys.path) - set(kept):
+        # finding this module cached a zipimporter for the zip: Spark's worker calls importlib.invalidate_caches()
+        # before every task, which re-reads the directory of every cached zip (about 16 ms for pyspark.zip)
+        sys.path_importer_cache.pop(entry, None)
+    sys.path[:] = kept
     from pyspark.daemon import manager
 
     manager()
