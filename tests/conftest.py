@@ -5,7 +5,7 @@ import tests.profiles  # noqa: F401  (registers and loads the hypothesis profile
 
 @pytest.fixture(scope="session")
 def spark():
-    """One real local[2] SparkSession for the Spark tests of this session."""
+    """One real local[2] SparkSession for the Spark tests of this session (of each pytest-xdist worker)."""
     from skpub.app.engines.spark import spark_session
 
     session = spark_session("local[2]", 4, app_name="skpub-tests")

@@ -3,9 +3,11 @@
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -16,6 +18,19 @@ from skpub.app.journal import SegmentFiles
 from skpub.evaluators.batch import BatchOutcome, host_handler
 from skpub.evaluators.state import EvaluatorState
 from skpub.kernel import host
+
+
+@pytest.fixture
+def hosts_tmp(monkeypatch):
+    """A short new directory that hosts take as the temporary directory (their sockets' parent).
+
+    A Unix socket's path holds at most 107 bytes, and pytest's ``tmp_path``
+    can be longer (under pytest-xdist, or a long user name).
+    """
+    path = tempfile.mkdtemp(prefix="skh-")
+    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: path)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_frames_round_trip_headers_and_blobs():
@@ -103,8 +118,7 @@ def _serving(path, watch, handle) -> threading.Thread:  # noqa: ANN001
     return thread
 
 
-def test_a_host_serves_until_the_process_it_watches_ends(tmp_path, monkeypatch):
-    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
+def test_a_host_serves_until_the_process_it_watches_ends(hosts_tmp, monkeypatch):
     watched = subprocess.Popen(["sleep", "60"])
     address = host.HostAddress("e7", watched.pid, "skpub.evaluators.host")
     path = address.socket_path
@@ -123,9 +137,8 @@ def test_a_host_serves_until_the_process_it_watches_ends(tmp_path, monkeypatch):
     assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
 
 
-def test_a_host_socket_appears_under_its_name_only_once_it_listens(tmp_path, monkeypatch):
+def test_a_host_socket_appears_under_its_name_only_once_it_listens(hosts_tmp, monkeypatch):
     """A client that finds the socket is never refused (it would start a second host): bind and listen, then link."""
-    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(host, "IDLE_SECONDS", 2.0)
     path = host.HostAddress("e5", os.getpid(), "skpub.evaluators.host").socket_path
     staging = path.with_suffix(".bind")
@@ -148,9 +161,8 @@ def test_a_host_socket_appears_under_its_name_only_once_it_listens(tmp_path, mon
     assert not staging.exists() and not path.exists()  # the host removed its socket when it ended
 
 
-def test_a_host_never_takes_the_place_of_one_serving(tmp_path, monkeypatch):
+def test_a_host_never_takes_the_place_of_one_serving(hosts_tmp, monkeypatch):
     """A second host of the same role, started while one serves (a start that came late), leaves at once."""
-    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(host, "IDLE_SECONDS", 2.0)
     monkeypatch.setattr(host, "_FAILED_START", {})
     monkeypatch.setattr(host, "_STARTED", [])
@@ -169,8 +181,7 @@ def test_a_host_never_takes_the_place_of_one_serving(tmp_path, monkeypatch):
     assert served == ["first"]
 
 
-def test_a_host_that_cannot_start_turns_hosts_off_in_that_worker(tmp_path, monkeypatch):
-    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
+def test_a_host_that_cannot_start_turns_hosts_off_in_that_worker(hosts_tmp, monkeypatch):
     monkeypatch.setattr(host, "_FAILED_START", {})
     monkeypatch.setattr(host.sys, "executable", "/bin/false")
     address = host.HostAddress("e3", 1, "skpub.evaluators.host")
@@ -185,8 +196,7 @@ def test_a_host_that_cannot_start_turns_hosts_off_in_that_worker(tmp_path, monke
         host.connect(other)
 
 
-def test_starting_a_host_sweeps_the_files_of_hosts_whose_jvm_is_gone(tmp_path, monkeypatch):
-    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
+def test_starting_a_host_sweeps_the_files_of_hosts_whose_jvm_is_gone(hosts_tmp, monkeypatch):
     monkeypatch.setattr(host, "_FAILED_START", {})
     monkeypatch.setattr(host.sys, "executable", "/bin/false")
     gone = subprocess.Popen(["true"])
@@ -215,9 +225,8 @@ serve(Path(sys.argv[1]), int(sys.argv[2]), handle)
 """
 
 
-def test_a_host_that_does_not_answer_is_stopped(tmp_path, monkeypatch):
+def test_a_host_that_does_not_answer_is_stopped(tmp_path, hosts_tmp, monkeypatch):
     """A stuck host costs one fallback: it is killed and its socket removed, so the next task starts a new one."""
-    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(host, "_FAILED_START", {})
     monkeypatch.setattr(host, "_STARTED", [])
     monkeypatch.setattr(host, "REQUEST_SECONDS", 2.0)
@@ -237,11 +246,10 @@ def test_a_host_that_does_not_answer_is_stopped(tmp_path, monkeypatch):
             child.wait()
 
 
-def test_stopping_a_stuck_host_never_removes_the_socket_of_a_successor(tmp_path, monkeypatch):
+def test_stopping_a_stuck_host_never_removes_the_socket_of_a_successor(tmp_path, hosts_tmp, monkeypatch):
     """A successor that took the path while the task waited on a stuck host keeps its socket: the stuck host is
     killed, and the file is removed only if it is still the socket the task connected to (its inode read before
     connecting)."""
-    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(host, "_FAILED_START", {})
     monkeypatch.setattr(host, "_STARTED", [])
     monkeypatch.setattr(host, "REQUEST_SECONDS", 2.0)
@@ -279,9 +287,8 @@ def _bound_here(path) -> bool:  # noqa: ANN001
         probe.close()
 
 
-def test_only_a_host_is_stopped(tmp_path, monkeypatch):
+def test_only_a_host_is_stopped(hosts_tmp, monkeypatch):
     """A peer that is not a host of the address (here: this test's process) is never killed, nor its socket removed."""
-    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(host, "REQUEST_SECONDS", 1.0)
     monkeypatch.setattr(host, "IDLE_SECONDS", 2.0)  # the serving thread ends 2 s after its one connection
     monkeypatch.setattr(host, "_FAILED_START", {})
@@ -301,9 +308,8 @@ def test_only_a_host_is_stopped(tmp_path, monkeypatch):
     assert not thread.is_alive()
 
 
-def test_a_peer_that_does_not_acknowledge_is_not_a_host(tmp_path, monkeypatch):
+def test_a_peer_that_does_not_acknowledge_is_not_a_host(hosts_tmp, monkeypatch):
     """A frame other than the acknowledgement (a host of another protocol, say) is a fallback, not a request."""
-    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
     address = host.HostAddress("e4", os.getpid(), "skpub.evaluators.host")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(address.socket_path))
@@ -324,9 +330,8 @@ def test_a_peer_that_does_not_acknowledge_is_not_a_host(tmp_path, monkeypatch):
         listener.close()
 
 
-def test_a_host_whose_backlog_is_full_is_busy_not_replaced(tmp_path, monkeypatch):
+def test_a_host_whose_backlog_is_full_is_busy_not_replaced(hosts_tmp, monkeypatch):
     """A full backlog is a fallback: the live host's socket stays, and no second host of the role starts."""
-    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(host, "_FAILED_START", {})
     monkeypatch.setattr(host, "_STARTED", [])
     monkeypatch.setattr(host.sys, "executable", "/bin/false")  # a start attempted would say "did not start"
