@@ -163,7 +163,7 @@ def test_a_host_socket_appears_under_its_name_only_once_it_listens(hosts_tmp, mo
 
 def test_a_host_never_takes_the_place_of_one_serving(hosts_tmp, monkeypatch):
     """A second host of the same role, started while one serves (a start that came late), leaves at once."""
-    monkeypatch.setattr(host, "IDLE_SECONDS", 2.0)
+    monkeypatch.setattr(host, "IDLE_SECONDS", 5.0)  # long enough to outlive the second start on a busy machine
     monkeypatch.setattr(host, "_FAILED_START", {})
     monkeypatch.setattr(host, "_STARTED", [])
     monkeypatch.setattr(host.sys, "executable", "/bin/false")  # no real host starts if the first one is missed
@@ -229,7 +229,7 @@ def test_a_host_that_does_not_answer_is_stopped(tmp_path, hosts_tmp, monkeypatch
     """A stuck host costs one fallback: it is killed and its socket removed, so the next task starts a new one."""
     monkeypatch.setattr(host, "_FAILED_START", {})
     monkeypatch.setattr(host, "_STARTED", [])
-    monkeypatch.setattr(host, "REQUEST_SECONDS", 2.0)
+    monkeypatch.setattr(host, "REQUEST_SECONDS", 5.0)  # the stuck host acknowledges first
     (tmp_path / "stuck_host.py").write_text(STUCK_HOST)
     monkeypatch.syspath_prepend(str(tmp_path))  # the host's PYTHONPATH is this process's path
     address = host.HostAddress("e5", os.getpid(), "stuck_host")
@@ -252,7 +252,7 @@ def test_stopping_a_stuck_host_never_removes_the_socket_of_a_successor(tmp_path,
     connecting)."""
     monkeypatch.setattr(host, "_FAILED_START", {})
     monkeypatch.setattr(host, "_STARTED", [])
-    monkeypatch.setattr(host, "REQUEST_SECONDS", 2.0)
+    monkeypatch.setattr(host, "REQUEST_SECONDS", 5.0)  # the stuck host acknowledges first
     (tmp_path / "stuck_host.py").write_text(STUCK_HOST)
     monkeypatch.syspath_prepend(str(tmp_path))
     address = host.HostAddress("e7", os.getpid(), "stuck_host")
@@ -289,8 +289,8 @@ def _bound_here(path) -> bool:  # noqa: ANN001
 
 def test_only_a_host_is_stopped(hosts_tmp, monkeypatch):
     """A peer that is not a host of the address (here: this test's process) is never killed, nor its socket removed."""
-    monkeypatch.setattr(host, "REQUEST_SECONDS", 1.0)
-    monkeypatch.setattr(host, "IDLE_SECONDS", 2.0)  # the serving thread ends 2 s after its one connection
+    monkeypatch.setattr(host, "REQUEST_SECONDS", 3.0)  # the thread acknowledges first, even on a busy machine
+    monkeypatch.setattr(host, "IDLE_SECONDS", 6.0)  # the serving thread ends 6 s after its one connection
     monkeypatch.setattr(host, "_FAILED_START", {})
     monkeypatch.setattr(host.sys, "executable", "/bin/false")  # no real host starts if the thread's is missed
     address = host.HostAddress("e6", os.getpid(), "skpub.evaluators.host")

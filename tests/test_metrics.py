@@ -94,9 +94,10 @@ def values_of(metrics: Metrics, name: str) -> list[float]:
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus server (.ci/run installs it)")
 def test_real_prometheus_scrapes_the_metrics_endpoint(tmp_path):
     metrics = Metrics()
-    port, prom_port = free_port(), free_port()
+    port = free_port()
     metrics.serve(port)
     summary = run_with_metrics(tmp_path, metrics)
+    prom_port = free_port()  # picked just before it is bound: another test process may take a free port meanwhile
     config = tmp_path / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\nscrape_configs:\n"

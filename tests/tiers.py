@@ -1,7 +1,7 @@
 """Test tiers: what the fast tier runs before every commit, and what only the whole suite runs.
 
 ``pytest -m "not slow"`` is the fast tier (2-4 minutes on 2 cores with ``-n 2``; the README gives the figures),
-``pytest --hypothesis-profile=ci`` the whole suite (plain ``pytest`` runs every test with the ``dev`` profile's
+``pytest --hypothesis-profile=ci -n 2`` the whole suite (plain ``pytest`` runs every test with the ``dev`` profile's
 examples). A test is ``slow`` when it starts its own JVM or ``skpub serve`` process, runs
 a batch-size-1 grid or a soak, or takes more than a few seconds; the fast tier keeps at least one case of every
 differential test (every kind, both engines, a router at batch size 1, ``chaos``), so a grid is split with
