@@ -10,6 +10,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -135,6 +136,35 @@ def test_a_host_serves_until_the_process_it_watches_ends(hosts_tmp, monkeypatch)
     assert len(served) == 1
     assert not path.exists()
     assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_temporary_directory_too_deep_for_a_socket_puts_the_hosts_in_the_short_one(tmp_path, monkeypatch):
+    """A cluster manager's deep TMPDIR (YARN's is under the container's directory) must not turn hosts off."""
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
+    short = tempfile.mkdtemp(prefix="skh-")
+    monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(deep))
+    monkeypatch.setattr(host, "SHORT_TEMP", Path(short))
+    try:
+        watched = subprocess.Popen(["sleep", "60"])
+        address = host.HostAddress("sequencer", watched.pid, "skpub.app.engines.sequencer_host")
+        path = address.socket_path
+        assert path == Path(short) / f"skpub-hosts-{os.getuid()}" / f"{watched.pid}-sequencer.sock"
+        served = []
+        thread = _serving(path, watched.pid, served.append)
+        try:
+            with host.exchange(address):
+                pass
+        finally:
+            watched.kill()
+            watched.wait()
+        thread.join(timeout=10)
+        assert served and not thread.is_alive() and not list(deep.iterdir())  # nothing made in the deep one
+        monkeypatch.setattr(host, "SHORT_TEMP", deep)
+        with pytest.raises(host.HostError, match="too long for a Unix socket"):
+            _ = address.socket_path
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
 
 
 def test_a_host_socket_appears_under_its_name_only_once_it_listens(hosts_tmp, monkeypatch):

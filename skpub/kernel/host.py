@@ -60,7 +60,9 @@ ACKNOWLEDGEMENT = {"status": "serving"}
 START_SECONDS = 30.0
 """The longest a task waits for a host it started to listen, seconds."""
 MAX_SOCKET_PATH = 100
-"""Unix socket paths are limited to about 107 bytes; a longer temp dir means no hosts."""
+"""Unix socket paths are limited to about 107 bytes (the host's own ``.bind`` name included, with a margin)."""
+SHORT_TEMP = Path("/tmp")
+"""Where host sockets go when the temporary directory's path is too long for one (a YARN container's, say)."""
 MAX_HEADER = 1 << 26
 MAX_BLOBS = 1 << 20
 _LENGTH = struct.Struct("!Q")
@@ -126,15 +128,15 @@ def recv_message(sock: socket.socket) -> tuple[dict, list[bytes]]:
     return header, blobs
 
 
-def _host_directory() -> Path:
-    """Return the directory of this user's host sockets, made private to the user.
+def _host_directory(base: Path) -> Path:
+    """Return the directory of this user's host sockets under ``base``, made private to the user.
 
     Raises
     ------
     HostError
         If it exists and is not this user's alone.
     """
-    directory = Path(tempfile.gettempdir()) / f"skpub-hosts-{os.getuid()}"
+    directory = base / f"skpub-hosts-{os.getuid()}"
     directory.mkdir(mode=0o700, exist_ok=True)
     info = directory.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
@@ -171,17 +173,23 @@ class HostAddress:
 
     @property
     def socket_path(self) -> Path:
-        """The host's Unix socket (its directory is private to this user).
+        """The host's Unix socket, in a directory private to this user.
+
+        That directory is in the temporary directory (``TMPDIR``), or in
+        :data:`SHORT_TEMP` when the socket's path would be too long there:
+        a cluster manager may give each executor a deep temporary directory
+        (YARN's is under the container's), where no host could listen.
 
         Raises
         ------
         HostError
-            If the directory is not private, or the path too long for a Unix socket.
+            If the directory is not private, or the path is too long for a Unix socket in both places.
         """
-        path = _host_directory() / f"{self.watch}-{self.role}.sock"
-        if len(str(path)) > MAX_SOCKET_PATH:
-            raise HostError(f"{path} is too long for a Unix socket")
-        return path
+        name = f"{self.watch}-{self.role}.sock"
+        for base in (Path(tempfile.gettempdir()), SHORT_TEMP):
+            if len(str(base / f"skpub-hosts-{os.getuid()}" / name)) <= MAX_SOCKET_PATH:
+                return _host_directory(base) / name
+        raise HostError(f"{name} is too long for a Unix socket even in {SHORT_TEMP}")
 
 
 def use_hosts() -> bool:
