@@ -28,7 +28,7 @@ def hosts_tmp(monkeypatch):
     A Unix socket's path holds at most 107 bytes, and pytest's ``tmp_path``
     can be longer (under pytest-xdist, or a long user name).
     """
-    path = tempfile.mkdtemp(prefix="skh-")
+    path = tempfile.mkdtemp(prefix="skh-", dir=host.FALLBACK_TEMP_DIR)  # not under TMPDIR: it may be deep
     monkeypatch.setattr(host.tempfile, "gettempdir", lambda: path)
     yield path
     shutil.rmtree(path, ignore_errors=True)
@@ -135,6 +135,7 @@ def test_a_host_serves_until_the_process_it_watches_ends(hosts_tmp, monkeypatch)
     assert not thread.is_alive()
     assert len(served) == 1
     assert not path.exists()
+    assert path.parent == Path(hosts_tmp) / f"skpub-hosts-{os.getuid()}"  # TMPDIR, where it is short enough
     assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
 
 
@@ -142,28 +143,31 @@ def test_a_temporary_directory_too_deep_for_a_socket_puts_the_hosts_in_the_short
     """A cluster manager's deep TMPDIR (YARN's is under the container's directory) must not turn hosts off."""
     deep = tmp_path / ("d" * 120)
     deep.mkdir()
-    short = tempfile.mkdtemp(prefix="skh-")
+    short = tempfile.mkdtemp(prefix="skh-", dir=host.FALLBACK_TEMP_DIR)
     monkeypatch.setattr(host.tempfile, "gettempdir", lambda: str(deep))
-    monkeypatch.setattr(host, "SHORT_TEMP", Path(short))
+    monkeypatch.setattr(host, "FALLBACK_TEMP_DIR", Path(short))
+    monkeypatch.setattr(host, "_FAILED_START", {})
+    monkeypatch.setattr(host, "_STARTED", [])
+    monkeypatch.setattr(host.sys, "executable", "/bin/false")  # no real host starts if the thread's is missed
+    watched = subprocess.Popen(["sleep", "60"])
     try:
-        watched = subprocess.Popen(["sleep", "60"])
         address = host.HostAddress("sequencer", watched.pid, "skpub.app.engines.sequencer_host")
         path = address.socket_path
         assert path == Path(short) / f"skpub-hosts-{os.getuid()}" / f"{watched.pid}-sequencer.sock"
         served = []
         thread = _serving(path, watched.pid, served.append)
-        try:
-            with host.exchange(address):
-                pass
-        finally:
-            watched.kill()
-            watched.wait()
+        with host.exchange(address):
+            pass
+        watched.kill()
+        watched.wait()  # reaped: the host's watch sees it gone
         thread.join(timeout=10)
         assert served and not thread.is_alive() and not list(deep.iterdir())  # nothing made in the deep one
-        monkeypatch.setattr(host, "SHORT_TEMP", deep)
+        monkeypatch.setattr(host, "FALLBACK_TEMP_DIR", deep)
         with pytest.raises(host.HostError, match="too long for a Unix socket"):
             _ = address.socket_path
     finally:
+        watched.kill()
+        watched.wait()
         shutil.rmtree(short, ignore_errors=True)
 
 

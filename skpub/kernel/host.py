@@ -61,7 +61,7 @@ START_SECONDS = 30.0
 """The longest a task waits for a host it started to listen, seconds."""
 MAX_SOCKET_PATH = 100
 """Unix socket paths are limited to about 107 bytes (the host's own ``.bind`` name included, with a margin)."""
-SHORT_TEMP = Path("/tmp")
+FALLBACK_TEMP_DIR = Path("/tmp")
 """Where host sockets go when the temporary directory's path is too long for one (a YARN container's, say)."""
 MAX_HEADER = 1 << 26
 MAX_BLOBS = 1 << 20
@@ -128,15 +128,19 @@ def recv_message(sock: socket.socket) -> tuple[dict, list[bytes]]:
     return header, blobs
 
 
-def _host_directory(base: Path) -> Path:
-    """Return the directory of this user's host sockets under ``base``, made private to the user.
+def _hosts_under(base: Path) -> Path:
+    """Return the directory of this user's host sockets under ``base`` (not made: :func:`_host_directory`)."""
+    return base / f"skpub-hosts-{os.getuid()}"
+
+
+def _host_directory(directory: Path) -> Path:
+    """Return ``directory`` (of :func:`_hosts_under`), made private to the user.
 
     Raises
     ------
     HostError
         If it exists and is not this user's alone.
     """
-    directory = base / f"skpub-hosts-{os.getuid()}"
     directory.mkdir(mode=0o700, exist_ok=True)
     info = directory.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
@@ -176,9 +180,12 @@ class HostAddress:
         """The host's Unix socket, in a directory private to this user.
 
         That directory is in the temporary directory (``TMPDIR``), or in
-        :data:`SHORT_TEMP` when the socket's path would be too long there:
-        a cluster manager may give each executor a deep temporary directory
-        (YARN's is under the container's), where no host could listen.
+        :data:`FALLBACK_TEMP_DIR` when this socket's path would be too long
+        there (in bytes): a cluster manager may give each executor a deep
+        temporary directory (YARN's is under the container's), where no host
+        could listen. The choice is per socket, so with a ``TMPDIR`` of
+        middling depth a longer role may go to the fallback and a shorter
+        one not; every caller computes the same path for an address.
 
         Raises
         ------
@@ -186,10 +193,11 @@ class HostAddress:
             If the directory is not private, or the path is too long for a Unix socket in both places.
         """
         name = f"{self.watch}-{self.role}.sock"
-        for base in (Path(tempfile.gettempdir()), SHORT_TEMP):
-            if len(str(base / f"skpub-hosts-{os.getuid()}" / name)) <= MAX_SOCKET_PATH:
-                return _host_directory(base) / name
-        raise HostError(f"{name} is too long for a Unix socket even in {SHORT_TEMP}")
+        for base in (Path(tempfile.gettempdir()), FALLBACK_TEMP_DIR):
+            directory = _hosts_under(base)
+            if len(os.fsencode(directory / name)) <= MAX_SOCKET_PATH:
+                return _host_directory(directory) / name
+        raise HostError(f"{name} is too long for a Unix socket even in {FALLBACK_TEMP_DIR}")
 
 
 def use_hosts() -> bool:
