@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,27 +31,40 @@ def free_port() -> int:
 
 
 class Served:
-    """A ``skpub serve`` subprocess on loopback."""
+    """A ``skpub serve`` subprocess on loopback: on a port the kernel picks (``--listen 127.0.0.1:0``, the port read
+    from the ``serving`` log line), or on ``port`` (a restart where a client waits at the same URL)."""
 
     def __init__(self, data, config, token="t0ken", engine="local", extra=(), start_seconds=60.0, port=None):
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "SKPUB_TOKEN": token}
         cmd = [sys.executable, "-m", "skpub.app.cli", "serve", "--data", str(data), "--config", str(config),
-               "--listen", f"127.0.0.1:{self.port}", "--engine", engine, *extra]  # fmt: skip
-        self.errors = Path(data).parent / f"serve-{self.port}.err"  # a file: Spark's JVM may write much
+               "--listen", f"127.0.0.1:{port or 0}", "--engine", engine, *extra]  # fmt: skip
+        self.errors = Path(tempfile.mkstemp(".err", "serve-", Path(data).parent)[1])  # a file: Spark's JVM may write
         with self.errors.open("wb") as err:
             self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
-        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
         deadline = time.monotonic() + start_seconds  # until its HTTP API answers
+        self.url = f"http://127.0.0.1:{port}" if port else self._serving_url(deadline)
+        self.port = int(self.url.rsplit(":", 1)[1])
+        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
         while True:
             try:
                 if self.http.get("/healthz").status_code == 200:
                     return
             except httpx.TransportError:
                 pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the daemon did not start: {self.stderr()}")
+            self._alive(deadline)
+            time.sleep(0.1)
+
+    def _alive(self, deadline: float) -> None:
+        if self.proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the daemon did not start: {self.stderr()}")
+
+    def _serving_url(self, deadline: float) -> str:
+        """The URL of the daemon's ``serving`` log line (JSON lines on its standard error), once written."""
+        while True:
+            for line in self.errors.read_bytes().splitlines():
+                if line.startswith(b"{") and b'"serving"' in line:
+                    return json.loads(line)["url"]
+            self._alive(deadline)
             time.sleep(0.1)
 
     def stderr(self) -> str:

@@ -1010,6 +1010,27 @@ def test_a_non_loopback_listen_without_a_token_is_refused(tmp_path):
     assert parse_listen("[::1]:9") == ("::1", 9)
 
 
+def test_listen_port_zero_binds_a_free_port_and_an_address_in_use_is_refused_before_the_daemon_starts(tmp_path):
+    from skpub.app.serve import bind_listener, listener_url, serve
+
+    with bind_listener("127.0.0.1:0") as sock:
+        port = sock.getsockname()[1]
+        assert port > 0 and listener_url(sock) == f"http://127.0.0.1:{port}"
+        sock.listen()
+        refused = f"--listen 127.0.0.1:{port}: cannot listen there: Address already in use"
+        with pytest.raises(ConfigError, match=refused):
+            serve(tmp_path / "data", deployment(), f"127.0.0.1:{port}", token=None)
+    assert not (tmp_path / "data").exists()  # refused before the daemon made its data directory
+    with pytest.raises(ConfigError, match="cannot listen there"):
+        bind_listener("192.0.2.1:0")  # TEST-NET-1: not an address of this host
+    try:
+        six = bind_listener("[::1]:0")
+    except ConfigError:
+        return  # no IPv6 loopback on this host
+    with six:
+        assert listener_url(six) == f"http://[::1]:{six.getsockname()[1]}"
+
+
 def test_a_restarted_local_daemon_resumes_from_its_checkpoint_not_from_the_start(tmp_path, monkeypatch):
     """With checkpoints after every batch, a restart builds no new pipeline and replays no batch it had committed;
     its outputs continue the first run's as one run would."""

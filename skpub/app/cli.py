@@ -118,7 +118,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--compact-commits", type=int, default=10_000,
         help="compact the commit log after this many commits (default 10000; more with many live subscriptions)",
     )  # fmt: skip
-    serve.add_argument("--listen", default="127.0.0.1:8750", help="HOST:PORT to listen on (default 127.0.0.1:8750)")
+    serve.add_argument(
+        "--listen", default="127.0.0.1:8750",
+        help="HOST:PORT to listen on (default 127.0.0.1:8750; port 0: a free one, named in the serving log line)",
+    )  # fmt: skip
     serve.add_argument("--token-file", help="file holding the bearer token (default $SKPUB_TOKEN; none: no token)")
     serve.add_argument(
         "--targets", help='JSON file {"name": {"kind": "webhook", "url": ...}, ...}: delivery targets defined at start'

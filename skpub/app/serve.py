@@ -17,6 +17,7 @@ import contextlib
 import ipaddress
 import logging
 import signal
+import socket
 import sys
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
@@ -55,6 +56,35 @@ def parse_listen(listen: str) -> tuple[str, int]:
     if not sep or not 0 <= number <= 65535:
         raise ConfigError(f"--listen {listen!r}: expected HOST:PORT with a port in 0..65535")
     return host, number
+
+
+def bind_listener(listen: str) -> socket.socket:
+    """Return a TCP socket bound to ``HOST:PORT`` (port 0: one the kernel picks), not yet listening.
+
+    Bound before the daemon starts, so an address in use is a clear refusal
+    and not a data plane started for nothing; the bound port is
+    ``sock.getsockname()[1]``.
+
+    Raises
+    ------
+    ConfigError
+        If ``listen`` is malformed, or the address cannot be bound (in use, not this host's, not permitted).
+    """
+    host, port = parse_listen(listen)
+    sock = socket.socket(socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart binds while old connections linger
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"--listen {listen}: cannot listen there: {exc.strerror or exc}") from None
+    return sock
+
+
+def listener_url(sock: socket.socket) -> str:
+    """Return ``http://HOST:PORT`` of a bound socket (IPv6 hosts in brackets), its real port included."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 MAX_TARGETS_BYTES = 1 << 20
@@ -100,16 +130,17 @@ def serve(
 ) -> int:
     """Run the daemon until SIGTERM or SIGINT; return the exit status (0 after a clean shutdown).
 
-    ``targets`` are defined (or redefined) at start, as ``PUT /v1/targets/{name}`` would.
+    ``targets`` are defined (or redefined) at start, as ``PUT /v1/targets/{name}`` would. A ``listen``
+    port of 0 takes a free port; the ``serving`` log line gives the URL with the port bound.
 
     Raises
     ------
     ConfigError
-        If ``listen`` is not loopback and there is no token, or is malformed.
+        If ``listen`` is not loopback and there is no token, is malformed or cannot be bound.
     JavaNotFoundError
         If ``engine`` is ``"spark"`` and no Java runtime is available.
     """
-    host, port = parse_listen(listen)
+    host, _ = parse_listen(listen)
     if engine == "spark":
         from skpub.app.engines.spark import require_java
 
@@ -119,46 +150,48 @@ def serve(
     stamina.instrumentation.set_on_retry_hooks(
         []
     )  # no per-retry Prometheus series nor plain log lines: targets report their own
-    daemon = Daemon(data, deployment, limits or Limits(), engine, master)  # refusals reach the terminal
-    for spec in targets:
-        try:
-            daemon.targets.put(spec)
-        except TargetError as exc:
-            daemon.stop()
-            raise ConfigError(f"--targets: target {spec.name!r}: {exc}") from None
     with contextlib.ExitStack() as stack:
+        sock = stack.enter_context(bind_listener(listen))
+        daemon = Daemon(data, deployment, limits or Limits(), engine, master)  # refusals reach the terminal
+        for spec in targets:
+            try:
+                daemon.targets.put(spec)
+            except TargetError as exc:
+                daemon.stop()
+                raise ConfigError(f"--targets: target {spec.name!r}: {exc}") from None
         terminal = sys.stderr
         if engine == "spark":  # Spark's JVM and workers inherit fds 1 and 2: their lines go to a file
             terminal = stack.enter_context(lines_to_file(Path(data) / ENGINE_LOG, "skpub serve"))
         stack.enter_context(json_log(terminal))
-        return _serve(daemon, listen, token, host, port)
+        return _serve(daemon, token, sock)
 
 
-def _serve(daemon: Daemon, listen: str, token: str | None, host: str, port: int) -> int:
-    """Run uvicorn over ``daemon``'s API until a shutdown signal (:func:`serve`)."""
+def _serve(daemon: Daemon, token: str | None, sock: socket.socket) -> int:
+    """Run uvicorn over ``daemon``'s API on the bound ``sock`` until a shutdown signal (:func:`serve`)."""
     import uvicorn
 
     from skpub.app.api import create_app
 
     app = create_app(daemon, token)
     data, engine, evaluators = daemon.data, daemon.engine, daemon.deployment.evaluators
+    url = listener_url(sock)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):  # noqa: ANN001, ANN202 - FastAPI's lifespan protocol
         daemon.start()
-        fields = {"data": str(data), "url": f"http://{listen}", "engine": engine, "evaluators": evaluators}
+        fields = {"data": str(data), "url": url, "engine": engine, "evaluators": evaluators}
         LOG.info("serving", extra={"fields": fields})
         yield
         daemon.stop()
 
     app.router.lifespan_context = lifespan
-    # uvicorn's own lines (a port in use, say) go through the daemon's JSON log, to the terminal (json_log)
-    config = uvicorn.Config(app, host=host, port=port, log_config=None, timeout_graceful_shutdown=30)
+    # uvicorn's own lines go through the daemon's JSON log, to the terminal (json_log)
+    config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=30)
     # uvicorn handles SIGTERM/SIGINT while it serves, then raises the signal again under the handlers it found:
     # with these, a graceful shutdown ends the process with status 0
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: None)
-    _server_class()(config, daemon).run()
+    _server_class()(config, daemon).run(sockets=[sock])
     return 0 if daemon.failure is None else 1
 
 
