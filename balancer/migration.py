@@ -191,6 +191,69 @@ def migration(
     return loads.operation("migration", moves) if moves else None
 
 
+def strip_migration(
+    partitioning: Partitioning, loads: Loads, source: int, shares: Sequence[tuple[int, float]]
+) -> Operation | None:
+    """Return the migration of strips of ``source``'s costliest rectangle to the targets of ``shares``.
+
+    The blocks :func:`migration` moves are indivisible, and shifts move lines
+    only to an adjacent evaluator: a hot spot condensed into one grid^t block
+    whose neighbours are hot too (Tornado 5.4's shift) could move nowhere.
+    Here the rectangle's lines move, as in a shift, but to any evaluator, as
+    in a migration: from one edge, the first target takes whole columns (or
+    rows) until the cost they carry comes nearest its share (Tornado's
+    column and row aggregates, Eq. 2, give each line's cost exactly), the
+    next target the lines after them, and so on; the source keeps at least
+    one line. Of the four walks (columns or rows, from either edge) the one
+    of largest C_r is returned, ties to the fewer subscriptions moved.
+
+    Parameters
+    ----------
+    shares : sequence of (target, tau)
+        As :func:`migration`'s (:func:`fan_out_shares`), cost units.
+
+    Returns
+    -------
+    Operation or None
+        A ``migration``; None when ``source`` has no plain rectangle with a
+        summary and two lines, or no share is positive. O(w + h) per walk
+        for a ``w`` x ``h`` rectangle.
+    """
+    owners = partitioning.owners.tolist()
+    plain = [
+        i for i, owner in enumerate(owners)
+        if owner == source and partitioning.texts[i] is None and loads.rect_loads[i] is not None
+    ]  # fmt: skip
+    shares = [(target, tau) for target, tau in shares if tau > 0 and target != source]
+    if not plain or not shares:
+        return None
+    rect = max(plain, key=lambda i: (loads.rect_cost(i), -i))
+    x0, y0, x1, y1 = (int(v) for v in partitioning.boxes[rect])
+    r = loads.rect_loads[rect]
+    best: Operation | None = None
+    for lines, lo, columns in ((r.columns, x0, True), (r.rows, y0, False)):
+        for backwards in (False, True):
+            moves = []
+            order = np.arange(len(lines))[::-1] if backwards else np.arange(len(lines))
+            cumulative = np.cumsum(lines[order])
+            taken = 0
+            for target, tau in shares:
+                left = len(lines) - 1 - taken  # the source keeps a line
+                if left <= 0:
+                    break
+                before = cumulative[taken - 1] if taken else 0.0
+                reach = cumulative[taken : taken + left] - before
+                k = int(np.argmin(np.abs(reach - tau))) + 1  # the lines whose cost comes nearest the share
+                a, b = sorted((int(order[taken]), int(order[taken + k - 1])))
+                cells = (lo + a, y0, lo + b, y1) if columns else (x0, lo + a, x1, lo + b)
+                moves.append(Move(cells, source, target, *loads.strip(rect, cells)))
+                taken += k
+            op = loads.operation("migration", moves)
+            if best is None or (op.c_r, -op.c_t) > (best.c_r, -best.c_t):
+                best = op
+    return best
+
+
 def pair_shares(loads: Loads, source: int, target: int) -> list[tuple[int, float]]:
     """PS2Stream's pair: ``target`` takes tau = half the cost gap (none when ``source`` is not the costlier)."""
     return [(target, (loads.costs[source] - loads.costs[target]) / 2)]

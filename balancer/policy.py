@@ -7,9 +7,10 @@ Modes:
   costlier evaluator, the best horizontal or vertical shift or the corner
   shift; the split/merge of the costliest evaluator, PS2Stream's phase I
   (text split of its costliest rectangles whose load is concentrated, text
-  merge out of those it shares, into the least loaded evaluator there) and
-  GR's migration from the most loaded to those under
-  the mean (phase II) -- and take the one with the
+  merge out of those it shares, into the least loaded evaluator there),
+  GR's migration of blocks from the most loaded to those under the mean
+  (phase II) and the same fan-out of its costliest rectangle's lines
+  (:func:`~skpub.balancer.migration.strip_migration`) -- and take the one with the
   largest C_r among those whose gain over ``horizon`` batches, C_r x (1 -
   decay) x horizon, exceeds C_t (Tornado 4.2 compares one statistics
   period's C_r with C_t; a decayed cost holds about 1 / (1 - decay)
@@ -36,7 +37,7 @@ import numpy as np
 
 from skpub.balancer.adjacency import adjacent_rectangles, partition_graph
 from skpub.balancer.globaladjust import global_adjustment
-from skpub.balancer.migration import fan_out_shares, greedy, migration
+from skpub.balancer.migration import fan_out_shares, greedy, migration, strip_migration
 from skpub.balancer.operation import KINDS, Loads, Move, Operation, touches_text
 from skpub.balancer.shift import best_shift, depth, shift, sites
 from skpub.balancer.splitmerge import best_split_merge, split_merge
@@ -81,8 +82,9 @@ def adaptive(partitioning: Partitioning, loads: Loads, sigma: float, gain: float
     PS2Stream V-A's phase I for the costliest untouched evaluator (text
     splits of its costliest rectangles towards the least loaded untouched
     one, text merges into untouched ones: :func:`~skpub.balancer.textsplit.phase_one`)
-    and phase II, the fan-out migration (GR) from it to the untouched ones
-    under the mean; it takes the
+    and phase II, the fan-out migration (GR's blocks, or its costliest
+    rectangle's lines: :func:`~skpub.balancer.migration.strip_migration`)
+    from it to the untouched ones under the mean; it takes the
     one with the largest C_r among those with ``gain`` x C_r > C_t (Tornado
     4.2; ties to the earlier kind in :data:`KINDS`, then the earlier
     candidate), and whose C_r is more than :data:`NEGLIGIBLE` of the
@@ -107,9 +109,13 @@ def adaptive(partitioning: Partitioning, loads: Loads, sigma: float, gain: float
         options = [view.operation(op.kind, list(op.moves)) for op in fixed if touched.isdisjoint(op.evaluators)]
         source = max(free, key=lambda e: (view.costs[e], -e))
         options += phase_one(partitioning, view, source, [e for e in free if e != source])
-        fan = migration(partitioning, view, source, fan_out_shares(view.costs, source, free), greedy)
+        shares = fan_out_shares(view.costs, source, free)
+        fan = migration(partitioning, view, source, shares, greedy)
         if fan is not None and movable(partitioning, fan):
             options.append(fan)
+        strips = strip_migration(partitioning, view, source, shares)
+        if strips is not None:
+            options.append(strips)
         best = None
         floor = NEGLIGIBLE * float(view.costs.max())
         for op in sorted(options, key=lambda o: KINDS.index(o.kind)):

@@ -8,7 +8,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from skpub.balancer.migration import by_size, dynamic, fan_out_shares, greedy, migration, optimum, random_cells
+from skpub.balancer.migration import (
+    by_size,
+    dynamic,
+    fan_out_shares,
+    greedy,
+    migration,
+    optimum,
+    random_cells,
+    strip_migration,
+)
 from skpub.balancer.operation import Loads, Move, apply_moves
 from skpub.balancer.policy import candidates, chaos, decide, movable
 from skpub.balancer.splitmerge import best_split
@@ -136,8 +145,9 @@ def test_summaries_predict_every_candidates_costs_and_subscriptions_exactly(work
     truth = np.array([costs[part.owner == e].sum() for e in range(part.count)])
     np.testing.assert_allclose(loads.costs, truth)
     source = int(np.argmax(loads.costs))
-    fan = migration(part, loads, source, fan_out_shares(loads.costs, source, range(part.count)))
-    for op in [*candidates(part, loads), *([fan] if fan is not None else [])]:
+    shares = fan_out_shares(loads.costs, source, range(part.count))
+    fan, strips = migration(part, loads, source, shares), strip_migration(part, loads, source, shares)
+    for op in [*candidates(part, loads), *(op for op in (fan, strips) if op is not None)]:
         new = apply_moves(part, op.moves)
         after = np.array([costs[new.owner == e].sum() for e in range(part.count)])
         np.testing.assert_allclose(op.costs_after, after, atol=1e-9 * max(1.0, truth.max()))
@@ -254,6 +264,41 @@ def test_adaptive_spreads_a_hot_spot_over_every_evaluator_in_one_decision(hot):
     assert len(touched) == len(set(touched))
     predicted = np.array(ops[-1].costs_after)
     np.testing.assert_allclose(predicted, after)  # each round is weighed on the costs the rounds before leave
+
+
+def test_a_hot_spot_inside_one_block_moves_as_strips_of_lines_to_the_evaluators_under_the_mean():
+    """A grid^t block is indivisible for GR's migration: a hot spot inside one, on an evaluator whose neighbours
+    cannot take it, only moves as strips of its rectangle's lines (Tornado 5.4's shift)."""
+    size = 32
+    part = cost_partitioning(np.ones((size, size)), 4)
+    costs = np.ones((size, size))
+    costs[2:6, 2:6] += 100  # 16 cells inside the block of cell (0, 0)
+    subs = [(f"s{i}", (i % 8, i // 8, i % 8, i // 8)) for i in range(64)]
+    summaries = summaries_of(part, costs, subs, block=16)
+    loads = Loads(part, summaries, beta=0.01)
+    source = int(part.owner[0, 0])
+    assert int(np.argmax(loads.costs)) == source
+    shares = fan_out_shares(loads.costs, source, range(4))
+    whole = migration(part, loads, source, shares)
+    assert whole is None or max(whole.costs_after) >= 0.9 * loads.costs.max()  # the block moves whole, or nothing
+    op = strip_migration(part, loads, source, shares)
+    assert op.kind == "migration" and op.c_r > 0.4 * loads.costs.max()
+    [rect] = [tuple(b) for b in part.boxes.tolist() if b[0] == 0 and b[1] == 0]
+    kept = set(np.ndindex(rect[3] - rect[1] + 1, rect[2] - rect[0] + 1))
+    for m in op.moves:  # whole lines of the rectangle, disjoint, to evaluators other than the source
+        x0, y0, x1, y1 = m.cells
+        assert m.source == source != m.target
+        assert (x0, x1) == (rect[0], rect[2]) or (y0, y1) == (rect[1], rect[3])
+        lines = {(y - rect[1], x - rect[0]) for y in range(y0, y1 + 1) for x in range(x0, x1 + 1)}
+        assert lines <= kept
+        kept -= lines
+    assert kept  # the source keeps a line
+    new = apply_moves(part, op.moves)
+    after = np.array([costs[new.owner == e].sum() for e in range(4)])
+    np.testing.assert_allclose(op.costs_after, after)
+    assert after.max() < 0.6 * loads.costs.max()
+    [chosen, *_] = decide(BalancerConfig(mode="adaptive", beta=0.01), part, summaries, 0)
+    assert chosen.c_r >= op.c_r  # adaptive weighs the strips: it takes them or something better
 
 
 def test_fan_out_shares_fill_the_least_loaded_up_to_the_mean():
