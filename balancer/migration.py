@@ -201,11 +201,13 @@ def strip_migration(
     whose neighbours are hot too (Tornado 5.4's shift) could move nowhere.
     Here the rectangle's lines move, as in a shift, but to any evaluator, as
     in a migration: from one edge, the first target takes whole columns (or
-    rows) until the cost they carry comes nearest its share (Tornado's
-    column and row aggregates, Eq. 2, give each line's cost exactly), the
-    next target the lines after them, and so on; the source keeps at least
-    one line. Of the four walks (columns or rows, from either edge) the one
-    of largest C_r is returned, ties to the fewer subscriptions moved.
+    rows) while the cost they carry stays within its share, and at least
+    one (Tornado's column and row aggregates, Eq. 2, give each line's cost
+    exactly): water filling up to the mean, as :func:`fan_out_shares`
+    means it, which an indivisible block cannot do. The next target takes
+    the lines after them, and so on; the source keeps at least one line.
+    Of the four walks (columns or rows, from either edge) the one of
+    largest C_r is returned, ties to the fewer subscriptions moved.
 
     Parameters
     ----------
@@ -243,7 +245,7 @@ def strip_migration(
                     break
                 before = cumulative[taken - 1] if taken else 0.0
                 reach = cumulative[taken : taken + left] - before
-                k = int(np.argmin(np.abs(reach - tau))) + 1  # the lines whose cost comes nearest the share
+                k = max(1, int(np.searchsorted(reach, tau, side="right")))  # the most lines within the share
                 a, b = sorted((int(order[taken]), int(order[taken + k - 1])))
                 cells = (lo + a, y0, lo + b, y1) if columns else (x0, lo + a, x1, lo + b)
                 moves.append(Move(cells, source, target, *loads.strip(rect, cells)))
