@@ -5,7 +5,15 @@
   Tornado 5.4's spatially condensed data) and the keyword burst (``burst_regions``, PS2Stream VI-D's switching
   regions).
 
-``sims/scenarios/`` (data, not modules) holds the shipped ``skpub simulate`` scenarios: ``uniform``, ``drift``,
-``burst``, ``q1``, ``q2``, ``q3``. The simulations themselves run in the application shell
-(:mod:`skpub.app.simulate`, :mod:`skpub.app.report`).
+``sims/scenarios/`` (data, not modules) holds the shipped ``skpub simulate`` scenarios (:func:`shipped_scenarios`:
+``burst``, ``drift``, ``q1``, ``q2``, ``q3``, ``shift``, ``uniform``). The simulations themselves run in the
+application shell (:mod:`skpub.app.simulate`, :mod:`skpub.app.report`).
 """
+
+from importlib import resources
+
+
+def shipped_scenarios() -> list[str]:
+    """Return the names of the scenarios shipped in ``sims/scenarios/``, sorted."""
+    folder = resources.files("skpub.sims") / "scenarios"
+    return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))

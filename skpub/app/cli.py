@@ -21,6 +21,7 @@ from skpub.app.summary import RunObserver, RunSummary
 from skpub.kernel.config import BALANCER_MODES, ROUTERS, Window, load_deployment
 from skpub.kernel.errors import ConfigError, SkpubError
 from skpub.kernel.inputs import input_size, skipped_entries
+from skpub.sims import shipped_scenarios
 
 
 def _workload_args(parser: argparse.ArgumentParser) -> None:
@@ -140,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument(
         "scenarios", nargs="*", metavar="SCENARIO",
-        help="shipped scenario names (uniform, drift, burst, q1, q2, q3) or scenario JSON files (default: all shipped)",
+        help=f"shipped scenario names ({', '.join(shipped_scenarios())}) or scenario JSON files (default: all shipped)",
     )  # fmt: skip
     sim.add_argument("--output", default="simulation", help="report directory (default: simulation)")
     sim.add_argument("--overwrite", action="store_true", help="replace a report skpub wrote there before")
@@ -271,7 +272,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _simulate(args: argparse.Namespace, argv: list[str]) -> int:
     from skpub.app.report import WORKLOAD, claim_report_dir, write_report
-    from skpub.app.simulate import load_scenario, override, progress_display, recommend, shipped_scenarios, simulate
+    from skpub.app.simulate import load_scenario, override, progress_display, recommend, simulate
     from skpub.sims.geonames import SPACE
 
     scenarios = [

@@ -61,6 +61,7 @@ from skpub.kernel.inputs import batches, iter_lines, take_sample
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.text import load_vocabulary
 from skpub.router.partitioning import Partitioning
+from skpub.sims import shipped_scenarios
 from skpub.sims.geonames import WorkloadSpec, deployment_of, write_workload
 
 MAX_STRATEGIES = 64
@@ -205,12 +206,6 @@ def override(scenario: Scenario, **changes: object) -> Scenario:
     if count * len(kept.get("evaluators", scenario.evaluators)) > MAX_STRATEGIES:
         raise ConfigError(f"more than {MAX_STRATEGIES} strategies for scenario {scenario.name}")
     return dataclasses.replace(scenario, **kept)
-
-
-def shipped_scenarios() -> list[str]:
-    """Return the names of the scenarios shipped in ``sims/scenarios/``, sorted."""
-    folder = resources.files("skpub.sims") / "scenarios"
-    return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
 
 
 def load_scenario(ref: str) -> Scenario:
