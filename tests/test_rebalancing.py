@@ -201,6 +201,50 @@ def test_a_hot_spot_spreads_in_one_decision_of_several_targets_and_changes_no_re
     assert per_batch(out) == per_batch(off)
 
 
+def test_a_hot_spot_condensed_into_one_block_moves_as_strips_of_lines_and_changes_no_result(tmp_path, monkeypatch):
+    """Tornado 5.4's shift: the stream condenses into a spot smaller than a grid^t block (5 x 5 cells here), so GR
+    cannot divide it; the strip migration does, and every result stays the oracle's and each batch's as off's."""
+    import numpy as np
+
+    from skpub.balancer import policy
+    from skpub.balancer.migration import strip_migration
+
+    offered = []
+
+    def recording(*args):  # noqa: ANN002, ANN202 - strip_migration's own arguments
+        op = strip_migration(*args)
+        if op is not None:
+            offered.append([m.to_json() for m in op.moves])
+        return op
+
+    monkeypatch.setattr(policy, "strip_migration", recording)
+    rng = np.random.default_rng(11)
+    lines = []
+    for i in range(300):
+        x, y = rng.uniform(0, 97, 2).tolist()
+        lines.append(json.dumps({"type": "subscribe", "id": f"s{i}", "kind": "range",
+                                 "rect": [x, y, x + 3, y + 3], "keywords": ["a"]}))  # fmt: skip
+    for i in range(60):  # subscriptions over the spot, so that its objects cost candidates there
+        x, y = rng.uniform(49, 52, 2).tolist()
+        lines.append(json.dumps({"type": "subscribe", "id": f"h{i}", "kind": "range",
+                                 "rect": [x, y, x + 1, y + 1], "keywords": ["a"]}))  # fmt: skip
+    for i in range(4000):
+        # uniform while the initial partitioning samples, then condensed into a spot of 2.4 x 2.4 (5 x 5 cells)
+        x, y = (rng.uniform(0, 100, 2) if i < 1000 else rng.uniform(50, 52.4, 2)).tolist()
+        lines.append(json.dumps({"type": "object", "id": f"o{i}", "x": x, "y": y, "terms": ["a"]}))
+        if i % 50 == 0:
+            lines.append(json.dumps({"type": "unsubscribe", "id": f"s{i // 50}"}))
+    dep = deployment(evaluators=8, batch_size=400, grid_size=200).replace(sample_size=1200)
+    adaptive = dep.replace(balancer=BalancerConfig(mode="adaptive", beta=0.5))
+    out, _ = run(tmp_path, "adaptive", lines, adaptive)
+    assert_outputs_equal_oracle(out, lines, adaptive)
+    log = read_stream(out, "balancer")
+    # the spot's five columns (100-104) go to several evaluators: no block could be divided so
+    assert any(r["operation"] == "migration" and r["moves"] in offered and len(r["moves"]) > 2 for r in log)
+    off, _ = run(tmp_path, "off", lines, dep.replace(balancer=BalancerConfig(mode="off")))
+    assert per_batch(out) == per_batch(off)
+
+
 @pytest.mark.parametrize(
     "raw",
     [
