@@ -12,8 +12,10 @@ application shell (:mod:`skpub.app.simulate`, :mod:`skpub.app.report`).
 
 from importlib import resources
 
+SCENARIOS = resources.files("skpub.sims") / "scenarios"
+"""The shipped scenarios' folder (package data: ``SCENARIOS / "drift.json"``)."""
+
 
 def shipped_scenarios() -> list[str]:
-    """Return the names of the scenarios shipped in ``sims/scenarios/``, sorted."""
-    folder = resources.files("skpub.sims") / "scenarios"
-    return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+    """Return the names of the scenarios shipped in :data:`SCENARIOS`, sorted."""
+    return sorted(p.name.removesuffix(".json") for p in SCENARIOS.iterdir() if p.name.endswith(".json"))

@@ -39,7 +39,6 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import TextIO
 
@@ -61,7 +60,7 @@ from skpub.kernel.inputs import batches, iter_lines, take_sample
 from skpub.kernel.runtime import tune_gc
 from skpub.kernel.text import load_vocabulary
 from skpub.router.partitioning import Partitioning
-from skpub.sims import shipped_scenarios
+from skpub.sims import SCENARIOS, shipped_scenarios
 from skpub.sims.geonames import WorkloadSpec, deployment_of, write_workload
 
 MAX_STRATEGIES = 64
@@ -225,7 +224,7 @@ def load_scenario(ref: str) -> Scenario:
         return parse_scenario(path.stem, data)
     if ref not in shipped_scenarios():
         raise ConfigError(f"no scenario {ref!r}: shipped ones are {', '.join(shipped_scenarios())}, or give a path")
-    return parse_scenario(ref, (resources.files("skpub.sims") / "scenarios" / f"{ref}.json").read_bytes())
+    return parse_scenario(ref, (SCENARIOS / f"{ref}.json").read_bytes())
 
 
 @dataclass(frozen=True)
