@@ -21,6 +21,10 @@ operation (DESIGN "The balancer"). Selection algorithms, each a function of
 - :func:`optimum`: the 0-1 program solved exactly by ``scipy.optimize.milp``
   (HiGHS), the yardstick of the benchmark on small instances.
 
+:func:`strip_migration` is the same fan-out over whole lines of the source's
+costliest rectangle, for a hot spot inside one grid^t block (skpub's, not
+the paper's: DESIGN "Operations, one module each").
+
 Phase I (split or merge text-partitioned rectangles before phase II) is
 :mod:`skpub.balancer.textsplit`; :func:`migration` takes no block of a text
 rectangle.
@@ -194,66 +198,102 @@ def migration(
 def strip_migration(
     partitioning: Partitioning, loads: Loads, source: int, shares: Sequence[tuple[int, float]]
 ) -> Operation | None:
-    """Return the migration of strips of ``source``'s costliest rectangle to the targets of ``shares``.
+    """Return the migration of strips of lines of ``source``'s costliest rectangle to the targets of ``shares``.
 
-    The blocks :func:`migration` moves are indivisible, and shifts move lines
-    only to an adjacent evaluator: a hot spot condensed into one grid^t block
-    whose neighbours are hot too (Tornado 5.4's shift) could move nowhere.
-    Here the rectangle's lines move, as in a shift, but to any evaluator, as
-    in a migration: from one edge, the first target takes whole columns (or
-    rows) while the cost they carry stays within its share, and at least
-    one (Tornado's column and row aggregates, Eq. 2, give each line's cost
-    exactly): water filling up to the mean, as :func:`fan_out_shares`
-    means it, which an indivisible block cannot do. The next target takes
-    the lines after them, and so on; the source keeps at least one line.
-    Of the four walks (columns or rows, from either edge) the one of
-    largest C_r is returned, ties to the fewer subscriptions moved.
+    The grid^t blocks :func:`migration` moves are indivisible, and shifts
+    move lines only to an adjacent evaluator: a hot spot condensed into one
+    grid^t block whose neighbours are hot too (Tornado 5.4's shift) could
+    move nowhere. Here the rectangle's lines (whole columns or whole rows)
+    move, as in a shift, but to any evaluator, as in a migration. From one
+    edge, the first target takes the most lines whose cost stays within its
+    share (Tornado's column and row aggregates, Eq. 2, give each line's cost
+    exactly): water filling up to the mean, as :func:`fan_out_shares` means
+    it, which an indivisible block cannot do. When the next line alone is
+    more than the share, the target takes it only if that leaves the target
+    below what the source keeps; otherwise the walk ends. The next target
+    takes the lines after them; as in :func:`migration`, what a target got
+    comes off the shares after it. The source keeps at least one line.
 
     Parameters
     ----------
+    partitioning : Partitioning
+        The partitioning in force (the rectangles and their owners).
+    loads : Loads
+        The summaries' view, its ``costs`` as the decision's earlier rounds leave them.
+    source : int
+        The evaluator giving lines.
     shares : sequence of (target, tau)
         As :func:`migration`'s (:func:`fan_out_shares`), cost units.
 
     Returns
     -------
     Operation or None
-        A ``migration``; None when ``source`` has no plain rectangle with a
-        summary and two lines, or no share is positive. O(w + h) per walk
-        for a ``w`` x ``h`` rectangle.
+        A ``migration`` over the costliest of ``source``'s plain rectangles
+        (not text-partitioned, with a summary) that has two lines or more:
+        of the four walks (columns or rows, from either edge) the one of
+        largest C_r, ties to the fewer subscriptions moved, then to the
+        earlier walk. None when there is no such rectangle, no positive
+        share, or no walk moves a line. O(targets x (w + h)) per walk for a
+        ``w`` x ``h`` rectangle.
     """
     owners = partitioning.owners.tolist()
+    boxes = partitioning.boxes.tolist()
     plain = [
         i for i, owner in enumerate(owners)
         if owner == source and partitioning.texts[i] is None and loads.rect_loads[i] is not None
+        and (boxes[i][2] > boxes[i][0] or boxes[i][3] > boxes[i][1])
     ]  # fmt: skip
     shares = [(target, tau) for target, tau in shares if tau > 0 and target != source]
     if not plain or not shares:
         return None
     rect = max(plain, key=lambda i: (loads.rect_cost(i), -i))
-    x0, y0, x1, y1 = (int(v) for v in partitioning.boxes[rect])
+    x0, y0, x1, y1 = boxes[rect]
     r = loads.rect_loads[rect]
     best: Operation | None = None
     for lines, lo, columns in ((r.columns, x0, True), (r.rows, y0, False)):
         for backwards in (False, True):
-            moves = []
             order = np.arange(len(lines))[::-1] if backwards else np.arange(len(lines))
-            cumulative = np.cumsum(lines[order])
-            taken = 0
-            for target, tau in shares:
-                left = len(lines) - 1 - taken  # the source keeps a line
-                if left <= 0:
-                    break
-                before = cumulative[taken - 1] if taken else 0.0
-                reach = cumulative[taken : taken + left] - before
-                k = max(1, int(np.searchsorted(reach, tau, side="right")))  # the most lines within the share
-                a, b = sorted((int(order[taken]), int(order[taken + k - 1])))
+            spans = _strip_spans(
+                lines[order], float(loads.costs[source]), [(float(loads.costs[t]), tau) for t, tau in shares]
+            )
+            moves = []
+            for (target, _), (first, last) in zip(shares, spans, strict=False):
+                a, b = sorted((int(order[first]), int(order[last])))
                 cells = (lo + a, y0, lo + b, y1) if columns else (x0, lo + a, x1, lo + b)
                 moves.append(Move(cells, source, target, *loads.strip(rect, cells)))
-                taken += k
+            if not moves:
+                continue
             op = loads.operation("migration", moves)
             if best is None or (op.c_r, -op.c_t) > (best.c_r, -best.c_t):
                 best = op
     return best
+
+
+def _strip_spans(lines: np.ndarray, kept: float, targets: list[tuple[float, float]]) -> list[tuple[int, int]]:
+    """Return each target's run of lines ``(first, last)``, in walk order, for :func:`strip_migration`.
+
+    ``lines`` (shape (n,), float64) are the line costs in walk order,
+    ``kept`` the source's cost, ``targets`` each target's ``(cost, share)``
+    in turn. Stops at the first target that takes nothing; the last line
+    always stays with the source. O(targets x n).
+    """
+    cumulative = np.cumsum(lines)
+    spans: list[tuple[int, int]] = []
+    taken, left = 0, sum(tau for _, tau in targets)
+    for cost, tau in targets:
+        available = len(lines) - 1 - taken
+        tau = min(tau, left)
+        if available <= 0 or tau <= 0:
+            break
+        reach = cumulative[taken : taken + available] - (cumulative[taken - 1] if taken else 0.0)
+        k = int(np.searchsorted(reach, tau, side="right"))  # the most lines within the share
+        if k == 0 and cost + reach[0] < kept - reach[0]:
+            k = 1  # one line beyond the share, which still leaves the target below the source
+        if k == 0:
+            break
+        spans.append((taken, taken + k - 1))
+        taken, left, kept = taken + k, left - float(reach[k - 1]), kept - float(reach[k - 1])
+    return spans
 
 
 def pair_shares(loads: Loads, source: int, target: int) -> list[tuple[int, float]]:

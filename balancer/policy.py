@@ -8,7 +8,7 @@ Modes:
   shift; the split/merge of the costliest evaluator, PS2Stream's phase I
   (text split of its costliest rectangles whose load is concentrated, text
   merge out of those it shares, into the least loaded evaluator there),
-  GR's migration of blocks from the most loaded to those under the mean
+  GR's migration of grid^t blocks from the most loaded to those under the mean
   (phase II) and the same fan-out of its costliest rectangle's lines
   (:func:`~skpub.balancer.migration.strip_migration`) -- and take the one with the
   largest C_r among those whose gain over ``horizon`` batches, C_r x (1 -
@@ -82,7 +82,7 @@ def adaptive(partitioning: Partitioning, loads: Loads, sigma: float, gain: float
     PS2Stream V-A's phase I for the costliest untouched evaluator (text
     splits of its costliest rectangles towards the least loaded untouched
     one, text merges into untouched ones: :func:`~skpub.balancer.textsplit.phase_one`)
-    and phase II, the fan-out migration (GR's blocks, or its costliest
+    and phase II, the fan-out migration (GR's grid^t blocks, or its costliest
     rectangle's lines: :func:`~skpub.balancer.migration.strip_migration`)
     from it to the untouched ones under the mean; it takes the
     one with the largest C_r among those with ``gain`` x C_r > C_t (Tornado

@@ -38,8 +38,9 @@ class Served:
         env = {**os.environ, "SKPUB_TOKEN": token}
         cmd = [sys.executable, "-m", "skpub.app.cli", "serve", "--data", str(data), "--config", str(config),
                "--listen", f"127.0.0.1:{port or 0}", "--engine", engine, *extra]  # fmt: skip
-        self.errors = Path(tempfile.mkstemp(".err", "serve-", Path(data).parent)[1])  # a file: Spark's JVM may write
-        with self.errors.open("wb") as err:
+        fd, name = tempfile.mkstemp(".err", "serve-", Path(data).parent)  # a file: Spark's JVM may write much
+        self.errors = Path(name)
+        with os.fdopen(fd, "wb") as err:
             self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
         deadline = time.monotonic() + start_seconds  # until its HTTP API answers
         self.url = f"http://127.0.0.1:{port}" if port else self._serving_url(deadline)
@@ -55,15 +56,22 @@ class Served:
             time.sleep(0.1)
 
     def _alive(self, deadline: float) -> None:
+        """Fail (the daemon killed) if it ended, or did not start by ``deadline``."""
         if self.proc.poll() is not None or time.monotonic() > deadline:
+            self.proc.kill()
+            self.proc.wait(60)
             raise RuntimeError(f"the daemon did not start: {self.stderr()}")
 
     def _serving_url(self, deadline: float) -> str:
-        """The URL of the daemon's ``serving`` log line (JSON lines on its standard error), once written."""
+        """The URL of the daemon's ``serving`` log line (JSON lines on its standard error), once written whole."""
         while True:
-            for line in self.errors.read_bytes().splitlines():
-                if line.startswith(b"{") and b'"serving"' in line:
-                    return json.loads(line)["url"]
+            for line in self.errors.read_bytes().split(b"\n")[:-1]:  # the last piece may be a line half written
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue  # not skpub's: the JVM's, say
+                if isinstance(event, dict) and event.get("event") == "serving":
+                    return event["url"]
             self._alive(deadline)
             time.sleep(0.1)
 

@@ -267,8 +267,8 @@ def test_adaptive_spreads_a_hot_spot_over_every_evaluator_in_one_decision(hot):
 
 
 def test_a_hot_spot_inside_one_block_moves_as_strips_of_lines_to_the_evaluators_under_the_mean():
-    """A grid^t block is indivisible for GR's migration: a hot spot inside one, on an evaluator whose neighbours
-    cannot take it, only moves as strips of its rectangle's lines (Tornado 5.4's shift)."""
+    """A grid^t block is indivisible for GR's migration: a hot spot inside one (here the source's one block) moves
+    as strips of its rectangle's lines, weighed by adaptive; a text-partitioned rectangle gives none."""
     size = 32
     part = cost_partitioning(np.ones((size, size)), 4)
     costs = np.ones((size, size))
@@ -299,6 +299,17 @@ def test_a_hot_spot_inside_one_block_moves_as_strips_of_lines_to_the_evaluators_
     assert after.max() < 0.6 * loads.costs.max()
     [chosen, *_] = decide(BalancerConfig(mode="adaptive", beta=0.01), part, summaries, 0)
     assert chosen.c_r >= op.c_r  # adaptive weighs the strips: it takes them or something better
+    texts = tuple(TermTable((o, (o + 1) % 4)) if o == source else None for o in part.owners.tolist())
+    shared = Partitioning(part.size, part.boxes, part.owners, texts)
+    assert strip_migration(shared, Loads(shared, summaries, beta=0.01), source, shares) is None
+    # the source's costliest rectangle is one cell, which has no line to give: its next one gives rows
+    column = Partitioning(part.size, np.array([[0, 0, 0, 0], [1, 0, 31, 31], [0, 1, 0, 31]]), np.array([0, 1, 0]))
+    cell_costs = np.ones((size, size))
+    cell_costs[0, 0] = 1000.0
+    column_loads = Loads(column, summaries_of(column, cell_costs, subs, block=16), 0.01)
+    rows = strip_migration(column, column_loads, 0, [(1, 10.0)])
+    # ten rows of cost 1 fill the share from either end; the top ten carry no subscription (those lie in rows 0-7)
+    assert [(m.cells, m.cost, m.queries) for m in rows.moves] == [((0, 22, 0, 31), 10.0, 0)]
 
 
 def test_fan_out_shares_fill_the_least_loaded_up_to_the_mean():

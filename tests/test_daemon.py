@@ -1010,15 +1010,26 @@ def test_a_non_loopback_listen_without_a_token_is_refused(tmp_path):
     assert parse_listen("[::1]:9") == ("::1", 9)
 
 
-def test_listen_port_zero_binds_a_free_port_and_an_address_in_use_is_refused_before_the_daemon_starts(tmp_path):
+def test_listen_port_zero_listens_on_a_free_port_and_an_address_in_use_is_refused_before_the_daemon_starts(
+    tmp_path, monkeypatch
+):
+    import re
+    import socket
+
+    from skpub.app import serve as served_module
     from skpub.app.serve import bind_listener, listener_url, serve
 
+    def no_daemon(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("the daemon was built although the address is in use")
+
+    monkeypatch.setattr(served_module, "Daemon", no_daemon)
     with bind_listener("127.0.0.1:0") as sock:
         port = sock.getsockname()[1]
         assert port > 0 and listener_url(sock) == f"http://127.0.0.1:{port}"
-        sock.listen()
-        refused = f"--listen 127.0.0.1:{port}: cannot listen there: Address already in use"
-        with pytest.raises(ConfigError, match=refused):
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # it listens from the start: the kernel queues a connection before anything accepts it
+        refused = re.escape(f"--listen 127.0.0.1:{port}: cannot listen there: Address already in use")
+        with pytest.raises(ConfigError, match=refused):  # a second daemon, while the first builds its data plane
             serve(tmp_path / "data", deployment(), f"127.0.0.1:{port}", token=None)
     assert not (tmp_path / "data").exists()  # refused before the daemon made its data directory
     with pytest.raises(ConfigError, match="cannot listen there"):
@@ -1029,6 +1040,7 @@ def test_listen_port_zero_binds_a_free_port_and_an_address_in_use_is_refused_bef
         return  # no IPv6 loopback on this host
     with six:
         assert listener_url(six) == f"http://[::1]:{six.getsockname()[1]}"
+        assert six.getsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY) == 1
 
 
 def test_a_restarted_local_daemon_resumes_from_its_checkpoint_not_from_the_start(tmp_path, monkeypatch):

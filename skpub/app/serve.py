@@ -58,25 +58,36 @@ def parse_listen(listen: str) -> tuple[str, int]:
     return host, number
 
 
-def bind_listener(listen: str) -> socket.socket:
-    """Return a TCP socket bound to ``HOST:PORT`` (port 0: one the kernel picks), not yet listening.
+LISTEN_BACKLOG = 2048
+"""Connections the kernel queues before the daemon accepts them (uvicorn's default)."""
 
-    Bound before the daemon starts, so an address in use is a clear refusal
-    and not a data plane started for nothing; the bound port is
-    ``sock.getsockname()[1]``.
+
+def bind_listener(listen: str) -> socket.socket:
+    """Return a TCP socket listening on ``HOST:PORT`` (port 0: one the kernel picks), for uvicorn to serve.
+
+    Bound and listening before the daemon starts, so an address in use is a
+    clear refusal and not a data plane started for nothing, and the port
+    (``sock.getsockname()[1]``) is this process's from the start. An IPv6
+    address listens on IPv6 only.
 
     Raises
     ------
     ConfigError
-        If ``listen`` is malformed, or the address cannot be bound (in use, not this host's, not permitted).
+        If ``listen`` is malformed, or the address cannot be listened on (in use, not this host's, not permitted).
     """
     host, port = parse_listen(listen)
-    sock = socket.socket(socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart binds while old connections linger
+    six = ipaddress.ip_address(host).version == 6
+    sock = None
     try:
+        sock = socket.socket(socket.AF_INET6 if six else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart binds while old connections linger
+        if six:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
     except OSError as exc:
-        sock.close()
+        if sock is not None:
+            sock.close()
         raise ConfigError(f"--listen {listen}: cannot listen there: {exc.strerror or exc}") from None
     return sock
 
