@@ -34,6 +34,16 @@ def run(tmp_path, name, lines, dep):
     return out, summary
 
 
+def range_subscribes(rng, count: int, low: float, high: float, side: float, prefix: str = "s") -> list[str]:
+    """``count`` range subscriptions to "a", squares of ``side`` whose corner ``rng`` draws in [low, high)^2."""
+    lines = []
+    for i in range(count):
+        x, y = rng.uniform(low, high, 2).tolist()
+        lines.append(json.dumps({"type": "subscribe", "id": f"{prefix}{i}", "kind": "range",
+                                 "rect": [x, y, x + side, y + side], "keywords": ["a"]}))  # fmt: skip
+    return lines
+
+
 def per_batch(out, stream="deliveries"):
     """Each batch's lines of ``stream``, as a multiset (writers and order within a batch set aside)."""
     batches = defaultdict(Counter)
@@ -118,11 +128,7 @@ def test_adaptive_rebalances_a_skewed_stream_and_off_does_not(tmp_path):
     import numpy as np
 
     rng = np.random.default_rng(2)
-    lines = []
-    for i in range(200):
-        x, y = rng.uniform(0, 100, 2).tolist()
-        lines.append(json.dumps({"type": "subscribe", "id": f"s{i}", "kind": "range",
-                                 "rect": [x, y, x + 8, y + 8], "keywords": ["a"]}))  # fmt: skip
+    lines = range_subscribes(rng, 200, 0, 100, 8)
     for i in range(3000):
         x, y = (rng.uniform(0, 100, 2) if i < 600 else rng.uniform(70, 95, 2)).tolist()
         lines.append(json.dumps({"type": "object", "id": f"o{i}", "x": x, "y": y, "terms": ["a"]}))
@@ -175,11 +181,7 @@ def test_a_hot_spot_spreads_in_one_decision_of_several_targets_and_changes_no_re
     import numpy as np
 
     rng = np.random.default_rng(9)
-    lines = []
-    for i in range(300):
-        x, y = rng.uniform(0, 100, 2).tolist()
-        lines.append(json.dumps({"type": "subscribe", "id": f"s{i}", "kind": "range",
-                                 "rect": [x, y, x + 6, y + 6], "keywords": ["a"]}))  # fmt: skip
+    lines = range_subscribes(rng, 300, 0, 100, 6)
     for i in range(4000):
         # uniform while the initial partitioning samples, then two hot spots on opposite corners
         x, y = (rng.uniform(0, 100, 2) if i < 800 else rng.uniform(2, 20, 2) + (70 * (i % 2))).tolist()
@@ -219,15 +221,8 @@ def test_a_hot_spot_condensed_into_one_block_moves_as_strips_of_lines_and_change
 
     monkeypatch.setattr(policy, "strip_migration", recording)
     rng = np.random.default_rng(11)
-    lines = []
-    for i in range(300):
-        x, y = rng.uniform(0, 97, 2).tolist()
-        lines.append(json.dumps({"type": "subscribe", "id": f"s{i}", "kind": "range",
-                                 "rect": [x, y, x + 3, y + 3], "keywords": ["a"]}))  # fmt: skip
-    for i in range(60):  # subscriptions over the spot, so that its objects cost candidates there
-        x, y = rng.uniform(49, 52, 2).tolist()
-        lines.append(json.dumps({"type": "subscribe", "id": f"h{i}", "kind": "range",
-                                 "rect": [x, y, x + 1, y + 1], "keywords": ["a"]}))  # fmt: skip
+    lines = range_subscribes(rng, 300, 0, 97, 3)
+    lines += range_subscribes(rng, 60, 49, 52, 1, "h")  # over the spot, so that its objects cost candidates there
     for i in range(4000):
         # uniform while the initial partitioning samples, then condensed into a spot of 2.4 x 2.4 (5 x 5 cells)
         x, y = (rng.uniform(0, 100, 2) if i < 1000 else rng.uniform(50, 52.4, 2)).tolist()
