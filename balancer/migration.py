@@ -22,8 +22,8 @@ operation (DESIGN "The balancer"). Selection algorithms, each a function of
   (HiGHS), the yardstick of the benchmark on small instances.
 
 :func:`strip_migration` is the same fan-out over whole lines of the source's
-costliest rectangle, for a hot spot inside one grid^t block (skpub's, not
-the paper's: DESIGN "Operations, one module each").
+costliest rectangle with two lines or more, for a hot spot inside one grid^t
+block (skpub's, not the paper's: DESIGN "Operations, one module each").
 
 Phase I (split or merge text-partitioned rectangles before phase II) is
 :mod:`skpub.balancer.textsplit`; :func:`migration` takes no block of a text
@@ -208,11 +208,12 @@ def strip_migration(
     edge, the first target takes the most lines whose cost stays within its
     share (Tornado's column and row aggregates, Eq. 2, give each line's cost
     exactly): water filling up to the mean, as :func:`fan_out_shares` means
-    it, which an indivisible block cannot do. When the next line alone is
-    more than the share, the target takes it only if that leaves the target
-    below what the source keeps; otherwise the walk ends. The next target
-    takes the lines after them; as in :func:`migration`, what a target got
-    comes off the shares after it. The source keeps at least one line.
+    it, which an indivisible grid^t block cannot do. When not even the next
+    line of cost fits the share, the target takes it only if that leaves
+    the target below what the source keeps; otherwise the walk ends. The
+    next target takes the lines after them; as in :func:`migration`, what a
+    target got comes off the shares after it. The source keeps at least one
+    line (:func:`_strip_spans`).
 
     Parameters
     ----------
@@ -272,10 +273,14 @@ def strip_migration(
 def _strip_spans(lines: np.ndarray, kept: float, targets: list[tuple[float, float]]) -> list[tuple[int, int]]:
     """Return each target's run of lines ``(first, last)``, in walk order, for :func:`strip_migration`.
 
-    ``lines`` (shape (n,), float64) are the line costs in walk order,
-    ``kept`` the source's cost, ``targets`` each target's ``(cost, share)``
-    in turn. Stops at the first target that takes nothing; the last line
-    always stays with the source. O(targets x n).
+    ``lines`` (shape (n,), float64, not negative) are the line costs in
+    walk order, ``kept`` the source's cost, ``targets`` each target's
+    ``(cost, share)`` in turn. A target takes the most lines whose cost
+    stays within its share, without lines of no cost at the end; when not
+    even the next line of cost fits, it takes the lines up to that one only
+    if that leaves it below what the source keeps, else the walk ends.
+    Every run carries cost; the last line always stays with the source.
+    O(targets x n).
     """
     cumulative = np.cumsum(lines)
     spans: list[tuple[int, int]] = []
@@ -287,10 +292,12 @@ def _strip_spans(lines: np.ndarray, kept: float, targets: list[tuple[float, floa
             break
         reach = cumulative[taken : taken + available] - (cumulative[taken - 1] if taken else 0.0)
         k = int(np.searchsorted(reach, tau, side="right"))  # the most lines within the share
-        if k == 0 and cost + reach[0] < kept - reach[0]:
-            k = 1  # one line beyond the share, which still leaves the target below the source
-        if k == 0:
-            break
+        if k == 0 or reach[k - 1] <= 0:  # no line of cost fits: the first one, if the target stays below the source
+            j = int(np.searchsorted(reach, 0.0, side="right"))
+            if j == len(reach) or not cost + reach[j] < kept - reach[j]:
+                break
+            k = j + 1
+        k = int(np.searchsorted(reach, reach[k - 1], side="left")) + 1  # no lines of no cost after the last of cost
         spans.append((taken, taken + k - 1))
         taken, left, kept = taken + k, left - float(reach[k - 1]), kept - float(reach[k - 1])
     return spans

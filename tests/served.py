@@ -46,9 +46,10 @@ class Served:
         self.url = f"http://127.0.0.1:{port}" if port else self._serving_url(deadline)
         self.port = int(self.url.rsplit(":", 1)[1])
         self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-        while True:
+        while True:  # a daemon still building its data plane queues the connection: wait at most what is left
+            wait = max(0.1, min(5.0, deadline - time.monotonic()))
             try:
-                if self.http.get("/healthz").status_code == 200:
+                if self.http.get("/healthz", timeout=wait).status_code == 200:
                     return
             except httpx.TransportError:
                 pass

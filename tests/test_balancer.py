@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from skpub.balancer.migration import (
+    _strip_spans,
     by_size,
     dynamic,
     fan_out_shares,
@@ -310,6 +311,20 @@ def test_a_hot_spot_inside_one_block_moves_as_strips_of_lines_to_the_evaluators_
     rows = strip_migration(column, column_loads, 0, [(1, 10.0)])
     # ten rows of cost 1 fill the share from either end; the top ten carry no subscription (those lie in rows 0-7)
     assert [(m.cells, m.cost, m.queries) for m in rows.moves] == [((0, 22, 0, 31), 10.0, 0)]
+
+
+def test_each_strip_target_fills_to_its_share_and_takes_a_line_beyond_only_while_it_stays_below_the_source():
+    lines = np.array([5.0, 1.0])
+    assert _strip_spans(lines, 20.0, [(0.0, 2.0)]) == [(0, 0)]  # 5 > share 2, but 0 + 5 < 20 - 5
+    assert _strip_spans(lines, 10.0, [(0.0, 2.0)]) == []  # 0 + 5 is not below 10 - 5: the walk ends
+    assert _strip_spans(lines, 6.0, [(0.0, 2.0), (0.0, 9.0)]) == []  # and no later target is asked
+    # the first target's 12 is taken off the later shares (16 in all): the second gets 4, so one line, not two
+    assert _strip_spans(np.array([12.0, 3, 3, 3, 1]), 100.0, [(0.0, 10.0), (0.0, 6.0)]) == [(0, 0), (1, 1)]
+    # lines of no cost are never a run alone, nor its tail; the source keeps the last line
+    assert _strip_spans(np.array([0.0, 50, 1, 1]), 200.0, [(0.0, 20.0), (15.0, 20.0)]) == [(0, 1)]
+    assert _strip_spans(np.array([5.0, 0, 0, 0, 10]), 100.0, [(0.0, 5.0)]) == [(0, 0)]
+    assert _strip_spans(np.array([1.0, 1.0, 1.0]), 100.0, [(0.0, 50.0)]) == [(0, 1)]
+    assert _strip_spans(np.array([0.0, 0.0, 7.0]), 100.0, [(0.0, 50.0)]) == []
 
 
 def test_fan_out_shares_fill_the_least_loaded_up_to_the_mean():

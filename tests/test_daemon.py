@@ -1008,6 +1008,8 @@ def test_a_non_loopback_listen_without_a_token_is_refused(tmp_path):
     with pytest.raises(ConfigError):
         parse_listen("localhost:80")
     assert parse_listen("[::1]:9") == ("::1", 9)
+    with pytest.raises(ConfigError, match="give the IPv4 one, 127.0.0.1"):
+        parse_listen("[::ffff:127.0.0.1]:9")
 
 
 def test_listen_port_zero_listens_on_a_free_port_and_an_address_in_use_is_refused_before_the_daemon_starts(

@@ -44,15 +44,17 @@ def parse_listen(listen: str) -> tuple[str, int]:
     Raises
     ------
     ConfigError
-        If it is not such an address.
+        If it is not such an address, or is an IPv4-mapped IPv6 one (the IPv4 address is the one to give).
     """
     host, sep, port = listen.rpartition(":")
     host = host.strip("[]")
     try:
-        ipaddress.ip_address(host)
+        address = ipaddress.ip_address(host)
         number = int(port)
     except ValueError:
         raise ConfigError(f"--listen {listen!r}: expected HOST:PORT with an IP address") from None
+    if address.version == 6 and address.ipv4_mapped is not None:
+        raise ConfigError(f"--listen {listen!r}: an IPv4-mapped address; give the IPv4 one, {address.ipv4_mapped}")
     if not sep or not 0 <= number <= 65535:
         raise ConfigError(f"--listen {listen!r}: expected HOST:PORT with a port in 0..65535")
     return host, number
@@ -197,7 +199,7 @@ def _serve(daemon: Daemon, token: str | None, sock: socket.socket) -> int:
 
     app.router.lifespan_context = lifespan
     # uvicorn's own lines go through the daemon's JSON log, to the terminal (json_log)
-    config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=30)
+    config = uvicorn.Config(app, log_config=None, timeout_graceful_shutdown=30, backlog=LISTEN_BACKLOG)
     # uvicorn handles SIGTERM/SIGINT while it serves, then raises the signal again under the handlers it found:
     # with these, a graceful shutdown ends the process with status 0
     for sig in (signal.SIGTERM, signal.SIGINT):
