@@ -1,5 +1,6 @@
 """The balancer's operations, cost model, migration selection and policies (skpub.balancer)."""
 
+import copy
 import json
 from collections import Counter
 
@@ -325,6 +326,23 @@ def test_each_strip_target_fills_to_its_share_and_takes_a_line_beyond_only_while
     assert _strip_spans(np.array([5.0, 0, 0, 0, 10]), 100.0, [(0.0, 5.0)]) == [(0, 0)]
     assert _strip_spans(np.array([1.0, 1.0, 1.0]), 100.0, [(0.0, 50.0)]) == [(0, 1)]
     assert _strip_spans(np.array([0.0, 0.0, 7.0]), 100.0, [(0.0, 50.0)]) == []
+
+
+def test_a_load_summary_with_a_cost_that_is_not_a_finite_number_from_0_is_refused():
+    """JSON has no NaN: ``null`` would read back as one and turn every comparison of the decision false."""
+    part = cost_partitioning(np.ones((8, 8)), 2)
+    [summary, _] = summaries_of(part, np.ones((8, 8)), [("s0", (0, 0, 1, 1))])
+    good = json.loads(json.dumps(summary.to_json()))
+    assert LoadSummary.from_json(good).to_json() == summary.to_json()
+    for damage in (None, -1.0, float("inf")):
+        columns = copy.deepcopy(good)
+        columns["rectangles"][0][1][0] = damage
+        with pytest.raises(ValueError, match="damaged load summary: the costs of rectangle"):
+            LoadSummary.from_json(columns)
+        blocks = copy.deepcopy(good)
+        blocks["blocks"][0][1] = damage
+        with pytest.raises(ValueError, match="damaged load summary"):
+            LoadSummary.from_json(blocks)
 
 
 def test_fan_out_shares_fill_the_least_loaded_up_to_the_mean():

@@ -16,6 +16,7 @@ balancer reads it, and neither imports the other.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -170,7 +171,9 @@ class LoadSummary:
         Raises
         ------
         ValueError
-            If ``raw`` is not such a summary.
+            If ``raw`` is not such a summary: fields missing or of the wrong
+            type, aggregates that do not fit their rectangle, costs that are
+            not finite or are negative (JSON's ``null`` would read as NaN).
         """
         try:
             rects = []
@@ -181,11 +184,15 @@ class LoadSummary:
                 counts = [np.array(v, dtype=np.int64) for v in (starts_x, ends_x, starts_y, ends_y)]
                 if [len(a) for a in (*floats, *counts)] != [w, h, w, w, h, h]:
                     raise ValueError(f"the aggregates of rectangle {box} do not fit it")
+                if not all(np.isfinite(a).all() and (a >= 0).all() for a in floats):
+                    raise ValueError(f"the costs of rectangle {box} are not finite numbers from 0")
                 rects.append(RectangleLoad((x0, y0, x1, y1), *floats, *counts))
             blocks = tuple(
                 BlockLoad(tuple(int(c) for c in cells), float(cost), int(queries))
                 for cells, cost, queries in raw["blocks"]
             )
+            if not all(math.isfinite(b.cost) and b.cost >= 0 for b in blocks):
+                raise ValueError("a block's cost is not a finite number from 0")
             return cls(int(raw["evaluator"]), int(raw["batch"]), tuple(rects), blocks)
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"damaged load summary: {exc}") from None
