@@ -250,13 +250,13 @@ def strip_migration(
     rect = max(plain, key=lambda i: (loads.rect_cost(i), -i))
     x0, y0, x1, y1 = boxes[rect]
     r = loads.rect_loads[rect]
+    kept = float(loads.costs[source])
+    targets = [(float(loads.costs[t]), tau) for t, tau in shares]
     best: Operation | None = None
     for lines, lo, columns in ((r.columns, x0, True), (r.rows, y0, False)):
         for backwards in (False, True):
             order = np.arange(len(lines))[::-1] if backwards else np.arange(len(lines))
-            spans = _strip_spans(
-                lines[order], float(loads.costs[source]), [(float(loads.costs[t]), tau) for t, tau in shares]
-            )
+            spans = _strip_spans(lines[order], kept, targets)
             moves = []
             for (target, _), (first, last) in zip(shares, spans, strict=False):
                 a, b = sorted((int(order[first]), int(order[last])))

@@ -5,8 +5,8 @@
   Tornado 5.4's spatially condensed data) and the keyword burst (``burst_regions``, PS2Stream VI-D's switching
   regions).
 
-``sims/scenarios/`` (data, not modules) holds the shipped ``skpub simulate`` scenarios (:func:`shipped_scenarios`:
-``burst``, ``drift``, ``q1``, ``q2``, ``q3``, ``shift``, ``uniform``). The simulations themselves run in the
+``sims/scenarios/`` (data, not modules) holds the shipped ``skpub simulate`` scenarios, one JSON file each
+(:func:`shipped_scenarios` lists them: nothing else names them all). The simulations themselves run in the
 application shell (:mod:`skpub.app.simulate`, :mod:`skpub.app.report`).
 """
 
