@@ -148,6 +148,26 @@ def test_an_id_that_recurs_after_the_horizon_is_a_second_result_object(tmp_path)
         results_from_events(events)
 
 
+def test_a_batch_writes_its_net_change_exits_then_enters_in_result_order(tmp_path):
+    """docs/SEMANTICS.md (topk and knn decisions): a micro-batch writes each subscription's net change, its exits
+    (earlier result order) then its enters (new result order); micro-batches of one record write the per-record
+    events. Batch 1 below holds "near" (it enters) and then "nearer" (it enters, "far" exits): taken whole, far
+    exits, then nearer and near enter, best first, though near's record came first."""
+    from skpub.kernel.parts import read_batches
+
+    lines = [json.dumps({"type": "subscribe", "id": "n", "kind": "knn", "point": [0, 0], "k": 2, "keywords": ["a"]})]
+    lines += [json.dumps({"type": "object", "id": oid, "x": x, "y": 0, "terms": ["a"], "ts": ts})
+              for oid, x, ts in (("far", 50, 1), ("near", 10, 2), ("nearer", 5, 3))]  # fmt: skip
+    per_record = [["enter far"], ["enter near"], ["exit far", "enter nearer"]]
+    for batch_size, wanted in ((2, [["enter far"], ["exit far", "enter nearer", "enter near"]]), (1, per_record)):
+        dep = deployment(evaluators=3, batch_size=batch_size)
+        (tmp_path / str(batch_size)).mkdir()
+        out = run(tmp_path / str(batch_size), lines, dep)
+        assert_outputs_equal_oracle(out, lines, dep, exact_events=batch_size == 1)
+        batches = read_batches(out, "deliveries")
+        assert [[f"{d['event']} {d['obj']}" for d in batches[b]] for b in sorted(batches)] == wanted
+
+
 @pytest.mark.parametrize("scale", [5e-324, 1e-160, 1e-60, 1e60, 1e200, 1.7e308])
 def test_weights_of_any_finite_size_score_as_their_direction(tmp_path, scale):
     """A topk subscription's weights are normalized to unit length (SEMANTICS 3.2), so weights scaled by any
