@@ -5,8 +5,9 @@ owns and reports, at each mark, the subscriptions whose local result
 changed (:class:`~skpub.kernel.messages.RankedUpdate`). The merge keeps the
 last report of each (subscription, evaluator) and, per mark, computes the
 global result of every subscription reported, diffs it against the result
-at the previous mark and writes the ``exit`` then ``enter`` events
-(SEMANTICS section 5: a micro-batch may coalesce them); at a snapshot mark it
+at the previous mark and writes the ``exit`` then ``enter`` events of that
+net change (docs/SEMANTICS.md section 5, skpub's decision: inside a batch,
+not in the order of the records that caused them); at a snapshot mark it
 writes one line per active subscription.
 
 Exactness (DESIGN "Top-k and kNN across evaluators", point 4): each report
@@ -71,8 +72,9 @@ class RankedMerge:
         Returns
         -------
         (events, snapshots)
-            Event dictionaries (SEMANTICS section 5), per subscription in
-            stream order, and snapshot lines in stream order (subscriptions
+            Event dictionaries (SEMANTICS section 5), per subscription mark
+            by mark, each mark's net change (exits, then enters: the decision
+            in docs/SEMANTICS.md section 5), and snapshot lines in stream order (subscriptions
             by registration). O(reported entries x log) per mark.
         """
         pending = sorted(updates, key=lambda u: (u.pos, u.sub_pos, u.evaluator))

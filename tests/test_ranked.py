@@ -149,21 +149,29 @@ def test_an_id_that_recurs_after_the_horizon_is_a_second_result_object(tmp_path)
 
 
 def test_a_batch_writes_its_net_change_exits_then_enters_in_result_order(tmp_path):
-    """docs/SEMANTICS.md (topk and knn decisions): a micro-batch writes each subscription's net change, its exits
-    (earlier result order) then its enters (new result order); micro-batches of one record write the per-record
-    events. Batch 1 below holds "near" (it enters) and then "nearer" (it enters, "far" exits): taken whole, far
-    exits, then nearer and near enter, best first, though near's record came first."""
+    """docs/SEMANTICS.md (decisions on outputs): per subscription, a micro-batch writes its net change up to each
+    snapshot record and up to its end, exits (earlier result order) then enters (new result order); micro-batches
+    of one record write the per-record events. Knn k=2 at the origin, batches of three records: a and b enter in
+    batch 0 (b, the nearer, first); a snapshot splits batch 1 (c enters and a exits before it, d enters and b
+    exits after it); e and f push out d and c in batch 2, which writes both exits, then both enters."""
     from skpub.kernel.parts import read_batches
 
+    def obj(oid, x, term="a"):
+        return json.dumps({"type": "object", "id": oid, "x": x, "y": 0, "terms": [term]})
+
     lines = [json.dumps({"type": "subscribe", "id": "n", "kind": "knn", "point": [0, 0], "k": 2, "keywords": ["a"]})]
-    lines += [json.dumps({"type": "object", "id": oid, "x": x, "y": 0, "terms": ["a"], "ts": ts})
-              for oid, x, ts in (("far", 50, 1), ("near", 10, 2), ("nearer", 5, 3))]  # fmt: skip
-    per_record = [["enter far"], ["enter near"], ["exit far", "enter nearer"]]
-    for batch_size, wanted in ((2, [["enter far"], ["exit far", "enter nearer", "enter near"]]), (1, per_record)):
+    lines += [obj("a", 50), obj("b", 40), obj("c", 10), json.dumps({"type": "snapshot", "id": "s"}), obj("d", 5)]
+    lines += [obj("e", 2), obj("f", 1), obj("g", 0, "z")]
+    by_batch = [["enter b", "enter a"], ["exit a", "enter c", "exit b", "enter d"],
+                ["exit d", "exit c", "enter f", "enter e"]]  # fmt: skip
+    by_record = [["enter a"], ["enter b"], ["exit a", "enter c"], ["exit b", "enter d"], ["exit c", "enter e"],
+                 ["exit d", "enter f"]]  # fmt: skip
+    for batch_size, wanted in ((3, by_batch), (1, by_record)):
         dep = deployment(evaluators=3, batch_size=batch_size)
         (tmp_path / str(batch_size)).mkdir()
         out = run(tmp_path / str(batch_size), lines, dep)
-        assert_outputs_equal_oracle(out, lines, dep, exact_events=batch_size == 1)
+        expected = assert_outputs_equal_oracle(out, lines, dep, exact_events=batch_size == 1)
+        assert expected.snapshots == [{"snapshot": "s", "sub": "n", "results": [["c", 10.0], ["b", 40.0]]}]
         batches = read_batches(out, "deliveries")
         assert [[f"{d['event']} {d['obj']}" for d in batches[b]] for b in sorted(batches)] == wanted
 
