@@ -523,6 +523,44 @@ def test_every_route_but_healthz_wants_the_token(client):
     assert client.get("/v1/deliveries", headers={"Authorization": "Bearer s3cret"}).status_code == 200
 
 
+def _post_records_raw(app, messages: list[dict], content_length: int) -> list[dict]:
+    """Call the ASGI app with ``POST /v1/records`` whose body arrives as ``messages`` (then nothing more)."""
+    import asyncio
+
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop(0)
+        await asyncio.sleep(3600)  # a client that stops sending
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/records", "raw_path": b"/v1/records", "query_string": b"", "root_path": "",
+             "headers": [(b"authorization", b"Bearer s3cret"), (b"content-length", str(content_length).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}  # fmt: skip
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def test_a_body_cut_short_slow_or_declared_too_large_is_refused_with_a_status_and_appends_nothing(client, monkeypatch):
+    """A client that goes away inside its body gets 400 (no traceback in the log), one that stops sending 408
+    after ``BODY_SECONDS``, and a ``Content-Length`` over the limit 413 before any byte is read."""
+    from skpub.app import api
+
+    line = b'{"type":"object","id":"o","x":1,"y":1,"terms":["a"]}\n'
+    gone = [{"type": "http.request", "body": line, "more_body": True}, {"type": "http.disconnect"}]
+    assert _post_records_raw(client.app, gone, 500)[0]["status"] == 400
+    monkeypatch.setattr(api, "BODY_SECONDS", 0.2)
+    slow = [{"type": "http.request", "body": line, "more_body": True}]
+    assert _post_records_raw(client.app, slow, 500)[0]["status"] == 408
+    assert _post_records_raw(client.app, [], 10**9)[0]["status"] == 413
+    assert client.daemon.ingest.count == 0
+
+
 def test_limits_answer_with_a_clear_status_and_lose_nothing(client):
     auth = {"Authorization": "Bearer s3cret"}
     assert client.post("/v1/records", content=b"x" * 5000, headers=auth).status_code == 413

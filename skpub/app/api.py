@@ -34,6 +34,7 @@ from fastapi.security import HTTPBearer
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import TypeAdapter
+from starlette.requests import ClientDisconnect
 
 from skpub.app.admission import Refusal
 from skpub.app.daemon import LOG, BacklogFull, Daemon, Gone
@@ -61,6 +62,9 @@ from skpub.kernel.inputs import BOM
 
 POLL_SECONDS = 0.02
 """How often a long poll or a stream looks for new entries."""
+BODY_SECONDS = 60.0
+"""The longest a request body may take to arrive, seconds; then 408 (a client that stops sending holds no
+connection for ever)."""
 
 HEARTBEAT_SECONDS = 15.0
 """Most seconds a stream stays silent: then it sends an SSE comment."""
@@ -133,7 +137,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
             )
 
     guarded = [Depends(authorized)]
-    writes = problems(401, 413, 429, 503, 507)
+    writes = problems(401, 408, 413, 429, 503, 507)
     served = daemon.served
 
     @app.exception_handler(Refusal)
@@ -302,12 +306,27 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         return accept(lambda: daemon.post_unsubscribe(sid))
 
     async def read_body(request: Request) -> bytes:
-        """Return the request's body; 413 as soon as it passes ``max_body_bytes`` (it is never held whole)."""
+        """Return the request's body; 413 as soon as it passes ``max_body_bytes`` (it is never held whole).
+
+        413 at once when the declared ``Content-Length`` is over the limit; 408
+        when the body takes more than ``BODY_SECONDS`` to arrive; 400 when the
+        client goes away before its end (nothing of it is appended).
+        """
+        too_large = HTTPException(413, f"the body is over {limits.max_body_bytes} bytes")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limits.max_body_bytes:
+            raise too_large
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limits.max_body_bytes:
-                raise HTTPException(413, f"the body is over {limits.max_body_bytes} bytes")
+        try:
+            async with asyncio.timeout(BODY_SECONDS):
+                async for chunk in request.stream():
+                    body += chunk
+                    if len(body) > limits.max_body_bytes:
+                        raise too_large
+        except TimeoutError:
+            raise HTTPException(408, f"the body took more than {BODY_SECONDS:g} s to arrive") from None
+        except ClientDisconnect:
+            raise HTTPException(400, "the client went away before the end of its body") from None
         return bytes(body)
 
     def check_id(sid: str) -> None:
@@ -480,7 +499,7 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         status_code=201,
         response_model=TargetView,
         responses={
-            **problems(400, 401, 413),
+            **problems(400, 401, 408, 413),
             200: {"model": TargetView, "description": "Redefined (its cursor kept), or unchanged"},
             422: {"model": Refused, "description": "A definition that cannot be used (bad_target)"},
         },

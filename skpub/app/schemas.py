@@ -242,6 +242,7 @@ _WHY = {
     400: "The request is malformed",
     401: "The bearer token is missing or wrong",
     404: "Not found (yet)",
+    408: "The body took too long to arrive",
     413: "The body is over the limit",
     429: "The ingest backlog is full; retry after Retry-After seconds",
     503: "The daemon is shutting down, or its data plane stopped",
