@@ -312,9 +312,10 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
         when the body takes more than ``BODY_SECONDS`` to arrive; 400 when the
         client goes away before its end (nothing of it is appended).
         """
-        too_large = HTTPException(413, f"the body is over {limits.max_body_bytes} bytes")
+        close = {"Connection": "close"}  # the rest of the body is not read: the connection is not kept
+        too_large = HTTPException(413, f"the body is over {limits.max_body_bytes} bytes", headers=close)
         declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limits.max_body_bytes:
+        if declared.isascii() and declared.isdigit() and (len(declared) > 20 or int(declared) > limits.max_body_bytes):
             raise too_large
         body = bytearray()
         try:
@@ -324,9 +325,9 @@ def create_app(daemon: Daemon, token: str | None) -> FastAPI:
                     if len(body) > limits.max_body_bytes:
                         raise too_large
         except TimeoutError:
-            raise HTTPException(408, f"the body took more than {BODY_SECONDS:g} s to arrive") from None
+            raise HTTPException(408, f"the body took more than {BODY_SECONDS:g} s to arrive", headers=close) from None
         except ClientDisconnect:
-            raise HTTPException(400, "the client went away before the end of its body") from None
+            raise HTTPException(400, "the client went away before the end of its body", headers=close) from None
         return bytes(body)
 
     def check_id(sid: str) -> None:
